@@ -1,0 +1,1 @@
+"""Spec-Bench-style comparison of drafters against transformers' own generate."""

@@ -1,0 +1,143 @@
+"""Aggregates bench records per arm and renders them as rows, Markdown and JSON.
+
+Throughput is total tokens / total seconds over all prompts (never a mean of per-prompt rates);
+the median of per-prompt speedups is reported beside it.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ngspec.bench.runner import BenchRecord
+
+
+@dataclass
+class ArmSummary:
+    arm: str
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    speedup: float  # total-throughput ratio vs hf-greedy
+    median_speedup: float  # median over prompts of the per-prompt ratio vs hf-greedy
+    tokens_per_call: float | None  # tokens per target forward, bonus included, prefill counted
+    acceptance_histogram: dict[int, int]  # tokens emitted by a call -> number of calls
+    draft_share: float
+    exact_match: float  # share of prompts whose tokens equal hf-greedy's
+    ceiling_ratio: float | None  # tokens_per_call / mean self-repetition of hf-greedy outputs
+
+
+def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
+    ref = "hf-greedy"
+    ceiling = statistics.fmean(r.self_repetition for r in records)
+    out = []
+    for arm in arms:
+        runs = [r.runs[arm] for r in records]
+        tokens = sum(len(x.token_ids) for x in runs)
+        seconds = sum(x.seconds for x in runs)
+        ref_tps = sum(len(r.runs[ref].token_ids) for r in records) / sum(r.runs[ref].seconds for r in records)
+        per_prompt = [
+            (len(r.runs[arm].token_ids) / r.runs[arm].seconds)
+            / (len(r.runs[ref].token_ids) / r.runs[ref].seconds)
+            for r in records
+        ]
+        known = all(x.verify_calls for x in runs)
+        calls = sum(x.verify_calls or 0 for x in runs)
+        tpc = tokens / calls if known and calls else None
+        hist = Counter(a for x in runs for a in x.accepted)
+        out.append(
+            ArmSummary(
+                arm=arm,
+                tokens=tokens,
+                seconds=seconds,
+                tokens_per_second=tokens / seconds,
+                speedup=(tokens / seconds) / ref_tps,
+                median_speedup=statistics.median(per_prompt),
+                tokens_per_call=tpc,
+                acceptance_histogram=dict(sorted(hist.items())) if known else {},
+                draft_share=sum(x.draft_seconds for x in runs) / seconds,
+                exact_match=sum(r.runs[arm].token_ids == r.runs[ref].token_ids for r in records) / len(records),
+                ceiling_ratio=tpc / ceiling if tpc is not None and ceiling else None,
+            )
+        )
+    return out
+
+
+COLUMNS = ["arm", "tok/s", "speedup", "median speedup", "tokens/call", "vs ceiling", "draft share", "exact match", "acceptance histogram"]
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def rows(summaries: list[ArmSummary]) -> list[list[str]]:
+    return [
+        [
+            s.arm,
+            f"{s.tokens_per_second:.1f}",
+            f"{s.speedup:.2f}x",
+            f"{s.median_speedup:.2f}x",
+            _fmt(s.tokens_per_call, ".2f"),
+            _fmt(s.ceiling_ratio, ".2f"),
+            f"{100 * s.draft_share:.1f}%",
+            f"{100 * s.exact_match:.0f}%",
+            " ".join(f"{k}:{v}" for k, v in s.acceptance_histogram.items()) or "-",
+        ]
+        for s in summaries
+    ]
+
+
+def environment(engine, settings: dict) -> dict:
+    device = engine.target.device
+    return {
+        "model": engine.loaded.name,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        "torch_threads": torch.get_num_threads(),
+        "dtype": str(engine.target.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        **settings,
+    }
+
+
+def markdown(summaries: list[ArmSummary], env: dict, ceiling: float) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(summaries)]
+    meta = ", ".join(f"{k}: {v}" for k, v in env.items())
+    return (
+        f"{meta}\n\nSelf-repetition ceiling (mean over prompts, of hf-greedy outputs): {ceiling:.2f}\n\n"
+        "Speedup is total-throughput vs hf-greedy; tokens/call counts the bonus token and the prefill.\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
+def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) -> dict:
+    return {
+        "environment": env,
+        "tokens_per_call_definition": "tokens emitted per target forward pass, bonus token included, prefill counted as the first call",
+        "self_repetition_mean": statistics.fmean(r.self_repetition for r in records),
+        "arms": [asdict(s) for s in summaries],
+        "prompts": [
+            {
+                "id": r.prompt.id,
+                "category": r.prompt.category,
+                "prompt_tokens": r.prompt_tokens,
+                "self_repetition": r.self_repetition,
+                "runs": {
+                    arm: {
+                        "new_tokens": len(x.token_ids),
+                        "seconds": x.seconds,
+                        "verify_calls": x.verify_calls,
+                        "draft_seconds": x.draft_seconds,
+                        "exact_match": x.token_ids == r.runs["hf-greedy"].token_ids,
+                    }
+                    for arm, x in r.runs.items()
+                },
+            }
+            for r in records
+        ],
+    }

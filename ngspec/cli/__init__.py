@@ -1,0 +1,1 @@
+"""The `ngspec` command line: thin command modules over the library."""

@@ -1,0 +1,63 @@
+"""Assembles the `ngspec` commands and turns user errors into one readable line.
+
+Every command is wrapped by `friendly`: an `NgspecError` (bad input) or an unexpected exception
+becomes one message on stderr and exit code 1. Set NGSPEC_DEBUG=1 to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+import typer
+
+from ngspec.cli import render
+from ngspec.errors import NgspecError
+
+app = typer.Typer(
+    name="ngspec",
+    help="Lossless speculative decoding with cheap drafters: faster generation, output identical to plain decoding.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def friendly(command: Callable) -> Callable:
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except NgspecError as exc:
+            if os.environ.get("NGSPEC_DEBUG"):
+                raise
+            render.error(str(exc))
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            render.error("interrupted")
+            raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get("NGSPEC_DEBUG"):
+                raise
+            render.error(f"{type(exc).__name__}: {exc} (set NGSPEC_DEBUG=1 for the traceback)")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _register() -> None:
+    from ngspec.cli.bench import bench_command
+    from ngspec.cli.generate import generate_command
+
+    app.command("generate")(friendly(generate_command))
+    app.command("bench")(friendly(bench_command))
+
+
+_register()
+
+
+def main() -> None:
+    app()

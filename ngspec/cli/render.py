@@ -1,0 +1,65 @@
+"""The only place that prints: Rich tables, streaming text, JSON lines, error messages."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def error(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+
+
+def info(message: str) -> None:
+    err_console.print(f"[dim]{message}[/]", soft_wrap=True)
+
+
+def json_line(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+class TextStream:
+    """Prints decoded text as tokens arrive, decoding the whole run so far to get spacing right."""
+
+    def __init__(self, detokenize) -> None:
+        self.detokenize = detokenize
+        self.tokens: list[int] = []
+        self.shown = ""
+
+    def __call__(self, new_tokens: list[int]) -> None:
+        self.tokens.extend(new_tokens)
+        text = self.detokenize(self.tokens)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+            return
+        sys.stdout.write(text[len(self.shown) :])
+        sys.stdout.flush()
+        self.shown = text
+
+    def finish(self) -> None:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def summary_table(title: str, rows: list[tuple[str, str]]) -> None:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
+def table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    t = Table(title=title, title_justify="left")
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        t.add_row(*row)
+    console.print(t)

@@ -1,0 +1,148 @@
+"""The only types the engine and the drafters share.
+
+A drafter proposes a `DraftTree` given a `DraftContext`; the engine verifies it and reports a
+`Verdict` back through `Drafter.observe`. Neither side sees the other's internals: drafters never
+touch the KV cache, and the verifier never knows which drafter produced a tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Draft tokens hung below the root (the last emitted token, not yet in the KV cache).
+
+    Node ``i`` holds ``tokens[i]``; ``parents[i]`` is the index of its parent node, or -1 when its
+    parent is the root. Parents always come before their children, so a chain is
+    ``parents = (-1, 0, 1, ...)`` and k independent rows are k chains starting at -1.
+    """
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError("tokens and parents must have the same length")
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i} has parent {p}; parents must precede their children")
+        for t in self.tokens:
+            if t < 0:
+                raise ValueError("draft tokens must be non-negative ids")
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> "DraftTree":
+        return cls(tuple(int(t) for t in tokens), tuple(range(-1, len(tokens) - 1)))
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[Sequence[int]]) -> "DraftTree":
+        """Merge token paths (each starting below the root) into one prefix tree."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        index: dict[tuple[int, int], int] = {}
+        for path in paths:
+            parent = -1
+            for tok in path:
+                key = (parent, int(tok))
+                if key not in index:
+                    index[key] = len(tokens)
+                    tokens.append(int(tok))
+                    parents.append(parent)
+                parent = index[key]
+        return cls(tuple(tokens), tuple(parents))
+
+    def truncated(self, max_nodes: int, max_depth: int) -> "DraftTree":
+        """Keep the first ``max_nodes`` nodes no deeper than ``max_depth`` (stays prefix-closed)."""
+        keep: dict[int, int] = {}
+        depth: dict[int, int] = {-1: 0}
+        tokens: list[int] = []
+        parents: list[int] = []
+        for i, (tok, par) in enumerate(zip(self.tokens, self.parents)):
+            if len(tokens) >= max_nodes:
+                break
+            if par != -1 and par not in keep:
+                continue
+            d = depth[par] + 1
+            if d > max_depth:
+                continue
+            depth[i] = d
+            keep[i] = len(tokens)
+            tokens.append(tok)
+            parents.append(keep[par] if par >= 0 else -1)
+        if len(tokens) == self.size:
+            return self
+        return DraftTree(tuple(tokens), tuple(parents))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What verification decided for one tree.
+
+    ``path`` lists the accepted tree nodes root-to-leaf; ``tokens`` are their tokens followed by the
+    bonus token (the target's own choice after the last accepted node), so it is never empty.
+    """
+
+    path: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+    @property
+    def bonus(self) -> int:
+        return self.tokens[-1]
+
+
+@dataclass
+class DraftContext:
+    """What the loop hands a drafter each step: all tokens so far (prompt, then generated ones,
+    ending with the root token) and the largest tree the engine will verify."""
+
+    tokens: list[int]
+    prompt_len: int
+    max_nodes: int
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """One drafting method. Implementations live in ``ngspec.drafters``, one per file."""
+
+    name: str
+
+    def start(self, prompt: Sequence[int]) -> None:
+        """Reset per-sequence state for a new prompt."""
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        """Return the draft tree to verify below the root token ``ctx.tokens[-1]``."""
+
+    def observe(self, new_tokens: Sequence[int]) -> None:
+        """Tokens just emitted (accepted drafts plus the bonus token)."""
+
+
+@dataclass
+class StepStats:
+    """Per-step accounting kept by the loop."""
+
+    tree_size: int
+    accepted: int  # tokens emitted by this verification call, the bonus token included
+    draft_seconds: float
+
+
+@dataclass
+class RunStats:
+    """Totals for one generated sequence. The prefill is the first step: it emits the first token,
+    so tokens per call is ``len(tokens) / verify_calls`` for every arm, plain decoding giving 1.0."""
+
+    steps: list[StepStats] = field(default_factory=list)
+
+    @property
+    def verify_calls(self) -> int:
+        return len(self.steps)
+
+    @property
+    def draft_seconds(self) -> float:
+        return sum(s.draft_seconds for s in self.steps)

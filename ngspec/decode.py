@@ -1,0 +1,146 @@
+"""The decode loop: propose -> verify -> accept -> commit -> observe, until a stop.
+
+Read it top to bottom in `generate`. Everything model-specific lives in `TargetModel`, everything
+draft-specific in the drafter, acceptance rules in `ngspec.verify`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
+from ngspec.errors import NgspecError
+from ngspec.target import TargetModel
+from ngspec.verify import SamplingConfig, accept_greedy, accept_sampled, sample_token, target_probs
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_new_tokens: int = 256
+    max_draft_nodes: int = 64  # the largest tree the engine will verify in one call
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    eos_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise NgspecError("--max-new-tokens must be at least 1")
+        if self.max_draft_nodes < 0:
+            raise NgspecError("the draft-node cap must be >= 0")
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    seconds: float
+    finish_reason: str  # eos | stop | length | context
+    stats: RunStats
+
+
+class Stopper:
+    """Finds the first EOS token or completed stop string inside a run of new tokens."""
+
+    def __init__(
+        self,
+        eos_ids: frozenset[int],
+        stop_strings: Sequence[str] = (),
+        detokenize: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        if stop_strings and detokenize is None:
+            raise ValueError("stop strings need a detokenizer")
+        self.eos_ids = eos_ids
+        self.stop_strings = tuple(stop_strings)
+        self.detokenize = detokenize
+        self._window = max((len(s) for s in stop_strings), default=0) + 8
+
+    def cut(self, previous: list[int], new: Sequence[int]) -> tuple[list[int], str | None]:
+        """Return the part of ``new`` to keep and why generation stops there (or None)."""
+        kept: list[int] = []
+        for tok in new:
+            kept.append(tok)
+            if tok in self.eos_ids:
+                return kept, "eos"
+            if self.stop_strings and self._ends_in_stop(previous + kept):
+                return kept, "stop"
+        return kept, None
+
+    def _ends_in_stop(self, tokens: list[int]) -> bool:
+        assert self.detokenize is not None
+        tail = self.detokenize(tokens[-self._window :])
+        last = self.detokenize(tokens[-1:])
+        # only a stop string that ends inside the newest token counts as newly completed
+        return any(s in tail and s not in tail[: len(tail) - len(last)] for s in self.stop_strings)
+
+
+def _first_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> int:
+    if cfg.greedy:
+        return int(logits.argmax())
+    return sample_token(target_probs(logits, cfg), gen)
+
+
+def generate(
+    target: TargetModel,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    cfg: DecodeConfig,
+    stopper: Stopper | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> Generation:
+    """Generate from ``prompt``; the output equals plain decoding of the target (greedy: token for
+    token; sampling: in distribution)."""
+    prompt = list(prompt)
+    if len(prompt) == 0:
+        raise NgspecError("the prompt is empty")
+    if len(prompt) >= target.max_length:
+        raise NgspecError(
+            f"the prompt has {len(prompt)} tokens but the model's context window is "
+            f"{target.max_length}"
+        )
+    stopper = stopper or Stopper(cfg.eos_ids)
+    gen = None
+    if not cfg.sampling.greedy and cfg.sampling.seed is not None:
+        gen = torch.Generator().manual_seed(cfg.sampling.seed)
+    stats = RunStats()
+
+    start = time.perf_counter()
+    root = _first_token(target.prefill(prompt), cfg.sampling, gen)
+    out, reason = stopper.cut([], [root])
+    stats.steps.append(StepStats(tree_size=0, accepted=len(out), draft_seconds=0.0))  # the prefill
+    drafter.start(prompt)
+    drafter.observe(out)
+    emit(on_tokens, out)
+
+    while reason is None:
+        budget = cfg.max_new_tokens - len(out)  # tokens we may still emit
+        window = target.max_length - target.length - 1  # tree nodes that fit after the root
+        if budget <= 0 or window < 0:
+            reason = "length" if budget <= 0 else "context"
+            break
+        t0 = time.perf_counter()
+        ctx = DraftContext(prompt + out, len(prompt), min(cfg.max_draft_nodes, window))
+        tree = drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=budget - 1)
+        draft_s = time.perf_counter() - t0
+
+        logits = target.verify(out[-1], tree)
+        if cfg.sampling.greedy:
+            verdict = accept_greedy(tree, logits)
+        else:
+            verdict = accept_sampled(tree, logits.cpu(), cfg.sampling, gen)
+        target.commit(verdict.path)
+
+        new, reason = stopper.cut(out, verdict.tokens)
+        stats.steps.append(StepStats(tree.size, len(new), draft_s))
+        out.extend(new)
+        drafter.observe(new)
+        emit(on_tokens, new)
+
+    return Generation(out, time.perf_counter() - start, reason, stats)
+
+
+def emit(on_tokens: Callable[[list[int]], None] | None, tokens: list[int]) -> None:
+    if on_tokens is not None and tokens:
+        on_tokens(tokens)

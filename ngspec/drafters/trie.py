@@ -1,0 +1,133 @@
+"""`trie`: the N-Gram Trie drafter (context trie with sub-prefix insertion and backoff matching).
+
+Construction, as the paper defines it: slide a window of ``n`` tokens over the context; split each
+window into a prefix P of ``prefix_len`` tokens and a suffix S; insert every sub-prefix P[j:]
+followed by S (j = 0 .. prefix_len-1), counting how often each trie node is passed. Windows that run
+past the end of the text are inserted as far as the text goes (the "padded" windows of short
+documents).
+
+Window i with sub-prefix j is the path ``text[i+j : i+n]``. Grouping the paths by where they start
+(s = i + j) lets the trie grow one token at a time: each start s runs one walker down the trie,
+adding at depth d the number of its paths that are at least d long. That makes ``--trie-update``
+(inserting generated tokens as they come) the same code as building from the prompt.
+
+Drafting: match the last ``prefix_len`` tokens, backing off one token at a time down to 1; below
+the matched node keep the ``num_draft`` most frequent nodes (ties: shallower first, so one
+rare deep branch cannot use up the whole budget). A child is never more frequent than its
+parent, so best-first selection by count yields a prefix-closed tree.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+from ngspec.contracts import DraftContext, DraftTree
+
+
+@dataclass
+class _Walker:
+    node: int
+    depth: int
+    max_j: int  # sub-prefix offsets 0..max_j start at this position
+
+
+class NGramTrie:
+    """Counted trie of context n-grams; node 0 is the root."""
+
+    def __init__(self, n: int = 13, prefix_len: int = 3) -> None:
+        if not 1 <= prefix_len < n:
+            raise ValueError("need 1 <= prefix_len < n")
+        self.n = n
+        self.prefix_len = prefix_len
+        self.children: list[dict[int, int]] = [{}]
+        self.counts: list[int] = [0]
+        self.tokens: list[int] = [-1]
+        self._walkers: list[_Walker] = []
+        self._position = 0  # tokens inserted so far
+
+    def __len__(self) -> int:
+        return len(self.counts) - 1
+
+    def _child(self, node: int, token: int) -> int:
+        kid = self.children[node].get(token)
+        if kid is None:
+            kid = len(self.counts)
+            self.children[node][token] = kid
+            self.children.append({})
+            self.counts.append(0)
+            self.tokens.append(token)
+        return kid
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens to the text the trie covers."""
+        for tok in tokens:
+            alive: list[_Walker] = []
+            for w in self._walkers:
+                w.depth += 1
+                weight = min(w.max_j, self.n - w.depth) + 1
+                if weight <= 0:
+                    continue
+                w.node = self._child(w.node, tok)
+                self.counts[w.node] += weight
+                if w.depth < self.n:
+                    alive.append(w)
+            start = _Walker(self._child(0, tok), 1, min(self.prefix_len - 1, self._position))
+            self.counts[start.node] += start.max_j + 1
+            alive.append(start)
+            self._walkers = alive
+            self._position += 1
+
+    def match(self, context: Sequence[int]) -> int | None:
+        """Node reached by the longest suffix of ``context`` (<= prefix_len) that has children."""
+        for m in range(min(self.prefix_len, len(context)), 0, -1):
+            node: int | None = 0
+            for tok in context[len(context) - m :]:
+                node = self.children[node].get(tok)
+                if node is None:
+                    break
+            if node is not None and self.children[node]:
+                return node
+        return None
+
+    def top_subtree(self, node: int, num_nodes: int) -> DraftTree:
+        """The ``num_nodes`` most frequent descendants of ``node`` as a draft tree."""
+        # ties in count go to the shallower node, then the earlier-inserted one
+        heap = [(-self.counts[c], 1, c, -1) for c in self.children[node].values()]
+        heapq.heapify(heap)
+        tokens: list[int] = []
+        parents: list[int] = []
+        while heap and len(tokens) < num_nodes:
+            _, depth, kid, parent = heapq.heappop(heap)
+            index = len(tokens)
+            tokens.append(self.tokens[kid])
+            parents.append(parent)
+            for grandkid in self.children[kid].values():
+                heapq.heappush(heap, (-self.counts[grandkid], depth + 1, grandkid, index))
+        return DraftTree(tuple(tokens), tuple(parents))
+
+
+class TrieDrafter:
+    name = "trie"
+
+    def __init__(self, n: int = 13, prefix_len: int = 3, num_draft: int = 24, update: bool = False):
+        self.n = n
+        self.prefix_len = prefix_len
+        self.num_draft = num_draft
+        self.update = update
+        self.trie = NGramTrie(n, prefix_len)
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.trie = NGramTrie(self.n, self.prefix_len)
+        self.trie.extend(prompt)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        node = self.trie.match(ctx.tokens)
+        if node is None:
+            return DraftTree()
+        return self.trie.top_subtree(node, min(self.num_draft, ctx.max_nodes))
+
+    def observe(self, new_tokens: Sequence[int]) -> None:
+        if self.update:
+            self.trie.extend(new_tokens)

@@ -1,0 +1,71 @@
+"""Engine: a loaded model ready to generate from prompt text with any drafter.
+
+Glues together the tokenizer (chat template, EOS, stop strings), the `TargetModel` and the decode
+loop, so that `generate` and `bench` run exactly the same code path.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ngspec.contracts import Drafter
+from ngspec.decode import DecodeConfig, Generation, Stopper, generate
+from ngspec.models import LoadedModel
+from ngspec.target import TargetModel
+
+
+def eos_ids(loaded: LoadedModel) -> frozenset[int]:
+    """EOS ids from the generation config and the tokenizer."""
+    ids: set[int] = set()
+    gen_eos = getattr(loaded.model.generation_config, "eos_token_id", None)
+    for value in (gen_eos, getattr(loaded.tokenizer, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+@dataclass
+class Engine:
+    loaded: LoadedModel
+
+    def __post_init__(self) -> None:
+        self.target = TargetModel(self.loaded.model)
+        self.eos = eos_ids(self.loaded)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.loaded.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def run(
+        self,
+        prompt_ids: list[int],
+        drafter: Drafter,
+        cfg: DecodeConfig,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> Generation:
+        stopper = Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
+        return generate(self.target, drafter, prompt_ids, cfg, stopper, on_tokens)
+
+    @torch.inference_mode()
+    def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False) -> tuple[list[int], float]:
+        """transformers' own greedy `generate` (optionally with prompt lookup): ids and seconds."""
+        model = self.loaded.model
+        ids = torch.tensor([prompt_ids], device=self.target.device)
+        kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}
+        start = time.perf_counter()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=sorted(self.eos) or None,
+            pad_token_id=min(self.eos) if self.eos else None,
+            **kwargs,
+        )
+        seconds = time.perf_counter() - start
+        return out[0, len(prompt_ids) :].tolist(), seconds

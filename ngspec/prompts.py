@@ -1,0 +1,90 @@
+"""Prompt files and turning prompts into token ids.
+
+A ``.txt`` file is one prompt. A ``.jsonl`` file holds one record per line: ``{"prompt": ...}``,
+``{"text": ...}`` or Spec-Bench/MT-bench style ``{"turns": [...]}`` (the first turn is used).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ngspec.errors import NgspecError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+    category: str | None = None
+
+
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise NgspecError(f"prompt file not found: {path}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NgspecError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
+    if not text.strip():
+        raise NgspecError(f"prompt file is empty: {path}")
+    return text
+
+
+def _record_prompt(record: object, where: str) -> Prompt:
+    if not isinstance(record, dict):
+        raise NgspecError(f"{where}: expected a JSON object")
+    if isinstance(record.get("prompt"), str):
+        text = record["prompt"]
+    elif isinstance(record.get("text"), str):
+        text = record["text"]
+    elif isinstance(record.get("turns"), list) and record["turns"] and isinstance(record["turns"][0], str):
+        text = record["turns"][0]
+    else:
+        raise NgspecError(f"{where}: needs a 'prompt' or 'text' string or a non-empty 'turns' list")
+    if not text.strip():
+        raise NgspecError(f"{where}: the prompt is empty")
+    rid = record.get("question_id", record.get("id"))
+    category = record.get("category")
+    return Prompt(str(rid) if rid is not None else where, text, category if isinstance(category, str) else None)
+
+
+def load_prompts(path: Path, category: str | None = None, limit: int | None = None) -> list[Prompt]:
+    """Read a .txt or .jsonl prompt file, optionally keeping one category and the first ``limit``."""
+    path = Path(path)
+    text = _read_text(path)
+    if path.suffix != ".jsonl":
+        prompts = [Prompt(path.stem, text.strip("\n"))]
+    else:
+        prompts = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise NgspecError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            prompts.append(_record_prompt(record, f"{path.name}:{lineno}"))
+    if category is not None:
+        known = sorted({p.category for p in prompts if p.category})
+        prompts = [p for p in prompts if p.category == category]
+        if not prompts:
+            raise NgspecError(f"no prompts of category {category!r} in {path}; categories: {', '.join(known) or 'none'}")
+    if limit is not None:
+        if limit < 1:
+            raise NgspecError("--limit must be at least 1")
+        prompts = prompts[:limit]
+    return prompts
+
+
+def encode(tokenizer, text: str, raw: bool = False) -> list[int]:
+    """Token ids for ``text``: wrapped in the chat template (when the tokenizer has one) unless raw."""
+    if not raw and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer(text)["input_ids"])

@@ -1,0 +1,74 @@
+"""Pure tree maths for verification: depths, visibility, attention mask, position ids, paths.
+
+Index 0 of every verification block is the root (the last emitted token); tree node ``i`` sits at
+block index ``i + 1``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ngspec.contracts import DraftTree
+
+
+def depths(tree: DraftTree) -> list[int]:
+    """Depth of every node below the root (children of the root have depth 1)."""
+    out: list[int] = []
+    for p in tree.parents:
+        out.append(1 if p < 0 else out[p] + 1)
+    return out
+
+
+def children(tree: DraftTree) -> list[list[int]]:
+    """Children of every block index (0 = root, i + 1 = node i), in node order."""
+    kids: list[list[int]] = [[] for _ in range(tree.size + 1)]
+    for i, p in enumerate(tree.parents):
+        kids[p + 1].append(i + 1)
+    return kids
+
+
+def visibility(tree: DraftTree) -> torch.Tensor:
+    """Bool ``[n+1, n+1]``: entry (i, j) is true when block index j is i itself or an ancestor."""
+    n = tree.size + 1
+    vis = torch.zeros(n, n, dtype=torch.bool)
+    vis[:, 0] = True
+    for i, p in enumerate(tree.parents):
+        row = i + 1
+        if p >= 0:
+            vis[row] = vis[p + 1]
+        vis[row, row] = True
+    vis[0, 0] = True
+    return vis
+
+
+def attention_mask(tree: DraftTree, past_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive float mask ``[1, 1, n+1, past_len + n+1]``: 0 where visible, dtype-min elsewhere.
+
+    Float rather than bool because eager attention adds the mask to the scores.
+    """
+    vis = visibility(tree)
+    n = vis.shape[0]
+    full = torch.ones(n, past_len + n, dtype=torch.bool)
+    full[:, past_len:] = vis
+    mask = torch.zeros(n, past_len + n, dtype=dtype)
+    mask.masked_fill_(~full, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def position_ids(tree: DraftTree, past_len: int) -> torch.Tensor:
+    """Position of every block index: tokens already cached plus depth (root has depth 0)."""
+    return torch.tensor([[past_len] + [past_len + d for d in depths(tree)]], dtype=torch.long)
+
+
+def root_to_leaf_paths(tree: DraftTree) -> list[list[int]]:
+    """Node indices of every root-to-leaf path, in node order of the leaves."""
+    kids = children(tree)
+    paths: list[list[int]] = []
+    for node in range(tree.size):
+        if kids[node + 1]:
+            continue
+        path = [node]
+        while tree.parents[path[-1]] >= 0:
+            path.append(tree.parents[path[-1]])
+        paths.append(path[::-1])
+    return paths

@@ -1,0 +1,99 @@
+"""Acceptance rules: which drafted nodes the target agrees with, and the bonus token.
+
+Knows nothing about where drafts come from. Greedy acceptance follows the target's argmax down the
+tree. Sampling is lossless for deterministic drafts: at each node the siblings are tried in order,
+sibling x is accepted with probability p(x) under the (renormalised) target distribution, a rejected
+sibling is zeroed out, and if none is accepted the bonus token is drawn from what remains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ngspec.contracts import DraftTree, Verdict
+from ngspec.tree import children
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+
+
+def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The distribution sampling draws from: temperature, then top-k, then top-p (float32)."""
+    scores = logits.float() / cfg.temperature
+    if cfg.top_k and cfg.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, cfg.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if cfg.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        sorted_p = sorted_p.masked_fill(before >= cfg.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
+    """Follow the target's argmax from the root; ``logits`` is ``[n+1, vocab]`` in block order."""
+    preds = logits.argmax(dim=-1).tolist()
+    kids = children(tree)
+    node, path = 0, []
+    while True:
+        want = preds[node]
+        nxt = next((c for c in kids[node] if tree.tokens[c - 1] == want), None)
+        if nxt is None:
+            break
+        path.append(nxt - 1)
+        node = nxt
+    return Verdict(tuple(path), tuple(tree.tokens[i] for i in path) + (preds[node],))
+
+
+def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def accept_sampled(
+    tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
+) -> Verdict:
+    """Sibling-by-sibling rejection sampling with residual resampling (lossless in distribution)."""
+    kids = children(tree)
+    node, path = 0, []
+    while True:
+        probs = target_probs(logits[node], cfg)
+        accepted = None
+        for child in kids[node]:
+            tok = tree.tokens[child - 1]
+            mass = probs.sum()
+            p_tok = float(probs[tok] / mass) if mass > 0 else 0.0
+            u = float(torch.rand((), generator=generator))
+            if u < p_tok:
+                accepted = child
+                break
+            probs = probs.clone()
+            probs[tok] = 0.0
+        if accepted is None:
+            bonus = sample_token(probs / probs.sum(), generator)
+            return Verdict(tuple(path), tuple(tree.tokens[i] for i in path) + (bonus,))
+        path.append(accepted - 1)
+        node = accepted
