@@ -1,0 +1,76 @@
+"""Shared fixtures: tiny seeded random models (no download) and the embedded default model."""
+
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+import pytest
+import torch
+
+from ngspec.contracts import DraftContext, DraftTree
+from ngspec.models import load_model, tiny_model
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny(request):
+    return tiny_model(request.param, seed=0)
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    return load_model("default", device="cpu")
+
+
+def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    """The oracle: transformers' plain greedy generate."""
+    ids = torch.tensor([list(prompt)])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos if eos is not None else 0,
+        )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def repetitive_prompt(rng: random.Random, vocab: int, length: int) -> list[int]:
+    """Random tokens with repeated spans, so that search drafters find matches."""
+    base = [rng.randrange(vocab) for _ in range(length // 2)]
+    out = list(base)
+    while len(out) < length:
+        start = rng.randrange(len(base))
+        out.extend(base[start : start + rng.randrange(2, 10)])
+    return out[:length]
+
+
+class OracleDrafter:
+    """Knows the true output (continuation[i] is the i-th generated token) and proposes noisy trees
+    around it: exercises deep acceptance, accepted paths
+    through later siblings, and rejected branches."""
+
+    name = "oracle"
+
+    def __init__(self, continuation: Sequence[int], vocab: int, seed: int = 0) -> None:
+        self.continuation = list(continuation)
+        self.vocab = vocab
+        self.rng = random.Random(seed)
+        self.done = 0
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.done = 0
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        truth = self.continuation[self.done : self.done + self.rng.randrange(0, 10)]
+        paths = []
+        for _ in range(self.rng.randrange(0, 3)):
+            noisy = [t if self.rng.random() < 0.8 else self.rng.randrange(self.vocab) for t in truth]
+            paths.append(noisy[: self.rng.randrange(1, 6)])
+        paths.insert(self.rng.randrange(len(paths) + 1), truth)
+        return DraftTree.from_paths([p for p in paths if p])
+
+    def observe(self, new_tokens: Sequence[int]) -> None:
+        self.done += len(new_tokens)

@@ -1,0 +1,42 @@
+"""Committing an accepted path leaves the cache equal to one recomputed from scratch."""
+
+import torch
+from transformers import DynamicCache
+
+from ngspec.contracts import DraftTree
+from ngspec.target import TargetModel
+
+
+def fresh_cache(model, tokens):
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+def test_commit_matches_recomputed_cache(tiny):
+    prompt = [5, 6, 7, 8, 9, 10]
+    target = TargetModel(tiny)
+    target.prefill(prompt)
+    root = 11
+    tree = DraftTree((20, 21, 22, 23, 24), (-1, 0, -1, 2, 3))  # accept the second branch: 22 23 24
+    logits = target.verify(root, tree)
+    target.commit([2, 3])
+    assert target.length == len(prompt) + 3
+    expected = fresh_cache(tiny, prompt + [root, 22, 23])
+    for got_layer, want_layer in zip(target.cache.layers, expected.layers):
+        assert torch.allclose(got_layer.keys, want_layer.keys, atol=1e-5)
+        assert torch.allclose(got_layer.values, want_layer.values, atol=1e-5)
+    # and the logits of the branch equal those of sequential decoding
+    with torch.inference_mode():
+        seq = tiny(torch.tensor([prompt + [root, 22, 23, 24]])).logits[0, -4:]
+    assert torch.allclose(logits[[0, 3, 4, 5]], seq, atol=1e-4)
+
+
+def test_commit_nothing_keeps_only_root(tiny):
+    target = TargetModel(tiny)
+    target.prefill([1, 2, 3])
+    target.verify(4, DraftTree.chain([5, 6]))
+    target.commit([])
+    expected = fresh_cache(tiny, [1, 2, 3, 4])
+    assert torch.allclose(target.cache.layers[0].keys, expected.layers[0].keys, atol=1e-5)

@@ -1,0 +1,61 @@
+"""Every drafter against the oracle (transformers' plain greedy generate) on tiny random models."""
+
+import random
+
+import pytest
+
+from conftest import OracleDrafter, hf_greedy, repetitive_prompt
+from ngspec.decode import DecodeConfig, generate
+from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
+from ngspec.target import TargetModel
+
+VOCAB = 96
+
+
+@pytest.mark.parametrize("drafter", list(REGISTRY))
+def test_drafters_match_plain_greedy(tiny, drafter):
+    rng = random.Random(1)
+    target = TargetModel(tiny)
+    options = [DrafterOptions(), DrafterOptions(num_draft=4, trie_update=True, ngram_n=5, prefix_len=2)]
+    for case in range(8):
+        prompt = repetitive_prompt(rng, VOCAB, rng.randrange(5, 120))
+        expected = hf_greedy(tiny, prompt, 40)
+        opts = options[case % 2]
+        got = generate(target, make_drafter(drafter, opts), prompt, DecodeConfig(max_new_tokens=40))
+        assert got.token_ids == expected, f"{drafter} case {case}"
+        assert sum(s.accepted for s in got.stats.steps) == len(got.token_ids)
+
+
+def test_deep_noisy_trees_match_plain_greedy(tiny):
+    """Trees that often contain the true continuation, sometimes on a later sibling."""
+    rng = random.Random(2)
+    target = TargetModel(tiny)
+    accepted_deep = 0
+    for case in range(12):
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 60))]
+        expected = hf_greedy(tiny, prompt, 50)
+        got = generate(target, OracleDrafter(expected, VOCAB, seed=case), prompt, DecodeConfig(max_new_tokens=50))
+        assert got.token_ids == expected, f"case {case}"
+        accepted_deep += sum(s.accepted >= 4 for s in got.stats.steps)
+    assert accepted_deep > 40  # the test really exercised long accepted runs
+
+
+def test_eos_inside_accepted_run_stops_there(tiny):
+    rng = random.Random(3)
+    target = TargetModel(tiny)
+    prompt = [rng.randrange(VOCAB) for _ in range(20)]
+    free = hf_greedy(tiny, prompt, 30)
+    eos = free[12]
+    first = free.index(eos)
+    expected = hf_greedy(tiny, prompt, 30, eos=eos)
+    assert expected == free[: first + 1]
+    got = generate(target, OracleDrafter(free, VOCAB), prompt, DecodeConfig(max_new_tokens=30, eos_ids=frozenset([eos])))
+    assert got.token_ids == expected and got.finish_reason == "eos"
+
+
+def test_max_new_tokens_is_exact_with_deep_drafts(tiny):
+    target = TargetModel(tiny)
+    prompt = list(range(10))
+    expected = hf_greedy(tiny, prompt, 7)
+    got = generate(target, OracleDrafter(expected + [0] * 10, VOCAB), prompt, DecodeConfig(max_new_tokens=7))
+    assert got.token_ids == expected and got.finish_reason == "length"

@@ -1,0 +1,36 @@
+import random
+
+from ngspec.metrics.self_repetition import self_repetition
+
+
+def brute_force(inp, resp):
+    steps, p = 0, 0
+    while p < len(resp):
+        hist = list(inp) + list(resp[:p])
+        best = 0
+        for length in range(1, len(resp) - p + 1):
+            piece = list(resp[p : p + length])
+            if any(hist[s : s + length] == piece for s in range(len(hist) - length + 1)):
+                best = length
+        p += max(best, 1)
+        steps += 1
+    return len(resp) / steps if steps else 0.0
+
+
+def test_matches_brute_force_on_random_cases():
+    rng = random.Random(0)
+    for _ in range(3000):
+        vocab = rng.randrange(1, 6)
+        inp = [rng.randrange(vocab) for _ in range(rng.randrange(0, 12))]
+        resp = [rng.randrange(vocab) for _ in range(rng.randrange(0, 12))]
+        assert abs(self_repetition(inp, resp).value - brute_force(inp, resp)) < 1e-12
+
+
+def test_hand_worked():
+    # X = a b c, Y = a b c a b: step 1 copies "a b c" (3), step 2 copies "a b" from the history
+    assert self_repetition([1, 2, 3], [1, 2, 3, 1, 2]).match_lengths == (3, 2)
+    # the match must lie inside the history before the pointer: Y = "a a a a" after X = "a" copies
+    # "a" (history "a"), then "a a" (history "a a"), then the last "a"
+    assert self_repetition([1], [1, 1, 1, 1]).match_lengths == (1, 2, 1)
+    assert self_repetition([], [5, 6]).value == 1.0
+    assert self_repetition([1], []).value == 0.0

@@ -1,0 +1,90 @@
+"""The N-gram trie against a brute-force reading of the paper's definition."""
+
+import random
+from collections import Counter
+
+from ngspec.contracts import DraftContext
+from ngspec.drafters.trie import NGramTrie, TrieDrafter
+
+
+def brute_force_counts(text, n, prefix_len):
+    """Insert P[j:] + S for every window (windows past the end are cut at the end of the text)
+    and count every path prefix: the count of the trie node at that path."""
+    counts = Counter()
+    for i in range(len(text)):
+        window = text[i : i + n]
+        for j in range(prefix_len):
+            path = tuple(window[j:])
+            for d in range(1, len(path) + 1):
+                counts[path[:d]] += 1
+    return counts
+
+
+def trie_counts(trie):
+    out = {}
+    stack = [(0, ())]
+    while stack:
+        node, path = stack.pop()
+        for tok, kid in trie.children[node].items():
+            out[path + (tok,)] = trie.counts[kid]
+            stack.append((kid, path + (tok,)))
+    return out
+
+
+def test_hand_worked_example():
+    # text "a b a b c" with n = 3, L_p = 2: windows aba, bab, abc, bc, c
+    a, b, c = 1, 2, 3
+    trie = NGramTrie(n=3, prefix_len=2)
+    trie.extend([a, b, a, b, c])
+    counts = trie_counts(trie)
+    # paths inserted: aba ba | bab ab | abc bc | bc c | c
+    assert counts[(a,)] == 3 and counts[(a, b)] == 3 and counts[(a, b, a)] == 1 and counts[(a, b, c)] == 1
+    assert counts[(b,)] == 4 and counts[(b, a)] == 2 and counts[(b, a, b)] == 1 and counts[(b, c)] == 2
+    assert counts[(c,)] == 2
+    assert len(counts) == 9
+
+
+def test_counts_equal_brute_force_on_random_texts():
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randrange(2, 8)
+        prefix_len = rng.randrange(1, n)
+        text = [rng.randrange(5) for _ in range(rng.randrange(0, 40))]
+        trie = NGramTrie(n, prefix_len)
+        cut = rng.randrange(len(text) + 1)
+        trie.extend(text[:cut])  # incremental insertion equals building at once
+        trie.extend(text[cut:])
+        assert trie_counts(trie) == dict(brute_force_counts(text, n, prefix_len))
+
+
+def test_match_backs_off_to_shorter_suffixes():
+    trie = NGramTrie(n=4, prefix_len=3)
+    trie.extend([1, 2, 3, 4, 5, 6])
+    assert trie.tokens[trie.match([1, 2, 3])] == 3  # full prefix found
+    node = trie.match([9, 9, 5])  # only the last token matches
+    assert trie.tokens[node] == 5 and 6 in trie.children[node]
+    assert trie.match([7, 8, 9]) is None
+    assert trie.match([9, 6]) is None  # 6 ends the text: no continuation
+
+
+def test_top_subtree_takes_most_frequent_prefix_closed():
+    trie = NGramTrie(n=4, prefix_len=1)
+    trie.extend([1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 4, 9, 1, 5])
+    tree = trie.top_subtree(trie.match([1]), 4)
+    # below "1": "2" (3 times), "2 3" and "2 3 9" (twice), then "2 4" or "5" (once each; the
+    # shallower "5" wins the tie)
+    assert tree.tokens == (2, 3, 9, 5) and tree.parents == (-1, 0, 1, -1)
+    for i, p in enumerate(tree.parents):
+        assert p < i
+
+
+def test_drafter_uses_generated_tokens_only_with_update():
+    prompt = [1, 2, 3, 4]
+    for update, expect_draft in ((False, False), (True, True)):
+        drafter = TrieDrafter(n=4, prefix_len=2, num_draft=4, update=update)
+        drafter.start(prompt)
+        drafter.observe([7, 8, 9, 7])
+        tree = drafter.propose(DraftContext(prompt + [7, 8, 9, 7], 4, 10))
+        assert (tree.size > 0) == expect_draft
+        if expect_draft:
+            assert tree.tokens[:2] == (8, 9)
