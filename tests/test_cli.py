@@ -1,0 +1,95 @@
+"""The commands through Typer's runner: JSON output, equality across drafters, bad input."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ngspec.cli.app import app
+
+runner = CliRunner()
+PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog."
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_text(PROMPT)
+    return path
+
+
+@pytest.mark.slow
+def test_generate_json_same_tokens_for_every_drafter(prompt_file):
+    records = {}
+    for drafter in ("vanilla", "prompt-lookup", "trie"):
+        result = invoke("generate", "-p", prompt_file, "-d", drafter, "-n", 24, "--json")
+        assert result.exit_code == 0, result.output
+        records[drafter] = json.loads(result.stdout.strip().splitlines()[-1])
+    keys = {"text", "token_ids", "new_tokens", "seconds", "tokens_per_second", "verify_calls", "mean_tokens_per_call", "draft_seconds"}
+    for rec in records.values():
+        assert keys <= rec.keys()
+        assert rec["token_ids"] == records["vanilla"]["token_ids"]
+        assert rec["new_tokens"] == len(rec["token_ids"])
+    assert records["vanilla"]["mean_tokens_per_call"] == 1.0
+    assert records["trie"]["verify_calls"] <= records["vanilla"]["verify_calls"]
+
+
+@pytest.mark.slow
+def test_generate_human_output_streams_text_and_summary(prompt_file):
+    result = invoke("generate", "-p", prompt_file, "-n", 8)
+    assert result.exit_code == 0, result.output
+    assert "tokens per call" in result.stdout
+
+
+@pytest.mark.slow
+def test_bench_reports_every_arm(tmp_path):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "rag", "turns": [PROMPT]}) + "\n")
+    md = tmp_path / "bench.md"
+    result = invoke("bench", "-q", questions, "--category", "rag", "-n", 12, "--json", "--markdown", md)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    arms = {a["arm"]: a for a in report["arms"]}
+    assert set(arms) == {"hf-greedy", "hf-prompt-lookup", "vanilla", "trie", "prompt-lookup"}
+    for name in ("vanilla", "trie", "prompt-lookup", "hf-prompt-lookup"):
+        assert arms[name]["exact_match"] == 1.0
+    assert arms["vanilla"]["tokens_per_call"] == 1.0
+    assert sum(arms["trie"]["acceptance_histogram"].values()) > 0
+    assert "| trie |" in md.read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "-p", "missing.txt"], "not found"),
+        (["generate", "-p", "{empty}"], "empty"),
+        (["generate", "-p", "{prompt}", "-d", "nope"], "unknown drafter"),
+        (["generate", "-p", "{prompt}", "-n", "0"], "max-new-tokens"),
+        (["generate", "-p", "{prompt}", "--num-draft", "0"], "--num-draft"),
+        (["generate", "-p", "{prompt}", "--temperature", "-1"], "temperature"),
+        (["generate", "-p", "{prompt}", "--model", "./no/such/dir"], "not found"),
+        (["generate", "-p", "{prompt}", "--dtype", "bfloat16", "--device", "cpu"], "float32"),
+        (["bench", "-q", "{prompt}", "--category", "rag"], "no prompts of category"),
+    ],
+)
+def test_bad_input_one_clear_line(tmp_path, args, message):
+    (tmp_path / "empty.txt").write_text("  \n")
+    (tmp_path / "prompt.txt").write_text(PROMPT)
+    args = [a.format(empty=tmp_path / "empty.txt", prompt=tmp_path / "prompt.txt") for a in args]
+    result = invoke(*args)
+    assert result.exit_code == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.output + result.stderr
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_context_window(tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text("word " * 9000)  # the default model's window is 8,192 tokens
+    result = invoke("generate", "-p", path, "--raw")
+    assert result.exit_code == 1
+    assert "context window is 8192" in result.stderr
