@@ -100,11 +100,19 @@ class Verdict:
 @dataclass
 class DraftContext:
     """What the loop hands a drafter each step: all tokens so far (prompt, then generated ones,
-    ending with the root token) and the largest tree the engine will verify."""
+    ending with the root token), the largest tree the engine will verify, and the measured cost of
+    verifying a tree of each size relative to a plain one-token step (empty when unknown)."""
 
     tokens: list[int]
     prompt_len: int
     max_nodes: int
+    verify_cost: tuple[float, ...] = ()
+
+    def cost(self, size: int) -> float:
+        """Relative cost of verifying ``size`` nodes (1.0 everywhere when nothing was measured)."""
+        if not self.verify_cost:
+            return 1.0
+        return self.verify_cost[min(size, len(self.verify_cost) - 1)]
 
 
 @runtime_checkable

@@ -1,8 +1,13 @@
-"""KV cache surgery on transformers' `DynamicCache`: keep the accepted entries of a verify block.
+"""KV cache storage: growable preallocated layers, and keeping the accepted entries of a block.
+
+transformers' `DynamicLayer` concatenates on every step, allocating and copying the whole cache each
+time (about 40% of a CPU decoding step for the default model at 800 tokens of context). Our
+`GrowableLayer` keeps keys and values as views into buffers that grow by doubling, so appending is
+a copy of the new entries only and rollback is a length change.
 
 After a verification forward the cache holds ``start`` committed positions followed by the whole
 block (root + tree nodes). Committing moves the kept block entries next to the committed ones with
-one gather per layer and drops the rest; rollback is just that length change.
+one gather per layer and drops the rest.
 """
 
 from __future__ import annotations
@@ -11,6 +16,51 @@ from typing import Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+class GrowableLayer(DynamicLayer):
+    """A `DynamicLayer` whose ``keys``/``values`` are views into buffers grown by doubling."""
+
+    def __init__(self, capacity: int = 512) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._keys = self._values = None
+        self._reserve(key_states, value_states, max(self.capacity, key_states.shape[-2]), 0)
+
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, size: int, used: int) -> None:
+        batch, heads, _, k_dim = key_states.shape
+        keys = key_states.new_empty(batch, heads, size, k_dim)
+        values = value_states.new_empty(batch, heads, size, value_states.shape[-1])
+        if used:
+            keys[:, :, :used] = self.keys
+            values[:, :, :used] = self.values
+        self._keys, self._values = keys, values
+        self.keys, self.values = keys[:, :, :used], values[:, :, :used]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self._keys.shape[-2]:
+            self._reserve(key_states, value_states, max(end, 2 * self._keys.shape[-2]), start)
+        self._keys[:, :, start:end] = key_states
+        self._values[:, :, start:end] = value_states
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
+
+
+def make_cache(config, capacity: int) -> DynamicCache:
+    """A `DynamicCache` whose full-attention layers are `GrowableLayer`s (sliding ones unchanged)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [
+        GrowableLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers
+    ]
+    return cache
 
 
 def keep_block(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
@@ -26,7 +76,3 @@ def keep_block(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
             layer.values[:, :, start : start + n_keep] = layer.values.index_select(2, src_dev)
         layer.keys = layer.keys[:, :, : start + n_keep]
         layer.values = layer.values[:, :, : start + n_keep]
-
-
-def cache_length(cache: DynamicCache) -> int:
-    return int(cache.get_seq_length())

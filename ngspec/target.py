@@ -8,13 +8,14 @@ accepted nodes in the cache. The cache is owned here and nowhere else.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
-from ngspec.kv import keep_block
+from ngspec.kv import keep_block, make_cache
 from ngspec.tree import attention_mask, position_ids
 
 
@@ -28,6 +29,12 @@ class TargetModel:
         self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.cache: DynamicCache | None = None
         self.length = 0  # committed tokens in the cache
+        # relative cost of verifying a tree of each size (index = nodes); empty = not measured
+        self.verify_cost: tuple[float, ...] = ()
+        if self.device.type == "cpu":
+            # let SDPA handle grouped-query attention under a custom mask instead of materialising
+            # repeated K/V every layer (same logits; faster trees at long context on CPU)
+            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
         out = self.model(
@@ -38,7 +45,7 @@ class TargetModel:
     @torch.inference_mode()
     def prefill(self, prompt: Sequence[int]) -> torch.Tensor:
         """Start a new sequence; returns the next-token logits after the prompt, ``[vocab]``."""
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = make_cache(self.model.config, capacity=len(prompt) + 512)
         ids = torch.tensor([list(prompt)], dtype=torch.long)
         logits = self._forward(ids, logits_to_keep=1)
         self.length = len(prompt)

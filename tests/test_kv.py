@@ -40,3 +40,21 @@ def test_commit_nothing_keeps_only_root(tiny):
     target.commit([])
     expected = fresh_cache(tiny, [1, 2, 3, 4])
     assert torch.allclose(target.cache.layers[0].keys, expected.layers[0].keys, atol=1e-5)
+
+
+def test_growable_cache_grows_and_matches_dynamic_cache(tiny):
+    """Appending past the preallocated capacity (doubling) keeps exactly the same entries."""
+    from ngspec.kv import GrowableLayer, make_cache
+
+    cache = make_cache(tiny.config, capacity=2)
+    assert all(isinstance(layer, GrowableLayer) for layer in cache.layers)
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    with torch.inference_mode():
+        tiny(torch.tensor([tokens[:3]]), past_key_values=cache, use_cache=True)
+        for i in range(3, len(tokens), 2):
+            tiny(torch.tensor([tokens[i : i + 2]]), past_key_values=cache, use_cache=True)
+    expected = fresh_cache(tiny, tokens)
+    for got_layer, want_layer in zip(cache.layers, expected.layers):
+        assert got_layer.keys.shape == want_layer.keys.shape
+        assert torch.allclose(got_layer.keys, want_layer.keys, atol=1e-5)
+        assert torch.allclose(got_layer.values, want_layer.values, atol=1e-5)

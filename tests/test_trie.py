@@ -70,10 +70,11 @@ def test_match_backs_off_to_shorter_suffixes():
 def test_top_subtree_takes_most_frequent_prefix_closed():
     trie = NGramTrie(n=4, prefix_len=1)
     trie.extend([1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 4, 9, 1, 5])
-    tree = trie.top_subtree(trie.match([1]), 4)
+    tree, counts = trie.top_subtree(trie.match([1]), 4)
     # below "1": "2" (3 times), "2 3" and "2 3 9" (twice), then "2 4" or "5" (once each; the
     # shallower "5" wins the tie)
     assert tree.tokens == (2, 3, 9, 5) and tree.parents == (-1, 0, 1, -1)
+    assert counts == [3, 2, 2, 1]
     for i, p in enumerate(tree.parents):
         assert p < i
 

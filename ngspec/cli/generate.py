@@ -73,6 +73,7 @@ def generate_command(
     make_drafter(drafter, opts)  # validate the name before loading anything
     prompts = load_prompts(prompt_file)
     engine = load_engine(model, device, dtype)
+    opts = opts.resolved(engine.target.device.type)
     tokenizer = engine.loaded.tokenizer
     for prompt in prompts:
         ids = encode(tokenizer, prompt.text, raw)

@@ -44,6 +44,7 @@ class NGramTrie:
         self.children: list[dict[int, int]] = [{}]
         self.counts: list[int] = [0]
         self.tokens: list[int] = [-1]
+        self.depths: list[int] = [0]
         self._walkers: list[_Walker] = []
         self._position = 0  # tokens inserted so far
 
@@ -58,7 +59,11 @@ class NGramTrie:
             self.children.append({})
             self.counts.append(0)
             self.tokens.append(token)
+            self.depths.append(self.depths[node] + 1)
         return kid
+
+    def depth(self, node: int) -> int:
+        return self.depths[node]
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append tokens to the text the trie covers."""
@@ -80,7 +85,8 @@ class NGramTrie:
             self._position += 1
 
     def match(self, context: Sequence[int]) -> int | None:
-        """Node reached by the longest suffix of ``context`` (<= prefix_len) that has children."""
+        """Node reached by the longest suffix of ``context`` (<= prefix_len) that has children
+        (its depth in the trie is the length of the match)."""
         for m in range(min(self.prefix_len, len(context)), 0, -1):
             node: int | None = 0
             for tok in context[len(context) - m :]:
@@ -91,43 +97,85 @@ class NGramTrie:
                 return node
         return None
 
-    def top_subtree(self, node: int, num_nodes: int) -> DraftTree:
-        """The ``num_nodes`` most frequent descendants of ``node`` as a draft tree."""
+    def top_subtree(self, node: int, num_nodes: int) -> tuple[DraftTree, list[int]]:
+        """The ``num_nodes`` most frequent descendants of ``node`` as a draft tree whose nodes are
+        in selection order (so every prefix of it is a tree too), with their counts."""
         # ties in count go to the shallower node, then the earlier-inserted one
         heap = [(-self.counts[c], 1, c, -1) for c in self.children[node].values()]
         heapq.heapify(heap)
         tokens: list[int] = []
         parents: list[int] = []
+        counts: list[int] = []
         while heap and len(tokens) < num_nodes:
-            _, depth, kid, parent = heapq.heappop(heap)
+            neg_count, depth, kid, parent = heapq.heappop(heap)
             index = len(tokens)
             tokens.append(self.tokens[kid])
             parents.append(parent)
+            counts.append(-neg_count)
             for grandkid in self.children[kid].values():
                 heapq.heappush(heap, (-self.counts[grandkid], depth + 1, grandkid, index))
-        return DraftTree(tuple(tokens), tuple(parents))
+        return DraftTree(tuple(tokens), tuple(parents)), counts
+
+
+def best_size(gains: list[float], ctx: DraftContext) -> int:
+    """Number of leading nodes maximising expected tokens per unit of verify cost."""
+    best, best_rate, expected = 0, 1.0 / ctx.cost(0), 1.0
+    for n, gain in enumerate(gains, 1):
+        expected += gain
+        rate = expected / ctx.cost(n)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return best
 
 
 class TrieDrafter:
+    """Drafts from an `NGramTrie` of the prompt (and, with ``update``, of the generated text).
+
+    Tree size is chosen per step: a node's chance of acceptance is estimated as its count over the
+    matched node's count (the trie's own conditional frequency), scaled by how well these
+    estimates have matched real acceptance so far in this sequence; the tree keeps the number of
+    nodes that maximises expected tokens per unit of measured verify cost (``DraftContext.cost``).
+    With no cost table (a GPU-like flat cost) that is the whole ``num_draft`` budget.
+    """
+
     name = "trie"
 
-    def __init__(self, n: int = 13, prefix_len: int = 3, num_draft: int = 24, update: bool = False):
+    def __init__(self, n: int = 13, prefix_len: int = 3, num_draft: int = 24, update: bool = True):
         self.n = n
         self.prefix_len = prefix_len
         self.num_draft = num_draft
         self.update = update
-        self.trie = NGramTrie(n, prefix_len)
+        self.start([])
 
     def start(self, prompt: Sequence[int]) -> None:
         self.trie = NGramTrie(self.n, self.prefix_len)
         self.trie.extend(prompt)
+        self._predicted = 0.0  # expected accepted drafts of the last tree (unscaled)
+        self._match_len = 0  # length of the match the last tree hangs from
+        # per match length: accepted drafts, predicted drafts (a neutral prior)
+        self._totals = {m: [1.0, 1.0] for m in range(1, self.prefix_len + 1)}
+
+    def calibration(self, match_len: int) -> float:
+        accepted, predicted = self._totals[match_len]
+        return min(1.0, accepted / predicted)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
+        self._predicted = 0.0
         node = self.trie.match(ctx.tokens)
         if node is None:
             return DraftTree()
-        return self.trie.top_subtree(node, min(self.num_draft, ctx.max_nodes))
+        tree, counts = self.trie.top_subtree(node, min(self.num_draft, ctx.max_nodes))
+        self._match_len = self.trie.depth(node)
+        scale = self.calibration(self._match_len) / self.trie.counts[node]
+        size = best_size([c * scale for c in counts], ctx)
+        self._predicted = sum(counts[:size]) / self.trie.counts[node]
+        return tree.truncated(size, max_depth=size)
 
     def observe(self, new_tokens: Sequence[int]) -> None:
+        if self._predicted:
+            totals = self._totals[self._match_len]
+            totals[0] += len(new_tokens) - 1
+            totals[1] += self._predicted
+            self._predicted = 0.0
         if self.update:
             self.trie.extend(new_tokens)

@@ -1,0 +1,91 @@
+"""Offline replay of drafters over real greedy outputs: acceptance without running the model.
+
+Greedy acceptance is determined by the true continuation, so replaying a drafter over stored
+greedy outputs gives its exact tokens per call. Combined with a verify-cost table measured on
+this machine (same process), it predicts the speedup of each drafter configuration in seconds
+instead of minutes; `ngspec bench` then confirms the best ones with real runs.
+
+    python benchmarks/replay_drafters.py --questions ../shared/data/spec_bench/question.jsonl \
+        --category rag --limit 10 --cache bench-out/ref-rag.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from ngspec.contracts import DraftContext
+from ngspec.decode import DecodeConfig
+from ngspec.drafters import DrafterOptions, make_drafter
+from ngspec.engine import Engine
+from ngspec.models import load_model
+from ngspec.prompts import encode, load_prompts
+
+
+def references(engine: Engine, args) -> list[dict]:
+    if args.cache and Path(args.cache).is_file():
+        return json.loads(Path(args.cache).read_text())
+    out = []
+    for p in load_prompts(args.questions, args.category, args.limit):
+        ids = encode(engine.loaded.tokenizer, p.text)
+        gen = engine.run(ids, make_drafter("vanilla"), DecodeConfig(max_new_tokens=args.max_new_tokens))
+        out.append({"id": p.id, "prompt": ids, "output": gen.token_ids})
+        print(f"reference {p.id}: {len(gen.token_ids)} tokens", flush=True)
+    if args.cache:
+        Path(args.cache).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.cache).write_text(json.dumps(out))
+    return out
+
+
+def replay(ref: dict, drafter, cost: tuple[float, ...]) -> tuple[int, int, float]:
+    """(tokens, calls, relative cost) of one reference output under ``drafter``."""
+    prompt, out = ref["prompt"], ref["output"]
+    drafter.start(prompt)
+    drafter.observe(out[:1])
+    k, calls, total_cost = 0, 1, 1.0  # the prefill emits out[0]
+    while k + 1 < len(out):
+        ctx = DraftContext(prompt + out[: k + 1], len(prompt), len(cost) - 1, cost)
+        tree = drafter.propose(ctx).truncated(ctx.max_nodes, len(out) - k - 2)
+        node, accepted = -1, 0
+        while True:
+            want = out[k + 1 + accepted] if k + 1 + accepted < len(out) else None
+            nxt = next((i for i, (t, p) in enumerate(zip(tree.tokens, tree.parents)) if p == node and t == want), None)
+            if nxt is None:
+                break
+            node, accepted = nxt, accepted + 1
+        new = out[k + 1 : k + 2 + accepted]
+        drafter.observe(new)
+        k += len(new)
+        calls += 1
+        total_cost += ctx.cost(tree.size)
+    return len(out), calls, total_cost
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--questions", required=True)
+    ap.add_argument("--category")
+    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--cache")
+    ap.add_argument("--configs", default="prompt-lookup;trie")
+    args = ap.parse_args()
+    engine = Engine(load_model(), max_draft_nodes=64)
+    refs = references(engine, args)
+    cost = engine.target.verify_cost
+    print("relative verify cost by tree size:", [round(c, 2) for c in cost])
+    for spec in args.configs.split(";"):
+        name, *kv = spec.split(",")
+        opts = DrafterOptions(**{k: type(getattr(DrafterOptions, k))(v) if v not in ("True", "False") else v == "True" for k, v in (x.split("=") for x in kv)})
+        speedups, tpcs = [], []
+        for ref in refs:
+            tokens, calls, total = replay(ref, make_drafter(name, opts), cost)
+            speedups.append(tokens / total)
+            tpcs.append(tokens / calls)
+        print(f"{spec:60s} tokens/call median {statistics.median(tpcs):.2f}  predicted speedup median {statistics.median(speedups):.2f}x mean {statistics.fmean(speedups):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Performance measurement: verify-cost tables (and, later, the profile-bound sweep)."""

@@ -1,0 +1,28 @@
+from ngspec.contracts import DraftContext
+from ngspec.drafters.trie import TrieDrafter, best_size
+from ngspec.perf.costs import measure_verify_costs
+from ngspec.target import TargetModel
+
+
+def test_measured_costs_shape(tiny):
+    costs = measure_verify_costs(TargetModel(tiny), max_nodes=10, context=16, repeats=1)
+    assert len(costs) == 11 and costs[0] == 1.0
+    assert all(b >= a for a, b in zip(costs, costs[1:]))
+
+
+def test_best_size_hand_worked():
+    steep = DraftContext([], 0, 3, verify_cost=(1.0, 1.05, 1.1, 1.5))
+    # expected tokens / cost: 0 -> 1.0, 1 -> 1.9/1.05, 2 -> 2.8/1.1 (best), 3 -> 2.9/1.5
+    assert best_size([0.9, 0.9, 0.1], steep) == 2
+    assert best_size([0.9, 0.9, 0.1], DraftContext([], 0, 3)) == 3  # flat cost: take everything
+    assert best_size([0.01, 0.01], steep) == 0  # nothing likely: do not draft
+
+
+def test_trie_drafts_less_when_verification_is_expensive():
+    prompt = [1, 2, 3, 4, 5, 1, 2, 6, 7, 1, 2, 8, 9]  # after "1 2": three different continuations
+    costs = (1.0, 1.02, 1.04) + (3.0,) * 10
+    for cost, expect_max in (((), 8), (costs, 2)):
+        drafter = TrieDrafter(n=4, prefix_len=2, num_draft=8)
+        drafter.start(prompt)
+        tree = drafter.propose(DraftContext(prompt + [1, 2], len(prompt), 8, cost))
+        assert 0 < tree.size <= expect_max
