@@ -78,7 +78,7 @@ def main() -> None:
     print("relative verify cost by tree size:", [round(c, 2) for c in cost])
     for spec in args.configs.split(";"):
         name, *kv = spec.split(",")
-        opts = DrafterOptions(**{k: type(getattr(DrafterOptions, k))(v) if v not in ("True", "False") else v == "True" for k, v in (x.split("=") for x in kv)})
+        opts = DrafterOptions(**{k: (v == "True") if v in ("True", "False") else int(v) for k, v in (x.split("=") for x in kv)})
         speedups, tpcs = [], []
         for ref in refs:
             tokens, calls, total = replay(ref, make_drafter(name, opts), cost)

@@ -143,8 +143,20 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra)
     except OSError as exc:
         raise NgspecError(f"could not load model {spec!r}: {exc}") from exc
-    name = DEFAULT_NAME if spec in ("", DEFAULT_MODEL) else spec
-    return LoadedModel(model.to(dev).eval(), tokenizer, name)
+    return LoadedModel(model.to(dev).eval(), tokenizer, display_name(spec))
+
+
+def load_tokenizer(spec: str = DEFAULT_MODEL):
+    """Just the tokenizer of a model spec (same forms as `load_model`)."""
+    where, extra = _source(spec)
+    try:
+        return AutoTokenizer.from_pretrained(where, **extra)
+    except OSError as exc:
+        raise NgspecError(f"could not load the tokenizer of {spec!r}: {exc}") from exc
+
+
+def display_name(spec: str) -> str:
+    return DEFAULT_NAME if spec in ("", DEFAULT_MODEL) else spec
 
 
 TINY_FAMILIES = ("llama", "qwen2")

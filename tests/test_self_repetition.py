@@ -34,3 +34,30 @@ def test_hand_worked():
     assert self_repetition([1], [1, 1, 1, 1]).match_lengths == (1, 2, 1)
     assert self_repetition([], [5, 6]).value == 1.0
     assert self_repetition([1], []).value == 0.0
+
+
+def brute_force_with_store(inp, resp, docs):
+    steps, p = 0, 0
+    while p < len(resp):
+        hist = list(inp) + list(resp[:p])
+        best = 0
+        for length in range(1, len(resp) - p + 1):
+            piece = list(resp[p : p + length])
+            sources = [hist] + docs
+            if any(src[s : s + length] == piece for src in sources for s in range(len(src) - length + 1)):
+                best = length
+        p += max(best, 1)
+        steps += 1
+    return len(resp) / steps if steps else 0.0
+
+
+def test_with_datastore_matches_brute_force():
+    from ngspec.datastore.index import Datastore
+
+    rng = random.Random(1)
+    for _ in range(500):
+        docs = [[rng.randrange(4) for _ in range(rng.randrange(0, 10))] for _ in range(rng.randrange(1, 4))]
+        store = Datastore.from_documents(docs, vocab_size=8)
+        inp = [rng.randrange(4) for _ in range(rng.randrange(0, 8))]
+        resp = [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
+        assert abs(self_repetition(inp, resp, store).value - brute_force_with_store(inp, resp, docs)) < 1e-12

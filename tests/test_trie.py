@@ -1,5 +1,6 @@
 """The N-gram trie against a brute-force reading of the paper's definition."""
 
+import pytest
 import random
 from collections import Counter
 
@@ -74,7 +75,8 @@ def test_top_subtree_takes_most_frequent_prefix_closed():
     # below "1": "2" (3 times), "2 3" and "2 3 9" (twice), then "2 4" or "5" (once each; the
     # shallower "5" wins the tie)
     assert tree.tokens == (2, 3, 9, 5) and tree.parents == (-1, 0, 1, -1)
-    assert counts == [3, 2, 2, 1]
+    # "1" occurs 4 times: probabilities are count / count(match)
+    assert counts == pytest.approx([3 / 4, 2 / 4, 2 / 4, 1 / 4])
     for i, p in enumerate(tree.parents):
         assert p < i
 
@@ -89,3 +91,12 @@ def test_drafter_uses_generated_tokens_only_with_update():
         assert (tree.size > 0) == expect_draft
         if expect_draft:
             assert tree.tokens[:2] == (8, 9)
+
+
+def test_smoothing_trusts_repeated_paths_more_than_single_ones():
+    trie = NGramTrie(n=4, prefix_len=1)
+    trie.extend([5, 6, 7, 8, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3])
+    _, once = trie.top_subtree(trie.match([5]), 3, smoothing=1.0)
+    _, thrice = trie.top_subtree(trie.match([1]), 2, smoothing=1.0)
+    assert once == pytest.approx([1 / 2, 1 / 4, 1 / 8])  # 1 / (1 + 1) per level
+    assert thrice[0] == pytest.approx(3 / 4) and thrice[1] == pytest.approx(3 / 4 * 3 / 4)

@@ -50,10 +50,15 @@ def friendly(command: Callable) -> Callable:
 
 def _register() -> None:
     from ngspec.cli.bench import bench_command
+    from ngspec.cli.datastore import build_datastore_command, datastore_info_command
     from ngspec.cli.generate import generate_command
+    from ngspec.cli.self_repetition import self_repetition_command
 
     app.command("generate")(friendly(generate_command))
     app.command("bench")(friendly(bench_command))
+    app.command("build-datastore")(friendly(build_datastore_command))
+    app.command("datastore-info")(friendly(datastore_info_command))
+    app.command("self-repetition")(friendly(self_repetition_command))
 
 
 _register()

@@ -60,7 +60,6 @@ def bench_command(
         if path is not None and not path.parent.exists():
             raise NgspecError(f"output directory does not exist: {path.parent}")
     engine = load_engine(model, device, dtype)
-    opts = opts.resolved(engine.target.device.type)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * len(arms))

@@ -13,8 +13,10 @@ from ngspec.cli.options import (
     ModelOpt, NgramNOpt, NumDraftOpt, PrefixLenOpt, PromptFileArg, RawOpt, SeedOpt, StopOpt,
     TemperatureOpt, TopKOpt, TopPOpt, TrieUpdateOpt,
 )
+from ngspec.check import check_against_greedy
 from ngspec.decode import Generation
 from ngspec.drafters import DrafterOptions, make_drafter
+from ngspec.errors import NgspecError
 from ngspec.prompts import encode, load_prompts
 
 
@@ -42,6 +44,17 @@ def result_record(prompt_id: str, prompt_tokens: int, text: str, gen: Generation
     }
 
 
+def _check_rows(check: dict | None) -> list[tuple[str, str]]:
+    if check is None:
+        return []
+    if check["exact_match"]:
+        return [("identical to plain greedy", "yes")]
+    return [
+        ("identical to plain greedy", f"NO, from token {check['first_mismatch']}"),
+        ("top-2 logit margin there", f"{check['near_tie_margin']:.4g}"),
+    ]
+
+
 def generate_command(
     prompt_file: PromptFileArg,
     drafter: Annotated[str, typer.Option("--drafter", "-d", help=f"One of: {DRAFTERS}.")] = "trie",
@@ -61,6 +74,7 @@ def generate_command(
     trie_update: TrieUpdateOpt = DrafterOptions.trie_update,
     lookup_ngram: LookupNgramOpt = DrafterOptions.lookup_ngram,
     lookup_tokens: LookupTokensOpt = DrafterOptions.lookup_tokens,
+    check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Generate text for every prompt in a file, token-identical to plain decoding, and report
@@ -71,9 +85,10 @@ def generate_command(
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop)
     opts = DrafterOptions(num_draft, ngram_n, prefix_len, trie_update, lookup_ngram, lookup_tokens)
     make_drafter(drafter, opts)  # validate the name before loading anything
+    if check and not cfg.sampling.greedy:
+        raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
     prompts = load_prompts(prompt_file)
     engine = load_engine(model, device, dtype)
-    opts = opts.resolved(engine.target.device.type)
     tokenizer = engine.loaded.tokenizer
     for prompt in prompts:
         ids = encode(tokenizer, prompt.text, raw)
@@ -82,6 +97,8 @@ def generate_command(
             render.console.rule(f"prompt {prompt.id}")
         gen = engine.run(ids, make_drafter(drafter, opts), cfg, on_tokens=stream)
         record = result_record(prompt.id, len(ids), engine.detokenize(gen.token_ids), gen, drafter)
+        if check:
+            record["greedy_check"] = check_against_greedy(engine, ids, gen.token_ids, cfg).as_dict()
         if json_out:
             render.json_line(record)
             continue
@@ -96,5 +113,6 @@ def generate_command(
                 ("mean tokens per call", f"{record['mean_tokens_per_call']:.2f}"),
                 ("drafting share of time", f"{100 * record['draft_share']:.1f}%"),
                 ("finished by", record["finish_reason"]),
+                *_check_rows(record.get("greedy_check")),
             ],
         )

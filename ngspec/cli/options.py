@@ -31,7 +31,7 @@ TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely to
 SeedOpt = Annotated[Optional[int], typer.Option(help="Random seed for sampling.", rich_help_panel="Sampling")]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); EOS always stops.")]
 
-NumDraftOpt = Annotated[Optional[int], typer.Option("--num-draft", help="trie: most nodes per draft tree [default: 4 on CPU, 24 on GPU]; each step keeps as many as pay off under the measured verify cost.", rich_help_panel="Drafter options")]
+NumDraftOpt = Annotated[int, typer.Option("--num-draft", help="trie: most nodes per draft tree; each step keeps as many as pay off under the measured verify cost.", rich_help_panel="Drafter options")]
 NgramNOpt = Annotated[int, typer.Option("--ngram-n", help="trie: n-gram window n.", rich_help_panel="Drafter options")]
 PrefixLenOpt = Annotated[int, typer.Option("--prefix-len", help="trie: max prefix length L_p (backoff starts here).", rich_help_panel="Drafter options")]
 TrieUpdateOpt = Annotated[bool, typer.Option("--trie-update/--no-trie-update", help="trie: also insert generated tokens (measured to help; the paper builds from the prompt only).", rich_help_panel="Drafter options")]

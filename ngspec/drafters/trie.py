@@ -97,24 +97,33 @@ class NGramTrie:
                 return node
         return None
 
-    def top_subtree(self, node: int, num_nodes: int) -> tuple[DraftTree, list[int]]:
-        """The ``num_nodes`` most frequent descendants of ``node`` as a draft tree whose nodes are
-        in selection order (so every prefix of it is a tree too), with their counts."""
-        # ties in count go to the shallower node, then the earlier-inserted one
-        heap = [(-self.counts[c], 1, c, -1) for c in self.children[node].values()]
+    def top_subtree(self, node: int, num_nodes: int, smoothing: float = 0.0) -> tuple[DraftTree, list[float]]:
+        """The ``num_nodes`` most likely descendants of ``node`` as a draft tree, nodes in selection
+        order (every prefix of it is a tree too), with their estimated path probabilities.
+
+        A child's probability given its parent is count(child) / (count(parent) + smoothing); with
+        smoothing 0 the path probability is count / count(node), so selection is by count. A
+        positive smoothing makes paths seen once less certain than paths seen many times. A child
+        is never more likely than its parent, so best-first selection is prefix-closed; ties go
+        to the shallower node, then the earlier-inserted one.
+        """
+        base = self.counts[node] + smoothing
+        heap = [(-self.counts[c] / base, 1, c, -1) for c in self.children[node].values()]
         heapq.heapify(heap)
         tokens: list[int] = []
         parents: list[int] = []
-        counts: list[int] = []
+        probs: list[float] = []
         while heap and len(tokens) < num_nodes:
-            neg_count, depth, kid, parent = heapq.heappop(heap)
+            neg_prob, depth, kid, parent = heapq.heappop(heap)
             index = len(tokens)
             tokens.append(self.tokens[kid])
             parents.append(parent)
-            counts.append(-neg_count)
+            probs.append(-neg_prob)
+            denominator = self.counts[kid] + smoothing
             for grandkid in self.children[kid].values():
-                heapq.heappush(heap, (-self.counts[grandkid], depth + 1, grandkid, index))
-        return DraftTree(tuple(tokens), tuple(parents)), counts
+                prob = -neg_prob * self.counts[grandkid] / denominator
+                heapq.heappush(heap, (-prob, depth + 1, grandkid, index))
+        return DraftTree(tuple(tokens), tuple(parents)), probs
 
 
 def best_size(gains: list[float], ctx: DraftContext) -> int:
@@ -131,16 +140,17 @@ def best_size(gains: list[float], ctx: DraftContext) -> int:
 class TrieDrafter:
     """Drafts from an `NGramTrie` of the prompt (and, with ``update``, of the generated text).
 
-    Tree size is chosen per step: a node's chance of acceptance is estimated as its count over the
-    matched node's count (the trie's own conditional frequency), scaled by how well these
-    estimates have matched real acceptance so far in this sequence; the tree keeps the number of
-    nodes that maximises expected tokens per unit of measured verify cost (``DraftContext.cost``).
-    With no cost table (a GPU-like flat cost) that is the whole ``num_draft`` budget.
+    Tree size is chosen per step: a node's chance of acceptance is the product of the trie's
+    conditional frequencies along its path (smoothed, so a path seen once is less certain than one
+    seen ten times), scaled per match length by how well these estimates have matched real
+    acceptance so far in this sequence; the tree keeps the number of nodes that maximises expected
+    tokens per unit of measured verify cost (``DraftContext.cost``). With no cost table (a
+    GPU-like flat cost) that is the whole ``num_draft`` budget.
     """
 
     name = "trie"
 
-    def __init__(self, n: int = 13, prefix_len: int = 3, num_draft: int = 24, update: bool = True):
+    def __init__(self, n: int = 13, prefix_len: int = 3, num_draft: int = 32, update: bool = True):
         self.n = n
         self.prefix_len = prefix_len
         self.num_draft = num_draft
@@ -164,11 +174,13 @@ class TrieDrafter:
         node = self.trie.match(ctx.tokens)
         if node is None:
             return DraftTree()
-        tree, counts = self.trie.top_subtree(node, min(self.num_draft, ctx.max_nodes))
+        # half an occurrence's weight: paths seen once are far from certain (replay-tuned)
+        smoothing = 0.5 * self.prefix_len
+        tree, probs = self.trie.top_subtree(node, min(self.num_draft, ctx.max_nodes), smoothing)
         self._match_len = self.trie.depth(node)
-        scale = self.calibration(self._match_len) / self.trie.counts[node]
-        size = best_size([c * scale for c in counts], ctx)
-        self._predicted = sum(counts[:size]) / self.trie.counts[node]
+        scale = self.calibration(self._match_len)
+        size = best_size([p * scale for p in probs], ctx)
+        self._predicted = sum(probs[:size])
         return tree.truncated(size, max_depth=size)
 
     def observe(self, new_tokens: Sequence[int]) -> None:

@@ -1,0 +1,44 @@
+"""Checking a run against plain greedy decoding, with near-tie margins for any mismatch.
+
+In float32 on CPU the engine's output must equal plain greedy exactly. In lower precision or with
+other GPU kernels an argmax can flip where the two best logits are nearly tied; the margin at the
+first differing position tells such a near-tie from a real bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ngspec.decode import DecodeConfig
+from ngspec.drafters import make_drafter
+from ngspec.engine import Engine
+
+
+@dataclass(frozen=True)
+class GreedyCheck:
+    exact_match: bool
+    first_mismatch: int | None  # index into the generated tokens
+    margin: float | None  # top-1 minus top-2 logit of plain greedy at that position
+
+    def as_dict(self) -> dict:
+        return {"exact_match": self.exact_match, "first_mismatch": self.first_mismatch, "near_tie_margin": self.margin}
+
+
+@torch.inference_mode()
+def top2_margin(engine: Engine, tokens: list[int]) -> float:
+    """Top-1 minus top-2 next-token logit after ``tokens``."""
+    model = engine.loaded.model
+    logits = model(torch.tensor([tokens], device=engine.target.device), logits_to_keep=1).logits[0, -1]
+    top = torch.topk(logits.float(), 2).values
+    return float(top[0] - top[1])
+
+
+def check_against_greedy(engine: Engine, prompt: list[int], generated: list[int], cfg: DecodeConfig) -> GreedyCheck:
+    """Decode ``prompt`` plainly (no drafts, same stops and budget) and compare with ``generated``."""
+    plain = engine.run(prompt, make_drafter("vanilla"), cfg).token_ids
+    if plain == generated:
+        return GreedyCheck(True, None, None)
+    first = next((i for i, (a, b) in enumerate(zip(plain, generated)) if a != b), min(len(plain), len(generated)))
+    return GreedyCheck(False, first, top2_margin(engine, prompt + plain[:first]))

@@ -1,0 +1,89 @@
+"""`ngspec build-datastore` and `ngspec datastore-info`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from ngspec.cli import render
+from ngspec.cli.options import JsonOpt, ModelOpt
+from ngspec.datastore.build import BuildOptions, build_datastore
+from ngspec.datastore.corpus import FORMATS
+from ngspec.datastore.format import read_meta
+from ngspec.datastore.index import Datastore
+from ngspec.models import display_name, load_tokenizer
+
+TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="Tokenizer to use instead of --model's (a directory or a Hugging Face id).")]
+
+
+def _default_out(corpus: str) -> Path:
+    name = Path(corpus.rstrip("/")).name or "datastore"
+    for suffix in (".jsonl", ".json", ".parquet"):
+        name = name.removesuffix(suffix)
+    return Path("datastores") / name.replace("/", "__")
+
+
+def build_datastore_command(
+    corpus: Annotated[str, typer.Option("--corpus", "-c", help="A .jsonl/.json/.parquet file, a directory of them, or a datasets name.")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory [default: datastores/<corpus name>].")] = None,
+    model: ModelOpt = "default",
+    tokenizer: TokenizerOpt = None,
+    text: Annotated[str, typer.Option(help="responses (assistant side only, as READER does) or all (user turns too).")] = "responses",
+    fmt: Annotated[Optional[str], typer.Option("--format", help=f"Record format: {', '.join(FORMATS)} [default: detected].")] = None,
+    split: Annotated[str, typer.Option(help="Split, for a datasets name.")] = "train",
+    max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing datastore at --out.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Tokenise a corpus with the model's tokenizer and write a memory-mappable suffix-array
+    datastore (written to a temporary directory and renamed when complete).
+
+    Example: ngspec build-datastore -c ../shared/data/magpie_sample/example_instructions_5res.json
+    """
+    opts = BuildOptions(text=text, format=fmt, max_records=max_records, split=split)
+    out = out or _default_out(corpus)
+    spec = tokenizer or model
+    tok = load_tokenizer(spec)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} records"), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
+        task = progress.add_task("tokenising", total=max_records)
+        meta = build_datastore(
+            corpus, tok, display_name(spec), out, opts, force,
+            on_batch=lambda n: progress.advance(task, n),
+            on_stage=lambda label: progress.update(task, description=label),
+        )
+    if json_out:
+        render.json_line({"path": str(out), **asdict(meta)})
+        return
+    render.summary_table(f"datastore {out}", _meta_rows(meta))
+
+
+def _meta_rows(meta) -> list[tuple[str, str]]:
+    per_token = 2 * (2 if meta.token_dtype == "uint16" else 4)  # tokens + suffix array, roughly
+    return [
+        ("source", meta.source),
+        ("tokenizer", f"{meta.tokenizer_name} ({meta.tokenizer_fingerprint[:12]})"),
+        ("records", f"{meta.records:,}"),
+        ("documents", f"{meta.documents:,}"),
+        ("tokens", f"{meta.tokens:,}"),
+        ("token dtype", meta.token_dtype),
+        ("size on disk (approx.)", f"{(meta.tokens + meta.documents) * (per_token + 2) / 2**20:.1f} MiB"),
+        ("built", f"{meta.created} in {meta.build_seconds:.1f} s"),
+        ("options", ", ".join(f"{k}={v}" for k, v in meta.build_options.items())),
+    ]
+
+
+def datastore_info_command(
+    path: Annotated[Path, typer.Argument(help="Datastore directory.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Show a datastore's metadata and check that its files are complete and consistent."""
+    meta = read_meta(path)
+    Datastore.open(path)  # validates the arrays against the metadata
+    if json_out:
+        render.json_line({"path": str(path), **asdict(meta)})
+        return
+    render.summary_table(f"datastore {path}", _meta_rows(meta))

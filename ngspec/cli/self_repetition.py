@@ -1,0 +1,88 @@
+"""`ngspec self-repetition`: how self-repetitive a dataset's responses are."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ngspec.cli import render
+from ngspec.cli.datastore import TokenizerOpt
+from ngspec.cli.options import JsonOpt, ModelOpt
+from ngspec.datastore.corpus import iter_records
+from ngspec.datastore.index import Datastore
+from ngspec.errors import NgspecError
+from ngspec.metrics.pairs import record_pairs
+from ngspec.metrics.report import measure, tokenize_pairs
+from ngspec.models import load_tokenizer
+
+
+def _questions(path: Optional[Path]) -> dict[str, list[str]]:
+    if path is None:
+        return {}
+    if not path.is_file():
+        raise NgspecError(f"questions file not found: {path}")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {str(r["question_id"]): r.get("turns", []) for r in rows if "question_id" in r}
+
+
+def self_repetition_command(
+    dataset: Annotated[str, typer.Option("--dataset", help="A .jsonl/.json/.parquet file, a directory of them, or a datasets name.")],
+    input_field: Annotated[Optional[str], typer.Option(help="Field holding the input (overrides detection).")] = None,
+    response_field: Annotated[Optional[str], typer.Option(help="Field holding the response (overrides detection).")] = None,
+    questions: Annotated[Optional[Path], typer.Option(help="For answer files (question_id + choices): the question file giving their inputs.")] = None,
+    datastore: Annotated[Optional[Path], typer.Option(help="Also search this datastore (built with the same tokenizer).")] = None,
+    holdout: Annotated[int, typer.Option(help="Use the first N responses as the datastore and measure the rest (the paper's 'with datastore' setting).")] = 0,
+    model: ModelOpt = "default",
+    tokenizer: TokenizerOpt = None,
+    split: Annotated[str, typer.Option(help="Split, for a datasets name.")] = "train",
+    limit: Annotated[Optional[int], typer.Option(help="Measure at most this many (input, response) pairs.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Self-repetition of each response: |Y| / steps of greedy longest copying from its input and
+    its own earlier text (and a datastore): the ceiling of search-only drafting's tokens per call.
+
+    Example: ngspec self-repetition --dataset ../shared/data/mt_bench_answers/rest_vicuna-7b-v1.5/baseline-vicuna-7b-v1.5-temperature-0.0-top_p-0.jsonl --questions ../shared/data/mt_bench/question.jsonl
+    """
+    if datastore is not None and holdout:
+        raise NgspecError("use either --datastore or --holdout, not both")
+    if holdout < 0 or (limit is not None and limit < 1):
+        raise NgspecError("--holdout must be >= 0 and --limit >= 1")
+    tok = load_tokenizer(tokenizer or model)
+    store = Datastore.open(datastore, tok) if datastore is not None else None
+    asked = _questions(questions)
+    pairs = []
+    for i, record in enumerate(iter_records(dataset, split)):
+        pairs.extend(record_pairs(record, str(record.get("question_id", record.get("uuid", i))), asked, input_field, response_field))
+        if limit is not None and len(pairs) >= holdout + limit:
+            break
+    if len(pairs) <= holdout:
+        raise NgspecError(f"{dataset} has {len(pairs)} (input, response) pairs; --holdout {holdout} leaves none to measure")
+    start = time.perf_counter()
+    encoded = tokenize_pairs(tok, pairs)
+    tokenize_seconds = time.perf_counter() - start
+    if holdout:
+        store = Datastore.from_documents([resp for _, resp in encoded[:holdout]], len(tok), "holdout")
+        pairs, encoded = pairs[holdout:], encoded[holdout:]
+    pairs, encoded = pairs[:limit], encoded[:limit]
+    report = measure(pairs, encoded, store)
+    report.tokenize_seconds = tokenize_seconds
+    result = report.as_dict() | {"dataset": dataset, "datastore": str(datastore) if datastore else ("holdout" if holdout else None), "holdout": holdout}
+    if json_out:
+        render.json_line(result)
+        return
+    render.summary_table(
+        f"self-repetition of {dataset}" + (f" (+ {result['datastore']})" if result["datastore"] else ""),
+        [
+            ("pairs measured", str(result["records"])),
+            ("mean over records", f"{result['mean']:.3f}"),
+            ("median over records", f"{result['median']:.3f}"),
+            ("token-weighted", f"{result['token_weighted']:.3f}"),
+            ("response tokens", f"{result['response_tokens']:,}"),
+            ("match lengths", "  ".join(f"{k}:{v}" for k, v in result["match_length_histogram"].items())),
+            ("metric speed", f"{result['tokens_per_second']:,.0f} tokens/s (tokenising took {tokenize_seconds:.2f} s)"),
+        ],
+    )

@@ -1,0 +1,1 @@
+"""Suffix-array datastores: record formats, building, the on-disk format and search."""

@@ -1,0 +1,128 @@
+"""Corpus records: reading them (through `datasets`) and extracting the documents to index.
+
+Formats, detected from the first record or chosen with ``--format``:
+
+- ``magpie``: ``instruction`` + ``response``, or a ``responses`` list, or multi-turn
+  ``instruction_i`` / ``response_i`` (i = 1, 2, ...)
+- ``sharegpt``: ``conversations: [{from, value}]`` (also Magpie's conversation exports)
+- ``messages``: OpenAI-style ``messages: [{role, content}]``
+- ``ultrachat``: ``data: [user, assistant, user, ...]``
+- ``text``: plain ``text``
+
+By default only the assistant side goes in (READER's choice); ``text="all"`` adds the user side.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from ngspec.errors import NgspecError
+
+FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
+ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
+_TURN = re.compile(r"^(instruction|response)_(\d+)$")
+DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def detect_format(record: dict) -> str:
+    if "conversations" in record:
+        return "sharegpt"
+    if "messages" in record:
+        return "messages"
+    if "data" in record and isinstance(record["data"], list):
+        return "ultrachat"
+    if {"response", "responses", "instruction"} & record.keys() or any(_TURN.match(k) for k in record):
+        return "magpie"
+    if "text" in record:
+        return "text"
+    raise NgspecError(f"cannot tell the corpus format from fields {sorted(record)}; choose one with --format ({', '.join(FORMATS)})")
+
+
+def _strings(values: Iterable) -> list[str]:
+    return [v for v in values if isinstance(v, str) and v.strip()]
+
+
+def _magpie(record: dict, include_user: bool) -> list[str]:
+    turns = sorted((int(m.group(2)), m.group(1), k) for k in record if (m := _TURN.match(k)))
+    if turns:
+        return _strings(record[k] for _, kind, k in turns if kind == "response" or include_user)
+    docs = _strings([record.get("instruction")]) if include_user else []
+    if isinstance(record.get("responses"), list):
+        return docs + _strings(record["responses"])
+    return docs + _strings([record.get("response")])
+
+
+def _chat(turns: list, role_key: str, text_key: str, include_user: bool) -> list[str]:
+    out = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            continue
+        role = str(turn.get(role_key, "")).lower()
+        if role in ASSISTANT_ROLES or (include_user and role in {"user", "human"}):
+            out.append(turn.get(text_key))
+    return _strings(out)
+
+
+def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
+    """The texts of one record to index, each its own document."""
+    if fmt == "magpie":
+        return _magpie(record, include_user)
+    if fmt == "sharegpt":
+        return _chat(record.get("conversations") or [], "from", "value", include_user)
+    if fmt == "messages":
+        return _chat(record.get("messages") or [], "role", "content", include_user)
+    if fmt == "ultrachat":
+        turns = record.get("data") or []
+        return _strings(t for i, t in enumerate(turns) if i % 2 == 1 or include_user)
+    if fmt == "text":
+        return _strings([record.get("text")])
+    raise NgspecError(f"unknown corpus format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def local_files(path: Path) -> tuple[str, list[str]]:
+    """The `datasets` builder and files for a local file or directory of them."""
+    files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES) if path.is_dir() else [path]
+    if not files:
+        raise NgspecError(f"no .jsonl, .json or .parquet files in {path}")
+    kinds = {DATA_SUFFIXES.get(p.suffix) for p in files}
+    if None in kinds:
+        raise NgspecError(f"{path}: unsupported file type (use .jsonl, .json or .parquet)")
+    if len(kinds) > 1:
+        raise NgspecError(f"{path} mixes json and parquet files; build from one kind at a time")
+    return kinds.pop(), [str(p) for p in files]
+
+
+def _reading_error(spec: str, exc: Exception) -> NgspecError:
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, UnicodeDecodeError):
+        message = f"the text is not valid UTF-8 ({message})"
+    return NgspecError(f"cannot read corpus {spec!r}: {message}")
+
+
+def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
+    """Records of a local path or a dataset name, streamed through `datasets`; reading errors
+    (malformed JSON, bad encodings, unknown datasets) become one clear `NgspecError`."""
+    import datasets
+
+    path = Path(spec).expanduser()
+    try:
+        if path.exists():
+            builder, files = local_files(path)
+            records = datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
+        else:
+            records = datasets.load_dataset(spec, split=split, streaming=True)
+        iterator = iter(records)
+    except NgspecError:
+        raise
+    except Exception as exc:  # datasets raises many kinds for unreadable or malformed input
+        raise _reading_error(spec, exc) from exc
+    while True:
+        try:
+            record = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _reading_error(spec, exc) from exc
+        yield record

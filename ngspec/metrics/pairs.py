@@ -1,0 +1,65 @@
+"""(input, response) pairs from datasets of conversations, for the self-repetition metric.
+
+Detected formats: Magpie (``instruction`` + ``response``/``responses``, multi-turn
+``instruction_i``/``response_i``), ShareGPT ``conversations``, OpenAI ``messages``, and Spec-Bench /
+FastChat answer files (``question_id`` + ``choices[0].turns``; the questions come from
+``questions``, joined by id). For multi-turn records every assistant turn is a pair whose input is
+the whole conversation before it. ``input_field``/``response_field`` override detection.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ngspec.datastore.corpus import ASSISTANT_ROLES
+from ngspec.errors import NgspecError
+
+_TURN = re.compile(r"^(instruction|response)_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Pair:
+    id: str
+    input: str
+    response: str
+
+
+def _chat_pairs(rid: str, turns: list, role_key: str, text_key: str) -> list[Pair]:
+    history, out = [], []
+    for turn in turns:
+        if not isinstance(turn, dict) or not isinstance(turn.get(text_key), str):
+            continue
+        if str(turn.get(role_key, "")).lower() in ASSISTANT_ROLES:
+            out.append(Pair(f"{rid}.{len(out)}", "\n".join(history), turn[text_key]))
+        history.append(turn[text_key])
+    return out
+
+
+def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_field: str | None, response_field: str | None) -> list[Pair]:
+    if input_field or response_field:
+        inp, resp = record.get(input_field or "", ""), record.get(response_field or "response")
+        if not isinstance(resp, str) or not isinstance(inp, str):
+            raise NgspecError(f"record {rid}: --input-field/--response-field must name string fields")
+        return [Pair(rid, inp, resp)]
+    if "choices" in record and "question_id" in record:
+        answers = record["choices"][0]["turns"]
+        asked = questions.get(str(record["question_id"]), [])
+        history, out = [], []
+        for i, answer in enumerate(answers):
+            history.append(asked[i] if i < len(asked) else "")
+            out.append(Pair(f"{rid}.{i}", "\n".join(history), answer))
+            history.append(answer)
+        return out
+    if "conversations" in record:
+        return _chat_pairs(rid, record["conversations"], "from", "value")
+    if "messages" in record:
+        return _chat_pairs(rid, record["messages"], "role", "content")
+    turns = sorted((int(m.group(2)), m.group(1), k) for k in record if (m := _TURN.match(k)))
+    if turns:
+        chat = [{"role": "assistant" if kind == "response" else "user", "content": record[k]} for _, kind, k in turns]
+        return _chat_pairs(rid, chat, "role", "content")
+    if "instruction" in record:
+        responses = record.get("responses") if isinstance(record.get("responses"), list) else [record.get("response")]
+        return [Pair(f"{rid}.{i}", record["instruction"], r) for i, r in enumerate(responses) if isinstance(r, str)]
+    raise NgspecError(f"record {rid}: cannot find (input, response) fields in {sorted(record)}; use --input-field/--response-field")

@@ -1,0 +1,174 @@
+"""Datastores: search against brute force, the on-disk format, building and its bad input."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from ngspec.datastore.build import BuildOptions, build_datastore
+from ngspec.datastore.corpus import detect_format, documents
+from ngspec.datastore.index import Datastore
+from ngspec.errors import NgspecError
+
+
+def occurs_in(docs, query):
+    n = len(query)
+    return any(doc[s : s + n] == list(query) for doc in docs for s in range(len(doc) - n + 1))
+
+
+def brute_longest_suffix(docs, context, max_len):
+    best = 0
+    for L in range(1, min(max_len, len(context)) + 1):
+        if occurs_in(docs, context[-L:]):
+            best = L
+    return best
+
+
+def brute_continuations(docs, query, depth):
+    from collections import Counter
+
+    counts = Counter()
+    n = len(query)
+    for doc in docs:
+        for s in range(len(doc) - n + 1):
+            if doc[s : s + n] == list(query) and doc[s + n : s + n + depth]:
+                counts[tuple(doc[s + n : s + n + depth])] += 1
+    return counts
+
+
+def test_search_matches_brute_force():
+    rng = random.Random(0)
+    for _ in range(200):
+        docs = [[rng.randrange(4) for _ in range(rng.randrange(0, 15))] for _ in range(rng.randrange(1, 5))]
+        store = Datastore.from_documents(docs, vocab_size=10)
+        context = [rng.randrange(4) for _ in range(rng.randrange(1, 8))]
+        match = store.longest_suffix_match(context, min_len=1, max_len=6)
+        expected = brute_longest_suffix(docs, context, 6)
+        if expected == 0:
+            assert match is None
+            continue
+        assert match.length == expected
+        query = context[-expected:]
+        assert match.count == sum(
+            doc[s : s + expected] == query for doc in docs for s in range(len(doc) - expected + 1)
+        )
+        got = dict(store.continuations(match, depth=3, top=100))
+        assert got == dict(brute_continuations(docs, query, 3))
+
+
+def test_no_match_crosses_a_document_boundary():
+    store = Datastore.from_documents([[1, 2], [3, 4]], vocab_size=10)
+    assert store.occurs([1, 2]) and store.occurs([3, 4])
+    assert not store.occurs([2, 3])
+    assert store.longest_suffix_match([9, 2, 3], max_len=3).length == 1  # "3" alone, never "2 3"
+
+
+def test_large_vocabularies_use_32_bit_tokens():
+    store = Datastore.from_documents([[70000, 65535, 3]], vocab_size=80000)
+    assert store.tokens.dtype == np.uint32
+    assert store.occurs([70000, 65535]) and store.tokens[0] == 70000
+    assert Datastore.from_documents([[5]], vocab_size=49152).tokens.dtype == np.uint16
+
+
+@pytest.mark.parametrize(
+    "record, fmt, responses, everything",
+    [
+        ({"instruction": "q", "response": "a"}, "magpie", ["a"], ["q", "a"]),
+        ({"instruction": "q", "responses": ["a", "b"]}, "magpie", ["a", "b"], ["q", "a", "b"]),
+        ({"instruction_1": "q1", "response_1": "a1", "instruction_2": "q2", "response_2": "a2"}, "magpie", ["a1", "a2"], ["q1", "a1", "q2", "a2"]),
+        ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, "sharegpt", ["a"], ["q", "a"]),
+        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "messages", ["a"], ["q", "a"]),
+        ({"data": ["q", "a", "q2", "a2"]}, "ultrachat", ["a", "a2"], ["q", "a", "q2", "a2"]),
+        ({"text": "t"}, "text", ["t"], ["t"]),
+    ],
+)
+def test_record_formats(record, fmt, responses, everything):
+    assert detect_format(record) == fmt
+    assert documents(record, fmt) == responses
+    assert documents(record, fmt, include_user=True) == everything
+
+
+def test_unknown_format_is_a_clear_error():
+    with pytest.raises(NgspecError, match="--format"):
+        detect_format({"foo": 1})
+    with pytest.raises(NgspecError, match="--format"):
+        BuildOptions(format="xml")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model):
+    return default_model.tokenizer
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_build_open_and_info(tmp_path, tokenizer):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"instruction": f"q{i}", "response": f"The answer number {i} is {i * 7}."} for i in range(30)])
+    out = tmp_path / "ds"
+    meta = build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    assert meta.records == 30 and meta.documents == 30 and meta.token_dtype == "uint16"
+    store = Datastore.open(out, tokenizer)
+    ids = tokenizer("The answer number 12", add_special_tokens=False)["input_ids"]
+    match = store.longest_suffix_match(ids, max_len=len(ids))
+    assert match is not None and match.length == len(ids)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "ds"]  # no temp dirs left
+
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    result = CliRunner().invoke(app, ["datastore-info", str(out), "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["tokens"] == meta.tokens
+
+
+def test_bad_builds_leave_nothing(tmp_path, tokenizer, monkeypatch):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    nofields = write_jsonl(tmp_path / "nofields.jsonl", [{"instruction": "q", "response": ""}])
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"text": "caf\xe9"}\n')
+    for corpus in (empty, nofields, latin1, tmp_path / "missing.jsonl"):
+        with pytest.raises(NgspecError):
+            build_datastore(str(corpus), tokenizer, "smol", tmp_path / "out", BuildOptions())
+        assert not (tmp_path / "out").exists()
+
+    good = write_jsonl(tmp_path / "good.jsonl", [{"text": "hello world"}])
+    import ngspec.datastore.build as build_module
+
+    def interrupted(_tokens):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_module.pydivsufsort, "divsufsort", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_datastore(str(good), tokenizer, "smol", tmp_path / "out", BuildOptions())
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_existing_output_needs_force_and_corruption_is_detected(tmp_path, tokenizer):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}, {"text": "four five"}])
+    out = tmp_path / "ds"
+    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    with pytest.raises(NgspecError, match="--force"):
+        build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions(), force=True)
+
+    data = (out / "tokens.npy").read_bytes()
+    (out / "tokens.npy").write_bytes(data[: len(data) - 4])
+    with pytest.raises(NgspecError, match="corrupt or truncated"):
+        Datastore.open(out)
+
+
+def test_datastore_from_another_tokenizer_is_refused(tmp_path, tokenizer):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
+    out = tmp_path / "ds"
+    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    meta = json.loads((out / "meta.json").read_text())
+    meta["tokenizer_fingerprint"] = "0" * 32
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(NgspecError, match="differs from this model's tokenizer"):
+        Datastore.open(out, tokenizer)
