@@ -71,10 +71,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--cache")
     ap.add_argument("--configs", default="prompt-lookup;trie")
+    ap.add_argument("--flat-cost", action="store_true", help="Let drafters assume verification is free (GPU-like): shows what the drafter can find; speedups then assume that cost")
     args = ap.parse_args()
-    engine = Engine(load_model(), max_draft_nodes=64)
+    engine = Engine(load_model(), calibrate=not args.flat_cost, max_draft_nodes=64)
     refs = references(engine, args)
-    cost = engine.target.verify_cost
+    cost = (1.0,) * 65 if args.flat_cost else engine.target.verify_cost
     print("relative verify cost by tree size:", [round(c, 2) for c in cost])
     for spec in args.configs.split(";"):
         name, *kv = spec.split(",")

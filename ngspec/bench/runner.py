@@ -13,7 +13,7 @@ from typing import Callable
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import DrafterOptions, make_drafter
 from ngspec.engine import Engine
-from ngspec.metrics.self_repetition import self_repetition
+from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
 from ngspec.prompts import Prompt, encode
 
 HF_ARMS = ("hf-greedy", "hf-prompt-lookup")
@@ -36,7 +36,7 @@ class BenchRecord:
     prompt: Prompt
     prompt_tokens: int
     runs: dict[str, ArmRun]
-    self_repetition: float  # of the hf-greedy output given the prompt
+    self_repetition: SelfRepetition  # of the hf-greedy output given the prompt
 
 
 def run_arm(engine: Engine, arm: str, ids: list[int], cfg: DecodeConfig, opts: DrafterOptions, pid: str) -> ArmRun:
@@ -68,5 +68,5 @@ def run_bench(
             if on_progress:
                 on_progress(arm)
         reference = runs["hf-greedy"].token_ids
-        records.append(BenchRecord(prompt, len(ids), runs, self_repetition(ids, reference).value))
+        records.append(BenchRecord(prompt, len(ids), runs, self_repetition(ids, reference)))
     return records

@@ -50,7 +50,7 @@ def friendly(command: Callable) -> Callable:
 
 def _register() -> None:
     from ngspec.cli.bench import bench_command
-    from ngspec.cli.datastore import build_datastore_command, datastore_info_command
+    from ngspec.cli.datastore import build_datastore_command, datastore_info_command, synth_corpus_command
     from ngspec.cli.generate import generate_command
     from ngspec.cli.self_repetition import self_repetition_command
 
@@ -59,6 +59,7 @@ def _register() -> None:
     app.command("build-datastore")(friendly(build_datastore_command))
     app.command("datastore-info")(friendly(datastore_info_command))
     app.command("self-repetition")(friendly(self_repetition_command))
+    app.command("synth-corpus")(friendly(synth_corpus_command))
 
 
 _register()
@@ -66,3 +67,7 @@ _register()
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

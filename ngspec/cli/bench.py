@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ngspec.bench.report import COLUMNS, environment, markdown, rows, summarise, to_json
+from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, rows, summarise, to_json
 from ngspec.bench.runner import HF_ARMS, run_bench
 from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, sampling_config
@@ -69,7 +68,7 @@ def bench_command(
     settings = {"questions": str(questions), "category": category, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
     env = environment(engine, settings)
     report = to_json(records, summaries, env)
-    ceiling = statistics.fmean(r.self_repetition for r in records)
+    ceiling = ceiling_of(records)
     if markdown_out is not None:
         markdown_out.write_text(markdown(summaries, env, ceiling))
     if json_path is not None:
@@ -78,4 +77,4 @@ def bench_command(
         render.json_line(report)
         return
     render.table(f"bench: {len(prompts)} prompts, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}", COLUMNS, rows(summaries))
-    render.info(f"self-repetition ceiling (mean of hf-greedy outputs): {ceiling:.2f}; speedup = total throughput vs hf-greedy")
+    render.info(f"self-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}; speedup = total throughput vs hf-greedy")

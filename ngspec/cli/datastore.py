@@ -1,4 +1,4 @@
-"""`ngspec build-datastore` and `ngspec datastore-info`."""
+"""`ngspec build-datastore`, `ngspec datastore-info` and `ngspec synth-corpus`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ngspec.datastore.build import BuildOptions, build_datastore
 from ngspec.datastore.corpus import FORMATS
 from ngspec.datastore.format import read_meta
 from ngspec.datastore.index import Datastore
+from ngspec.errors import NgspecError
 from ngspec.models import display_name, load_tokenizer
 
 TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="Tokenizer to use instead of --model's (a directory or a Hugging Face id).")]
@@ -87,3 +88,31 @@ def datastore_info_command(
         render.json_line({"path": str(path), **asdict(meta)})
         return
     render.summary_table(f"datastore {path}", _meta_rows(meta))
+
+
+def synth_corpus_command(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output .jsonl file (Magpie record format).")],
+    n: Annotated[int, typer.Option("--n", help="Records to generate.")] = 100,
+    model: ModelOpt = "default",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per response.")] = 256,
+    batch_size: Annotated[int, typer.Option(help="Prompts generated together.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed for sampling the instructions.")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+) -> None:
+    """Magpie-style self-synthesis: the model writes instructions (from its chat template's
+    pre-query part alone) and answers them greedily; the result feeds build-datastore.
+
+    Example: ngspec synth-corpus --n 300 --out corpora/smollm2-self.jsonl
+    """
+    from ngspec.datastore.synth import SynthOptions, synthesize, write_jsonl
+    from ngspec.models import load_model
+
+    opts = SynthOptions(n=n, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    if out.exists() and not force:
+        raise NgspecError(f"{out} already exists (use --force to replace it)")
+    loaded = load_model(model, device)
+    with Progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
+        task = progress.add_task("synth", total=n)
+        count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task)), out, force)
+    render.info(f"wrote {count} records to {out}")

@@ -1,0 +1,79 @@
+"""synth-corpus, (input, response) pair detection and the self-repetition command."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ngspec.cli.app import app
+from ngspec.datastore.synth import SynthOptions, pre_query_template, synthesize
+from ngspec.errors import NgspecError
+from ngspec.metrics.pairs import record_pairs
+
+runner = CliRunner()
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_pre_query_template_is_the_text_before_the_user_message(default_model):
+    pre = pre_query_template(default_model.tokenizer)
+    assert pre.endswith("<|im_start|>user\n")
+    full = default_model.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert full.startswith(pre)
+
+
+@pytest.mark.slow
+def test_synthesize_writes_magpie_records_that_build_a_datastore(default_model, tmp_path):
+    records = list(synthesize(default_model, SynthOptions(n=3, max_new_tokens=12, max_instruction_tokens=24, batch_size=3)))
+    assert len(records) == 3
+    for record in records:
+        assert record["instruction"] and isinstance(record["response"], str)
+    corpus = tmp_path / "self.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = runner.invoke(app, ["build-datastore", "-c", str(corpus), "-o", str(tmp_path / "ds"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["records"] == 3
+
+
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        ({"instruction": "q", "response": "a"}, [("q", "a")]),
+        ({"instruction": "q", "responses": ["a", "b"]}, [("q", "a"), ("q", "b")]),
+        ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}, {"from": "human", "value": "q2"}, {"from": "gpt", "value": "a2"}]}, [("q", "a"), ("q\na\nq2", "a2")]),
+        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, [("q", "a")]),
+        ({"question_id": 7, "choices": [{"turns": ["a1", "a2"]}]}, [("Q1", "a1"), ("Q1\na1\nQ2", "a2")]),
+    ],
+)
+def test_pairs_detection(record, expected):
+    pairs = record_pairs(record, "r", {"7": ["Q1", "Q2"]}, None, None)
+    assert [(p.input, p.response) for p in pairs] == expected
+
+
+def test_pairs_need_fields():
+    with pytest.raises(NgspecError, match="--input-field"):
+        record_pairs({"foo": "bar"}, "r", {}, None, None)
+
+
+@pytest.mark.slow
+def test_self_repetition_command_on_real_answers(tmp_path):
+    answers = SHARED / "mt_bench_answers" / "rest_vicuna-7b-v1.5" / "baseline-vicuna-7b-v1.5-temperature-0.0-top_p-0.jsonl"
+    if not answers.is_file():
+        pytest.skip("shared data not beside this checkout")
+    args = ["self-repetition", "--dataset", str(answers), "--questions", str(SHARED / "mt_bench" / "question.jsonl"), "--limit", "10", "--json"]
+    plain = json.loads(runner.invoke(app, args).stdout)
+    held = runner.invoke(app, args + ["--holdout", "20"])
+    assert held.exit_code == 0, held.output
+    held = json.loads(held.stdout)
+    assert plain["records"] == held["records"] == 10
+    assert plain["mean"] >= 1.0 and held["token_weighted"] >= 1.0
+    assert sum(plain["match_length_histogram"].values()) == plain["steps"]
+
+
+def test_self_repetition_bad_input(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"instruction": "q", "response": "a"}) + "\n")
+    result = runner.invoke(app, ["self-repetition", "--dataset", str(path), "--holdout", "5"])
+    assert result.exit_code == 1 and "leaves none to measure" in result.stderr
+    result = runner.invoke(app, ["self-repetition", "--dataset", str(path), "--datastore", str(tmp_path / "nope")])
+    assert result.exit_code == 1 and "datastore not found" in result.stderr
