@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers.utils import logging as hf_logging
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from ngspec.errors import NgspecError
+from ngspec.staging import staged_directory
 
 DEFAULT_MODEL = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -86,21 +85,11 @@ def _fresh_copy(model: PreTrainedModel) -> PreTrainedModel:
 
 def convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise ``gguf`` to float32 safetensors in ``out`` (written to a temp dir, then renamed)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
-    try:
+    with staged_directory(out, force=True) as tmp:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         _fresh_copy(model).save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

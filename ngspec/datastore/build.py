@@ -14,9 +14,10 @@ import pydivsufsort
 
 from ngspec.datastore.corpus import FORMATS, detect_format, documents, iter_records
 from ngspec.datastore.format import (
-    DatastoreMeta, pack_documents, staged_directory, token_dtype, tokenizer_fingerprint, write_datastore,
+    DatastoreMeta, pack_documents, token_dtype, tokenizer_fingerprint, write_datastore,
 )
 from ngspec.errors import NgspecError
+from ngspec.staging import staged_directory
 
 
 @dataclass(frozen=True)

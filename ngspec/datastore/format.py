@@ -17,12 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -69,24 +65,6 @@ def tokenizer_fingerprint(tokenizer) -> str:
     special = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", []))
     payload = json.dumps([vocab, special], ensure_ascii=False).encode("utf-8")
     return hashlib.sha256(payload).hexdigest()[:32]
-
-
-@contextmanager
-def staged_directory(out: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary directory beside ``out``; on success it replaces ``out`` atomically."""
-    out = Path(out)
-    if out.exists() and not force:
-        raise NgspecError(f"{out} already exists (use --force to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_datastore(directory: Path, tokens: np.ndarray, suffix_array: np.ndarray, meta: DatastoreMeta) -> None:
