@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 from typing import Callable
 
 import typer
@@ -65,7 +66,13 @@ def _register() -> None:
 _register()
 
 
+def _interrupt_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # a terminated build unwinds like Ctrl-C, so staged outputs are removed, never left half-written
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     app()
 
 

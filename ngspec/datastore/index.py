@@ -40,6 +40,7 @@ class Datastore:
         self.sa = sa
         self._width = tokens.dtype.itemsize
         self._key = tokens.astype(tokens.dtype.newbyteorder(">")).tobytes()
+        self._starts: np.ndarray | None = None  # first suffix of each token's bucket
 
     @classmethod
     def from_documents(cls, docs: list[list[int]], vocab_size: int, source: str = "in-memory") -> "Datastore":
@@ -70,44 +71,60 @@ class Datastore:
     def _encode(self, query: Sequence[int]) -> bytes:
         return np.asarray(query, dtype=self.tokens.dtype.newbyteorder(">")).tobytes()
 
-    def _bound(self, query: bytes, upper: bool) -> int:
-        w, key, n = self._width, self._key, len(query)
-        probe = (lambda s: key[s * w : s * w + n])
-        if upper:
-            return bisect.bisect_right(self.sa, query, key=probe)
-        return bisect.bisect_left(self.sa, query, key=probe)
+    def _bucket(self, first: int) -> tuple[int, int]:
+        """Suffix-array range of the suffixes starting with token ``first`` (a lookup table built
+        on first use), so every binary search runs inside one token's bucket."""
+        if self._starts is None:
+            firsts = self.tokens[self.sa] if len(self.sa) else self.tokens[:0]
+            self._starts = np.searchsorted(firsts, np.arange(self.meta.vocab_size + 1), side="left")
+        if first >= self.meta.vocab_size:
+            return int(self._starts[-1]), len(self.sa)
+        return int(self._starts[first]), int(self._starts[first + 1])
+
+    def _bounds(self, query: Sequence[int], upper: bool) -> tuple[int, bytes]:
+        """(lower or upper bound, encoded query) of ``query`` in the suffix array."""
+        q = self._encode(query)
+        w, key, n = self._width, self._key, len(q)
+        lo, hi = self._bucket(int(query[0]))
+        search = bisect.bisect_right if upper else bisect.bisect_left
+        return search(self.sa, q, lo, hi, key=lambda s: key[s * w : s * w + n]), q
 
     def find(self, query: Sequence[int]) -> tuple[int, int]:
         """Suffix-array range [lo, hi) of the suffixes starting with ``query``."""
-        q = self._encode(query)
-        return self._bound(q, upper=False), self._bound(q, upper=True)
+        return self._bounds(query, upper=False)[0], self._bounds(query, upper=True)[0]
+
+    def _lower_if_occurs(self, query: Sequence[int]) -> int | None:
+        lo, q = self._bounds(query, upper=False)
+        if lo >= len(self.sa):
+            return None
+        s = int(self.sa[lo]) * self._width
+        return lo if self._key[s : s + len(q)] == q else None
 
     def occurs(self, query: Sequence[int]) -> bool:
         """Whether ``query`` occurs anywhere (never across a document boundary)."""
-        q = self._encode(query)
-        lo = self._bound(q, upper=False)
-        if lo >= len(self.sa):
-            return False
-        s = int(self.sa[lo]) * self._width
-        return self._key[s : s + len(q)] == q
+        return self._lower_if_occurs(query) is not None
 
     def longest_suffix_match(self, context: Sequence[int], min_len: int = 1, max_len: int = 16) -> Match | None:
         """The longest suffix of ``context`` (between min_len and max_len tokens) found here.
 
         If a suffix of length L occurs, so does every shorter one, so the length is found by
-        binary search."""
+        binary search; the lower bound of the last successful probe is reused for the range."""
         max_len = min(max_len, len(context))
-        if max_len < min_len or not self.occurs(context[len(context) - min_len :]):
+        if max_len < min_len:
             return None
-        lo_len, hi_len = min_len, max_len  # lo_len occurs; search the largest that does
-        while lo_len < hi_len:
-            mid = (lo_len + hi_len + 1) // 2
-            if self.occurs(context[len(context) - mid :]):
-                lo_len = mid
-            else:
+        suffix = lambda L: context[len(context) - L :]  # noqa: E731
+        found, found_lo = None, None
+        lo_len, hi_len = min_len, max_len  # search the largest length in [lo_len, hi_len] that occurs
+        while lo_len <= hi_len:
+            mid = (lo_len + hi_len) // 2
+            lower = self._lower_if_occurs(suffix(mid))
+            if lower is None:
                 hi_len = mid - 1
-        lo, hi = self.find(context[len(context) - lo_len :])
-        return Match(lo_len, lo, hi)
+            else:
+                found, found_lo, lo_len = mid, lower, mid + 1
+        if found is None:
+            return None
+        return Match(found, found_lo, self._bounds(suffix(found), upper=True)[0])
 
     def continuations(self, match: Match, depth: int, top: int, max_occurrences: int = 4096) -> list[tuple[tuple[int, ...], int]]:
         """The ``top`` most frequent continuations (up to ``depth`` tokens, stopping at document
