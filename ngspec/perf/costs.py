@@ -34,6 +34,8 @@ def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512
             start = time.perf_counter()
             target.verify(prompt[-1], tree)
             target.commit([])
+            if target.device.type == "cuda":
+                torch.cuda.synchronize(target.device)  # kernels run asynchronously
             samples.append(time.perf_counter() - start)
         measured[size] = statistics.median(samples)
     base = measured[0]
