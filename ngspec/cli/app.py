@@ -55,13 +55,16 @@ def _register() -> None:
     from ngspec.cli.generate import generate_command
     from ngspec.cli.self_repetition import self_repetition_command
 
-    app.command("generate")(friendly(generate_command))
-    app.command("bench")(friendly(bench_command))
-    app.command("build-datastore")(friendly(build_datastore_command))
-    app.command("datastore-info")(friendly(datastore_info_command))
-    app.command("self-repetition")(friendly(self_repetition_command))
-    app.command("synth-corpus")(friendly(synth_corpus_command))
-
+    commands = [
+        ("generate", generate_command, "Generate with a drafter, token-identical to plain decoding; speed and acceptance."),
+        ("bench", bench_command, "Compare drafters with vanilla and transformers' generate on a question set."),
+        ("build-datastore", build_datastore_command, "Build a suffix-array datastore from a corpus."),
+        ("datastore-info", datastore_info_command, "Show and check a datastore."),
+        ("self-repetition", self_repetition_command, "Measure how self-repetitive a dataset's responses are."),
+        ("synth-corpus", synth_corpus_command, "Let the model write its own Magpie-style corpus."),
+    ]
+    for name, command, short in commands:
+        app.command(name, short_help=short)(friendly(command))
 
 _register()
 
