@@ -47,3 +47,21 @@ def test_with_datastore_matches_brute_force():
         inp = [rng.randrange(4) for _ in range(rng.randrange(0, 8))]
         resp = [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
         assert abs(self_repetition(inp, resp, store).value - brute_force(inp, resp, docs)) < 1e-12
+
+
+def test_matches_brute_force_on_real_records(default_model):
+    """Real tokenised MT-bench answers (prefixes, to keep the brute force affordable)."""
+    import json
+    from pathlib import Path
+
+    answers = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench_answers" / "rest_vicuna-7b-v1.5" / "baseline-vicuna-7b-v1.5-temperature-0.0-top_p-0.jsonl"
+    if answers.is_file():
+        texts = [json.loads(line)["choices"][0]["turns"] for line in answers.read_text().splitlines()[:6]]
+    else:  # still real text: this project's examples
+        examples = Path(__file__).resolve().parents[1] / "examples"
+        texts = [[p.read_text(), p.read_text()[::-1]] for p in sorted(examples.glob("*.txt"))]
+    tok = default_model.tokenizer
+    for first, second in texts:
+        inp = tok(first, add_special_tokens=False)["input_ids"][:150]
+        resp = tok(second, add_special_tokens=False)["input_ids"][:60] + inp[10:40]
+        assert abs(self_repetition(inp, resp).value - brute_force(inp, resp)) < 1e-12

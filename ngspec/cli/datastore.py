@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -37,6 +38,7 @@ def build_datastore_command(
     fmt: Annotated[Optional[str], typer.Option("--format", help=f"Record format: {', '.join(FORMATS)} [default: detected].")] = None,
     split: Annotated[str, typer.Option(help="Split, for a datasets name.")] = "train",
     max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
+    num_proc: Annotated[Optional[int], typer.Option("--num-proc", help="Threads for tokenisation (the fast tokenizer's own parallel batch encoding) [default: all cores].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing datastore at --out.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -46,6 +48,11 @@ def build_datastore_command(
     Example: ngspec build-datastore -c ../shared/data/magpie_sample/example_instructions_5res.json
     """
     opts = BuildOptions(text=text, format=fmt, max_records=max_records, split=split)
+    if num_proc is not None:
+        if num_proc < 1:
+            raise NgspecError("--num-proc must be at least 1")
+        os.environ["RAYON_NUM_THREADS"] = str(num_proc)  # read when the tokenizer's pool starts
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"
     out = out or _default_out(corpus)
     spec = tokenizer or model
     tok = load_tokenizer(spec)
