@@ -15,7 +15,7 @@ import torch
 from ngspec.contracts import Drafter
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate
 from ngspec.models import LoadedModel
-from ngspec.perf.costs import measure_verify_costs
+from ngspec.perf.costs import cached_verify_costs
 from ngspec.target import TargetModel
 
 
@@ -33,8 +33,9 @@ def eos_ids(loaded: LoadedModel) -> frozenset[int]:
 
 @dataclass
 class Engine:
-    """``calibrate`` measures the verify cost by tree size once (a few seconds on CPU) so that
-    drafters can size their trees; without it drafters assume verification is free."""
+    """``calibrate`` gives drafters the verify cost by tree size (measured once per machine
+    setting, a few seconds on CPU, then cached) so that they can size their trees; without it
+    drafters assume verification is free."""
 
     loaded: LoadedModel
     calibrate: bool = True
@@ -44,7 +45,7 @@ class Engine:
         self.target = TargetModel(self.loaded.model)
         self.eos = eos_ids(self.loaded)
         if self.calibrate:
-            self.target.verify_cost = measure_verify_costs(self.target, self.max_draft_nodes)
+            self.target.verify_cost = cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes)
 
     def detokenize(self, ids: list[int]) -> str:
         return self.loaded.tokenizer.decode(ids, skip_special_tokens=True)

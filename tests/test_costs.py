@@ -26,3 +26,21 @@ def test_trie_drafts_less_when_verification_is_expensive():
         drafter.start(prompt)
         tree = drafter.propose(DraftContext(prompt + [1, 2], len(prompt), 8, cost))
         assert 0 < tree.size <= expect_max
+
+
+def test_cost_table_is_cached_per_setting(tiny, tmp_path, monkeypatch):
+    from ngspec.perf import costs as costs_module
+
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    target = TargetModel(tiny)
+    first = costs_module.cached_verify_costs(target, "tiny", 6)
+    assert len(first) == 7 and len(list((tmp_path / "costs").glob("*.json"))) == 1
+
+    def must_not_measure(*args, **kwargs):
+        raise AssertionError("measured again despite the cache")
+
+    monkeypatch.setattr(costs_module, "measure_verify_costs", must_not_measure)
+    assert costs_module.cached_verify_costs(target, "tiny", 6) == first
+    monkeypatch.setenv("NGSPEC_RECALIBRATE", "1")
+    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda *a, **k: (1.0,) * 7)
+    assert costs_module.cached_verify_costs(target, "tiny", 6) == (1.0,) * 7

@@ -3,11 +3,15 @@
 On CPUs the cost of a forward pass grows unevenly with the number of tokens (the default model on
 two cores: 2 tokens about 1.1x a single token, 3 tokens 1.5x, 9 tokens 2x), so drafters size trees
 from measurements, not intuition. The table is measured once per engine with random tokens at a
-given context length.
+given context length, and cached under ``$NGSPEC_CACHE/costs`` per model, device, dtype, thread
+count and torch version (set ``NGSPEC_RECALIBRATE=1`` to measure again).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import statistics
 import time
 
@@ -47,3 +51,24 @@ def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512
         running = max(running, value / base)
         table.append(running)
     return tuple(table)
+
+
+def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int) -> tuple[float, ...]:
+    """`measure_verify_costs`, measured once per machine setting and then read from the cache."""
+    from ngspec.models import cache_dir
+
+    setting = f"{model_name}|{target.device}|{target.dtype}|{torch.get_num_threads()}|{torch.__version__}|{max_nodes}"
+    path = cache_dir() / "costs" / (hashlib.sha256(setting.encode()).hexdigest()[:20] + ".json")
+    if path.is_file() and not os.environ.get("NGSPEC_RECALIBRATE"):
+        try:
+            costs = tuple(float(c) for c in json.loads(path.read_text())["relative_cost"])
+            if len(costs) == max_nodes + 1:
+                return costs
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged cache entry is measured again and rewritten
+    costs = measure_verify_costs(target, max_nodes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"setting": setting, "relative_cost": costs}))
+    tmp.replace(path)
+    return costs
