@@ -128,11 +128,10 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     where, extra = _source(spec)
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **extra)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra)
     except OSError as exc:
         raise NgspecError(f"could not load model {spec!r}: {exc}") from exc
-    return LoadedModel(model.to(dev).eval(), tokenizer, display_name(spec))
+    return LoadedModel(model.to(dev).eval(), load_tokenizer(spec), display_name(spec))
 
 
 def load_tokenizer(spec: str = DEFAULT_MODEL):

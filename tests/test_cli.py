@@ -74,6 +74,10 @@ def test_bench_reports_every_arm(tmp_path):
         (["generate", "-p", "{prompt}", "--model", "./no/such/dir"], "not found"),
         (["generate", "-p", "{prompt}", "--dtype", "bfloat16", "--device", "cpu"], "float32"),
         (["bench", "-q", "{prompt}", "--category", "rag"], "no prompts of category"),
+        (["generate", "-p", "{prompt}", "--check", "--temperature", "0.7"], "--check compares with greedy"),
+        (["build-datastore", "-c", "{prompt}", "--num-proc", "0"], "--num-proc"),
+        (["synth-corpus", "--out", "{prompt}"], "already exists"),
+        (["datastore-info", "{empty}"], "datastore not found"),
     ],
 )
 def test_bad_input_one_clear_line(tmp_path, args, message):

@@ -66,6 +66,7 @@ def _register() -> None:
     for name, command, short in commands:
         app.command(name, short_help=short)(friendly(command))
 
+
 _register()
 
 

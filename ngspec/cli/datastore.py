@@ -14,7 +14,6 @@ from ngspec.cli import render
 from ngspec.cli.options import JsonOpt, ModelOpt
 from ngspec.datastore.build import BuildOptions, build_datastore
 from ngspec.datastore.corpus import FORMATS
-from ngspec.datastore.format import read_meta
 from ngspec.datastore.index import Datastore
 from ngspec.errors import NgspecError
 from ngspec.models import display_name, load_tokenizer
@@ -63,25 +62,28 @@ def build_datastore_command(
             on_batch=lambda n: progress.advance(task, n),
             on_stage=lambda label: progress.update(task, description=label),
         )
+    _show(Path(out), meta, json_out)
+
+
+def _show(path: Path, meta, json_out: bool) -> None:
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     if json_out:
-        render.json_line({"path": str(out), **asdict(meta)})
+        render.json_line({"path": str(path), "bytes_on_disk": size, **asdict(meta)})
         return
-    render.summary_table(f"datastore {out}", _meta_rows(meta))
-
-
-def _meta_rows(meta) -> list[tuple[str, str]]:
-    per_token = 2 * (2 if meta.token_dtype == "uint16" else 4)  # tokens + suffix array, roughly
-    return [
-        ("source", meta.source),
-        ("tokenizer", f"{meta.tokenizer_name} ({meta.tokenizer_fingerprint[:12]})"),
-        ("records", f"{meta.records:,}"),
-        ("documents", f"{meta.documents:,}"),
-        ("tokens", f"{meta.tokens:,}"),
-        ("token dtype", meta.token_dtype),
-        ("size on disk (approx.)", f"{(meta.tokens + meta.documents) * (per_token + 2) / 2**20:.1f} MiB"),
-        ("built", f"{meta.created} in {meta.build_seconds:.1f} s"),
-        ("options", ", ".join(f"{k}={v}" for k, v in meta.build_options.items())),
-    ]
+    render.summary_table(
+        f"datastore {path}",
+        [
+            ("source", meta.source),
+            ("tokenizer", f"{meta.tokenizer_name} ({meta.tokenizer_fingerprint[:12]})"),
+            ("records", f"{meta.records:,}"),
+            ("documents", f"{meta.documents:,}"),
+            ("tokens", f"{meta.tokens:,}"),
+            ("token dtype", meta.token_dtype),
+            ("size on disk", f"{size / 2**20:.1f} MiB"),
+            ("built", f"{meta.created} in {meta.build_seconds:.1f} s"),
+            ("options", ", ".join(f"{k}={v}" for k, v in meta.build_options.items())),
+        ],
+    )
 
 
 def datastore_info_command(
@@ -89,12 +91,8 @@ def datastore_info_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Show a datastore's metadata and check that its files are complete and consistent."""
-    meta = read_meta(path)
-    Datastore.open(path)  # validates the arrays against the metadata
-    if json_out:
-        render.json_line({"path": str(path), **asdict(meta)})
-        return
-    render.summary_table(f"datastore {path}", _meta_rows(meta))
+    store = Datastore.open(path)  # reads the metadata and validates the arrays against it
+    _show(path, store.meta, json_out)
 
 
 def synth_corpus_command(
