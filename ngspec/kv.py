@@ -76,3 +76,11 @@ def keep_block(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
             layer.values[:, :, start : start + n_keep] = layer.values.index_select(2, src_dev)
         layer.keys = layer.keys[:, :, : start + n_keep]
         layer.values = layer.values[:, :, : start + n_keep]
+
+
+def truncate(cache: DynamicCache, length: int) -> None:
+    """Drop every entry after the first ``length`` (a view change with growable layers)."""
+    for layer in cache.layers:
+        if layer.keys is not None and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[:, :, :length]
+            layer.values = layer.values[:, :, :length]

@@ -3,7 +3,9 @@
 ``prefill(prompt)`` fills the cache and returns the logits after the prompt; ``verify(root, tree)``
 runs the root token plus a whole draft tree in one forward pass (custom 4D mask and explicit
 positions) and returns the logits of every block position; ``commit(path)`` keeps the root and the
-accepted nodes in the cache. The cache is owned here and nowhere else.
+accepted nodes in the cache. ``verify_rows``/``commit_row`` do the same for k draft rows verified
+as a batch that shares the committed cache (see `ngspec.rows`). The cache is owned here and nowhere
+else.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
-from ngspec.kv import keep_block, make_cache
+from ngspec.errors import NgspecError
+from ngspec.kv import keep_block, make_cache, truncate
+from ngspec.rows import RowBlockCache, full_attention_only, shared_prefix_attention_enabled
 from ngspec.tree import attention_mask, position_ids
 
 
@@ -28,6 +32,7 @@ class TargetModel:
         self.dtype = next(model.parameters()).dtype
         self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.cache: DynamicCache | None = None
+        self._row_block: RowBlockCache | None = None
         self.length = 0  # committed tokens in the cache
         # relative cost of verifying a tree of each size (index = nodes); empty = not measured
         self.verify_cost: tuple[float, ...] = ()
@@ -66,3 +71,41 @@ class TargetModel:
         assert self.cache is not None, "prefill first"
         keep_block(self.cache, self.length, [0, *(i + 1 for i in path)])
         self.length += 1 + len(path)
+
+    @torch.inference_mode()
+    def verify_rows(self, root: int, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits ``[k, 1 + w, vocab]`` for k rows ``[root, *row]`` (rows padded to the longest
+        one, which changes nothing before the padding), all continuing the committed cache."""
+        assert self.cache is not None, "prefill first"
+        if not full_attention_only(self.model):
+            raise NgspecError("row verification needs a model whose layers all use full attention; use tree verification")
+        width = max((len(r) for r in rows), default=0)
+        ids = torch.tensor([[root, *r, *[root] * (width - len(r))] for r in rows], dtype=torch.long)
+        positions = (self.length + torch.arange(width + 1)).expand(len(rows), -1)
+        self._row_block = RowBlockCache(self.cache, len(self.cache.layers))
+        unused_mask = torch.zeros(len(rows), 1, width + 1, width + 1, dtype=self.dtype, device=self.device)
+        with shared_prefix_attention_enabled(self.model):
+            out = self.model(
+                input_ids=ids.to(self.device),
+                position_ids=positions.to(self.device),
+                attention_mask=unused_mask,  # 4D so that transformers builds none; causality is in the attention
+                past_key_values=self._row_block,
+                use_cache=True,
+                shared_prefix=self.cache,
+            )
+        return out.logits
+
+    @torch.inference_mode()
+    def commit_row(self, row: int, accepted: int) -> None:
+        """Keep the root and the first ``accepted`` tokens of row ``row`` of the last `verify_rows`."""
+        assert self._row_block is not None, "verify_rows first"
+        for layer, block in zip(self.cache.layers, self._row_block.layers):
+            layer.update(block.keys[row : row + 1, :, : accepted + 1], block.values[row : row + 1, :, : accepted + 1])
+        self.length += 1 + accepted
+        self._row_block = None
+
+    def discard(self) -> None:
+        """Forget the last verified block (tree or rows) without committing anything."""
+        if self.cache is not None:
+            truncate(self.cache, self.length)
+        self._row_block = None
