@@ -75,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     engine = Engine(load_model(), calibrate=not args.flat_cost, max_draft_nodes=64)
     refs = references(engine, args)
-    cost = (1.0,) * 65 if args.flat_cost else engine.target.verify_cost
+    cost = (1.0,) * 65 if args.flat_cost else engine.target.verify_cost(512)
     print("relative verify cost by tree size:", [round(c, 2) for c in cost])
     for spec in args.configs.split(";"):
         name, *kv = spec.split(",")

@@ -121,7 +121,7 @@ def generate(
             reason = "length" if budget <= 0 else "context"
             break
         t0 = time.perf_counter()
-        ctx = DraftContext(prompt + out, len(prompt), min(cfg.max_draft_nodes, window), target.verify_cost)
+        ctx = DraftContext(prompt + out, len(prompt), min(cfg.max_draft_nodes, window), target.verify_cost())
         tree = drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=budget - 1)
         draft_s = time.perf_counter() - t0
 

@@ -16,6 +16,7 @@ from ngspec.contracts import Drafter
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate
 from ngspec.models import LoadedModel
 from ngspec.perf.costs import cached_verify_costs
+from ngspec.perf.device_profile import DeviceProfile
 from ngspec.target import TargetModel
 
 
@@ -33,19 +34,23 @@ def eos_ids(loaded: LoadedModel) -> frozenset[int]:
 
 @dataclass
 class Engine:
-    """``calibrate`` gives drafters the verify cost by tree size (measured once per machine
-    setting, a few seconds on CPU, then cached) so that they can size their trees; without it
-    drafters assume verification is free."""
+    """Drafters size their trees from the verify cost by tree size: from ``profile`` (a device
+    profile from `profile-bound --save-profile`, one table per context length) when given, else,
+    with ``calibrate``, measured once per machine setting (a few seconds on CPU, then cached);
+    with neither, drafters assume verification is free."""
 
     loaded: LoadedModel
     calibrate: bool = True
     max_draft_nodes: int = 32
+    profile: DeviceProfile | None = None
 
     def __post_init__(self) -> None:
         self.target = TargetModel(self.loaded.model)
         self.eos = eos_ids(self.loaded)
-        if self.calibrate:
-            self.target.verify_cost = cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes)
+        if self.profile is not None:
+            self.target.cost_tables = self.profile.cost_tables(self.max_draft_nodes)
+        elif self.calibrate:
+            self.target.cost_tables = {0: cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes)}
 
     def detokenize(self, ids: list[int]) -> str:
         return self.loaded.tokenizer.decode(ids, skip_special_tokens=True)

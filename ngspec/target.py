@@ -34,12 +34,21 @@ class TargetModel:
         self.cache: DynamicCache | None = None
         self._row_block: RowBlockCache | None = None
         self.length = 0  # committed tokens in the cache
-        # relative cost of verifying a tree of each size (index = nodes); empty = not measured
-        self.verify_cost: tuple[float, ...] = ()
+        # context length -> relative cost of verifying a tree of each size (index = nodes); a table
+        # applies from its context length up to the next one; empty = not measured
+        self.cost_tables: dict[int, tuple[float, ...]] = {}
         if self.device.type == "cpu":
             # let SDPA handle grouped-query attention under a custom mask instead of materialising
             # repeated K/V every layer (same logits; faster trees at long context on CPU)
             os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+
+    def verify_cost(self, context: int | None = None) -> tuple[float, ...]:
+        """The cost table for ``context`` cached tokens (default: the current length)."""
+        if not self.cost_tables:
+            return ()
+        context = self.length if context is None else context
+        below = [c for c in self.cost_tables if c <= context]
+        return self.cost_tables[max(below) if below else min(self.cost_tables)]
 
     def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
         out = self.model(

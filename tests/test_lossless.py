@@ -20,7 +20,7 @@ STEEP_COST = (1.0, 1.01, 1.05, 1.6, 1.7, 2.0) + (2.5,) * 60
 def test_drafters_match_plain_greedy(tiny, drafter, cost):
     rng = random.Random(1)
     target = TargetModel(tiny)
-    target.verify_cost = cost
+    target.cost_tables = {0: cost}
     options = [DrafterOptions(), DrafterOptions(num_draft=4, trie_update=True, ngram_n=5, prefix_len=2)]
     for case in range(8):
         prompt = repetitive_prompt(rng, VOCAB, rng.randrange(5, 120))

@@ -15,7 +15,7 @@ from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, sampling_config
 from ngspec.cli.options import (
     DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, LookupNgramOpt, LookupTokensOpt, MaxNewTokensOpt,
-    ModelOpt, NgramNOpt, NumDraftOpt, PrefixLenOpt, RawOpt, TrieUpdateOpt,
+    ModelOpt, NgramNOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, RawOpt, TrieUpdateOpt,
 )
 from ngspec.drafters import DrafterOptions, make_drafter
 from ngspec.errors import NgspecError
@@ -40,6 +40,7 @@ def bench_command(
     lookup_tokens: LookupTokensOpt = DrafterOptions.lookup_tokens,
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the report as Markdown to this file.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
+    profile: ProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Compare drafters with vanilla decoding and transformers' generate on the same prompts, in one
@@ -58,7 +59,7 @@ def bench_command(
     for path in (markdown_out, json_path):
         if path is not None and not path.parent.exists():
             raise NgspecError(f"output directory does not exist: {path.parent}")
-    engine = load_engine(model, device, dtype)
+    engine = load_engine(model, device, dtype, profile)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * len(arms))

@@ -10,7 +10,7 @@ from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, sampling_config
 from ngspec.cli.options import (
     DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, LookupNgramOpt, LookupTokensOpt, MaxNewTokensOpt,
-    ModelOpt, NgramNOpt, NumDraftOpt, PrefixLenOpt, PromptFileArg, RawOpt, SeedOpt, StopOpt,
+    ModelOpt, NgramNOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt, StopOpt,
     TemperatureOpt, TopKOpt, TopPOpt, TrieUpdateOpt,
 )
 from ngspec.check import check_against_greedy
@@ -75,6 +75,7 @@ def generate_command(
     lookup_ngram: LookupNgramOpt = DrafterOptions.lookup_ngram,
     lookup_tokens: LookupTokensOpt = DrafterOptions.lookup_tokens,
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16).")] = False,
+    profile: ProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Generate text for every prompt in a file, token-identical to plain decoding, and report
@@ -88,7 +89,7 @@ def generate_command(
     if check and not cfg.sampling.greedy:
         raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
     prompts = load_prompts(prompt_file)
-    engine = load_engine(model, device, dtype)
+    engine = load_engine(model, device, dtype, profile)
     tokenizer = engine.loaded.tokenizer
     for prompt in prompts:
         ids = encode(tokenizer, prompt.text, raw)

@@ -38,4 +38,6 @@ TrieUpdateOpt = Annotated[bool, typer.Option("--trie-update/--no-trie-update", h
 LookupNgramOpt = Annotated[int, typer.Option("--lookup-ngram", help="prompt-lookup: longest n-gram to match.", rich_help_panel="Drafter options")]
 LookupTokensOpt = Annotated[int, typer.Option("--lookup-tokens", help="prompt-lookup: tokens copied per draft.", rich_help_panel="Drafter options")]
 
+ProfileOpt = Annotated[Optional[Path], typer.Option("--profile", help="Device profile from `ngspec profile-bound --save-profile`: size drafts from its measured verify costs instead of a quick calibration.")]
+
 PromptFileArg = Annotated[Path, typer.Option("--prompt-file", "-p", help=".txt (one prompt) or .jsonl ({'prompt': ...} or Spec-Bench {'turns': [...]}) file.")]

@@ -1,0 +1,192 @@
+"""`ngspec profile-bound`: where widening verification stops being free, measured and predicted."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Annotated, Optional
+
+import torch
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from ngspec.cli import render
+from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt
+from ngspec.errors import NgspecError
+from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
+
+GPU_GRID = ("1..32", "0..15", "25,100,500")
+CPU_GRID = ("1,2,4,8,16", "0,1,2,3,5,7", "25,100,500")
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {torch.get_num_threads()} threads"
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".ngspec-write-test.tmp"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise NgspecError(f"cannot write to output directory {out}: {exc.strerror or exc}") from None
+
+
+def _load(model: Optional[str], shape: Optional[str], device: torch.device, dtype: torch.dtype):
+    """(name, model) for --model or --shape."""
+    if model and shape:
+        raise NgspecError("give --model or --shape, not both")
+    if shape:
+        from ngspec.perf.shapes import random_model, shape_config
+
+        name, config = shape_config(shape)
+        render.info(f"building {name} with random weights on {device} ({str(dtype).removeprefix('torch.')}) ...")
+        return name, random_model(config, device, dtype)
+    from ngspec.models import load_model
+
+    render.info(f"loading model {model or 'default'} ...")
+    loaded = load_model(model or "default", str(device), str(dtype).removeprefix("torch."))
+    return loaded.name, loaded.model
+
+
+def profile_bound_command(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="A model `generate` accepts (default: the bundled SmolLM2-135M-Instruct).")] = None,
+    shape: Annotated[Optional[str], typer.Option(help="Time an architecture with random weights instead: smollm2-135m, llama-7b, mistral-7b, llama3-8b, or a config.json path.")] = None,
+    k: Annotated[Optional[str], typer.Option("--k", help="Rows: list and ranges, e.g. 1..32 or 1,2,4,8 (default: 1..32 on GPU, 1,2,4,8,16 on CPU).")] = None,
+    w: Annotated[Optional[str], typer.Option("--w", help="Speculated tokens per row, e.g. 0..15 (default: 0..15 on GPU, 0,1,2,3,5,7 on CPU).")] = None,
+    context: Annotated[Optional[str], typer.Option("--context", help="Context lengths in the cache (default 25,100,500 as in the paper).")] = None,
+    layout: Annotated[str, typer.Option(help="rows: k rows of w+1 tokens sharing the context's cache; tree: one row with a tree of 1+k*w nodes; both.")] = "both",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    repeats: Annotated[int, typer.Option(help="Timed runs per cell (the median is kept), after one warm-up run.")] = 5,
+    out: Annotated[Path, typer.Option("--out", help="Directory for the CSV, JSON and heatmap PNGs.")] = Path("profile-out"),
+    save_profile: Annotated[Optional[Path], typer.Option("--save-profile", help="Also write a device profile that `generate`/`bench --profile` load to size drafts.")] = None,
+    max_slowdown: Annotated[float, typer.Option(help="Slowdown the device profile's token budget may reach.")] = 1.1,
+    json_out: JsonOpt = False,
+) -> None:
+    """Time one verification forward over a grid of (k rows, w speculated tokens, context length),
+    relative to (k, w) = (1, 0), next to a roofline prediction (FLOPs and bytes from the config,
+    peak compute and bandwidth measured here). Widening a draft is free only while the forward pass
+    stays memory-bound; this shows where that ends on your device.
+
+    Example: ngspec profile-bound --shape llama-7b --dtype bfloat16 --save-profile llama7b.json
+    """
+    from ngspec.models import pick_device, pick_dtype
+    from ngspec.perf.device_profile import build_profile, save_profile as write_profile
+    from ngspec.perf.plots import heatmap
+    from ngspec.perf.report import analyse, transitions, write_outputs
+    from ngspec.perf.roofline import measure_peaks
+    from ngspec.rows import full_attention_only
+    from ngspec.target import TargetModel
+
+    layouts = list(LAYOUTS) if layout == "both" else [layout]
+    if layout not in (*LAYOUTS, "both"):
+        raise NgspecError(f"--layout must be rows, tree or both (got {layout!r})")
+    if repeats < 1:
+        raise NgspecError("--repeats must be at least 1")
+    if max_slowdown < 1.0:
+        raise NgspecError("--max-slowdown must be at least 1.0")
+    dev = pick_device(device)
+    defaults = GPU_GRID if dev.type == "cuda" else CPU_GRID
+    ks = parse_values(defaults[0] if k is None else k, "k", 1)
+    ws = parse_values(defaults[1] if w is None else w, "w", 0)
+    contexts = parse_values(defaults[2] if context is None else context, "context", 1)
+    torch_dtype = pick_dtype(dtype, dev)
+    if dev.type == "cpu" and torch_dtype != torch.float32:
+        raise NgspecError("on CPU only float32 is supported (bf16/fp16 are for GPUs)")
+    _check_writable(out)
+    if save_profile is not None:
+        _check_writable(save_profile.parent)
+
+    name, net = _load(model, shape, dev, torch_dtype)
+    window = int(getattr(net.config, "max_position_embeddings", 1 << 30))
+    longest = max(contexts) + max(max(ks) * (max(ws) + 1), 1 + max(ks) * max(ws))
+    if longest > window:
+        raise NgspecError(f"context {max(contexts)} plus a block of up to {longest - max(contexts)} tokens exceeds the model's window of {window}")
+    if "rows" in layouts and not full_attention_only(net):
+        raise NgspecError(f"{name} has sliding-window layers; the rows layout needs full attention everywhere (use --layout tree)")
+
+    cells = grid(layouts, contexts, ks, ws)
+    render.info("measuring peak compute and bandwidth ...")
+    peaks = measure_peaks(dev, torch_dtype)
+    timer = ForwardTimer(TargetModel(net), max(ks), max(ws), warmup=1, repeats=repeats)
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=render.err_console, transient=True) as progress:
+        task = progress.add_task("timing cells", total=len(cells))
+
+        def step(result):
+            c = result.cell
+            progress.update(task, advance=1, description=f"{c.layout} context {c.context} k={c.k} w={c.w}")
+
+        results = run_sweep(cells, timer, step)
+
+    bytes_per_element = torch.finfo(torch_dtype).bits // 8
+    reports = analyse(results, net.config, peaks, bytes_per_element)
+    trans = transitions(reports)
+    device_name = _device_name(dev)
+    meta = {
+        "model": name,
+        "device": device_name,
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "repeats": repeats,
+        "peak_tflops": peaks.flops_per_s / 1e12,
+        "peak_bandwidth_gbs": peaks.bytes_per_s / 1e9,
+    }
+    stem = f"profile-{name.replace('/', '_')}"
+    files = write_outputs(out, stem, meta, reports, trans)
+    for lay in layouts:
+        title = f"{name}, {meta['dtype']}, layout {lay}\n{device_name}"
+        files.append(heatmap(reports, lay, title, out / f"{stem}-{lay}.png"))
+    if save_profile is not None:
+        write_profile(save_profile, build_profile(meta, reports, max_slowdown))
+        files.append(save_profile)
+
+    if json_out:
+        from ngspec.perf.report import report_json
+
+        render.json_line(report_json(meta, reports, trans) | {"files": [str(f) for f in files]})
+        return
+    render.summary_table(
+        f"{name} on {device_name}",
+        [("dtype", meta["dtype"]), ("measured peak compute", f"{meta['peak_tflops']:.3g} TFLOP/s"),
+         ("measured peak bandwidth", f"{meta['peak_bandwidth_gbs']:.3g} GB/s")],
+    )
+    for lay in layouts:
+        for ctx in contexts:
+            cells_here = {(r.k, r.w): r for r in reports if r.layout == lay and r.context == ctx}
+            row_ks = sorted({kk for kk, _ in cells_here})
+            col_ws = sorted({ww for _, ww in cells_here})
+            render.table(
+                f"{lay}, context {ctx}: measured slowdown (roofline) — rows k, columns w",
+                ["k \\ w", *map(str, col_ws)],
+                [[str(kk), *(_cell_text(cells_here[(kk, ww)]) for ww in col_ws)] for kk in row_ks],
+            )
+    render.table(
+        "largest block within 10% of (1, 0): tokens (k, w)",
+        ["layout", "context", "measured", "roofline"],
+        [[t.layout, str(t.context), _transition_text(t.measured_tokens, t.measured_kw),
+          _transition_text(t.predicted_tokens, t.predicted_kw)] for t in trans],
+    )
+    render.info("wrote " + ", ".join(str(f) for f in files))
+
+
+def _cell_text(r) -> str:
+    if r.status == "oom":
+        return "[red]OOM[/]"
+    return f"{r.slowdown:.2f} ({r.predicted_slowdown:.2f})"
+
+
+def _transition_text(tokens, kw) -> str:
+    return "-" if tokens is None else f"{tokens} ({kw[0]}, {kw[1]})"

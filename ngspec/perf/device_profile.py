@@ -1,0 +1,126 @@
+"""A device profile: what verification costs on one device for one model, saved by
+`profile-bound --save-profile` and loaded by `generate`/`bench --profile`.
+
+Per context length it keeps the relative cost of verifying a tree of n nodes (from the ``tree``
+layout; the ``rows`` layout's token counts stand in when only rows were measured), the rows grid,
+and the token budget that stays within the chosen slowdown. Drafters size their trees from the
+cost table (see `DraftContext.cost`); row drafters take the largest (k, w) within budget.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from ngspec.errors import NgspecError
+from ngspec.perf.report import CellReport
+
+FORMAT = "ngspec-device-profile"
+VERSION = 1
+
+
+def build_profile(meta: dict, reports: list[CellReport], max_slowdown: float) -> dict:
+    contexts: dict[str, dict] = {}
+    for context in sorted({r.context for r in reports}):
+        ok = [r for r in reports if r.context == context and r.slowdown is not None]
+        trees = [r for r in ok if r.layout == "tree"]
+        by_nodes: dict[int, list[float]] = {}
+        for r in trees or [r for r in ok if r.layout == "rows"]:
+            by_nodes.setdefault(r.tokens - 1, []).append(r.slowdown)
+        rows = [r for r in ok if r.layout == "rows"]
+        within = [r for r in rows if r.slowdown <= max_slowdown]
+        best = max(within, key=lambda r: (r.k * r.w, r.w), default=None)
+        budget = max((r.tokens for r in ok if r.slowdown <= max_slowdown), default=1)
+        contexts[str(context)] = {
+            "budget_tokens": budget,
+            "best_rows": [best.k, best.w] if best else [1, 0],
+            "tree_cost": [[n, round(statistics.median(v), 4)] for n, v in sorted(by_nodes.items())],
+            "rows_cost": [[r.k, r.w, round(r.slowdown, 4)] for r in rows],
+        }
+    return {"format": FORMAT, "version": VERSION, **meta, "max_slowdown": max_slowdown, "contexts": contexts}
+
+
+def save_profile(path: Path, profile: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(profile, indent=1))
+    tmp.replace(path)
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    model: str
+    device: str
+    max_slowdown: float
+    contexts: dict[int, dict]
+
+    def _nearest(self, context: int) -> dict:
+        """The largest profiled context not above ``context`` (else the smallest)."""
+        below = [c for c in self.contexts if c <= context]
+        return self.contexts[max(below) if below else min(self.contexts)]
+
+    def verify_cost(self, context: int, max_nodes: int) -> tuple[float, ...]:
+        """Relative cost of verifying 0..max_nodes tree nodes at ``context``: measured points
+        interpolated, extrapolated along the last measured slope, never decreasing."""
+        points = sorted(self._nearest(context)["tree_cost"])
+        if not points or points[0][0] != 0:
+            points = [[0, 1.0], *points]
+        table, running = [], 1.0
+        for n in range(max_nodes + 1):
+            lower = max((p for p in points if p[0] <= n), key=lambda p: p[0])
+            upper = min((p for p in points if p[0] >= n), key=lambda p: p[0], default=None)
+            if upper is None:  # beyond the grid
+                prev = points[-2] if len(points) > 1 else [0, 1.0]
+                slope = (points[-1][1] - prev[1]) / max(points[-1][0] - prev[0], 1)
+                value = points[-1][1] + slope * (n - points[-1][0])
+            elif upper[0] == lower[0]:
+                value = lower[1]
+            else:
+                value = lower[1] + (upper[1] - lower[1]) * (n - lower[0]) / (upper[0] - lower[0])
+            running = max(running, value)
+            table.append(running)
+        return tuple(table)
+
+    def cost_tables(self, max_nodes: int) -> dict[int, tuple[float, ...]]:
+        return {c: self.verify_cost(c, max_nodes) for c in self.contexts}
+
+    def check_model(self, model: str, path: Path) -> None:
+        if self.model != model:
+            raise NgspecError(
+                f"{path} was measured for model {self.model!r}, not {model!r}; profile this model with "
+                f"`ngspec profile-bound --model ... --save-profile PATH`"
+            )
+
+    def best_rows(self, context: int) -> tuple[int, int]:
+        k, w = self._nearest(context)["best_rows"]
+        return int(k), int(w)
+
+
+def load_profile(path: Path, model: str | None = None) -> DeviceProfile:
+    """Read a profile; refuse a file that is not one, or (given ``model``) one measured for
+    another model."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise NgspecError(f"no device profile at {path}: make one with `ngspec profile-bound --save-profile {path}`") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise NgspecError(f"{path} is not a readable device profile ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise NgspecError(f"{path} is not an ngspec device profile")
+    if data.get("version") != VERSION:
+        raise NgspecError(f"{path} has profile version {data.get('version')}; this ngspec reads version {VERSION}")
+    try:
+        contexts = {int(c): v for c, v in data["contexts"].items()}
+        for v in contexts.values():
+            [(int(n), float(s)) for n, s in v["tree_cost"]]
+            int(v["budget_tokens"])
+        if not contexts:
+            raise ValueError("no contexts")
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise NgspecError(f"{path} is a damaged device profile ({exc})") from None
+    profile = DeviceProfile(str(data.get("model")), str(data.get("device")), float(data.get("max_slowdown", 1.1)), contexts)
+    if model is not None:
+        profile.check_model(model, path)
+    return profile

@@ -1,0 +1,237 @@
+"""profile-bound: cost formulas by hand, the sweep on a tiny model, out-of-memory cells, grids,
+device profiles, and the command end to end with bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from typer.testing import CliRunner
+
+from ngspec.cli.app import app
+from ngspec.errors import NgspecError
+from ngspec.perf.device_profile import build_profile, load_profile, save_profile
+from ngspec.perf.report import analyse, csv_text, transitions
+from ngspec.perf.roofline import DevicePeaks, cell_cost, forward_cost
+from ngspec.perf.shapes import SHAPES, parameter_count, shape_config
+from ngspec.perf.sweep import Cell, CellResult, ForwardTimer, grid, parse_values, run_sweep
+from ngspec.target import TargetModel
+
+TINY = dict(model_type="llama", hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, vocab_size=10, tie_word_embeddings=False, max_position_embeddings=64)
+
+
+def tiny_config(**overrides):
+    values = {**TINY, **overrides}
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def test_forward_cost_matches_a_hand_count():
+    # hidden 8, head_dim 4, 2 query heads, 1 KV head, intermediate 16, 2 layers, vocab 10, untied
+    # per layer: q 8x8 + k 8x4 + v 8x4 + o 8x8 = 192, MLP 3 * 8x16 = 384 -> 576 matrix parameters
+    # 2 rows of 3 tokens after 5 cached ones: N = 6 tokens
+    cost = forward_cost(tiny_config(), rows=2, row_tokens=3, context=5, bytes_per_element=4)
+    linear = 2 * 6 * (2 * 576 + 8 * 10)  # every token through every matrix and the LM head
+    attention = 4 * 2 * 6 * 2 * 4 * (5 + 3)  # 2 layers, 6 queries, 2 heads x 4 dims, 8 keys each
+    assert cost.flops == linear + attention == 17856
+    weights = 2 * (576 + 2 * 8) + 8 * 10 + 6 * 8  # layers (+ 2 norms), LM head, 6 embedding rows
+    kv = 2 * 2 * 1 * 4 * 5 + 2 * (2 * 2 * 1 * 4) * 6  # context K/V read once; block K/V written + read
+    activations = 2 * 6 * (8 * 8 + 3 * 16) + 6 * 10  # per layer and token, plus the logits
+    assert cost.bytes == 4 * (weights + kv + activations) == 11952
+
+
+def test_tree_layout_is_one_row_of_1_plus_kw_tokens_and_tied_heads_read_no_embedding_rows():
+    config = tiny_config()
+    assert cell_cost(config, "tree", 3, 2, 7, 2) == forward_cost(config, 1, 7, 7, 2)
+    assert cell_cost(config, "rows", 3, 2, 7, 2) == forward_cost(config, 3, 3, 7, 2)
+    tied = tiny_config(tie_word_embeddings=True)
+    assert forward_cost(config, 1, 4, 0, 1).bytes - forward_cost(tied, 1, 4, 0, 1).bytes == 4 * 8
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_parameter_count_matches_the_built_architecture(name):
+    _, config = shape_config(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert parameter_count(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_roofline_prediction_is_the_slower_of_compute_and_memory():
+    peaks = DevicePeaks(flops_per_s=100.0, bytes_per_s=10.0)
+    from ngspec.perf.roofline import Cost
+
+    assert peaks.predict(Cost(flops=50.0, bytes=20.0)) == 2.0
+    assert peaks.bound(Cost(flops=50.0, bytes=20.0)) == "memory"
+    assert peaks.predict(Cost(flops=500.0, bytes=20.0)) == 5.0
+    assert peaks.bound(Cost(flops=500.0, bytes=20.0)) == "compute"
+
+
+def test_parse_values():
+    assert parse_values("1..4", "k", 1) == [1, 2, 3, 4]
+    assert parse_values("0..15:5,2", "w", 0) == [0, 2, 5, 10, 15]
+    assert parse_values("8, 1,8", "k", 1) == [1, 8]
+    for bad in ("5..2", "", "a", "1..", "0..4:0"):
+        with pytest.raises(NgspecError):
+            parse_values(bad, "k", 1)
+    with pytest.raises(NgspecError, match="at least 1"):
+        parse_values("0..3", "k", 1)
+
+
+def test_sweep_on_a_tiny_model_is_complete_with_unit_reference(tiny):
+    cells = grid(["rows", "tree"], [4, 9], [2, 3], [2])
+    assert len(cells) == 2 * 2 * 3 * 2  # k 1 and w 0 always join the grid
+    timer = ForwardTimer(TargetModel(tiny), max_k=3, max_w=2, repeats=2)
+    results = run_sweep(cells, timer)
+    assert all(r.status == "ok" and r.seconds > 0 for r in results)
+    reports = analyse(results, tiny.config, DevicePeaks(1e9, 1e9), 4)
+    assert {(r.layout, r.context, r.k, r.w) for r in reports} == {(c.layout, c.context, c.k, c.w) for c in cells}
+    for r in reports:
+        if (r.k, r.w) == (1, 0):
+            assert r.slowdown == 1.0 and r.predicted_slowdown == 1.0
+    assert timer.target.length == 9  # cells never commit anything to the cache
+    assert len(csv_text(reports).splitlines()) == 1 + len(cells)
+
+
+def test_out_of_memory_cells_are_recorded_and_the_sweep_continues(tmp_path):
+    cells = grid(["rows"], [10], [1, 2, 4], [0, 3])
+
+    def fake(cell: Cell) -> float:
+        if cell.tokens > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return 0.01 * (1 + 0.02 * cell.tokens)
+
+    results = run_sweep(cells, fake)
+    assert [r.status for r in results] == ["ok" if c.tokens <= 8 else "oom" for c in cells]
+    assert len(results) == len(cells)
+    reports = analyse(results, tiny_config(), DevicePeaks(1e9, 1e9), 4)
+    oom = [r for r in reports if r.status == "oom"]
+    assert oom and all(r.ms is None and r.slowdown is None for r in oom)
+    (trans,) = transitions(reports)
+    # 4 tokens: 1.08 / 1.02 = 1.06x (free); 8 tokens: 1.16 / 1.02 = 1.14x; ties go to the deeper w
+    assert (trans.measured_tokens, trans.measured_kw) == (4, (1, 3))
+
+
+def test_other_errors_are_not_mistaken_for_out_of_memory():
+    def broken(cell):
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_sweep(grid(["rows"], [4], [1], [0]), broken)
+
+
+def _reports():
+    results = []
+    for context, per_token in ((16, 0.05), (256, 0.1)):
+        for cell in grid(["rows", "tree"], [context], [1, 2, 4], [0, 1, 3]):
+            results.append(CellResult(cell, 0.01 * (1 + per_token * (cell.tokens - 1))))
+    return analyse(results, tiny_config(), DevicePeaks(1e9, 1e9), 4)
+
+
+def test_device_profile_round_trip_and_cost_tables(tmp_path):
+    profile = build_profile({"model": "tiny", "device": "test"}, _reports(), max_slowdown=1.1)
+    path = tmp_path / "p.json"
+    save_profile(path, profile)
+    loaded = load_profile(path, "tiny")
+    assert loaded.contexts[16]["budget_tokens"] == 3  # 1 + 0.05 * 2 = 1.1
+    assert loaded.contexts[256]["budget_tokens"] == 2
+    short = loaded.verify_cost(20, max_nodes=16)
+    assert len(short) == 17 and short[0] == 1.0
+    assert short[1] == pytest.approx(1.05) and short[12] == pytest.approx(1.6)  # tree nodes = k*w
+    assert short[16] == pytest.approx(1.8)  # beyond the grid: along the last slope
+    assert all(a <= b for a, b in zip(short, short[1:]))
+    assert loaded.verify_cost(1000, 4)[2] == pytest.approx(1.2)  # the 256 table from 256 up
+    assert loaded.verify_cost(3, 4)[2] == pytest.approx(1.1)  # below every context: the smallest
+    assert loaded.best_rows(16) == (1, 1)
+
+
+def test_bad_device_profiles_are_refused(tmp_path):
+    path = tmp_path / "p.json"
+    save_profile(path, build_profile({"model": "tiny", "device": "test"}, _reports(), 1.1))
+    with pytest.raises(NgspecError, match="measured for model 'tiny'"):
+        load_profile(path, "other")
+    for text, message in (("{", "not a readable"), ("[]", "not an ngspec device profile"),
+                          ('{"format": "ngspec-device-profile", "version": 1, "contexts": {"x": 1}}', "damaged")):
+        path.write_text(text)
+        with pytest.raises(NgspecError, match=message):
+            load_profile(path)
+    with pytest.raises(NgspecError, match="no device profile"):
+        load_profile(tmp_path / "missing.json")
+
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def tiny_shape(tmp_path):
+    path = tmp_path / "tiny" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**TINY, "vocab_size": 96}))
+    return path
+
+
+def test_command_end_to_end_on_a_config_file(tmp_path, tiny_shape):
+    out = tmp_path / "out"
+    result = invoke("profile-bound", "--shape", tiny_shape, "--k", "1,2", "--w", "0..2", "--context", "4,16",
+                    "--repeats", 1, "--out", out, "--save-profile", out / "dev.json", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(report["cells"]) == 2 * 2 * 2 * 3
+    assert {t["layout"] for t in report["transitions"]} == {"rows", "tree"}
+    assert report["peak_tflops"] > 0 and report["peak_bandwidth_gbs"] > 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["dev.json", "profile-tiny-rows.png", "profile-tiny-tree.png", "profile-tiny.csv", "profile-tiny.json"]
+    profile = load_profile(out / "dev.json", "tiny")
+    assert set(profile.contexts) == {4, 16}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--k", "4..1"], "inverted range"),
+        (["--k", "0,1"], "at least 1"),
+        (["--w", "-1"], "expected numbers"),
+        (["--context", ""], "expected numbers"),
+        (["--context", "60"], "exceeds the model's window"),
+        (["--layout", "grid"], "--layout"),
+    ],
+)
+def test_bad_grids_fail_before_timing(tmp_path, tiny_shape, args, message):
+    result = invoke("profile-bound", "--shape", tiny_shape, "--out", tmp_path / "o", "--k", "1,2", "--w", "0,3", *args)
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "o" / "profile-tiny.csv").exists()
+
+
+def test_unknown_shape_and_unwritable_output(tmp_path):
+    result = invoke("profile-bound", "--shape", "llama-70b-typo", "--out", tmp_path / "o")
+    assert result.exit_code == 1 and "unknown shape" in result.output and "llama-7b" in result.output
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = invoke("profile-bound", "--shape", "smollm2-135m", "--out", blocker / "sub")
+    assert result.exit_code == 1 and "cannot write to output directory" in result.output
+
+
+def test_engine_sizes_drafts_from_a_profile_per_context(tmp_path, tiny):
+    from ngspec.decode import DecodeConfig
+    from ngspec.drafters import make_drafter
+    from ngspec.engine import Engine
+    from ngspec.models import LoadedModel
+
+    from conftest import hf_greedy
+
+    path = tmp_path / "p.json"
+    save_profile(path, build_profile({"model": "tiny", "device": "test"}, _reports(), 1.1))
+    profile = load_profile(path, "tiny")
+    engine = Engine(LoadedModel(tiny, None, "tiny"), profile=profile, max_draft_nodes=8)
+    assert engine.target.verify_cost(40) == profile.verify_cost(16, 8)
+    assert engine.target.verify_cost(300) == profile.verify_cost(256, 8)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+    out = engine.run(prompt, make_drafter("trie"), DecodeConfig(max_new_tokens=20)).token_ids
+    assert out == hf_greedy(tiny, prompt, 20)
