@@ -25,8 +25,11 @@ class DecodeConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eos_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
+    verify: str = "tree"  # "tree": one row under a tree mask; "rows": one batch row per leaf
 
     def __post_init__(self) -> None:
+        if self.verify not in ("tree", "rows"):
+            raise NgspecError(f"--verify must be tree or rows (got {self.verify!r})")
         if self.max_new_tokens <= 0:
             raise NgspecError("--max-new-tokens must be at least 1")
         if self.max_draft_nodes < 0:
@@ -39,6 +42,7 @@ class Generation:
     seconds: float
     finish_reason: str  # eos | stop | length | context
     stats: RunStats
+    drafter_stats: dict | None = None
 
 
 class Stopper:
@@ -125,7 +129,7 @@ def generate(
         tree = drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=budget - 1)
         draft_s = time.perf_counter() - t0
 
-        logits = target.verify(out[-1], tree)
+        logits = target.verify(out[-1], tree, cfg.verify)
         if cfg.sampling.greedy:
             verdict = accept_greedy(tree, logits)
         else:
@@ -138,7 +142,9 @@ def generate(
         drafter.observe(new)
         emit(on_tokens, new)
 
-    return Generation(out, time.perf_counter() - start, reason, stats)
+    seconds = time.perf_counter() - start
+    drafter_stats = drafter.stats() if hasattr(drafter, "stats") else None  # e.g. rows per strategy
+    return Generation(out, seconds, reason, stats, drafter_stats)
 
 
 def emit(on_tokens: Callable[[list[int]], None] | None, tokens: list[int]) -> None:

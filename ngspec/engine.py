@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ngspec.contracts import Drafter
+from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_anchor
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate
 from ngspec.models import LoadedModel
 from ngspec.perf.costs import cached_verify_costs
@@ -47,10 +48,19 @@ class Engine:
     def __post_init__(self) -> None:
         self.target = TargetModel(self.loaded.model)
         self.eos = eos_ids(self.loaded)
+        self._tables: NgramTables | None = None
         if self.profile is not None:
             self.target.cost_tables = self.profile.cost_tables(self.max_draft_nodes)
         elif self.calibrate:
             self.target.cost_tables = {0: cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes)}
+
+    def ngram_tables(self, path=None, progress=None, notify=None) -> NgramTables:
+        """The model-derived unigram/bigram tables (built once per model and cached on disk;
+        ``path`` reads a table file from `build-bigram --out` instead)."""
+        if self._tables is None:
+            anchor = table_anchor(self.loaded.tokenizer)
+            self._tables = cached_tables(self.loaded.model, self.loaded.name, anchor, path, progress, notify)
+        return self._tables
 
     def detokenize(self, ids: list[int]) -> str:
         return self.loaded.tokenizer.decode(ids, skip_special_tokens=True)

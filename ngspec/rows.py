@@ -105,6 +105,28 @@ def shared_prefix_attention_enabled(model: PreTrainedModel) -> Iterator[None]:
         config._attn_implementation = saved
 
 
+def forward_rows(model: PreTrainedModel, prefix: Cache, ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, RowBlockCache]:
+    """Logits ``[k, t, vocab]`` of k rows of t tokens ``ids`` that all continue ``prefix`` (a
+    batch-1 cache, left unchanged), and the rows' own keys and values."""
+    rows, width = ids.shape
+    start = prefix.get_seq_length()
+    positions = (start + torch.arange(width, device=ids.device)).expand(rows, -1)
+    block = RowBlockCache(prefix, len(prefix.layers))
+    dtype = next(model.parameters()).dtype
+    unused_mask = torch.zeros(rows, 1, width, width, dtype=dtype, device=ids.device)
+    with shared_prefix_attention_enabled(model):
+        out = model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=unused_mask,  # 4D so that transformers builds none; causality is in the attention
+            past_key_values=block,
+            use_cache=True,
+            shared_prefix=prefix,
+            **kwargs,
+        )
+    return out.logits, block
+
+
 def full_attention_only(model: PreTrainedModel) -> bool:
     """Rows share the prefix only where every layer attends to the whole prefix."""
     config = model.config

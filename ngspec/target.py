@@ -19,8 +19,8 @@ from transformers import DynamicCache, PreTrainedModel
 from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
 from ngspec.kv import keep_block, make_cache, truncate
-from ngspec.rows import RowBlockCache, full_attention_only, shared_prefix_attention_enabled
-from ngspec.tree import attention_mask, position_ids
+from ngspec.rows import RowBlockCache, forward_rows, full_attention_only
+from ngspec.tree import attention_mask, position_ids, root_to_leaf_paths
 
 
 class TargetModel:
@@ -33,6 +33,7 @@ class TargetModel:
         self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.cache: DynamicCache | None = None
         self._row_block: RowBlockCache | None = None
+        self._rows_paths: list[list[int]] | None = None  # set while a tree verified as rows awaits commit
         self.length = 0  # committed tokens in the cache
         # context length -> relative cost of verifying a tree of each size (index = nodes); a table
         # applies from its context length up to the next one; empty = not measured
@@ -60,24 +61,49 @@ class TargetModel:
     def prefill(self, prompt: Sequence[int]) -> torch.Tensor:
         """Start a new sequence; returns the next-token logits after the prompt, ``[vocab]``."""
         self.cache = make_cache(self.model.config, capacity=len(prompt) + 512)
+        self._row_block, self._rows_paths = None, None
         ids = torch.tensor([list(prompt)], dtype=torch.long)
         logits = self._forward(ids, logits_to_keep=1)
         self.length = len(prompt)
         return logits[-1]
 
     @torch.inference_mode()
-    def verify(self, root: int, tree: DraftTree) -> torch.Tensor:
-        """Logits ``[1 + tree.size, vocab]`` for the root followed by every tree node."""
+    def verify(self, root: int, tree: DraftTree, layout: str = "tree") -> torch.Tensor:
+        """Logits ``[1 + tree.size, vocab]`` for the root followed by every tree node.
+
+        ``layout="tree"`` runs the tree as one row under a tree mask; ``"rows"`` runs each
+        root-to-leaf path as its own row of a batch sharing the cache (`verify_rows`) and gathers
+        the same per-node logits, so acceptance and `commit` work the same either way.
+        """
+        self._rows_paths = None
+        if layout == "rows" and tree.size:
+            return self._verify_tree_as_rows(root, tree)
         ids = torch.tensor([[root, *tree.tokens]], dtype=torch.long)
         kwargs: dict = {"position_ids": position_ids(tree, self.length).to(self.device)}
         if tree.size:
             kwargs["attention_mask"] = attention_mask(tree, self.length, self.dtype).to(self.device)
         return self._forward(ids, **kwargs)
 
+    def _verify_tree_as_rows(self, root: int, tree: DraftTree) -> torch.Tensor:
+        paths = root_to_leaf_paths(tree)
+        logits = self.verify_rows(root, [[tree.tokens[i] for i in p] for p in paths])
+        row_of = torch.zeros(tree.size + 1, dtype=torch.long)
+        col_of = torch.zeros(tree.size + 1, dtype=torch.long)
+        for r in range(len(paths) - 1, -1, -1):  # a node shared by several rows: the first one's
+            for depth, node in enumerate(paths[r]):
+                row_of[node + 1], col_of[node + 1] = r, depth + 1
+        self._rows_paths = paths
+        return logits[row_of.to(logits.device), col_of.to(logits.device)]
+
     @torch.inference_mode()
     def commit(self, path: Sequence[int]) -> None:
         """Keep the root and the accepted nodes ``path`` of the last verified block."""
         assert self.cache is not None, "prefill first"
+        if self._rows_paths is not None:
+            row = next(r for r, p in enumerate(self._rows_paths) if p[: len(path)] == list(path))
+            self._rows_paths = None
+            self.commit_row(row, len(path))
+            return
         keep_block(self.cache, self.length, [0, *(i + 1 for i in path)])
         self.length += 1 + len(path)
 
@@ -90,19 +116,8 @@ class TargetModel:
             raise NgspecError("row verification needs a model whose layers all use full attention; use tree verification")
         width = max((len(r) for r in rows), default=0)
         ids = torch.tensor([[root, *r, *[root] * (width - len(r))] for r in rows], dtype=torch.long)
-        positions = (self.length + torch.arange(width + 1)).expand(len(rows), -1)
-        self._row_block = RowBlockCache(self.cache, len(self.cache.layers))
-        unused_mask = torch.zeros(len(rows), 1, width + 1, width + 1, dtype=self.dtype, device=self.device)
-        with shared_prefix_attention_enabled(self.model):
-            out = self.model(
-                input_ids=ids.to(self.device),
-                position_ids=positions.to(self.device),
-                attention_mask=unused_mask,  # 4D so that transformers builds none; causality is in the attention
-                past_key_values=self._row_block,
-                use_cache=True,
-                shared_prefix=self.cache,
-            )
-        return out.logits
+        logits, self._row_block = forward_rows(self.model, self.cache, ids.to(self.device))
+        return logits
 
     @torch.inference_mode()
     def commit_row(self, row: int, accepted: int) -> None:
@@ -118,3 +133,4 @@ class TargetModel:
         if self.cache is not None:
             truncate(self.cache, self.length)
         self._row_block = None
+        self._rows_paths = None

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ngspec.decode import DecodeConfig
+from ngspec.drafters import NEEDS_TABLES, ROW_DRAFTERS, DrafterOptions
+from ngspec.drafters.ngram_tables import NgramTables
 from ngspec.engine import Engine
 from ngspec.errors import NgspecError
 from ngspec.models import load_model
-from ngspec.perf.device_profile import load_profile
+from ngspec.perf.device_profile import DeviceProfile, load_profile
 from ngspec.verify import SamplingConfig
 
 
@@ -19,8 +22,42 @@ def sampling_config(temperature: float, top_p: float, top_k: int, seed: int | No
         raise NgspecError(str(exc)) from exc
 
 
-def decode_config(max_new_tokens: int, sampling: SamplingConfig, stop: list[str] | None) -> DecodeConfig:
-    return DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling, stop_strings=tuple(stop or ()))
+def decode_config(max_new_tokens: int, sampling: SamplingConfig, stop: list[str] | None, verify: str = "tree") -> DecodeConfig:
+    return DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling, stop_strings=tuple(stop or ()), verify=verify)
+
+
+def fit_rows(cfg: DecodeConfig, drafter: str, opts: DrafterOptions) -> DecodeConfig:
+    """Raise the draft-node cap to k·w for a row drafter, so its rows are never cut."""
+    if drafter not in ROW_DRAFTERS:
+        return cfg
+    return replace(cfg, max_draft_nodes=max(cfg.max_draft_nodes, opts.k * opts.w))
+
+
+def load_tables(engine: Engine, drafters: list[str], path: Path | None) -> NgramTables | None:
+    """The model's n-gram tables when a drafter needs them (built with a progress bar the first
+    time, then read from the cache)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ngspec.cli.render import err_console, info
+
+    if not NEEDS_TABLES & set(drafters):
+        if path is not None:
+            raise NgspecError("--bigram-table is only used by the unigram, bigram and mixed drafters")
+        return None
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        task = progress.add_task("building bigram table (once per model)", total=None)
+        return engine.ngram_tables(path, lambda done, total: progress.update(task, completed=done, total=total), info)
+
+
+def rows_options(opts: DrafterOptions, k: int | None, w: int | None, profile: DeviceProfile | None, context: int) -> DrafterOptions:
+    """Fill --k/--w left unset: from the device profile (largest (k, w) within its slowdown budget
+    at this context length), else the defaults."""
+    if profile is not None and (k is None or w is None):
+        best_k, best_w = profile.best_rows(context)
+        k = best_k if k is None else k
+        w = max(best_w, 1) if w is None else w
+    return replace(opts, k=opts.k if k is None else k, w=opts.w if w is None else w)
 
 
 def load_engine(model: str, device: str, dtype: str, profile: Path | None = None) -> Engine:

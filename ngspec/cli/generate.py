@@ -7,15 +7,15 @@ from typing import Annotated
 import typer
 
 from ngspec.cli import render
-from ngspec.cli.common import decode_config, load_engine, sampling_config
+from ngspec.cli.common import decode_config, fit_rows, load_engine, load_tables, rows_options, sampling_config
 from ngspec.cli.options import (
-    DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, LookupNgramOpt, LookupTokensOpt, MaxNewTokensOpt,
-    ModelOpt, NgramNOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt, StopOpt,
-    TemperatureOpt, TopKOpt, TopPOpt, TrieUpdateOpt,
+    DRAFTERS, BigramTableOpt, DeviceOpt, DtypeOpt, JsonOpt, KOpt, LookupNgramOpt, LookupTokensOpt,
+    MaxNewTokensOpt, ModelOpt, NgramNOpt, NgramQOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, PromptFileArg,
+    RawOpt, SeedOpt, StopOpt, TemperatureOpt, TopKOpt, TopPOpt, TrieUpdateOpt, VerifyOpt, WOpt,
 )
 from ngspec.check import check_against_greedy
 from ngspec.decode import Generation
-from ngspec.drafters import DrafterOptions, make_drafter
+from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, check_drafter, make_drafter
 from ngspec.errors import NgspecError
 from ngspec.prompts import encode, load_prompts
 
@@ -41,6 +41,7 @@ def result_record(prompt_id: str, prompt_tokens: int, text: str, gen: Generation
         "draft_share": gen.stats.draft_seconds / gen.seconds if gen.seconds else 0.0,
         "mean_tree_size": sum(s.tree_size for s in gen.stats.steps) / calls if calls else 0.0,
         "finish_reason": gen.finish_reason,
+        **({"drafter_stats": gen.drafter_stats} if gen.drafter_stats is not None else {}),
     }
 
 
@@ -53,6 +54,15 @@ def _check_rows(check: dict | None) -> list[tuple[str, str]]:
         ("identical to plain greedy", f"NO, from token {check['first_mismatch']}"),
         ("top-2 logit margin there", f"{check['near_tie_margin']:.4g}"),
     ]
+
+
+def _rows_summary(stats: dict | None, opts: DrafterOptions | None) -> list[tuple[str, str]]:
+    if not stats or opts is None:
+        return []
+    rows = [("rows (k) x tokens (w)", f"{opts.k} x {opts.w}")]
+    for strategy, n in sorted(stats["rows_allocated"].items()):
+        rows.append((f"{strategy}: rows drafted / tokens accepted", f"{n} / {stats['tokens_accepted'].get(strategy, 0)}"))
+    return rows
 
 
 def generate_command(
@@ -74,6 +84,11 @@ def generate_command(
     trie_update: TrieUpdateOpt = DrafterOptions.trie_update,
     lookup_ngram: LookupNgramOpt = DrafterOptions.lookup_ngram,
     lookup_tokens: LookupTokensOpt = DrafterOptions.lookup_tokens,
+    k: KOpt = None,
+    w: WOpt = None,
+    ngram_q: NgramQOpt = DrafterOptions.ngram_q,
+    bigram_table: BigramTableOpt = None,
+    verify: VerifyOpt = "tree",
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16).")] = False,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
@@ -83,20 +98,23 @@ def generate_command(
 
     Example: ngspec generate -p examples/rag_ngspec.txt --drafter trie
     """
-    cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop)
-    opts = DrafterOptions(num_draft, ngram_n, prefix_len, trie_update, lookup_ngram, lookup_tokens)
-    make_drafter(drafter, opts)  # validate the name before loading anything
+    check_drafter(drafter)  # validate everything before loading anything
+    opts = DrafterOptions(num_draft, ngram_n, prefix_len, trie_update, lookup_ngram, lookup_tokens, ngram_q=ngram_q)
+    rows_options(opts, k, w, None, 0)  # validates --k/--w
+    cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
     if check and not cfg.sampling.greedy:
         raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
     prompts = load_prompts(prompt_file)
     engine = load_engine(model, device, dtype, profile)
+    tables = load_tables(engine, [drafter], bigram_table)
     tokenizer = engine.loaded.tokenizer
     for prompt in prompts:
         ids = encode(tokenizer, prompt.text, raw)
         stream = None if json_out else render.TextStream(engine.detokenize)
         if stream is not None and len(prompts) > 1:
             render.console.rule(f"prompt {prompt.id}")
-        gen = engine.run(ids, make_drafter(drafter, opts), cfg, on_tokens=stream)
+        prompt_opts = rows_options(opts, k, w, engine.profile, len(ids))
+        gen = engine.run(ids, make_drafter(drafter, prompt_opts, tables), fit_rows(cfg, drafter, prompt_opts), on_tokens=stream)
         record = result_record(prompt.id, len(ids), engine.detokenize(gen.token_ids), gen, drafter)
         if check:
             record["greedy_check"] = check_against_greedy(engine, ids, gen.token_ids, cfg).as_dict()
@@ -114,6 +132,7 @@ def generate_command(
                 ("mean tokens per call", f"{record['mean_tokens_per_call']:.2f}"),
                 ("drafting share of time", f"{100 * record['draft_share']:.1f}%"),
                 ("finished by", record["finish_reason"]),
+                *_rows_summary(record.get("drafter_stats"), prompt_opts if drafter in ROW_DRAFTERS else None),
                 *_check_rows(record.get("greedy_check")),
             ],
         )

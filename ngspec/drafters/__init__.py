@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ngspec.contracts import Drafter
 from ngspec.errors import NgspecError
+
+if TYPE_CHECKING:
+    from ngspec.drafters.ngram_tables import NgramTables
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,9 @@ class DrafterOptions:
     trie_update: bool = True  # trie: also insert generated tokens (measured to help)
     lookup_ngram: int = 3  # prompt-lookup: longest n-gram to match
     lookup_tokens: int = 10  # prompt-lookup: draft length
+    k: int = 4  # row drafters: rows per step
+    w: int = 4  # row drafters: tokens per row
+    ngram_q: int = 1  # context-ngram / mixed: length of the matched suffix
 
     def __post_init__(self) -> None:
         checks = {
@@ -27,28 +33,34 @@ class DrafterOptions:
             "--prefix-len": 1 <= self.prefix_len < self.ngram_n,
             "--lookup-ngram": self.lookup_ngram >= 1,
             "--lookup-tokens": self.lookup_tokens >= 1,
+            "--k": self.k >= 1,
+            "--w": self.w >= 1,
+            "--ngram-q": self.ngram_q >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise NgspecError(
                 f"invalid drafter option(s): {', '.join(bad)} (need num-draft >= 1, ngram-n >= 2, "
-                "1 <= prefix-len < ngram-n, lookup-ngram >= 1, lookup-tokens >= 1)"
+                "1 <= prefix-len < ngram-n, lookup-ngram >= 1, lookup-tokens >= 1, k >= 1, w >= 1, ngram-q >= 1)"
             )
 
 
-def _vanilla(opts: DrafterOptions) -> Drafter:
+Tables = Optional["NgramTables"]
+
+
+def _vanilla(opts: DrafterOptions, tables: Tables) -> Drafter:
     from ngspec.drafters.vanilla import VanillaDrafter
 
     return VanillaDrafter()
 
 
-def _prompt_lookup(opts: DrafterOptions) -> Drafter:
+def _prompt_lookup(opts: DrafterOptions, tables: Tables) -> Drafter:
     from ngspec.drafters.prompt_lookup import PromptLookupDrafter
 
     return PromptLookupDrafter(max_ngram=opts.lookup_ngram, num_tokens=opts.lookup_tokens)
 
 
-def _trie(opts: DrafterOptions) -> Drafter:
+def _trie(opts: DrafterOptions, tables: Tables) -> Drafter:
     from ngspec.drafters.trie import TrieDrafter
 
     return TrieDrafter(
@@ -59,14 +71,51 @@ def _trie(opts: DrafterOptions) -> Drafter:
     )
 
 
-REGISTRY: dict[str, Callable[[DrafterOptions], Drafter]] = {
+def _context_ngram(opts: DrafterOptions, tables: Tables) -> Drafter:
+    from ngspec.drafters.context_ngram import ContextNgramDrafter
+
+    return ContextNgramDrafter(opts.k, opts.w, opts.ngram_q)
+
+
+def _unigram(opts: DrafterOptions, tables: Tables) -> Drafter:
+    from ngspec.drafters.model_ngram import UnigramDrafter
+
+    return UnigramDrafter(opts.k, opts.w, tables)
+
+
+def _bigram(opts: DrafterOptions, tables: Tables) -> Drafter:
+    from ngspec.drafters.model_ngram import BigramDrafter
+
+    return BigramDrafter(opts.k, opts.w, tables)
+
+
+def _mixed(opts: DrafterOptions, tables: Tables) -> Drafter:
+    from ngspec.drafters.mixed import MixedDrafter
+
+    return MixedDrafter(opts.k, opts.w, tables, opts.ngram_q)
+
+
+REGISTRY: dict[str, Callable[[DrafterOptions, Tables], Drafter]] = {
     "vanilla": _vanilla,
     "prompt-lookup": _prompt_lookup,
     "trie": _trie,
+    "context-ngram": _context_ngram,
+    "unigram": _unigram,
+    "bigram": _bigram,
+    "mixed": _mixed,
 }
+NEEDS_TABLES = frozenset({"unigram", "bigram", "mixed"})  # model-derived tables (`build-bigram`)
+ROW_DRAFTERS = frozenset({"context-ngram", "unigram", "bigram", "mixed"})  # sized by --k and --w
 
 
-def make_drafter(name: str, opts: DrafterOptions | None = None) -> Drafter:
+def check_drafter(name: str) -> None:
     if name not in REGISTRY:
         raise NgspecError(f"unknown drafter {name!r}; choose one of: {', '.join(REGISTRY)}")
-    return REGISTRY[name](opts or DrafterOptions())
+
+
+def make_drafter(name: str, opts: DrafterOptions | None = None, tables: Tables = None) -> Drafter:
+    """A fresh drafter; ``tables`` (from `ngram_tables.cached_tables`) for the model-derived ones."""
+    check_drafter(name)
+    if name in NEEDS_TABLES and tables is None:
+        raise NgspecError(f"the {name} drafter needs the model's n-gram tables")
+    return REGISTRY[name](opts or DrafterOptions(), tables)
