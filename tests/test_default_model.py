@@ -8,6 +8,7 @@ import pytest
 from conftest import hf_greedy
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
+from ngspec.drafters.ngram_tables import cached_tables, table_anchor
 from ngspec.engine import eos_ids
 from ngspec.prompts import encode
 from ngspec.target import TargetModel
@@ -25,14 +26,30 @@ def real_prompts() -> list[str]:
     return prompts
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("drafter", list(REGISTRY))
-def test_default_model_lossless(default_model, drafter):
-    target = TargetModel(default_model.model)
+@pytest.fixture(scope="module")
+def default_tables(default_model):
+    """The default model's real n-gram tables (built once, about a minute on two cores, then cached)."""
+    return cached_tables(default_model.model, default_model.name, table_anchor(default_model.tokenizer))
+
+
+@pytest.fixture(scope="module")
+def expected_outputs(default_model):
     eos = eos_ids(default_model)
-    opts = DrafterOptions(trie_update=True)
+    out = []
     for text in real_prompts():
         ids = encode(default_model.tokenizer, text)
-        expected = hf_greedy(default_model.model, ids, 64, eos=min(eos))
-        got = generate(target, make_drafter(drafter, opts), ids, DecodeConfig(max_new_tokens=64, eos_ids=eos))
+        out.append((ids, hf_greedy(default_model.model, ids, 64, eos=min(eos))))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["tree", "rows"])
+@pytest.mark.parametrize("drafter", list(REGISTRY))
+def test_default_model_lossless(default_model, default_tables, expected_outputs, drafter, layout):
+    target = TargetModel(default_model.model)
+    eos = eos_ids(default_model)
+    opts = DrafterOptions(trie_update=True, k=6, w=5)
+    for ids, expected in expected_outputs:
+        cfg = DecodeConfig(max_new_tokens=64, eos_ids=eos, verify=layout)
+        got = generate(target, make_drafter(drafter, opts, default_tables), ids, cfg)
         assert got.token_ids == expected

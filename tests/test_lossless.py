@@ -7,6 +7,7 @@ import pytest
 from conftest import OracleDrafter, hf_greedy, repetitive_prompt
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
+from ngspec.drafters.ngram_tables import build_tables
 from ngspec.target import TargetModel
 
 VOCAB = 96
@@ -15,23 +16,34 @@ VOCAB = 96
 STEEP_COST = (1.0, 1.01, 1.05, 1.6, 1.7, 2.0) + (2.5,) * 60
 
 
+@pytest.fixture(scope="session")
+def tiny_tables(tiny):
+    return build_tables(tiny, [1], batch_size=48)
+
+
+@pytest.mark.parametrize("layout", ["tree", "rows"])
 @pytest.mark.parametrize("cost", [(), STEEP_COST], ids=["flat-cost", "steep-cost"])
 @pytest.mark.parametrize("drafter", list(REGISTRY))
-def test_drafters_match_plain_greedy(tiny, drafter, cost):
+def test_drafters_match_plain_greedy(tiny, tiny_tables, drafter, cost, layout):
     rng = random.Random(1)
     target = TargetModel(tiny)
     target.cost_tables = {0: cost}
-    options = [DrafterOptions(), DrafterOptions(num_draft=4, trie_update=True, ngram_n=5, prefix_len=2)]
+    options = [
+        DrafterOptions(),
+        DrafterOptions(num_draft=4, trie_update=True, ngram_n=5, prefix_len=2, k=7, w=6, ngram_q=2),
+    ]
     for case in range(8):
         prompt = repetitive_prompt(rng, VOCAB, rng.randrange(5, 120))
         expected = hf_greedy(tiny, prompt, 40)
         opts = options[case % 2]
-        got = generate(target, make_drafter(drafter, opts), prompt, DecodeConfig(max_new_tokens=40))
+        cfg = DecodeConfig(max_new_tokens=40, verify=layout)
+        got = generate(target, make_drafter(drafter, opts, tiny_tables), prompt, cfg)
         assert got.token_ids == expected, f"{drafter} case {case}"
         assert sum(s.accepted for s in got.stats.steps) == len(got.token_ids)
 
 
-def test_deep_noisy_trees_match_plain_greedy(tiny):
+@pytest.mark.parametrize("layout", ["tree", "rows"])
+def test_deep_noisy_trees_match_plain_greedy(tiny, layout):
     """Trees that often contain the true continuation, sometimes on a later sibling."""
     rng = random.Random(2)
     target = TargetModel(tiny)
@@ -39,7 +51,8 @@ def test_deep_noisy_trees_match_plain_greedy(tiny):
     for case in range(12):
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 60))]
         expected = hf_greedy(tiny, prompt, 50)
-        got = generate(target, OracleDrafter(expected, VOCAB, seed=case), prompt, DecodeConfig(max_new_tokens=50))
+        cfg = DecodeConfig(max_new_tokens=50, verify=layout)
+        got = generate(target, OracleDrafter(expected, VOCAB, seed=case), prompt, cfg)
         assert got.token_ids == expected, f"case {case}"
         accepted_deep += sum(s.accepted >= 4 for s in got.stats.steps)
     assert accepted_deep > 40  # the test really exercised long accepted runs

@@ -1,22 +1,58 @@
 """Runs every arm on every prompt in one process, interleaved, and records what each did.
 
 Arms: ``hf-greedy`` and ``hf-prompt-lookup`` (transformers' `generate`, the ecosystem baseline),
-``vanilla`` (our engine with no drafts) and the chosen drafters. For each prompt the arms run back
-to back, so slow drift of the machine affects all arms alike.
+``vanilla`` (our engine with no drafts) and the chosen drafters, each possibly at several (k, w)
+and in both verification layouts. For each prompt the arms run back to back, so slow drift of the
+machine affects all arms alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ngspec.decode import DecodeConfig
-from ngspec.drafters import DrafterOptions, make_drafter
+from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, make_drafter
+from ngspec.drafters.ngram_tables import NgramTables
 from ngspec.engine import Engine
 from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
 from ngspec.prompts import Prompt, encode
 
 HF_ARMS = ("hf-greedy", "hf-prompt-lookup")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration to compare: a drafter with its options and verification layout."""
+
+    label: str
+    drafter: str
+    opts: DrafterOptions = field(default_factory=DrafterOptions)
+    verify: str = "tree"
+
+    @property
+    def grid_cell(self) -> tuple[int, int] | None:
+        return (self.opts.k, self.opts.w) if self.drafter in ROW_DRAFTERS else None
+
+
+def make_arms(drafters: list[str], opts: DrafterOptions, ks: list[int], ws: list[int], layouts: list[str]) -> list[Arm]:
+    """hf-greedy, hf-prompt-lookup and vanilla, then every drafter; row drafters once per (k, w)
+    cell, every drafter once per layout. Labels say what differs."""
+    arms = [Arm(name, name, opts) for name in ("hf-greedy", "hf-prompt-lookup", "vanilla")]
+    grid = len(ks) * len(ws) > 1
+    for name in dict.fromkeys(drafters):
+        if name in ("hf-greedy", "hf-prompt-lookup", "vanilla"):
+            continue
+        cells = [(k, w) for k in ks for w in ws] if name in ROW_DRAFTERS else [(opts.k, opts.w)]
+        for k, w in cells:
+            for layout in layouts:
+                label = name
+                if name in ROW_DRAFTERS and grid:
+                    label += f" k={k} w={w}"
+                if len(layouts) > 1:
+                    label += f" [{layout}]"
+                arms.append(Arm(label, name, replace(opts, k=k, w=w), layout))
+    return arms
 
 
 @dataclass
@@ -29,6 +65,7 @@ class ArmRun:
     verify_calls: int | None = None  # unknown for transformers' prompt lookup
     accepted: list[int] = field(default_factory=list)  # tokens emitted by each call
     draft_seconds: float = 0.0
+    drafter_stats: dict | None = None  # row drafters: rows and accepted tokens per strategy
 
 
 @dataclass
@@ -39,22 +76,26 @@ class BenchRecord:
     self_repetition: SelfRepetition  # of the hf-greedy output given the prompt
 
 
-def run_arm(engine: Engine, arm: str, ids: list[int], cfg: DecodeConfig, opts: DrafterOptions, pid: str) -> ArmRun:
-    if arm in HF_ARMS:
-        tokens, seconds = engine.hf_generate(ids, cfg.max_new_tokens, lookup=arm == "hf-prompt-lookup")
-        calls = len(tokens) if arm == "hf-greedy" else None
+def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, tables: NgramTables | None, pid: str) -> ArmRun:
+    if arm.drafter in HF_ARMS:
+        tokens, seconds = engine.hf_generate(ids, cfg.max_new_tokens, lookup=arm.drafter == "hf-prompt-lookup")
+        calls = len(tokens) if arm.drafter == "hf-greedy" else None
         return ArmRun(pid, tokens, seconds, calls, [1] * len(tokens) if calls else [])
-    gen = engine.run(ids, make_drafter(arm, opts), cfg)
+    cap = arm.opts.k * arm.opts.w if arm.drafter in ROW_DRAFTERS else 0
+    arm_cfg = replace(cfg, verify=arm.verify, max_draft_nodes=max(cfg.max_draft_nodes, cap))
+    gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, tables), arm_cfg)
     steps = gen.stats.steps
-    return ArmRun(pid, gen.token_ids, gen.seconds, len(steps), [s.accepted for s in steps], gen.stats.draft_seconds)
+    return ArmRun(
+        pid, gen.token_ids, gen.seconds, len(steps), [s.accepted for s in steps], gen.stats.draft_seconds, gen.drafter_stats
+    )
 
 
 def run_bench(
     engine: Engine,
     prompts: list[Prompt],
-    arms: list[str],
+    arms: list[Arm],
     cfg: DecodeConfig,
-    opts: DrafterOptions,
+    tables: NgramTables | None = None,
     raw: bool = False,
     on_progress: Callable[[str], None] | None = None,
 ) -> list[BenchRecord]:
@@ -64,9 +105,9 @@ def run_bench(
         ids = encode(engine.loaded.tokenizer, prompt.text, raw)
         runs = {}
         for arm in arms:
-            runs[arm] = run_arm(engine, arm, ids, cfg, opts, prompt.id)
+            runs[arm.label] = run_arm(engine, arm, ids, cfg, tables, prompt.id)
             if on_progress:
-                on_progress(arm)
+                on_progress(arm.label)
         reference = runs["hf-greedy"].token_ids
         records.append(BenchRecord(prompt, len(ids), runs, self_repetition(ids, reference)))
     return records

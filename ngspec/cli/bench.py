@@ -10,14 +10,15 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, rows, summarise, to_json
-from ngspec.bench.runner import HF_ARMS, run_bench
+from ngspec.bench.grid import ablation, heatmaps, sweeps
+from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
 from ngspec.cli import render
-from ngspec.cli.common import decode_config, load_engine, sampling_config
+from ngspec.cli.common import decode_config, load_engine, load_tables, rows_options, sampling_config
 from ngspec.cli.options import (
-    DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, LookupNgramOpt, LookupTokensOpt, MaxNewTokensOpt,
-    ModelOpt, NgramNOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, RawOpt, TrieUpdateOpt,
+    DRAFTERS, BigramTableOpt, DeviceOpt, DtypeOpt, JsonOpt, LookupNgramOpt, LookupTokensOpt, MaxNewTokensOpt,
+    ModelOpt, NgramNOpt, NgramQOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, RawOpt, TrieUpdateOpt,
 )
-from ngspec.drafters import DrafterOptions, make_drafter
+from ngspec.drafters import DrafterOptions, check_drafter
 from ngspec.errors import NgspecError
 from ngspec.prompts import load_prompts
 
@@ -38,6 +39,12 @@ def bench_command(
     trie_update: TrieUpdateOpt = DrafterOptions.trie_update,
     lookup_ngram: LookupNgramOpt = DrafterOptions.lookup_ngram,
     lookup_tokens: LookupTokensOpt = DrafterOptions.lookup_tokens,
+    k: Annotated[Optional[str], typer.Option("--k", help="Row drafters: rows per step; a list or range (1,2,4 or 1..8) sweeps a (k, w) grid.", rich_help_panel="Drafter options")] = None,
+    w: Annotated[Optional[str], typer.Option("--w", help="Row drafters: tokens per row; a list or range sweeps.", rich_help_panel="Drafter options")] = None,
+    ngram_q: NgramQOpt = DrafterOptions.ngram_q,
+    bigram_table: BigramTableOpt = None,
+    verify: Annotated[str, typer.Option("--verify", help="tree, rows, or both (every drafter runs in each layout).")] = "tree",
+    plots: Annotated[Path, typer.Option("--plots", help="Directory for the (k, w) heatmaps of a grid sweep.")] = Path("bench-out"),
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the report as Markdown to this file.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
     profile: ProfileOpt = None,
@@ -45,31 +52,58 @@ def bench_command(
 ) -> None:
     """Compare drafters with vanilla decoding and transformers' generate on the same prompts, in one
     process, interleaved: speedup vs hf-greedy, tokens per call, acceptance histogram, drafting
-    share, exact-match rate vs hf-greedy, and the self-repetition ceiling.
+    share, exact-match rate vs hf-greedy, and the self-repetition ceiling. Row drafters can sweep a
+    (k, w) grid (heatmaps of tokens per call and speedup) and report the mixed strategy's ablation.
 
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
     """
+    from ngspec.perf.sweep import parse_values
+
     cfg = decode_config(max_new_tokens, sampling_config(0.0, 1.0, 0, None), None)
-    opts = DrafterOptions(num_draft, ngram_n, prefix_len, trie_update, lookup_ngram, lookup_tokens)
+    opts = DrafterOptions(num_draft, ngram_n, prefix_len, trie_update, lookup_ngram, lookup_tokens, ngram_q=ngram_q)
     for name in drafters:
         if name not in HF_ARMS:
-            make_drafter(name, opts)
-    arms = list(dict.fromkeys(["hf-greedy", "hf-prompt-lookup", "vanilla", *drafters]))
+            check_drafter(name)
+    if verify not in ("tree", "rows", "both"):
+        raise NgspecError(f"--verify must be tree, rows or both (got {verify!r})")
+    layouts = ["tree", "rows"] if verify == "both" else [verify]
+    ks = parse_values(k, "k", 1) if k is not None else None
+    ws = parse_values(w, "w", 1) if w is not None else None
     prompts = load_prompts(questions, category, limit)
     for path in (markdown_out, json_path):
         if path is not None and not path.parent.exists():
             raise NgspecError(f"output directory does not exist: {path.parent}")
     engine = load_engine(model, device, dtype, profile)
+    if ks is None or ws is None:  # unset: the profile's (k, w) at the first prompt's length, else the defaults
+        defaults = rows_options(opts, None, None, engine.profile, 0)
+        ks = ks or [defaults.k]
+        ws = ws or [defaults.w]
+    arms = make_arms(drafters, opts, ks, ws, layouts)
+    tables = load_tables(engine, [a.drafter for a in arms], bigram_table)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * len(arms))
-        records = run_bench(engine, prompts, arms, cfg, opts, raw, lambda arm: progress.advance(task))
+        records = run_bench(engine, prompts, arms, cfg, tables, raw, lambda arm: progress.advance(task))
 
-    summaries = summarise(records, arms)
+    summaries = summarise(records, [a.label for a in arms])
     settings = {"questions": str(questions), "category": category, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
     env = environment(engine, settings)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
+    grids = sweeps(arms, summaries)
+    abl = ablation(arms, records)
+    report["ablation"] = abl
+    report["sweeps"] = [
+        {"drafter": g.drafter, "layout": g.layout, "best_by_speedup": list(g.best("speedup")[0]),
+         "best_by_tokens_per_call": list(g.best("tokens_per_call")[0])}
+        for g in grids
+    ]
+    if grids:
+        plots.mkdir(parents=True, exist_ok=True)
+        report["plots"] = [
+            str(heatmaps(g, f"{g.drafter} [{g.layout}] on {env['model']}, {env['device']}", plots / f"bench-{g.drafter}-{g.layout}.png"))
+            for g in grids
+        ]
     if markdown_out is not None:
         markdown_out.write_text(markdown(summaries, env, ceiling))
     if json_path is not None:
@@ -78,4 +112,24 @@ def bench_command(
         render.json_line(report)
         return
     render.table(f"bench: {len(prompts)} prompts, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}", COLUMNS, rows(summaries))
+    for g in grids:
+        (bk, bw), best = g.best("speedup")
+        (tk, tw), most = g.best("tokens_per_call")
+        render.info(
+            f"{g.drafter} [{g.layout}]: best by wall time k={bk} w={bw} ({best.speedup:.2f}x); "
+            f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})"
+        )
+    if abl:
+        render.table(
+            "row drafters: rows drafted and tokens accepted per strategy; rank of the accepted row",
+            ["arm", "strategy", "rows", "tokens accepted", "per row", "accepted row rank (1 = first)"],
+            [
+                [a["arm"] if i == 0 else "", name, str(v["rows"]), str(v["tokens_accepted"]), f"{v['tokens_per_row']:.3f}",
+                 " ".join(f"{r}:{n}" for r, n in a["accepted_row_rank"].items()) if i == 0 else ""]
+                for a in abl
+                for i, (name, v) in enumerate(a["strategies"].items())
+            ],
+        )
     render.info(f"self-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}; speedup = total throughput vs hf-greedy")
+    if grids:
+        render.info("heatmaps: " + ", ".join(report["plots"]))

@@ -1,0 +1,94 @@
+"""(k, w) sweeps of the row drafters and the mixed strategy's ablation, from bench records.
+
+A sweep is every arm of one drafter and layout at several (k, w): tokens per call and wall-time
+speedup vs hf-greedy per cell, drawn as heatmaps like the learning-free n-gram paper's. The
+ablation sums each arm's drafter statistics: rows drafted and tokens accepted per strategy, and
+the rank of the accepted row among the k.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from ngspec.bench.report import ArmSummary
+from ngspec.bench.runner import Arm, BenchRecord
+
+
+@dataclass
+class Sweep:
+    drafter: str
+    layout: str
+    cells: dict[tuple[int, int], ArmSummary]
+
+    def best(self, key: str) -> tuple[tuple[int, int], ArmSummary]:
+        return max(self.cells.items(), key=lambda item: getattr(item[1], key) or 0.0)
+
+
+def sweeps(arms: list[Arm], summaries: list[ArmSummary]) -> list[Sweep]:
+    """Drafter/layout groups that span more than one (k, w) cell."""
+    by_label = {s.arm: s for s in summaries}
+    groups: dict[tuple[str, str], dict[tuple[int, int], ArmSummary]] = {}
+    for arm in arms:
+        if arm.grid_cell is not None:
+            groups.setdefault((arm.drafter, arm.verify), {})[arm.grid_cell] = by_label[arm.label]
+    return [Sweep(d, layout, cells) for (d, layout), cells in groups.items() if len(cells) > 1]
+
+
+def ablation(arms: list[Arm], records: list[BenchRecord]) -> list[dict]:
+    """Per arm with drafter statistics: per strategy rows drafted and tokens accepted; how often
+    the accepted row was the 1st, 2nd, ... of the k."""
+    out = []
+    for arm in arms:
+        stats = [r.runs[arm.label].drafter_stats for r in records if r.runs[arm.label].drafter_stats]
+        if not stats:
+            continue
+        rows, tokens, rank = Counter(), Counter(), Counter()
+        for s in stats:
+            rows.update(s["rows_allocated"])
+            tokens.update(s["tokens_accepted"])
+            rank.update({int(k): v for k, v in s["accepted_row_rank"].items()})
+        out.append({
+            "arm": arm.label,
+            "strategies": {
+                name: {"rows": rows[name], "tokens_accepted": tokens[name], "tokens_per_row": tokens[name] / rows[name] if rows[name] else 0.0}
+                for name in sorted(rows)
+            },
+            "accepted_row_rank": dict(sorted(rank.items())),
+        })
+    return out
+
+
+def heatmaps(sweep: Sweep, title: str, path: Path) -> Path:
+    """Tokens per call and speedup vs hf-greedy over (k, w), side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ks = sorted({k for k, _ in sweep.cells})
+    ws = sorted({w for _, w in sweep.cells})
+    fig, axes = plt.subplots(1, 2, figsize=(2.0 + 0.9 * len(ws) * 2, 1.6 + 0.45 * len(ks)), layout="constrained")
+    for ax, key, label in ((axes[0], "tokens_per_call", "tokens per call"), (axes[1], "speedup", "speedup vs hf-greedy")):
+        grid = np.full((len(ks), len(ws)), np.nan)
+        for (k, w), s in sweep.cells.items():
+            value = getattr(s, key)
+            if value is not None:
+                grid[ks.index(k), ws.index(w)] = value
+        image = ax.imshow(grid, origin="lower", cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(ws)), [str(w) for w in ws])
+        ax.set_yticks(range(len(ks)), [str(k) for k in ks])
+        ax.set_xlabel("w (tokens per row)")
+        ax.set_ylabel("k (rows)")
+        ax.set_title(label, fontsize=9)
+        for i in range(len(ks)):
+            for j in range(len(ws)):
+                if not np.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7, color="white")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
