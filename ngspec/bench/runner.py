@@ -50,7 +50,7 @@ def make_arms(drafters: list[str], opts: DrafterOptions, ks: list[int], ws: list
                 if name in ROW_DRAFTERS and grid:
                     label += f" k={k} w={w}"
                 if len(layouts) > 1:
-                    label += f" [{layout}]"
+                    label += f" ({layout})"
                 arms.append(Arm(label, name, replace(opts, k=k, w=w), layout))
     return arms
 

@@ -13,7 +13,7 @@ from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, rows
 from ngspec.bench.grid import ablation, heatmaps, sweeps
 from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
 from ngspec.cli import render
-from ngspec.cli.common import decode_config, load_engine, load_tables, rows_options, sampling_config
+from ngspec.cli.common import check_table_option, decode_config, load_engine, load_tables, rows_options, sampling_config
 from ngspec.cli.options import (
     DRAFTERS, BigramTableOpt, DeviceOpt, DtypeOpt, JsonOpt, LookupNgramOpt, LookupTokensOpt, MaxNewTokensOpt,
     ModelOpt, NgramNOpt, NgramQOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, RawOpt, TrieUpdateOpt,
@@ -69,6 +69,7 @@ def bench_command(
     layouts = ["tree", "rows"] if verify == "both" else [verify]
     ks = parse_values(k, "k", 1) if k is not None else None
     ws = parse_values(w, "w", 1) if w is not None else None
+    check_table_option(drafters, bigram_table)
     prompts = load_prompts(questions, category, limit)
     for path in (markdown_out, json_path):
         if path is not None and not path.parent.exists():
@@ -101,7 +102,7 @@ def bench_command(
     if grids:
         plots.mkdir(parents=True, exist_ok=True)
         report["plots"] = [
-            str(heatmaps(g, f"{g.drafter} [{g.layout}] on {env['model']}, {env['device']}", plots / f"bench-{g.drafter}-{g.layout}.png"))
+            str(heatmaps(g, f"{g.drafter} ({g.layout}) on {env['model']}, {env['device']}", plots / f"bench-{g.drafter}-{g.layout}.png"))
             for g in grids
         ]
     if markdown_out is not None:
@@ -116,7 +117,7 @@ def bench_command(
         (bk, bw), best = g.best("speedup")
         (tk, tw), most = g.best("tokens_per_call")
         render.info(
-            f"{g.drafter} [{g.layout}]: best by wall time k={bk} w={bw} ({best.speedup:.2f}x); "
+            f"{g.drafter} ({g.layout}): best by wall time k={bk} w={bw} ({best.speedup:.2f}x); "
             f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})"
         )
     if abl:

@@ -40,14 +40,18 @@ def load_tables(engine: Engine, drafters: list[str], path: Path | None) -> Ngram
 
     from ngspec.cli.render import err_console, info
 
+    check_table_option(drafters, path)
     if not NEEDS_TABLES & set(drafters):
-        if path is not None:
-            raise NgspecError("--bigram-table is only used by the unigram, bigram and mixed drafters")
         return None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:
         task = progress.add_task("building bigram table (once per model)", total=None)
         return engine.ngram_tables(path, lambda done, total: progress.update(task, completed=done, total=total), info)
+
+
+def check_table_option(drafters: list[str], path: Path | None) -> None:
+    if path is not None and not NEEDS_TABLES & set(drafters):
+        raise NgspecError("--bigram-table is only used by the unigram, bigram and mixed drafters")
 
 
 def rows_options(opts: DrafterOptions, k: int | None, w: int | None, profile: DeviceProfile | None, context: int) -> DrafterOptions:

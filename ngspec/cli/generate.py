@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ngspec.cli import render
-from ngspec.cli.common import decode_config, fit_rows, load_engine, load_tables, rows_options, sampling_config
+from ngspec.cli.common import check_table_option, decode_config, fit_rows, load_engine, load_tables, rows_options, sampling_config
 from ngspec.cli.options import (
     DRAFTERS, BigramTableOpt, DeviceOpt, DtypeOpt, JsonOpt, KOpt, LookupNgramOpt, LookupTokensOpt,
     MaxNewTokensOpt, ModelOpt, NgramNOpt, NgramQOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, PromptFileArg,
@@ -101,6 +101,7 @@ def generate_command(
     check_drafter(drafter)  # validate everything before loading anything
     opts = DrafterOptions(num_draft, ngram_n, prefix_len, trie_update, lookup_ngram, lookup_tokens, ngram_q=ngram_q)
     rows_options(opts, k, w, None, 0)  # validates --k/--w
+    check_table_option([drafter], bigram_table)
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
     if check and not cfg.sampling.greedy:
         raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")

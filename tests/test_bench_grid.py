@@ -1,0 +1,77 @@
+"""bench with row drafters: arms per (k, w) and layout, sweeps, heatmaps, the ablation; bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ngspec.bench.runner import make_arms
+from ngspec.cli.app import app
+from ngspec.drafters import DrafterOptions
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_arms_cover_the_grid_for_row_drafters_only():
+    arms = make_arms(["trie", "mixed"], DrafterOptions(), [1, 4], [2], ["tree", "rows"])
+    labels = [a.label for a in arms]
+    assert labels[:3] == ["hf-greedy", "hf-prompt-lookup", "vanilla"]
+    assert "trie (tree)" in labels and "trie (rows)" in labels
+    assert "mixed k=4 w=2 (rows)" in labels and len(labels) == 3 + 2 + 4
+    assert {a.grid_cell for a in arms if a.drafter == "mixed"} == {(1, 2), (4, 2)}
+    single = make_arms(["mixed"], DrafterOptions(k=3, w=5), [3], [5], ["tree"])
+    assert [a.label for a in single][-1] == "mixed"
+
+
+@pytest.mark.slow
+def test_bench_grid_end_to_end(tmp_path):
+    result = invoke("bench", "-q", "examples/prompts.jsonl", "--limit", 1, "-n", 12, "-d", "mixed",
+                    "--k", "1,2", "--w", "2", "--verify", "both", "--plots", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    arms = {a["arm"]: a for a in report["arms"]}
+    assert {"mixed k=1 w=2 (tree)", "mixed k=2 w=2 (rows)"} <= set(arms)
+    assert all(a["exact_match"] == 1.0 for a in arms.values())
+    assert {(s["drafter"], s["layout"]) for s in report["sweeps"]} == {("mixed", "tree"), ("mixed", "rows")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-mixed-rows.png", "bench-mixed-tree.png"]
+    ablation = {a["arm"]: a for a in report["ablation"]}
+    strategies = ablation["mixed k=2 w=2 (tree)"]["strategies"]
+    assert set(strategies) <= {"context", "bigram"} and sum(s["rows"] for s in strategies.values()) > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "-p", "examples/rag_ngspec.txt", "-d", "mixed", "--k", "0"], "--k"),
+        (["generate", "-p", "examples/rag_ngspec.txt", "--verify", "diagonal"], "--verify must be tree or rows"),
+        (["bench", "-q", "examples/prompts.jsonl", "-d", "mixed", "--w", "3..1"], "inverted range"),
+        (["bench", "-q", "examples/prompts.jsonl", "--verify", "all"], "--verify must be tree, rows or both"),
+    ],
+)
+def test_bad_row_options_fail_cleanly(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 1
+    assert message in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_foreign_or_damaged_bigram_table_is_refused(tmp_path):
+    from ngspec.drafters.ngram_tables import NgramTables, extend, save_tables
+    import numpy as np
+
+    bigram = np.zeros((49152, 2), dtype=np.int64)
+    path = tmp_path / "other.npz"
+    save_tables(NgramTables("someone-else", np.arange(4), bigram, extend(bigram, 2)), path, "other-model")
+    result = invoke("generate", "-p", "examples/rag_ngspec.txt", "-d", "bigram", "-n", 4, "--bigram-table", path)
+    assert result.exit_code == 1 and "built for another model (other-model" in result.output
+    path.write_bytes(b"garbage")
+    result = invoke("generate", "-p", "examples/rag_ngspec.txt", "-d", "bigram", "-n", 4, "--bigram-table", path)
+    assert result.exit_code == 1 and "damaged n-gram table" in result.output
+    result = invoke("generate", "-p", "examples/rag_ngspec.txt", "-d", "trie", "-n", 4, "--bigram-table", path)
+    assert result.exit_code == 1 and "only used by the unigram, bigram and mixed" in result.output
