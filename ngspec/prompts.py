@@ -50,8 +50,11 @@ def _record_prompt(record: object, where: str) -> Prompt:
     return Prompt(str(rid) if rid is not None else where, text, category if isinstance(category, str) else None)
 
 
-def load_prompts(path: Path, category: str | None = None, limit: int | None = None) -> list[Prompt]:
-    """Read a .txt or .jsonl prompt file, optionally keeping one category and the first ``limit``."""
+def load_prompts(
+    path: Path, category: str | None = None, limit: int | None = None, per_category: int | None = None
+) -> list[Prompt]:
+    """Read a .txt or .jsonl prompt file, optionally keeping one category, the first
+    ``per_category`` of every category, and then the first ``limit``."""
     path = Path(path)
     text = _read_text(path)
     if path.suffix != ".jsonl":
@@ -71,6 +74,16 @@ def load_prompts(path: Path, category: str | None = None, limit: int | None = No
         prompts = [p for p in prompts if p.category == category]
         if not prompts:
             raise NgspecError(f"no prompts of category {category!r} in {path}; categories: {', '.join(known) or 'none'}")
+    if per_category is not None:
+        if per_category < 1:
+            raise NgspecError("--per-category must be at least 1")
+        seen: dict[str | None, int] = {}
+        kept = []
+        for p in prompts:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] <= per_category:
+                kept.append(p)
+        prompts = kept
     if limit is not None:
         if limit < 1:
             raise NgspecError("--limit must be at least 1")

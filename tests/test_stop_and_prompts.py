@@ -63,3 +63,15 @@ def test_missing_file_and_unknown_category(tmp_path):
     jl.write_text('{"turns": ["x"], "category": "qa"}\n')
     with pytest.raises(NgspecError, match="categories: qa"):
         load_prompts(jl, category="rag")
+
+
+def test_per_category_keeps_the_first_of_each(tmp_path):
+    import json as _json
+
+    from ngspec.prompts import load_prompts as _load
+
+    path = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": c, "turns": [f"q{i}"]} for i, c in enumerate("aabbbca")]
+    path.write_text("\n".join(_json.dumps(r) for r in rows))
+    assert [p.id for p in _load(path, per_category=1)] == ["0", "2", "5"]
+    assert [p.id for p in _load(path, per_category=2, limit=3)] == ["0", "1", "2"]

@@ -27,7 +27,8 @@ def bench_command(
     questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns'; the first turn is used).")],
     drafters: Annotated[list[str], typer.Option("--drafter", "-d", help=f"Drafter to compare (repeatable); one of: {DRAFTERS}.")] = ["trie", "prompt-lookup"],
     category: Annotated[Optional[str], typer.Option(help="Keep only this category (e.g. rag, summarization).")] = None,
-    limit: Annotated[Optional[int], typer.Option(help="Use the first N questions (after --category).")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Use the first N questions (after --category and --per-category).")] = None,
+    per_category: Annotated[Optional[int], typer.Option("--per-category", help="Use the first N questions of every category (a spread over MT-bench's eight).")] = None,
     model: ModelOpt = "default",
     max_new_tokens: MaxNewTokensOpt = 256,
     device: DeviceOpt = "auto",
@@ -70,7 +71,7 @@ def bench_command(
     ks = parse_values(k, "k", 1) if k is not None else None
     ws = parse_values(w, "w", 1) if w is not None else None
     check_table_option(drafters, bigram_table)
-    prompts = load_prompts(questions, category, limit)
+    prompts = load_prompts(questions, category, limit, per_category)
     for path in (markdown_out, json_path):
         if path is not None and not path.parent.exists():
             raise NgspecError(f"output directory does not exist: {path.parent}")
@@ -87,7 +88,7 @@ def bench_command(
         records = run_bench(engine, prompts, arms, cfg, tables, raw, lambda arm: progress.advance(task))
 
     summaries = summarise(records, [a.label for a in arms])
-    settings = {"questions": str(questions), "category": category, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+    settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
     env = environment(engine, settings)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
