@@ -59,6 +59,10 @@ def main() -> None:
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     print(f"build: {meta['tokens']:,} tokens in {seconds:.1f} s wall (process incl. imports and tokenizer load); "
           f"peak RSS {peak / 2**20:.0f} MiB = {peak / meta['tokens']:.1f} bytes/token", flush=True)
+    before, own_peak = meta["rss_before_data_bytes"], meta["peak_rss_bytes"]
+    stored = meta["tokens"] + meta["documents"]  # separators included
+    print(f"memory: {before / 2**20:.0f} MiB before reading data (Python, torch via transformers, datasets, "
+          f"tokenizer) + {(own_peak - before) / stored:.1f} bytes/token for the data", flush=True)
 
     from ngspec.datastore.index import Datastore
     from ngspec.metrics.self_repetition import self_repetition

@@ -55,6 +55,7 @@ def build_datastore_command(
     out = out or _default_out(corpus)
     spec = tokenizer or model
     tok = load_tokenizer(spec)
+    rss_before = _rss_bytes()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} records"), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
         task = progress.add_task("tokenising", total=max_records)
         meta = build_datastore(
@@ -62,13 +63,25 @@ def build_datastore_command(
             on_batch=lambda n: progress.advance(task, n),
             on_stage=lambda label: progress.update(task, description=label),
         )
-    _show(Path(out), meta, json_out)
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    memory = {"rss_before_data_bytes": rss_before, "peak_rss_bytes": peak}
+    _show(Path(out), meta, json_out, memory)
 
 
-def _show(path: Path, meta, json_out: bool) -> None:
+def _rss_bytes() -> int:
+    """Resident memory of this process now (Linux), or 0 where unknown."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _show(path: Path, meta, json_out: bool, memory: dict | None = None) -> None:
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     if json_out:
-        render.json_line({"path": str(path), "bytes_on_disk": size, **asdict(meta)})
+        render.json_line({"path": str(path), "bytes_on_disk": size, **asdict(meta), **(memory or {})})
         return
     render.summary_table(
         f"datastore {path}",
@@ -82,8 +95,17 @@ def _show(path: Path, meta, json_out: bool) -> None:
             ("size on disk", f"{size / 2**20:.1f} MiB"),
             ("built", f"{meta.created} in {meta.build_seconds:.1f} s"),
             ("options", ", ".join(f"{k}={v}" for k, v in meta.build_options.items())),
+            *_memory_rows(memory, meta.tokens + meta.documents),
         ],
     )
+
+
+def _memory_rows(memory: dict | None, tokens: int) -> list[tuple[str, str]]:
+    if not memory or not memory["rss_before_data_bytes"] or not tokens:
+        return []
+    before, peak = memory["rss_before_data_bytes"], memory["peak_rss_bytes"]
+    return [("peak memory", f"{peak / 2**20:.0f} MiB: {before / 2**20:.0f} MiB before reading data "
+             f"(Python, libraries, tokenizer) + {(peak - before) / tokens:.1f} bytes/token")]
 
 
 def datastore_info_command(

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
-import pydivsufsort
 
 from ngspec.datastore.corpus import FORMATS, detect_format, documents, iter_records
 from ngspec.datastore.format import (
     DatastoreMeta, pack_documents, token_dtype, tokenizer_fingerprint, write_datastore,
 )
+from ngspec.datastore.suffix import suffix_array
 from ngspec.errors import NgspecError
 from ngspec.staging import staged_directory
 
@@ -85,7 +85,7 @@ def build_datastore(
     tokens, n_records, n_docs, fmt = tokenize_corpus(records, tokenizer, opts, on_batch)
     if on_stage:
         on_stage(f"suffix sort of {len(tokens):,} tokens")
-    sa = pydivsufsort.divsufsort(tokens)
+    sa = suffix_array(tokens)
     meta = DatastoreMeta(
         tokenizer_name=tokenizer_name,
         tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import pydivsufsort
 
 from ngspec.datastore.format import (
     DatastoreMeta, load_arrays, pack_documents, read_meta, token_dtype, tokenizer_fingerprint,
 )
+from ngspec.datastore.suffix import suffix_array
 from ngspec.errors import NgspecError
 
 
@@ -47,7 +47,7 @@ class Datastore:
         """An in-memory datastore of token-id documents (e.g. a holdout set)."""
         dtype = token_dtype(vocab_size)
         tokens = pack_documents(docs, dtype)
-        sa = pydivsufsort.divsufsort(tokens) if len(tokens) else np.zeros(0, dtype=np.int32)
+        sa = suffix_array(tokens)
         meta = DatastoreMeta(
             tokenizer_name="", tokenizer_fingerprint="", vocab_size=vocab_size, source=source,
             records=len(docs), documents=len(docs), tokens=len(tokens) - len(docs),
