@@ -8,7 +8,7 @@ touch the KV cache, and the verifier never knows which drafter produced a tree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,10 @@ class DraftContext:
     prompt_len: int
     max_nodes: int
     verify_cost: tuple[float, ...] = ()
+    # for drafters that declare ``needs_features = True`` (EAGLE): the target's last hidden states
+    # of the positions committed since the previous call, ``[m, hidden]``; they are positions
+    # ``len(tokens) - 1 - m .. len(tokens) - 2`` (the root, ``tokens[-1]``, is not committed yet)
+    features: Any = None
 
     def cost(self, size: int) -> float:
         """Relative cost of verifying ``size`` nodes (1.0 everywhere when nothing was measured)."""

@@ -111,6 +111,7 @@ def generate(
     stats = RunStats()
 
     start = time.perf_counter()
+    target.keep_features = bool(getattr(drafter, "needs_features", False))
     root = _first_token(target.prefill(prompt), cfg.sampling, gen)
     out, reason = stopper.cut([], [root])
     stats.steps.append(StepStats(tree_size=0, accepted=len(out), draft_seconds=0.0))  # the prefill
@@ -125,7 +126,8 @@ def generate(
             reason = "length" if budget <= 0 else "context"
             break
         t0 = time.perf_counter()
-        ctx = DraftContext(prompt + out, len(prompt), min(cfg.max_draft_nodes, window), target.verify_cost())
+        features = target.take_features() if target.keep_features else None
+        ctx = DraftContext(prompt + out, len(prompt), min(cfg.max_draft_nodes, window), target.verify_cost(), features)
         tree = drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=budget - 1)
         draft_s = time.perf_counter() - t0
 

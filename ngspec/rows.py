@@ -105,9 +105,10 @@ def shared_prefix_attention_enabled(model: PreTrainedModel) -> Iterator[None]:
         config._attn_implementation = saved
 
 
-def forward_rows(model: PreTrainedModel, prefix: Cache, ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, RowBlockCache]:
-    """Logits ``[k, t, vocab]`` of k rows of t tokens ``ids`` that all continue ``prefix`` (a
-    batch-1 cache, left unchanged), and the rows' own keys and values."""
+def forward_rows(model: PreTrainedModel, prefix: Cache, ids: torch.Tensor, **kwargs):
+    """The model's output (logits ``[k, t, vocab]``, hidden states if asked) for k rows of t
+    tokens ``ids`` that all continue ``prefix`` (a batch-1 cache, left unchanged), and the rows'
+    own keys and values."""
     rows, width = ids.shape
     start = prefix.get_seq_length()
     positions = (start + torch.arange(width, device=ids.device)).expand(rows, -1)
@@ -124,7 +125,7 @@ def forward_rows(model: PreTrainedModel, prefix: Cache, ids: torch.Tensor, **kwa
             shared_prefix=prefix,
             **kwargs,
         )
-    return out.logits, block
+    return out, block
 
 
 def full_attention_only(model: PreTrainedModel) -> bool:

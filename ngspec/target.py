@@ -34,6 +34,10 @@ class TargetModel:
         self.cache: DynamicCache | None = None
         self._row_block: RowBlockCache | None = None
         self._rows_paths: list[list[int]] | None = None  # set while a tree verified as rows awaits commit
+        self.keep_features = False  # also keep last hidden states of committed positions (EAGLE)
+        self._pending: list[torch.Tensor] = []
+        self._block_hidden: torch.Tensor | None = None
+        self._rows_hidden: torch.Tensor | None = None
         self.length = 0  # committed tokens in the cache
         # context length -> relative cost of verifying a tree of each size (index = nodes); a table
         # applies from its context length up to the next one; empty = not measured
@@ -51,10 +55,21 @@ class TargetModel:
         below = [c for c in self.cost_tables if c <= context]
         return self.cost_tables[max(below) if below else min(self.cost_tables)]
 
+    def take_features(self) -> torch.Tensor | None:
+        """Last hidden states (the LM head's input) of the positions committed since the previous
+        call, ``[m, hidden]`` (only kept when ``keep_features`` is set, for EAGLE drafters)."""
+        if not self._pending:
+            return None
+        features = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending = []
+        return features
+
     def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
         out = self.model(
-            input_ids=ids.to(self.device), past_key_values=self.cache, use_cache=True, **kwargs
+            input_ids=ids.to(self.device), past_key_values=self.cache, use_cache=True,
+            output_hidden_states=self.keep_features, **kwargs,
         )
+        self._block_hidden = out.hidden_states[-1][0] if self.keep_features else None
         return out.logits[0]
 
     @torch.inference_mode()
@@ -64,6 +79,7 @@ class TargetModel:
         self._row_block, self._rows_paths = None, None
         ids = torch.tensor([list(prompt)], dtype=torch.long)
         logits = self._forward(ids, logits_to_keep=1)
+        self._pending = [self._block_hidden] if self.keep_features else []
         self.length = len(prompt)
         return logits[-1]
 
@@ -104,7 +120,10 @@ class TargetModel:
             self._rows_paths = None
             self.commit_row(row, len(path))
             return
-        keep_block(self.cache, self.length, [0, *(i + 1 for i in path)])
+        keep = [0, *(i + 1 for i in path)]
+        keep_block(self.cache, self.length, keep)
+        if self.keep_features:
+            self._pending.append(self._block_hidden[keep])
         self.length += 1 + len(path)
 
     @torch.inference_mode()
@@ -116,8 +135,9 @@ class TargetModel:
             raise NgspecError("row verification needs a model whose layers all use full attention; use tree verification")
         width = max((len(r) for r in rows), default=0)
         ids = torch.tensor([[root, *r, *[root] * (width - len(r))] for r in rows], dtype=torch.long)
-        logits, self._row_block = forward_rows(self.model, self.cache, ids.to(self.device))
-        return logits
+        out, self._row_block = forward_rows(self.model, self.cache, ids.to(self.device), output_hidden_states=self.keep_features)
+        self._rows_hidden = out.hidden_states[-1] if self.keep_features else None
+        return out.logits
 
     @torch.inference_mode()
     def commit_row(self, row: int, accepted: int) -> None:
@@ -125,6 +145,8 @@ class TargetModel:
         assert self._row_block is not None, "verify_rows first"
         for layer, block in zip(self.cache.layers, self._row_block.layers):
             layer.update(block.keys[row : row + 1, :, : accepted + 1], block.values[row : row + 1, :, : accepted + 1])
+        if self.keep_features:
+            self._pending.append(self._rows_hidden[row, : accepted + 1])
         self.length += 1 + accepted
         self._row_block = None
 

@@ -4,11 +4,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import hf_greedy
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
+from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.drafters.ngram_tables import cached_tables, table_anchor
+from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 from ngspec.engine import eos_ids
 from ngspec.prompts import encode
 from ngspec.target import TargetModel
@@ -33,6 +36,16 @@ def default_tables(default_model):
 
 
 @pytest.fixture(scope="module")
+def default_eagle(default_model):
+    """An untrained head started from the model's last layer: real drafts, some accepted."""
+    model = default_model.model
+    torch.manual_seed(0)
+    head = EagleHead(head_config_for(model))
+    init_from_target(head, model)
+    return eagle_factory(model, head.eval(), EagleOptions())
+
+
+@pytest.fixture(scope="module")
 def expected_outputs(default_model):
     eos = eos_ids(default_model)
     out = []
@@ -45,11 +58,11 @@ def expected_outputs(default_model):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["tree", "rows"])
 @pytest.mark.parametrize("drafter", list(REGISTRY))
-def test_default_model_lossless(default_model, default_tables, expected_outputs, drafter, layout):
+def test_default_model_lossless(default_model, default_tables, default_eagle, expected_outputs, drafter, layout):
     target = TargetModel(default_model.model)
     eos = eos_ids(default_model)
     opts = DrafterOptions(trie_update=True, k=6, w=5)
     for ids, expected in expected_outputs:
         cfg = DecodeConfig(max_new_tokens=64, eos_ids=eos, verify=layout)
-        got = generate(target, make_drafter(drafter, opts, default_tables), ids, cfg)
+        got = generate(target, make_drafter(drafter, opts, default_tables, default_eagle), ids, cfg)
         assert got.token_ids == expected

@@ -3,11 +3,14 @@
 import random
 
 import pytest
+import torch
 
 from conftest import OracleDrafter, hf_greedy, repetitive_prompt
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
+from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.drafters.ngram_tables import build_tables
+from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 from ngspec.target import TargetModel
 
 VOCAB = 96
@@ -21,10 +24,19 @@ def tiny_tables(tiny):
     return build_tables(tiny, [1], batch_size=48)
 
 
+@pytest.fixture(scope="session")
+def tiny_eagle(tiny):
+    """An untrained head started from the model's last layer (what train-eagle starts from)."""
+    torch.manual_seed(0)
+    head = EagleHead(head_config_for(tiny))
+    init_from_target(head, tiny)
+    return eagle_factory(tiny, head.eval(), EagleOptions(top_k=4, depth=4, total_tokens=16))
+
+
 @pytest.mark.parametrize("layout", ["tree", "rows"])
 @pytest.mark.parametrize("cost", [(), STEEP_COST], ids=["flat-cost", "steep-cost"])
 @pytest.mark.parametrize("drafter", list(REGISTRY))
-def test_drafters_match_plain_greedy(tiny, tiny_tables, drafter, cost, layout):
+def test_drafters_match_plain_greedy(tiny, tiny_tables, tiny_eagle, drafter, cost, layout):
     rng = random.Random(1)
     target = TargetModel(tiny)
     target.cost_tables = {0: cost}
@@ -37,7 +49,7 @@ def test_drafters_match_plain_greedy(tiny, tiny_tables, drafter, cost, layout):
         expected = hf_greedy(tiny, prompt, 40)
         opts = options[case % 2]
         cfg = DecodeConfig(max_new_tokens=40, verify=layout)
-        got = generate(target, make_drafter(drafter, opts, tiny_tables), prompt, cfg)
+        got = generate(target, make_drafter(drafter, opts, tiny_tables, tiny_eagle), prompt, cfg)
         assert got.token_ids == expected, f"{drafter} case {case}"
         assert sum(s.accepted for s in got.stats.steps) == len(got.token_ids)
 

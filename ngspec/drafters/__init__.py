@@ -9,6 +9,7 @@ from ngspec.contracts import Drafter
 from ngspec.errors import NgspecError
 
 if TYPE_CHECKING:
+    from ngspec.drafters.eagle import EagleDrafter
     from ngspec.drafters.ngram_tables import NgramTables
 
 
@@ -45,22 +46,28 @@ class DrafterOptions:
             )
 
 
-Tables = Optional["NgramTables"]
+@dataclass(frozen=True)
+class Resources:
+    """What some drafters need beyond options: the model's n-gram tables (unigram, bigram,
+    mixed) and a ready EAGLE drafter factory (eagle)."""
+
+    tables: Optional["NgramTables"] = None
+    eagle: Optional[Callable[[], "EagleDrafter"]] = None
 
 
-def _vanilla(opts: DrafterOptions, tables: Tables) -> Drafter:
+def _vanilla(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.vanilla import VanillaDrafter
 
     return VanillaDrafter()
 
 
-def _prompt_lookup(opts: DrafterOptions, tables: Tables) -> Drafter:
+def _prompt_lookup(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.prompt_lookup import PromptLookupDrafter
 
     return PromptLookupDrafter(max_ngram=opts.lookup_ngram, num_tokens=opts.lookup_tokens)
 
 
-def _trie(opts: DrafterOptions, tables: Tables) -> Drafter:
+def _trie(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.trie import TrieDrafter
 
     return TrieDrafter(
@@ -71,31 +78,35 @@ def _trie(opts: DrafterOptions, tables: Tables) -> Drafter:
     )
 
 
-def _context_ngram(opts: DrafterOptions, tables: Tables) -> Drafter:
+def _context_ngram(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.context_ngram import ContextNgramDrafter
 
     return ContextNgramDrafter(opts.k, opts.w, opts.ngram_q)
 
 
-def _unigram(opts: DrafterOptions, tables: Tables) -> Drafter:
+def _unigram(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.model_ngram import UnigramDrafter
 
-    return UnigramDrafter(opts.k, opts.w, tables)
+    return UnigramDrafter(opts.k, opts.w, res.tables)
 
 
-def _bigram(opts: DrafterOptions, tables: Tables) -> Drafter:
+def _bigram(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.model_ngram import BigramDrafter
 
-    return BigramDrafter(opts.k, opts.w, tables)
+    return BigramDrafter(opts.k, opts.w, res.tables)
 
 
-def _mixed(opts: DrafterOptions, tables: Tables) -> Drafter:
+def _mixed(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.mixed import MixedDrafter
 
-    return MixedDrafter(opts.k, opts.w, tables, opts.ngram_q)
+    return MixedDrafter(opts.k, opts.w, res.tables, opts.ngram_q)
 
 
-REGISTRY: dict[str, Callable[[DrafterOptions, Tables], Drafter]] = {
+def _eagle(opts: DrafterOptions, res: Resources) -> Drafter:
+    return res.eagle()
+
+
+REGISTRY: dict[str, Callable[[DrafterOptions, Resources], Drafter]] = {
     "vanilla": _vanilla,
     "prompt-lookup": _prompt_lookup,
     "trie": _trie,
@@ -103,8 +114,10 @@ REGISTRY: dict[str, Callable[[DrafterOptions, Tables], Drafter]] = {
     "unigram": _unigram,
     "bigram": _bigram,
     "mixed": _mixed,
+    "eagle": _eagle,
 }
 NEEDS_TABLES = frozenset({"unigram", "bigram", "mixed"})  # model-derived tables (`build-bigram`)
+NEEDS_HEAD = frozenset({"eagle"})  # an EAGLE draft head (--eagle-head)
 ROW_DRAFTERS = frozenset({"context-ngram", "unigram", "bigram", "mixed"})  # sized by --k and --w
 
 
@@ -113,9 +126,14 @@ def check_drafter(name: str) -> None:
         raise NgspecError(f"unknown drafter {name!r}; choose one of: {', '.join(REGISTRY)}")
 
 
-def make_drafter(name: str, opts: DrafterOptions | None = None, tables: Tables = None) -> Drafter:
-    """A fresh drafter; ``tables`` (from `ngram_tables.cached_tables`) for the model-derived ones."""
+def make_drafter(
+    name: str, opts: DrafterOptions | None = None, tables: "NgramTables | None" = None, eagle: Callable | None = None
+) -> Drafter:
+    """A fresh drafter; ``tables`` (from `ngram_tables.cached_tables`) for the model-derived ones,
+    ``eagle`` (a factory holding a loaded head) for eagle."""
     check_drafter(name)
     if name in NEEDS_TABLES and tables is None:
         raise NgspecError(f"the {name} drafter needs the model's n-gram tables")
-    return REGISTRY[name](opts or DrafterOptions(), tables)
+    if name in NEEDS_HEAD and eagle is None:
+        raise NgspecError(f"the {name} drafter needs an EAGLE head (--eagle-head DIR; `ngspec train-eagle` makes one)")
+    return REGISTRY[name](opts or DrafterOptions(), Resources(tables, eagle))

@@ -120,7 +120,7 @@ def bigram_topk(
     for start in range(0, vocab, batch_size):
         ids = torch.arange(start, min(start + batch_size, vocab), device=device)[:, None]
         if prefix is not None:
-            logits = forward_rows(model, prefix, ids)[0][:, -1]
+            logits = forward_rows(model, prefix, ids)[0].logits[:, -1]
         else:
             if anchor:
                 ids = torch.cat([torch.tensor([list(anchor)], device=device).expand(len(ids), -1), ids], dim=1)

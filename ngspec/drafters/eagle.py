@@ -1,0 +1,218 @@
+"""`eagle`: draft trees from an EAGLE-1 head, static (EAGLE-1 choices) or dynamic (EAGLE-2).
+
+The head keeps its own KV cache of the accepted context: each step it first consumes the pairs
+(target feature at position i, token at i + 1) of the newly committed positions, which predicts
+the feature at the root and so the root's children. Deeper nodes are expanded layer by layer:
+a node's pair is (its parent's predicted feature, its own token), attending to the cache and its
+ancestors' entries through a tree mask. After drafting, the tree's entries are dropped from the
+head's cache (a length change).
+
+* dynamic (EAGLE-2): at each depth the ``top_k`` highest-scoring nodes (score = sum of log-probs
+  along the path) are expanded into ``top_k`` children each; at the end the ``total_tokens``
+  best-scoring nodes form the tree (prefix-closed, since a child never scores above its parent).
+* static (EAGLE-1): a fixed list of choice paths (``[0]``, ``[0, 1]``, ... = ranks of the
+  children at each depth) picks the same positions of the head's top-k every step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ngspec.contracts import DraftContext, DraftTree
+from ngspec.eagle.head import EagleHead
+from ngspec.errors import NgspecError
+from ngspec.kv import make_cache, truncate
+
+# a small EAGLE-1-style static tree: ranks of children along each path
+DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,), (3,),
+    (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
+    (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 0, 0),
+)
+
+
+def read_choices(path: Path) -> tuple[tuple[int, ...], ...]:
+    """A static tree file: a JSON list of paths of child ranks, e.g. ``[[0], [1], [0, 0]]``;
+    every path's parent path must be listed too."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        choices = tuple(tuple(int(r) for r in p) for p in raw)
+    except FileNotFoundError:
+        raise NgspecError(f"no tree-choices file at {path}") from None
+    except (json.JSONDecodeError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise NgspecError(f"{path}: expected a JSON list of lists of child ranks ({exc})") from None
+    return check_choices(choices, str(path))
+
+
+def check_choices(choices: Sequence[tuple[int, ...]], where: str = "tree choices") -> tuple[tuple[int, ...], ...]:
+    seen = set(choices)
+    for p in choices:
+        if not p or any(r < 0 for r in p):
+            raise NgspecError(f"{where}: paths must be non-empty lists of ranks >= 0 (got {list(p)})")
+        if len(p) > 1 and p[:-1] not in seen:
+            raise NgspecError(f"{where}: path {list(p)} is listed without its parent {list(p[:-1])}")
+    return tuple(sorted(seen, key=lambda p: (len(p), p)))
+
+
+@dataclass(frozen=True)
+class EagleOptions:
+    tree: str = "dynamic"  # dynamic (EAGLE-2) or static (EAGLE-1 choices)
+    top_k: int = 8
+    depth: int = 5
+    total_tokens: int = 32
+    choices: tuple[tuple[int, ...], ...] = DEFAULT_CHOICES
+
+    def __post_init__(self) -> None:
+        if self.tree not in ("dynamic", "static"):
+            raise NgspecError(f"--tree must be dynamic or static (got {self.tree!r})")
+        if self.top_k < 1 or self.depth < 1 or self.total_tokens < 1:
+            raise NgspecError("--tree-top-k, --tree-depth and --total-tokens must be at least 1")
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # index into the node list, -1 = the root
+    depth: int
+    score: float
+    cache_slot: int = -1  # position of this node's entry in the head cache once expanded
+
+
+class EagleDrafter:
+    name = "eagle"
+    needs_features = True
+
+    def __init__(self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, opts: EagleOptions) -> None:
+        self.head, self.embed, self.lm_head, self.opts = head, embed, lm_head, opts
+        self.param = next(head.parameters())
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.cache = make_cache(self.head.config, capacity=len(prompt) + 512)
+        self.length = 0  # committed pairs in the head cache
+
+    def observe(self, new_tokens: Sequence[int]) -> None:
+        pass
+
+    def _mask(self, visible: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(visible.shape, dtype=self.param.dtype, device=self.param.device)
+        mask.masked_fill_(~visible.to(self.param.device), torch.finfo(self.param.dtype).min)
+        return mask[None, None]
+
+    def _run(self, tokens: list[int], features: torch.Tensor, positions: list[int], visible: torch.Tensor) -> torch.Tensor:
+        dev = self.param.device
+        ids = torch.tensor([tokens], device=dev)
+        out = self.head(
+            self.embed(ids).to(self.param.dtype),
+            features[None].to(self.param.dtype),
+            torch.tensor([positions], device=dev),
+            self._mask(visible),
+            self.cache,
+        )
+        return out[0]
+
+    def _consume(self, ctx: DraftContext) -> torch.Tensor:
+        """Append the newly committed pairs; the head's prediction of the root's feature."""
+        feats = ctx.features
+        if feats is None or len(feats) == 0:
+            raise NgspecError("the eagle drafter needs the target's features (the engine did not pass them)")
+        start = len(ctx.tokens) - 1 - len(feats)
+        assert start == self.length, "the head cache and the committed context went out of step"
+        m = len(feats)
+        visible = torch.ones(m, self.length + m, dtype=torch.bool)
+        visible[:, self.length :] = torch.ones(m, m, dtype=torch.bool).tril()
+        out = self._run(list(ctx.tokens[start + 1 : start + 1 + m]), feats, list(range(start, start + m)), visible)
+        self.length += m
+        return out[-1]
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        root_feature = self._consume(ctx)
+        base = self.length  # head cache length before the tree
+        nodes: list[_Node] = []
+        outputs: dict[int, torch.Tensor] = {-1: root_feature}  # node -> predicted feature below it
+
+        def children(parent: int, k: int) -> list[tuple[int, float]]:
+            logp = torch.log_softmax(self.lm_head(outputs[parent]).float(), dim=-1)
+            top = torch.topk(logp, k)
+            return list(zip(top.indices.tolist(), top.values.tolist()))
+
+        def expand(batch: list[int]) -> None:
+            """Run the head on these nodes' pairs, recording each one's predicted feature."""
+            if not batch:
+                return
+            for i, n in enumerate(batch):
+                nodes[n].cache_slot = self.cache.get_seq_length() + i
+            total = self.cache.get_seq_length() + len(batch)
+            visible = torch.zeros(len(batch), total, dtype=torch.bool)
+            visible[:, :base] = True
+            for row, n in enumerate(batch):
+                a = n
+                while a != -1:
+                    if nodes[a].cache_slot >= 0:
+                        visible[row, nodes[a].cache_slot] = True
+                    a = nodes[a].parent
+            feats = torch.stack([outputs[nodes[n].parent] for n in batch])
+            positions = [base + nodes[n].depth - 1 for n in batch]
+            out = self._run([nodes[n].token for n in batch], feats, positions, visible)
+            for row, n in enumerate(batch):
+                outputs[n] = out[row]
+
+        if self.opts.tree == "dynamic":
+            layer = []
+            for tok, lp in children(-1, self.opts.top_k):
+                nodes.append(_Node(tok, -1, 1, lp))
+                layer.append(len(nodes) - 1)
+            for depth in range(2, self.opts.depth + 1):
+                chosen = sorted(layer, key=lambda n: -nodes[n].score)[: self.opts.top_k]
+                expand(chosen)
+                layer = []
+                for n in chosen:
+                    for tok, lp in children(n, self.opts.top_k):
+                        nodes.append(_Node(tok, n, depth, nodes[n].score + lp))
+                        layer.append(len(nodes) - 1)
+            order = sorted(range(len(nodes)), key=lambda n: (-nodes[n].score, nodes[n].depth, n))
+            keep = set(order[: min(self.opts.total_tokens, ctx.max_nodes)])
+        else:
+            by_path: dict[tuple[int, ...], int] = {(): -1}
+            for depth in range(1, max(len(p) for p in self.opts.choices) + 1):
+                level = [p for p in self.opts.choices if len(p) == depth]
+                prefixes = sorted({p[:-1] for p in level})
+                expand([by_path[q] for q in prefixes if q])  # the root's feature is already known
+                for prefix in prefixes:
+                    parent = by_path[prefix]
+                    ranks = sorted(p[-1] for p in level if p[:-1] == prefix)
+                    kids = children(parent, max(ranks) + 1)
+                    for r in ranks:
+                        tok, lp = kids[r]
+                        score = lp + (nodes[parent].score if parent >= 0 else 0.0)
+                        nodes.append(_Node(tok, parent, depth, score))
+                        by_path[prefix + (r,)] = len(nodes) - 1
+            keep = set(range(min(len(nodes), ctx.max_nodes)))  # created by depth: prefix-closed
+        truncate(self.cache, base)  # drop the tree's entries from the head cache
+        return _tree(nodes, keep)
+
+
+def _tree(nodes: list[_Node], keep: set[int]) -> DraftTree:
+    """The kept nodes (parents before children) as a DraftTree."""
+    order = sorted(keep, key=lambda n: (nodes[n].depth, n))
+    index = {n: i for i, n in enumerate(order)}
+    tokens, parents = [], []
+    for n in order:
+        p = nodes[n].parent
+        assert p == -1 or p in index, "kept nodes must be prefix-closed"
+        tokens.append(nodes[n].token)
+        parents.append(index[p] if p != -1 else -1)
+    return DraftTree(tuple(tokens), tuple(parents))
+
+
+def eagle_factory(target_model, head: EagleHead, opts: EagleOptions):
+    """A drafter factory over one loaded head and the target's embedding and LM head."""
+    embed = target_model.get_input_embeddings()
+    lm_head = target_model.get_output_embeddings()
+    return lambda: EagleDrafter(head, embed, lm_head, opts)

@@ -1,0 +1,1 @@
+"""EAGLE draft heads: the model, loading/saving in the public layout, training."""

@@ -1,0 +1,182 @@
+"""The EAGLE-1 draft head, and reading and writing it in the public checkpoint layout.
+
+Architecture (EAGLE-1): the input at position i is ``fc([embed(x_{i+1}); f_i])`` where ``f_i`` is
+the target's last hidden state (after its final norm, the input of its LM head) at position i and
+``x_{i+1}`` the token that followed; one Llama decoder layer without its input norm turns it into a
+prediction of ``f_{i+1}``, and the target's own LM head turns that into next-token logits. The
+embedding and LM head are the target's (frozen, not stored with the head).
+
+Public layout: a directory with ``config.json`` (a Llama config of the head: hidden size,
+intermediate size, heads, vocabulary, ``bias`` for fc) and ``model.safetensors`` or
+``pytorch_model.bin`` holding ``fc.weight``, ``fc.bias``, ``layers.0.self_attn.{q,k,v,o}_proj.weight``,
+``layers.0.mlp.{gate,up,down}_proj.weight`` and ``layers.0.post_attention_layernorm.weight``
+(an ``embed_tokens.weight`` entry, present in some checkpoints, is ignored).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from ngspec.errors import NgspecError
+
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+class EagleHead(nn.Module):
+    """fc over [token embedding; target feature] -> one decoder layer -> predicted next feature."""
+
+    def __init__(self, config: LlamaConfig, bias: bool = True) -> None:
+        super().__init__()
+        config._attn_implementation = "sdpa"
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
+        layer = LlamaDecoderLayer(config, layer_idx=0)
+        layer.input_layernorm = nn.Identity()  # EAGLE-1's first (only) layer has no input norm
+        self.layers = nn.ModuleList([layer])
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [B, T, H] embeddings of the tokens that follow each feature
+        features: torch.Tensor,  # [B, T, H] target (or predicted) features
+        position_ids: torch.Tensor,  # [B, T]
+        attention_mask: torch.Tensor | None = None,  # additive [B, 1, T, past + T]
+        cache=None,
+    ) -> torch.Tensor:
+        h = self.fc(torch.cat([embeds, features], dim=-1))
+        h = self.layers[0](
+            h,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            position_embeddings=self.rotary(h, position_ids),
+        )
+        return h
+
+
+def head_config_for(target: PreTrainedModel) -> LlamaConfig:
+    """A head shaped like one layer of ``target`` (same hidden size, heads and vocabulary)."""
+    tc = target.config
+    return LlamaConfig(
+        hidden_size=tc.hidden_size,
+        intermediate_size=tc.intermediate_size,
+        num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+        vocab_size=tc.vocab_size,
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+        rope_theta=getattr(tc, "rope_theta", None) or (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 10000.0),
+        max_position_embeddings=getattr(tc, "max_position_embeddings", 2048),
+        num_hidden_layers=1,
+        tie_word_embeddings=False,
+        attention_bias=getattr(target.model.layers[-1].self_attn.q_proj, "bias", None) is not None,
+    )
+
+
+def init_from_target(head: EagleHead, target: PreTrainedModel) -> None:
+    """Start training from something sensible: the decoder layer copies the target's last layer
+    and fc passes the feature through (a small random mix of the embedding on top)."""
+    last = target.model.layers[-1]
+    layer = head.layers[0]
+    for name in ("self_attn", "mlp", "post_attention_layernorm"):
+        target_part = getattr(last, name).state_dict()
+        part = getattr(layer, name)
+        with torch.no_grad():
+            for key, value in part.state_dict().items():  # e.g. Qwen2 has no o_proj bias: keep it 0
+                value.copy_(target_part[key]) if key in target_part else value.zero_()
+    hidden = head.config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.normal_(0.0, 0.02)
+        head.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+        if head.fc.bias is not None:
+            head.fc.bias.zero_()
+
+
+def check_matches(config: LlamaConfig, target: PreTrainedModel, where: Path | str) -> None:
+    tc = target.config
+    if config.hidden_size != tc.hidden_size:
+        raise NgspecError(f"EAGLE head {where} has hidden size {config.hidden_size}, the model has {tc.hidden_size}")
+    if config.vocab_size != tc.vocab_size:
+        raise NgspecError(f"EAGLE head {where} has a {config.vocab_size}-token vocabulary, the model has {tc.vocab_size}")
+
+
+def save_head(head: EagleHead, directory: Path) -> None:
+    """Write ``config.json`` and ``model.safetensors`` in the public EAGLE-1 layout."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = head.config.to_dict()
+    config.update({"architectures": ["LlamaForCausalLM"], "bias": head.fc.bias is not None, "ngspec_eagle": 1})
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    for name, text in (("config.json", json.dumps(config, indent=2, default=str)),):
+        tmp = directory / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(directory / name)
+    tmp = directory / ".model.safetensors.tmp"
+    save_file(state, str(tmp))
+    tmp.replace(directory / "model.safetensors")
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHTS:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # truncated or foreign files raise many kinds of errors
+            raise NgspecError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+    raise NgspecError(f"no weights in {directory}: expected one of {', '.join(WEIGHTS)}")
+
+
+def load_head(directory: Path, target: PreTrainedModel) -> EagleHead:
+    """Read an EAGLE-1 head in the public layout and check that it fits ``target``."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise NgspecError(f"no EAGLE head directory at {directory}")
+    try:
+        raw = json.loads((directory / "config.json").read_text())
+    except FileNotFoundError:
+        raise NgspecError(f"{directory} has no config.json; an EAGLE head directory holds config.json and its weights") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise NgspecError(f"{directory}/config.json is not valid JSON ({exc})") from None
+    weights = _read_weights(directory)
+    if any(k.startswith("midlayer.") for k in weights) or "d2t" in weights:
+        raise NgspecError(f"{directory} is an EAGLE-3 head; this ngspec drafts with EAGLE-1 heads only")
+    known = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("architectures", "model_type", "bias", "ngspec_eagle")}
+    try:
+        config = LlamaConfig(**known)
+    except (TypeError, ValueError) as exc:
+        raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({exc})") from None
+    config.num_hidden_layers = 1
+    check_matches(config, target, directory)
+    head = EagleHead(config, bias="fc.bias" in weights)
+    state = {k: v for k, v in weights.items() if not k.startswith("embed_tokens.") and not k.startswith("rotary.")}
+    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise NgspecError(
+            f"{directory} is not an EAGLE-1 head: "
+            + (f"missing {', '.join(missing[:4])}" if missing else "")
+            + ("; " if missing and unexpected else "")
+            + (f"unexpected {', '.join(unexpected[:4])}" if unexpected else "")
+        )
+    for key, tensor in state.items():
+        if tensor.shape != expected[key].shape:
+            raise NgspecError(f"{directory}: {key} has shape {tuple(tensor.shape)}, expected {tuple(expected[key].shape)}")
+    head.load_state_dict(state, strict=False)
+    param = next(target.parameters())
+    return head.to(device=param.device, dtype=param.dtype).eval()

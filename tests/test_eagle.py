@@ -1,0 +1,123 @@
+"""EAGLE-1 heads: public layout round trip, refusals, and drafts that stay lossless."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from conftest import hf_greedy, repetitive_prompt
+from ngspec.decode import DecodeConfig, generate
+from ngspec.drafters import make_drafter
+from ngspec.drafters.eagle import EagleOptions, check_choices, eagle_factory, read_choices
+from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, load_head, save_head
+from ngspec.errors import NgspecError
+from ngspec.models import tiny_model
+from ngspec.target import TargetModel
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama", seed=3)
+
+
+def make_head(model, seed=0):
+    torch.manual_seed(seed)
+    head = EagleHead(head_config_for(model))
+    init_from_target(head, model)
+    return head.eval()
+
+
+def test_public_layout_round_trip_drafts_identically(tmp_path, llama):
+    head = make_head(llama)
+    save_head(head, tmp_path / "h")
+    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == ["config.json", "model.safetensors"]
+    from safetensors.torch import load_file
+
+    keys = set(load_file(str(tmp_path / "h" / "model.safetensors")))
+    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight",
+            "layers.0.post_attention_layernorm.weight"} <= keys
+    assert not any("input_layernorm" in k for k in keys)
+    back = load_head(tmp_path / "h", llama)
+    for (k, a), (_, b) in zip(sorted(head.state_dict().items()), sorted(back.state_dict().items())):
+        assert torch.equal(a, b), k
+    prompt = [5, 9, 13, 5, 9, 2, 7]
+    trees = []
+    for h in (head, back):
+        target = TargetModel(llama)
+        drafter = make_drafter("eagle", eagle=eagle_factory(llama, h, EagleOptions()))
+        out = generate(target, drafter, prompt, DecodeConfig(max_new_tokens=5))
+        trees.append(out.token_ids)
+    assert trees[0] == trees[1]
+
+
+def test_pytorch_bin_with_embed_tokens_loads(tmp_path, llama):
+    head = make_head(llama, seed=1)
+    (tmp_path / "h").mkdir()
+    state = dict(head.state_dict())
+    state = {k: v for k, v in state.items() if not k.startswith("rotary.")}
+    state["embed_tokens.weight"] = torch.zeros(96, 64)
+    torch.save(state, tmp_path / "h" / "pytorch_model.bin")
+    (tmp_path / "h" / "config.json").write_text(json.dumps({**head.config.to_dict(), "bias": True}))
+    back = load_head(tmp_path / "h", llama)
+    assert torch.equal(back.fc.weight, head.fc.weight)
+
+
+def test_mismatched_or_broken_heads_are_refused(tmp_path, llama):
+    save_head(make_head(llama), tmp_path / "h")
+    other = tiny_model("llama", seed=3, vocab_size=128)
+    with pytest.raises(NgspecError, match="128"):
+        load_head(tmp_path / "h", other)
+    with pytest.raises(NgspecError, match="no EAGLE head directory"):
+        load_head(tmp_path / "missing", llama)
+    (tmp_path / "e").mkdir()
+    with pytest.raises(NgspecError, match="no config.json"):
+        load_head(tmp_path / "e", llama)
+    (tmp_path / "e" / "config.json").write_text((tmp_path / "h" / "config.json").read_text())
+    with pytest.raises(NgspecError, match="no weights"):
+        load_head(tmp_path / "e", llama)
+    (tmp_path / "e" / "model.safetensors").write_bytes(b"\x00" * 20)
+    with pytest.raises(NgspecError, match="cannot read"):
+        load_head(tmp_path / "e", llama)
+    from safetensors.torch import save_file
+
+    save_file({"midlayer.fc.weight": torch.zeros(2, 2), "d2t": torch.zeros(3, dtype=torch.long)}, str(tmp_path / "e" / "model.safetensors"))
+    with pytest.raises(NgspecError, match="EAGLE-3"):
+        load_head(tmp_path / "e", llama)
+    save_file({"fc.weight": torch.zeros(64, 128)}, str(tmp_path / "e" / "model.safetensors"))
+    with pytest.raises(NgspecError, match="missing"):
+        load_head(tmp_path / "e", llama)
+
+
+@pytest.mark.parametrize("layout", ["tree", "rows"])
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+def test_eagle_drafts_match_plain_greedy(tiny, tree, layout):
+    head = make_head(tiny)
+    opts = EagleOptions(tree=tree, top_k=3, depth=4, total_tokens=12)
+    rng = random.Random(4)
+    target = TargetModel(tiny)
+    sizes = []
+    for case in range(6):
+        prompt = repetitive_prompt(rng, 96, rng.randrange(4, 80))
+        expected = hf_greedy(tiny, prompt, 30)
+        drafter = make_drafter("eagle", eagle=eagle_factory(tiny, head, opts))
+        got = generate(target, drafter, prompt, DecodeConfig(max_new_tokens=30, verify=layout))
+        assert got.token_ids == expected, f"case {case}"
+        sizes += [s.tree_size for s in got.stats.steps[1:]]
+    assert max(sizes) == (12 if tree == "dynamic" else 17)
+
+
+def test_choices_files(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text("[[0], [1], [0, 0]]")
+    assert read_choices(path) == ((0,), (1,), (0, 0))
+    path.write_text("[[0, 0]]")
+    with pytest.raises(NgspecError, match="without its parent"):
+        read_choices(path)
+    path.write_text("{oops")
+    with pytest.raises(NgspecError, match="JSON list"):
+        read_choices(path)
+    with pytest.raises(NgspecError):
+        check_choices([(0, -1)])
