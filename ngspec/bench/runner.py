@@ -12,8 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ngspec.decode import DecodeConfig
-from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, make_drafter
-from ngspec.drafters.ngram_tables import NgramTables
+from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, Resources, make_drafter
 from ngspec.engine import Engine
 from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
 from ngspec.prompts import Prompt, encode
@@ -76,14 +75,14 @@ class BenchRecord:
     self_repetition: SelfRepetition  # of the hf-greedy output given the prompt
 
 
-def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, tables: NgramTables | None, pid: str) -> ArmRun:
+def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Resources, pid: str) -> ArmRun:
     if arm.drafter in HF_ARMS:
         tokens, seconds = engine.hf_generate(ids, cfg.max_new_tokens, lookup=arm.drafter == "hf-prompt-lookup")
         calls = len(tokens) if arm.drafter == "hf-greedy" else None
         return ArmRun(pid, tokens, seconds, calls, [1] * len(tokens) if calls else [])
     cap = arm.opts.k * arm.opts.w if arm.drafter in ROW_DRAFTERS else 0
     arm_cfg = replace(cfg, verify=arm.verify, max_draft_nodes=max(cfg.max_draft_nodes, cap))
-    gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, tables), arm_cfg)
+    gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, res.tables, res.eagle), arm_cfg)
     steps = gen.stats.steps
     return ArmRun(
         pid, gen.token_ids, gen.seconds, len(steps), [s.accepted for s in steps], gen.stats.draft_seconds, gen.drafter_stats
@@ -95,7 +94,7 @@ def run_bench(
     prompts: list[Prompt],
     arms: list[Arm],
     cfg: DecodeConfig,
-    tables: NgramTables | None = None,
+    res: Resources = Resources(),
     raw: bool = False,
     on_progress: Callable[[str], None] | None = None,
 ) -> list[BenchRecord]:
@@ -105,7 +104,7 @@ def run_bench(
         ids = encode(engine.loaded.tokenizer, prompt.text, raw)
         runs = {}
         for arm in arms:
-            runs[arm.label] = run_arm(engine, arm, ids, cfg, tables, prompt.id)
+            runs[arm.label] = run_arm(engine, arm, ids, cfg, res, prompt.id)
             if on_progress:
                 on_progress(arm.label)
         reference = runs["hf-greedy"].token_ids

@@ -52,6 +52,7 @@ def friendly(command: Callable) -> Callable:
 def _register() -> None:
     from ngspec.cli.bench import bench_command
     from ngspec.cli.datastore import build_datastore_command, datastore_info_command, synth_corpus_command
+    from ngspec.cli.eagle import train_eagle_command
     from ngspec.cli.generate import generate_command
     from ngspec.cli.ngram import build_bigram_command
     from ngspec.cli.profile_bound import profile_bound_command
@@ -65,6 +66,7 @@ def _register() -> None:
         ("self-repetition", self_repetition_command, "Measure how self-repetitive a dataset's responses are."),
         ("synth-corpus", synth_corpus_command, "Let the model write its own Magpie-style corpus."),
         ("build-bigram", build_bigram_command, "Build a model's unigram/bigram tables for the n-gram drafters."),
+        ("train-eagle", train_eagle_command, "Train an EAGLE-1 draft head for a model from a corpus."),
         ("profile-bound", profile_bound_command, "Time verification over (k rows, w tokens, context) next to a roofline prediction."),
     ]
     for name, command, short in commands:

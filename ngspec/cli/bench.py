@@ -13,12 +13,12 @@ from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, rows
 from ngspec.bench.grid import ablation, heatmaps, sweeps
 from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
 from ngspec.cli import render
-from ngspec.cli.common import check_table_option, decode_config, load_engine, load_tables, rows_options, sampling_config
+from ngspec.cli.common import check_table_option, eagle_options, load_eagle, decode_config, load_engine, load_tables, rows_options, sampling_config
 from ngspec.cli.options import (
-    DRAFTERS, BigramTableOpt, DeviceOpt, DtypeOpt, JsonOpt, LookupNgramOpt, LookupTokensOpt, MaxNewTokensOpt,
+    DRAFTERS, BigramTableOpt, EagleHeadOpt, TotalTokensOpt, TreeChoicesOpt, TreeDepthOpt, TreeOpt, TreeTopKOpt, DeviceOpt, DtypeOpt, JsonOpt, LookupNgramOpt, LookupTokensOpt, MaxNewTokensOpt,
     ModelOpt, NgramNOpt, NgramQOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, RawOpt, TrieUpdateOpt,
 )
-from ngspec.drafters import DrafterOptions, check_drafter
+from ngspec.drafters import DrafterOptions, Resources, check_drafter
 from ngspec.errors import NgspecError
 from ngspec.prompts import load_prompts
 
@@ -44,6 +44,12 @@ def bench_command(
     w: Annotated[Optional[str], typer.Option("--w", help="Row drafters: tokens per row; a list or range sweeps.", rich_help_panel="Drafter options")] = None,
     ngram_q: NgramQOpt = DrafterOptions.ngram_q,
     bigram_table: BigramTableOpt = None,
+    eagle_head: EagleHeadOpt = None,
+    tree: TreeOpt = "dynamic",
+    tree_top_k: TreeTopKOpt = 8,
+    tree_depth: TreeDepthOpt = 5,
+    total_tokens: TotalTokensOpt = 32,
+    tree_choices: TreeChoicesOpt = None,
     verify: Annotated[str, typer.Option("--verify", help="tree, rows, or both (every drafter runs in each layout).")] = "tree",
     plots: Annotated[Path, typer.Option("--plots", help="Directory for the (k, w) heatmaps of a grid sweep.")] = Path("bench-out"),
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the report as Markdown to this file.")] = None,
@@ -71,6 +77,7 @@ def bench_command(
     ks = parse_values(k, "k", 1) if k is not None else None
     ws = parse_values(w, "w", 1) if w is not None else None
     check_table_option(drafters, bigram_table)
+    eagle_opts = eagle_options(eagle_head, drafters, tree, tree_top_k, tree_depth, total_tokens, tree_choices)
     prompts = load_prompts(questions, category, limit, per_category)
     for path in (markdown_out, json_path):
         if path is not None and not path.parent.exists():
@@ -82,10 +89,11 @@ def bench_command(
         ws = ws or [defaults.w]
     arms = make_arms(drafters, opts, ks, ws, layouts)
     tables = load_tables(engine, [a.drafter for a in arms], bigram_table)
+    eagle = load_eagle(engine, eagle_head, eagle_opts)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * len(arms))
-        records = run_bench(engine, prompts, arms, cfg, tables, raw, lambda arm: progress.advance(task))
+        records = run_bench(engine, prompts, arms, cfg, Resources(tables, eagle), raw, lambda arm: progress.advance(task))
 
     summaries = summarise(records, [a.label for a in arms])
     settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": len(prompts), "max_new_tokens": max_new_tokens}

@@ -46,4 +46,11 @@ NgramQOpt = Annotated[int, typer.Option("--ngram-q", help="context-ngram, mixed:
 VerifyOpt = Annotated[str, typer.Option("--verify", help="tree: one forward over the draft tree under a tree mask; rows: each root-to-leaf path as its own batch row, all sharing the context's KV cache (the paper's layout). Both are lossless.")]
 BigramTableOpt = Annotated[Optional[Path], typer.Option("--bigram-table", help="unigram/bigram/mixed: table file from `ngspec build-bigram --out` (default: built once per model and cached).", rich_help_panel="Drafter options")]
 
+EagleHeadOpt = Annotated[Optional[Path], typer.Option("--eagle-head", help="eagle: an EAGLE-1 head directory (public layout; `ngspec train-eagle` makes one).", rich_help_panel="EAGLE options")]
+TreeOpt = Annotated[str, typer.Option("--tree", help="eagle: dynamic (EAGLE-2: expand the best nodes per depth, keep the best --total-tokens) or static (EAGLE-1 choices).", rich_help_panel="EAGLE options")]
+TreeTopKOpt = Annotated[int, typer.Option("--tree-top-k", help="eagle dynamic: nodes expanded per depth and children per node.", rich_help_panel="EAGLE options")]
+TreeDepthOpt = Annotated[int, typer.Option("--tree-depth", help="eagle dynamic: draft depth.", rich_help_panel="EAGLE options")]
+TotalTokensOpt = Annotated[int, typer.Option("--total-tokens", help="eagle dynamic: draft nodes kept per step.", rich_help_panel="EAGLE options")]
+TreeChoicesOpt = Annotated[Optional[Path], typer.Option("--tree-choices", help="eagle static: JSON list of paths of child ranks, e.g. [[0],[1],[0,0]] (default: a 17-node tree).", rich_help_panel="EAGLE options")]
+
 PromptFileArg = Annotated[Path, typer.Option("--prompt-file", "-p", help=".txt (one prompt) or .jsonl ({'prompt': ...} or Spec-Bench {'turns': [...]}) file.")]

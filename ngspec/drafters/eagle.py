@@ -137,10 +137,11 @@ class EagleDrafter:
         nodes: list[_Node] = []
         outputs: dict[int, torch.Tensor] = {-1: root_feature}  # node -> predicted feature below it
 
-        def children(parent: int, k: int) -> list[tuple[int, float]]:
-            logp = torch.log_softmax(self.lm_head(outputs[parent]).float(), dim=-1)
-            top = torch.topk(logp, k)
-            return list(zip(top.indices.tolist(), top.values.tolist()))
+        def children(parents: list[int], k: int) -> list[list[tuple[int, float]]]:
+            """Top-k next tokens and log-probs below each parent (one LM-head product for all)."""
+            logp = torch.log_softmax(self.lm_head(torch.stack([outputs[p] for p in parents])).float(), dim=-1)
+            top = torch.topk(logp, k, dim=-1)
+            return [list(zip(i, v)) for i, v in zip(top.indices.tolist(), top.values.tolist())]
 
         def expand(batch: list[int]) -> None:
             """Run the head on these nodes' pairs, recording each one's predicted feature."""
@@ -165,15 +166,15 @@ class EagleDrafter:
 
         if self.opts.tree == "dynamic":
             layer = []
-            for tok, lp in children(-1, self.opts.top_k):
+            for tok, lp in children([-1], self.opts.top_k)[0]:
                 nodes.append(_Node(tok, -1, 1, lp))
                 layer.append(len(nodes) - 1)
             for depth in range(2, self.opts.depth + 1):
                 chosen = sorted(layer, key=lambda n: -nodes[n].score)[: self.opts.top_k]
                 expand(chosen)
                 layer = []
-                for n in chosen:
-                    for tok, lp in children(n, self.opts.top_k):
+                for n, kids in zip(chosen, children(chosen, self.opts.top_k)):
+                    for tok, lp in kids:
                         nodes.append(_Node(tok, n, depth, nodes[n].score + lp))
                         layer.append(len(nodes) - 1)
             order = sorted(range(len(nodes)), key=lambda n: (-nodes[n].score, nodes[n].depth, n))
@@ -184,10 +185,10 @@ class EagleDrafter:
                 level = [p for p in self.opts.choices if len(p) == depth]
                 prefixes = sorted({p[:-1] for p in level})
                 expand([by_path[q] for q in prefixes if q])  # the root's feature is already known
-                for prefix in prefixes:
+                widest = max(p[-1] for p in level) + 1
+                for prefix, kids in zip(prefixes, children([by_path[q] for q in prefixes], widest)):
                     parent = by_path[prefix]
                     ranks = sorted(p[-1] for p in level if p[:-1] == prefix)
-                    kids = children(parent, max(ranks) + 1)
                     for r in ranks:
                         tok, lp = kids[r]
                         score = lp + (nodes[parent].score if parent >= 0 else 0.0)

@@ -82,8 +82,10 @@ def head_config_for(target: PreTrainedModel) -> LlamaConfig:
 
 
 def init_from_target(head: EagleHead, target: PreTrainedModel) -> None:
-    """Start training from something sensible: the decoder layer copies the target's last layer
-    and fc passes the feature through (a small random mix of the embedding on top)."""
+    """Start training from something sensible: fc passes the feature through (plus a small random
+    mix of the embedding) and the decoder layer copies the target's last layer with its output
+    projections zeroed, so the untrained head predicts "the same feature again" and each branch
+    starts from weights that already read this model's features."""
     last = target.model.layers[-1]
     layer = head.layers[0]
     for name in ("self_attn", "mlp", "post_attention_layernorm"):
@@ -94,6 +96,8 @@ def init_from_target(head: EagleHead, target: PreTrainedModel) -> None:
                 value.copy_(target_part[key]) if key in target_part else value.zero_()
     hidden = head.config.hidden_size
     with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
         head.fc.weight.normal_(0.0, 0.02)
         head.fc.weight[:, hidden:].copy_(torch.eye(hidden))
         if head.fc.bias is not None:

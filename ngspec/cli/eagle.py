@@ -1,0 +1,106 @@
+"""`ngspec train-eagle`: train an EAGLE-1 draft head for a model from a corpus."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ngspec.cli import render
+from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt
+from ngspec.errors import NgspecError
+
+
+def train_eagle_command(
+    corpus: Annotated[str, typer.Option("--corpus", "-c", help="Records in any format build-datastore reads (the model's own responses are best, e.g. corpora/smollm2-self.jsonl).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the head (public EAGLE-1 layout), checkpoints and train_report.json.")],
+    model: ModelOpt = "default",
+    epochs: Annotated[int, typer.Option(help="Passes over the training examples.")] = 4,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warm-up then cosine decay).")] = 1e-3,
+    batch_tokens: Annotated[int, typer.Option(help="Tokens per optimiser step.")] = 4096,
+    max_len: Annotated[int, typer.Option(help="Longest example in tokens (longer ones are cut).")] = 640,
+    noise: Annotated[float, typer.Option(help="Uniform noise (±) added to the input features, as EAGLE does.")] = 0.1,
+    holdout: Annotated[int, typer.Option(help="Examples kept aside to measure acceptance after training.")] = 12,
+    eval_tokens: Annotated[int, typer.Option(help="Tokens generated per held-out prompt for the evaluation.")] = 64,
+    checkpoint_every: Annotated[int, typer.Option(help="Optimiser steps between checkpoints (a rerun resumes from the last).")] = 50,
+    max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for initialisation, data order and the holdout split.")] = 0,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    json_out: JsonOpt = False,
+) -> None:
+    """Train an EAGLE-1 draft head (feature regression + token cross-entropy on the model's own
+    features) and save it in the public layout for `--drafter eagle --eagle-head DIR`. Interrupted
+    runs resume from the last checkpoint in --out.
+
+    Example: ngspec train-eagle --corpus corpora/smollm2-self.jsonl --out heads/smollm2
+    """
+    from itertools import islice
+
+    from ngspec.datastore.corpus import iter_records
+    from ngspec.drafters.eagle import EagleOptions
+    from ngspec.eagle.train import TrainOptions, evaluate, examples_from_records, target_features, train_head, write_report
+    from ngspec.engine import Engine
+    from ngspec.models import load_model
+
+    opts = TrainOptions(epochs=epochs, lr=lr, batch_tokens=batch_tokens, max_len=max_len, noise=noise,
+                        holdout=holdout, checkpoint_every=checkpoint_every, seed=seed)
+    if max_records is not None and max_records < 1:
+        raise NgspecError("--max-records must be at least 1")
+    if out.exists() and not out.is_dir():
+        raise NgspecError(f"--out {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    records = iter_records(corpus)
+    if max_records is not None:
+        records = islice(records, max_records)
+    render.info(f"loading model {model} ...")
+    loaded = load_model(model, device, dtype)
+    examples = examples_from_records(records, loaded.tokenizer, max_len)
+    if len(examples) <= holdout:
+        raise NgspecError(f"{corpus} gave {len(examples)} usable (instruction, response) examples; need more than --holdout {holdout}")
+    random.Random(seed).shuffle(examples)
+    held, train = examples[:holdout], examples[holdout:]
+    start = time.perf_counter()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=render.err_console, transient=True) as progress:
+        task = progress.add_task("target features (tokens)", total=sum(len(e.ids) for e in train))
+        feats = target_features(loaded.model, train, lambda n: progress.advance(task, n))
+        feature_seconds = time.perf_counter() - start
+        task = progress.add_task("training (steps)", total=None)
+
+        def on_step(step: int, total: int, entry: dict) -> None:
+            progress.update(task, completed=step, total=total,
+                            description=f"training: loss reg {entry['reg']:.3f} ce {entry['ce']:.2f} top-1 {entry['top1']:.2f}")
+
+        head, log = train_head(loaded.model, train, feats, out, opts, on_step)
+    train_seconds = time.perf_counter() - start
+    report = {
+        "model": loaded.name, "corpus": corpus, "out": str(out), "examples": len(train), "holdout": len(held),
+        "train_tokens": sum(len(e.ids) for e in train), "options": opts.__dict__,
+        "feature_seconds": feature_seconds, "train_seconds": train_seconds, "final": log[-1] if log else None,
+    }
+    if held:
+        render.info("measuring acceptance on the held-out prompts ...")
+        report["evaluation"] = evaluate(Engine(loaded), head, held, eval_tokens, EagleOptions())
+    report["log"] = log
+    write_report(out, report)
+    if json_out:
+        render.json_line({k: v for k, v in report.items() if k != "log"})
+        return
+    final = report["final"] or {}
+    rows = [
+        ("training examples / tokens", f"{len(train)} / {report['train_tokens']:,}"),
+        ("time (features + training)", f"{train_seconds / 60:.1f} min"),
+        ("final loss: regression / cross-entropy", f"{final.get('reg', 0):.3f} / {final.get('ce', 0):.3f}"),
+        ("final top-1 agreement with the model", f"{final.get('top1', 0):.2f}"),
+    ]
+    if "evaluation" in report:
+        ev = report["evaluation"]
+        rows += [("held-out tokens per call (dynamic tree)", f"{ev['tokens_per_call']:.2f}"),
+                 ("held-out outputs identical to greedy", f"{ev['identical_to_greedy']} / {ev['prompts']}")]
+    rows.append(("head written to", str(out)))
+    render.summary_table(f"EAGLE head for {loaded.name}", rows)

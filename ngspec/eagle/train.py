@@ -1,0 +1,249 @@
+"""Training an EAGLE-1 head for any causal LM from a corpus of (instruction, response) records.
+
+The objective is EAGLE's: at every position i of a chat-formatted example the head sees the
+target's feature ``f_i`` and the next token ``x_{i+1}`` and predicts ``f_{i+1}``; the loss is a
+smooth-L1 regression to the true feature plus 0.1 × the cross-entropy between the target's
+next-token distribution (its LM head on ``f_{i+1}``) and the LM head on the prediction, both over
+response positions only. Uniform noise on the input features (EAGLE's augmentation) makes the head
+robust to its own errors when it drafts several tokens deep.
+
+The target runs once over the corpus (its features are kept in memory as bfloat16, about 1 KB per
+token for the default model); then the head trains for ``epochs`` passes with AdamW, a warm-up and
+cosine decay. A checkpoint (head, optimiser, position in the data) is written atomically every
+``checkpoint_every`` steps and on interruption; a run started again with the same ``--out``
+resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, save_head
+from ngspec.errors import NgspecError
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    epochs: int = 4
+    lr: float = 1e-3
+    warmup: int = 20
+    batch_tokens: int = 4096  # tokens per optimiser step (whole examples, gradient accumulated)
+    max_len: int = 640
+    noise: float = 0.1
+    ce_weight: float = 0.1
+    holdout: int = 12  # examples kept aside to measure acceptance
+    checkpoint_every: int = 50
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_tokens < 1 or self.max_len < 8 or self.lr <= 0:
+            raise NgspecError("--epochs, --batch-tokens must be >= 1, --max-len >= 8 and --lr > 0")
+        if self.holdout < 0 or self.checkpoint_every < 1:
+            raise NgspecError("--holdout must be >= 0 and --checkpoint-every >= 1")
+
+
+@dataclass
+class Example:
+    ids: torch.Tensor  # [T]
+    prompt_len: int  # tokens of the chat-formatted input; the rest is the response
+    prompt: list[int]
+
+
+def examples_from_records(records: Iterable[dict], tokenizer, max_len: int) -> list[Example]:
+    """Chat-formatted (input, response) examples; records without a usable pair are skipped."""
+    from ngspec.metrics.pairs import record_pairs
+    from ngspec.prompts import encode
+
+    out = []
+    eos = tokenizer.eos_token_id
+    for n, record in enumerate(records):
+        try:
+            pairs = record_pairs(record, str(n), {}, None, None)
+        except NgspecError:
+            continue
+        for pair in pairs:
+            if not pair.response.strip() or not pair.input.strip():
+                continue
+            prompt = encode(tokenizer, pair.input)
+            response = tokenizer.encode(pair.response, add_special_tokens=False) + ([eos] if eos is not None else [])
+            ids = (prompt + response)[:max_len]
+            if len(ids) - len(prompt) >= 4:
+                out.append(Example(torch.tensor(ids), len(prompt), prompt))
+    return out
+
+
+@torch.inference_mode()
+def target_features(model, examples: list[Example], progress: Callable[[int], None] | None = None) -> list[torch.Tensor]:
+    """The target's last hidden states for every example, bfloat16, ``[T, H]`` each."""
+    device = next(model.parameters()).device
+    out = []
+    for ex in examples:
+        hidden = model(input_ids=ex.ids[None].to(device), output_hidden_states=True, logits_to_keep=1).hidden_states[-1][0]
+        out.append(hidden.to(torch.bfloat16).cpu())
+        if progress:
+            progress(len(ex.ids))
+    return out
+
+
+def example_loss(head: EagleHead, model, ex: Example, feats: torch.Tensor, opts: TrainOptions) -> tuple[torch.Tensor, dict]:
+    """EAGLE loss on one example (over positions whose prediction is of a response token)."""
+    device = next(head.parameters()).device
+    ids = ex.ids.to(device)
+    f = feats.to(device=device, dtype=torch.float32)
+    T = len(ids)
+    inp = f[:-1]
+    if opts.noise:
+        inp = inp + (torch.rand_like(inp) * 2 - 1) * opts.noise
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids[1:])
+    out = head(embeds[None], inp[None], torch.arange(T - 1, device=device)[None])[0]  # predicts f[1:]
+    first = max(ex.prompt_len - 2, 0)  # output i predicts the feature that predicts token i + 2
+    pred, true = out[first:], f[1:][first:]
+    reg = F.smooth_l1_loss(pred, true)
+    lm_head = model.get_output_embeddings()
+    with torch.no_grad():
+        p_target = torch.softmax(lm_head(true), dim=-1)
+    logq = torch.log_softmax(lm_head(pred), dim=-1)
+    ce = -(p_target * logq).sum(-1).mean()
+    with torch.no_grad():
+        top1 = (logq.argmax(-1) == p_target.argmax(-1)).float().mean()
+    stats = {"reg": reg.item(), "ce": ce.item(), "top1": top1.item(), "tokens": len(pred)}
+    return reg + opts.ce_weight * ce, stats
+
+
+def _lr(step: int, total: int, opts: TrainOptions) -> float:
+    if step < opts.warmup:
+        return opts.lr * (step + 1) / opts.warmup
+    progress = (step - opts.warmup) / max(total - opts.warmup, 1)
+    return opts.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def _batches(order: list[int], examples: list[Example], batch_tokens: int) -> list[list[int]]:
+    batches, current, size = [], [], 0
+    for i in order:
+        current.append(i)
+        size += len(examples[i].ids)
+        if size >= batch_tokens:
+            batches.append(current)
+            current, size = [], 0
+    if current:
+        batches.append(current)
+    return batches
+
+
+def train_head(
+    model,
+    train: list[Example],
+    feats: list[torch.Tensor],
+    out: Path,
+    opts: TrainOptions,
+    on_step: Callable[[int, int, dict], None] | None = None,
+) -> tuple[EagleHead, list[dict]]:
+    """Train (or resume) a head; returns it and the per-step log."""
+    torch.manual_seed(opts.seed)
+    head = EagleHead(head_config_for(model))
+    init_from_target(head, model)
+    head.to(next(model.parameters()).device).train()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    optimiser = torch.optim.AdamW(head.parameters(), lr=opts.lr, weight_decay=0.0)
+    plans = []
+    for epoch in range(opts.epochs):
+        order = list(range(len(train)))
+        random.Random(opts.seed + epoch).shuffle(order)
+        plans += _batches(order, train, opts.batch_tokens)
+    total = len(plans)
+    step, log = 0, []
+    ckpt = out / CHECKPOINT
+    if ckpt.is_file():
+        try:
+            state = torch.load(ckpt, map_location="cpu", weights_only=True)
+            head.load_state_dict(state["head"])
+            optimiser.load_state_dict(state["optimiser"])
+            step, log = int(state["step"]), list(state["log"])
+            if state.get("options") != asdict(opts) or state.get("examples") != len(train):
+                raise NgspecError(f"{ckpt} belongs to a run with other options or data; use another --out or delete it")
+        except NgspecError:
+            raise
+        except Exception as exc:
+            raise NgspecError(f"cannot resume from {ckpt} ({type(exc).__name__}: {exc}); delete it to start over") from None
+
+    def checkpoint() -> None:
+        _save_checkpoint(ckpt, {"head": head.state_dict(), "optimiser": optimiser.state_dict(), "step": step,
+                                "log": log, "options": asdict(opts), "examples": len(train)})
+
+    try:
+        while step < total:
+            for group in optimiser.param_groups:
+                group["lr"] = _lr(step, total, opts)
+            optimiser.zero_grad(set_to_none=True)
+            batch = plans[step]
+            stats = {"reg": 0.0, "ce": 0.0, "top1": 0.0, "tokens": 0}
+            tokens = sum(len(train[i].ids) for i in batch)
+            for i in batch:
+                loss, s = example_loss(head, model, train[i], feats[i], opts)
+                (loss * len(train[i].ids) / tokens).backward()
+                for key in ("reg", "ce", "top1"):
+                    stats[key] += s[key] * s["tokens"]
+                stats["tokens"] += s["tokens"]
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            optimiser.step()
+            step += 1
+            entry = {"step": step, "lr": optimiser.param_groups[0]["lr"],
+                     **{k: stats[k] / max(stats["tokens"], 1) for k in ("reg", "ce", "top1")}}
+            log.append(entry)
+            if on_step:
+                on_step(step, total, entry)
+            if step % opts.checkpoint_every == 0:
+                checkpoint()
+    except KeyboardInterrupt:
+        checkpoint()  # nothing learned so far is lost; run again to resume
+        raise
+    head.eval()
+    save_head(head, out)
+    ckpt.unlink(missing_ok=True)
+    return head, log
+
+
+def evaluate(engine, head: EagleHead, holdout: list[Example], max_new_tokens: int, eagle_opts) -> dict:
+    """Mean tokens per verification call of the eagle drafter on held-out prompts (and the check
+    that its output equals plain greedy decoding)."""
+    from ngspec.decode import DecodeConfig
+    from ngspec.drafters import make_drafter
+    from ngspec.drafters.eagle import eagle_factory
+
+    factory = eagle_factory(engine.loaded.model, head, eagle_opts)
+    tokens = calls = identical = 0
+    start = time.perf_counter()
+    for ex in holdout:
+        cfg = DecodeConfig(max_new_tokens=max_new_tokens)
+        gen = engine.run(ex.prompt, make_drafter("eagle", eagle=factory), cfg)
+        plain = engine.run(ex.prompt, make_drafter("vanilla"), cfg)
+        tokens += len(gen.token_ids)
+        calls += gen.stats.verify_calls
+        identical += gen.token_ids == plain.token_ids
+    return {"prompts": len(holdout), "tokens_per_call": tokens / calls if calls else 0.0,
+            "identical_to_greedy": identical, "seconds": time.perf_counter() - start}
+
+
+def write_report(out: Path, report: dict) -> None:
+    tmp = out / ".train_report.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(out / "train_report.json")
