@@ -171,6 +171,7 @@ def train_head(
         plans += _batches(order, train, opts.batch_tokens)
     total = len(plans)
     step, log = 0, []
+    out.mkdir(parents=True, exist_ok=True)
     ckpt = out / CHECKPOINT
     if ckpt.is_file():
         try:

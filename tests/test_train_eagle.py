@@ -1,0 +1,121 @@
+"""train-eagle: the objective learns, checkpoints resume exactly, the saved head drafts the same."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ngspec.cli.app import app
+from ngspec.contracts import DraftContext
+from ngspec.drafters.eagle import EagleOptions, eagle_factory
+from ngspec.eagle import train as train_module
+from ngspec.eagle.head import load_head
+from ngspec.eagle.train import Example, TrainOptions, target_features, train_head
+from ngspec.models import tiny_model
+from ngspec.target import TargetModel
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=11)
+
+
+def examples(n=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        phrase = torch.randint(3, 96, (6,), generator=gen)
+        ids = torch.cat([torch.randint(3, 96, (5,), generator=gen), phrase.repeat(5)])
+        out.append(Example(ids, 5, ids[:5].tolist()))
+    return out
+
+
+def test_training_lowers_the_loss(tmp_path, model):
+    data = examples()
+    feats = target_features(model, data)
+    _, log = train_head(model, data, feats, tmp_path, TrainOptions(epochs=12, batch_tokens=70, lr=3e-3, warmup=2, noise=0.0))
+    first = sum(e["reg"] for e in log[:3]) / 3
+    last = sum(e["reg"] for e in log[-3:]) / 3
+    assert last < 0.7 * first
+    assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_interrupted_run_resumes_to_the_same_head(tmp_path, model, monkeypatch):
+    data = examples(seed=1)
+    feats = target_features(model, data)
+    opts = TrainOptions(epochs=3, batch_tokens=70, noise=0.0, checkpoint_every=2)
+    full, _ = train_head(model, data, feats, tmp_path / "full", opts)
+
+    real = train_module.example_loss
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "example_loss", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        train_head(model, data, feats, tmp_path / "cut", opts)
+    state = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    assert state["step"] >= 1
+    monkeypatch.setattr(train_module, "example_loss", real)
+    resumed, log = train_head(model, data, feats, tmp_path / "cut", opts)
+    assert [e["step"] for e in log] == list(range(1, len(log) + 1))
+    for (k, a), (_, b) in zip(sorted(full.state_dict().items()), sorted(resumed.state_dict().items())):
+        torch.testing.assert_close(a, b, msg=k)
+
+
+def test_checkpoint_from_other_options_is_refused(tmp_path, model, monkeypatch):
+    data = examples(seed=2)
+    feats = target_features(model, data)
+    monkeypatch.setattr(train_module, "example_loss", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        train_head(model, data, feats, tmp_path, TrainOptions(epochs=1, batch_tokens=70))
+    monkeypatch.undo()
+    from ngspec.errors import NgspecError
+
+    with pytest.raises(NgspecError, match="other options or data"):
+        train_head(model, data, feats, tmp_path, TrainOptions(epochs=2, batch_tokens=70))
+
+
+def test_saved_head_drafts_like_the_trained_one(tmp_path, model):
+    data = examples(seed=3)
+    head, _ = train_head(model, data, target_features(model, data), tmp_path, TrainOptions(epochs=1, batch_tokens=70))
+    loaded = load_head(tmp_path, model)
+    trees = []
+    for h in (head, loaded):
+        drafter = eagle_factory(model, h, EagleOptions(top_k=3, depth=3, total_tokens=8))()
+        target = TargetModel(model)
+        target.keep_features = True
+        prompt = data[0].ids[:12].tolist()
+        logits = target.prefill(prompt)
+        drafter.start(prompt)
+        ctx = DraftContext(prompt + [int(logits.argmax())], len(prompt), 16, (), target.take_features())
+        trees.append(drafter.propose(ctx))
+    assert trees[0] == trees[1] and trees[0].size == 8
+
+
+runner = CliRunner()
+
+
+def test_corpus_without_pairs_is_refused(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"text": "no pairs here"}) + "\n")
+    result = runner.invoke(app, ["train-eagle", "-c", str(corpus), "--out", str(tmp_path / "h")])
+    assert result.exit_code == 1 and "usable (instruction, response) examples" in result.output
+
+
+@pytest.mark.slow
+def test_train_eagle_command_on_the_default_model(tmp_path):
+    out = tmp_path / "head"
+    result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(out), "--max-records", "6",
+                                 "--epochs", "1", "--holdout", "1", "--eval-tokens", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["evaluation"]["identical_to_greedy"] == 1
+    assert (out / "config.json").is_file() and (out / "train_report.json").is_file()
