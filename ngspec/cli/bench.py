@@ -84,7 +84,7 @@ def bench_command(
             raise NgspecError(f"output directory does not exist: {path.parent}")
     engine = load_engine(model, device, dtype, profile)
     if ks is None or ws is None:  # unset: the profile's (k, w) at the first prompt's length, else the defaults
-        defaults = rows_options(opts, None, None, engine.profile, 0)
+        defaults = rows_options(opts, None, None, engine.profile, 0, engine.target.device.type)
         ks = ks or [defaults.k]
         ws = ws or [defaults.w]
     arms = make_arms(drafters, opts, ks, ws, layouts)

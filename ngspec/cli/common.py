@@ -79,14 +79,23 @@ def check_table_option(drafters: list[str], path: Path | None) -> None:
         raise NgspecError("--bigram-table is only used by the unigram, bigram and mixed drafters")
 
 
-def rows_options(opts: DrafterOptions, k: int | None, w: int | None, profile: DeviceProfile | None, context: int) -> DrafterOptions:
+# (k, w) for row drafters when neither --k/--w nor --profile says: measured best by wall time on
+# two CPU cores (BENCHMARKS.md section 7), and the paper's setting for GPUs
+DEFAULT_ROWS = {"cpu": (2, 1), "cuda": (10, 10)}
+
+
+def rows_options(
+    opts: DrafterOptions, k: int | None, w: int | None, profile: DeviceProfile | None, context: int, device: str = "cpu"
+) -> DrafterOptions:
     """Fill --k/--w left unset: from the device profile (largest (k, w) within its slowdown budget
-    at this context length), else the defaults."""
-    if profile is not None and (k is None or w is None):
+    at this context length), else the measured default for the device type."""
+    if profile is not None:
         best_k, best_w = profile.best_rows(context)
-        k = best_k if k is None else k
-        w = max(best_w, 1) if w is None else w
-    return replace(opts, k=opts.k if k is None else k, w=opts.w if w is None else w)
+    else:
+        best_k, best_w = DEFAULT_ROWS.get(device, DEFAULT_ROWS["cuda"])
+    k = best_k if k is None else k
+    w = max(best_w, 1) if w is None else w
+    return replace(opts, k=k, w=w)
 
 
 def load_engine(model: str, device: str, dtype: str, profile: Path | None = None) -> Engine:

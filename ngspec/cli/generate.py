@@ -122,7 +122,7 @@ def generate_command(
         stream = None if json_out else render.TextStream(engine.detokenize)
         if stream is not None and len(prompts) > 1:
             render.console.rule(f"prompt {prompt.id}")
-        prompt_opts = rows_options(opts, k, w, engine.profile, len(ids))
+        prompt_opts = rows_options(opts, k, w, engine.profile, len(ids), engine.target.device.type)
         gen = engine.run(ids, make_drafter(drafter, prompt_opts, tables, eagle), fit_rows(cfg, drafter, prompt_opts), on_tokens=stream)
         record = result_record(prompt.id, len(ids), engine.detokenize(gen.token_ids), gen, drafter)
         if check:

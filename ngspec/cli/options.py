@@ -40,8 +40,8 @@ LookupTokensOpt = Annotated[int, typer.Option("--lookup-tokens", help="prompt-lo
 
 ProfileOpt = Annotated[Optional[Path], typer.Option("--profile", help="Device profile from `ngspec profile-bound --save-profile`: size drafts from its measured verify costs instead of a quick calibration.")]
 
-KOpt = Annotated[Optional[int], typer.Option("--k", help="Row drafters (context-ngram, unigram, bigram, mixed): draft rows per step (default 4, or from --profile).", rich_help_panel="Drafter options")]
-WOpt = Annotated[Optional[int], typer.Option("--w", help="Row drafters: tokens per row (default 4, or from --profile).", rich_help_panel="Drafter options")]
+KOpt = Annotated[Optional[int], typer.Option("--k", help="Row drafters (context-ngram, unigram, bigram, mixed): draft rows per step (default: from --profile, else 2 on CPU and 10 on GPU).", rich_help_panel="Drafter options")]
+WOpt = Annotated[Optional[int], typer.Option("--w", help="Row drafters: tokens per row (default: from --profile, else 1 on CPU and 10 on GPU).", rich_help_panel="Drafter options")]
 NgramQOpt = Annotated[int, typer.Option("--ngram-q", help="context-ngram, mixed: match the last q tokens.", rich_help_panel="Drafter options")]
 VerifyOpt = Annotated[str, typer.Option("--verify", help="tree: one forward over the draft tree under a tree mask; rows: each root-to-leaf path as its own batch row, all sharing the context's KV cache (the paper's layout). Both are lossless.")]
 BigramTableOpt = Annotated[Optional[Path], typer.Option("--bigram-table", help="unigram/bigram/mixed: table file from `ngspec build-bigram --out` (default: built once per model and cached).", rich_help_panel="Drafter options")]

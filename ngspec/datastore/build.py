@@ -37,6 +37,26 @@ class BuildOptions:
             raise NgspecError("--max-records must be at least 1")
 
 
+def release_free_memory() -> None:
+    """Return freed heap pages to the OS (glibc's malloc_trim, Arrow's pool), so the suffix sort's
+    peak is not stacked on memory the tokeniser and the reader already let go of."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        import pyarrow
+
+        pyarrow.default_memory_pool().release_unused()
+    except (ImportError, AttributeError):
+        pass
+    libc = ctypes.util.find_library("c")
+    if libc:
+        try:
+            ctypes.CDLL(libc).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass  # not glibc: nothing to trim
+
+
 def _batches(items: Iterable, size: int) -> Iterable[list]:
     it = iter(items)
     while batch := list(islice(it, size)):
@@ -83,6 +103,8 @@ def build_datastore(
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     records = iter_records(corpus, opts.split)
     tokens, n_records, n_docs, fmt = tokenize_corpus(records, tokenizer, opts, on_batch)
+    del records
+    release_free_memory()  # tokenisation leaves ~10 bytes/token of freed heap; hand it back first
     if on_stage:
         on_stage(f"suffix sort of {len(tokens):,} tokens")
     sa = suffix_array(tokens)
