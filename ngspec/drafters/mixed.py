@@ -5,29 +5,20 @@ accepted."""
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from ngspec.contracts import DraftContext
-from ngspec.drafters.context_ngram import QgramIndex, context_rows
+from ngspec.drafters.context_ngram import ContextNgramDrafter
 from ngspec.drafters.model_ngram import bigram_rows
 from ngspec.drafters.ngram_tables import NgramTables
-from ngspec.drafters.rows_base import Row, RowDrafter
+from ngspec.drafters.rows_base import Row
 
 
-class MixedDrafter(RowDrafter):
+class MixedDrafter(ContextNgramDrafter):
     name = "mixed"
 
     def __init__(self, k: int, w: int, tables: NgramTables, q: int = 1) -> None:
-        super().__init__(k, w)
-        self.tables, self.q = tables, q
-        self.index = QgramIndex(q)
-
-    def start(self, prompt: Sequence[int]) -> None:
-        super().start(prompt)
-        self.index = QgramIndex(self.q)
+        super().__init__(k, w, q)
+        self.tables = tables
 
     def rows(self, ctx: DraftContext) -> list[Row]:
-        self.index.sync(ctx.tokens)
-        context = [("context", row) for row in context_rows(ctx.tokens, self.index, self.k, self.w)]
         # more bigram rows than needed: some may repeat a context row and be dropped
-        return context + bigram_rows(self.tables, ctx.tokens[-1], self.k, self.w)
+        return super().rows(ctx) + bigram_rows(self.tables, ctx.tokens[-1], self.k, self.w)
