@@ -42,13 +42,26 @@ def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512
                 torch.cuda.synchronize(target.device)  # kernels run asynchronously
             samples.append(time.perf_counter() - start)
         measured[size] = statistics.median(samples)
-    base = measured[0]
+    return cost_table({s: t / measured[0] for s, t in measured.items()}, max_nodes)
+
+
+def cost_table(points: dict[int, float], max_nodes: int) -> tuple[float, ...]:
+    """Relative cost of 0..max_nodes nodes from measured ``{nodes: relative cost}`` points:
+    linear between points, along the last slope beyond them, never below 1.0 or decreasing."""
+    known = sorted({0: 1.0, **points}.items())  # a measured size 0 replaces the default
     table, running = [], 1.0
     for n in range(max_nodes + 1):
-        lo = max(s for s in sizes if s <= n)
-        hi = min(s for s in sizes if s >= n)
-        value = measured[lo] if hi == lo else measured[lo] + (measured[hi] - measured[lo]) * (n - lo) / (hi - lo)
-        running = max(running, value / base)
+        lower = max((p for p in known if p[0] <= n), key=lambda p: p[0])
+        upper = min((p for p in known if p[0] >= n), key=lambda p: p[0], default=None)
+        if upper is None:  # beyond the measured sizes
+            prev = known[-2] if len(known) > 1 else (0, 1.0)
+            slope = (known[-1][1] - prev[1]) / max(known[-1][0] - prev[0], 1)
+            value = known[-1][1] + slope * (n - known[-1][0])
+        elif upper[0] == lower[0]:
+            value = lower[1]
+        else:
+            value = lower[1] + (upper[1] - lower[1]) * (n - lower[0]) / (upper[0] - lower[0])
+        running = max(running, value)
         table.append(running)
     return tuple(table)
 

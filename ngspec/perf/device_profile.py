@@ -64,24 +64,9 @@ class DeviceProfile:
     def verify_cost(self, context: int, max_nodes: int) -> tuple[float, ...]:
         """Relative cost of verifying 0..max_nodes tree nodes at ``context``: measured points
         interpolated, extrapolated along the last measured slope, never decreasing."""
-        points = sorted(self._nearest(context)["tree_cost"])
-        if not points or points[0][0] != 0:
-            points = [[0, 1.0], *points]
-        table, running = [], 1.0
-        for n in range(max_nodes + 1):
-            lower = max((p for p in points if p[0] <= n), key=lambda p: p[0])
-            upper = min((p for p in points if p[0] >= n), key=lambda p: p[0], default=None)
-            if upper is None:  # beyond the grid
-                prev = points[-2] if len(points) > 1 else [0, 1.0]
-                slope = (points[-1][1] - prev[1]) / max(points[-1][0] - prev[0], 1)
-                value = points[-1][1] + slope * (n - points[-1][0])
-            elif upper[0] == lower[0]:
-                value = lower[1]
-            else:
-                value = lower[1] + (upper[1] - lower[1]) * (n - lower[0]) / (upper[0] - lower[0])
-            running = max(running, value)
-            table.append(running)
-        return tuple(table)
+        from ngspec.perf.costs import cost_table
+
+        return cost_table({int(n): float(s) for n, s in self._nearest(context)["tree_cost"]}, max_nodes)
 
     def cost_tables(self, max_nodes: int) -> dict[int, tuple[float, ...]]:
         return {c: self.verify_cost(c, max_nodes) for c in self.contexts}
