@@ -55,18 +55,28 @@ def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
-    """Follow the target's argmax from the root; ``logits`` is ``[n+1, vocab]`` in block order."""
+    """Follow the target's argmax from the root; ``logits`` is ``[n+1, vocab]`` in block order.
+
+    Siblings may repeat a token (a search branch is appended to a tree without merging); every
+    such sibling agrees with the target, so the one with the longest accepted run below it is
+    taken (the first on a tie): the output is the same, only longer per call."""
     preds = logits.argmax(dim=-1).tolist()
     kids = children(tree)
-    node, path = 0, []
-    while True:
-        want = preds[node]
-        nxt = next((c for c in kids[node] if tree.tokens[c - 1] == want), None)
-        if nxt is None:
-            break
-        path.append(nxt - 1)
-        node = nxt
-    return Verdict(tuple(path), tuple(tree.tokens[i] for i in path) + (preds[node],))
+
+    def run(node: int) -> list[int]:
+        """Longest accepted run of block indices below block index ``node``."""
+        best: list[int] = []
+        for c in kids[node]:
+            if tree.tokens[c - 1] == preds[node]:
+                below = [c] + run(c)
+                if len(below) > len(best):
+                    best = below
+        return best
+
+    blocks = run(0)
+    path = tuple(b - 1 for b in blocks)
+    last = blocks[-1] if blocks else 0
+    return Verdict(path, tuple(tree.tokens[i] for i in path) + (preds[last],))
 
 
 def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -78,6 +78,12 @@ def test_bench_reports_every_arm(tmp_path):
         (["build-datastore", "-c", "{prompt}", "--num-proc", "0"], "--num-proc"),
         (["synth-corpus", "--out", "{prompt}"], "already exists"),
         (["datastore-info", "{empty}"], "datastore not found"),
+        (["generate", "-p", "{prompt}", "-d", "search", "--datastore", "no/such/store"], "no datastore at"),
+        (["generate", "-p", "{prompt}", "-d", "trie", "--datastore", "{prompt}"], "only used by the search"),
+        (["generate", "-p", "{prompt}", "-d", "search", "--deepen"], "--deepen is only used"),
+        (["generate", "-p", "{prompt}", "-d", "search", "--search-depth", "0"], "--search-depth"),
+        (["generate", "-p", "{prompt}", "-d", "eagle+search"], "need --eagle-head"),
+        (["generate", "-p", "{prompt}", "--k", "1,2"], "takes one number here"),
     ],
 )
 def test_bad_input_one_clear_line(tmp_path, args, message):
@@ -97,3 +103,21 @@ def test_prompt_longer_than_context_window(tmp_path):
     result = invoke("generate", "-p", path, "--raw")
     assert result.exit_code == 1
     assert "context window is 8192" in result.stderr
+
+
+@pytest.mark.slow
+def test_search_with_a_datastore_of_another_tokenizer_is_refused(tmp_path, prompt_file):
+    from ngspec.datastore.build import BuildOptions, build_datastore
+    from ngspec.models import load_model
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"instruction": "Say hi", "response": "Hi there, friend."}) + "\n")
+    out = tmp_path / "ds"
+    build_datastore(str(corpus), load_model("default", device="cpu").tokenizer, "smol", out, BuildOptions())
+    meta = json.loads((out / "meta.json").read_text())
+    meta["tokenizer_fingerprint"] = "0" * 32
+    (out / "meta.json").write_text(json.dumps(meta))
+    result = invoke("generate", "-p", prompt_file, "-d", "search", "--datastore", out, "-n", 4)
+    assert result.exit_code == 1
+    assert "differs from this model's tokenizer" in result.stderr
+    assert "Traceback" not in result.output + result.stderr

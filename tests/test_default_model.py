@@ -18,6 +18,7 @@ from ngspec.target import TargetModel
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CORPUS = Path(__file__).resolve().parents[1] / "corpora" / "smollm2-self.jsonl"
 
 
 def real_prompts() -> list[str]:
@@ -46,6 +47,17 @@ def default_eagle(default_model):
 
 
 @pytest.fixture(scope="module")
+def default_datastore(default_model):
+    """The shipped self-synthesised corpus as an in-memory datastore."""
+    from ngspec.datastore.corpus import documents
+    from ngspec.datastore.index import Datastore
+
+    texts = [t for line in CORPUS.read_text().splitlines() for t in documents(json.loads(line), "magpie")]
+    docs = [default_model.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return Datastore.from_documents(docs, len(default_model.tokenizer))
+
+
+@pytest.fixture(scope="module")
 def expected_outputs(default_model):
     eos = eos_ids(default_model)
     out = []
@@ -58,11 +70,11 @@ def expected_outputs(default_model):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["tree", "rows"])
 @pytest.mark.parametrize("drafter", list(REGISTRY))
-def test_default_model_lossless(default_model, default_tables, default_eagle, expected_outputs, drafter, layout):
+def test_default_model_lossless(default_model, default_tables, default_eagle, default_datastore, expected_outputs, drafter, layout):
     target = TargetModel(default_model.model)
     eos = eos_ids(default_model)
-    opts = DrafterOptions(trie_update=True, k=6, w=5)
-    for ids, expected in expected_outputs:
+    for case, (ids, expected) in enumerate(expected_outputs):
+        opts = DrafterOptions(trie_update=True, k=6, w=5, deepen=case % 2 == 1)
         cfg = DecodeConfig(max_new_tokens=64, eos_ids=eos, verify=layout)
-        got = generate(target, make_drafter(drafter, opts, default_tables, default_eagle), ids, cfg)
+        got = generate(target, make_drafter(drafter, opts, default_tables, default_eagle, default_datastore), ids, cfg)
         assert got.token_ids == expected

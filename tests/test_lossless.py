@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import OracleDrafter, hf_greedy, repetitive_prompt
+from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
 from ngspec.drafters.eagle import EagleOptions, eagle_factory
@@ -33,23 +34,35 @@ def tiny_eagle(tiny):
     return eagle_factory(tiny, head.eval(), EagleOptions(top_k=4, depth=4, total_tokens=16))
 
 
+@pytest.fixture(scope="session")
+def tiny_datastore(tiny):
+    """Documents of the model's own greedy continuations: the search finds real matches."""
+    rng = random.Random(7)
+    docs = []
+    for _ in range(12):
+        prompt = repetitive_prompt(rng, VOCAB, rng.randrange(5, 60))
+        docs.append(prompt[-4:] + hf_greedy(tiny, prompt, 40))
+    return Datastore.from_documents(docs, VOCAB)
+
+
 @pytest.mark.parametrize("layout", ["tree", "rows"])
 @pytest.mark.parametrize("cost", [(), STEEP_COST], ids=["flat-cost", "steep-cost"])
 @pytest.mark.parametrize("drafter", list(REGISTRY))
-def test_drafters_match_plain_greedy(tiny, tiny_tables, tiny_eagle, drafter, cost, layout):
+def test_drafters_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_datastore, drafter, cost, layout):
     rng = random.Random(1)
     target = TargetModel(tiny)
     target.cost_tables = {0: cost}
     options = [
         DrafterOptions(),
-        DrafterOptions(num_draft=4, trie_update=True, ngram_n=5, prefix_len=2, k=7, w=6, ngram_q=2),
+        DrafterOptions(num_draft=4, trie_update=True, ngram_n=5, prefix_len=2, k=7, w=6, ngram_q=2, search_depth=6, deepen=True),
     ]
     for case in range(8):
         prompt = repetitive_prompt(rng, VOCAB, rng.randrange(5, 120))
         expected = hf_greedy(tiny, prompt, 40)
         opts = options[case % 2]
         cfg = DecodeConfig(max_new_tokens=40, verify=layout)
-        got = generate(target, make_drafter(drafter, opts, tiny_tables, tiny_eagle), prompt, cfg)
+        store = tiny_datastore if case % 4 < 2 else None  # searches with and without a datastore
+        got = generate(target, make_drafter(drafter, opts, tiny_tables, tiny_eagle, store), prompt, cfg)
         assert got.token_ids == expected, f"{drafter} case {case}"
         assert sum(s.accepted for s in got.stats.steps) == len(got.token_ids)
 

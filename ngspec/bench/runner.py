@@ -82,7 +82,7 @@ def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Re
         return ArmRun(pid, tokens, seconds, calls, [1] * len(tokens) if calls else [])
     cap = arm.opts.k * arm.opts.w if arm.drafter in ROW_DRAFTERS else 0
     arm_cfg = replace(cfg, verify=arm.verify, max_draft_nodes=max(cfg.max_draft_nodes, cap))
-    gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, res.tables, res.eagle), arm_cfg)
+    gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore), arm_cfg)
     steps = gen.stats.steps
     return ArmRun(
         pid, gen.token_ids, gen.seconds, len(steps), [s.accepted for s in steps], gen.stats.draft_seconds, gen.drafter_stats

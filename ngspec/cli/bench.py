@@ -13,16 +13,15 @@ from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, rows
 from ngspec.bench.grid import ablation, heatmaps, sweeps
 from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
 from ngspec.cli import render
-from ngspec.cli.common import check_table_option, eagle_options, load_eagle, decode_config, load_engine, load_tables, rows_options, sampling_config
-from ngspec.cli.options import (
-    DRAFTERS, BigramTableOpt, EagleHeadOpt, TotalTokensOpt, TreeChoicesOpt, TreeDepthOpt, TreeOpt, TreeTopKOpt, DeviceOpt, DtypeOpt, JsonOpt, LookupNgramOpt, LookupTokensOpt, MaxNewTokensOpt,
-    ModelOpt, NgramNOpt, NgramQOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, RawOpt, TrieUpdateOpt,
-)
-from ngspec.drafters import DrafterOptions, Resources, check_drafter
+from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
+from ngspec.cli.drafting import Drafting, with_drafting_options
+from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt
+from ngspec.drafters import check_drafter
 from ngspec.errors import NgspecError
 from ngspec.prompts import load_prompts
 
 
+@with_drafting_options
 def bench_command(
     questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns'; the first turn is used).")],
     drafters: Annotated[list[str], typer.Option("--drafter", "-d", help=f"Drafter to compare (repeatable); one of: {DRAFTERS}.")] = ["trie", "prompt-lookup"],
@@ -34,28 +33,13 @@ def bench_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     raw: RawOpt = False,
-    num_draft: NumDraftOpt = DrafterOptions.num_draft,
-    ngram_n: NgramNOpt = DrafterOptions.ngram_n,
-    prefix_len: PrefixLenOpt = DrafterOptions.prefix_len,
-    trie_update: TrieUpdateOpt = DrafterOptions.trie_update,
-    lookup_ngram: LookupNgramOpt = DrafterOptions.lookup_ngram,
-    lookup_tokens: LookupTokensOpt = DrafterOptions.lookup_tokens,
-    k: Annotated[Optional[str], typer.Option("--k", help="Row drafters: rows per step; a list or range (1,2,4 or 1..8) sweeps a (k, w) grid.", rich_help_panel="Drafter options")] = None,
-    w: Annotated[Optional[str], typer.Option("--w", help="Row drafters: tokens per row; a list or range sweeps.", rich_help_panel="Drafter options")] = None,
-    ngram_q: NgramQOpt = DrafterOptions.ngram_q,
-    bigram_table: BigramTableOpt = None,
-    eagle_head: EagleHeadOpt = None,
-    tree: TreeOpt = "dynamic",
-    tree_top_k: TreeTopKOpt = 8,
-    tree_depth: TreeDepthOpt = 5,
-    total_tokens: TotalTokensOpt = 32,
-    tree_choices: TreeChoicesOpt = None,
     verify: Annotated[str, typer.Option("--verify", help="tree, rows, or both (every drafter runs in each layout).")] = "tree",
     plots: Annotated[Path, typer.Option("--plots", help="Directory for the (k, w) heatmaps of a grid sweep.")] = Path("bench-out"),
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the report as Markdown to this file.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
+    drafting: Drafting = Drafting(),
 ) -> None:
     """Compare drafters with vanilla decoding and transformers' generate on the same prompts, in one
     process, interleaved: speedup vs hf-greedy, tokens per call, acceptance histogram, drafting
@@ -67,17 +51,16 @@ def bench_command(
     from ngspec.perf.sweep import parse_values
 
     cfg = decode_config(max_new_tokens, sampling_config(0.0, 1.0, 0, None), None)
-    opts = DrafterOptions(num_draft, ngram_n, prefix_len, trie_update, lookup_ngram, lookup_tokens, ngram_q=ngram_q)
     for name in drafters:
         if name not in HF_ARMS:
             check_drafter(name)
+    drafting.check(drafters)
+    opts = drafting.options()
     if verify not in ("tree", "rows", "both"):
         raise NgspecError(f"--verify must be tree, rows or both (got {verify!r})")
     layouts = ["tree", "rows"] if verify == "both" else [verify]
-    ks = parse_values(k, "k", 1) if k is not None else None
-    ws = parse_values(w, "w", 1) if w is not None else None
-    check_table_option(drafters, bigram_table)
-    eagle_opts = eagle_options(eagle_head, drafters, tree, tree_top_k, tree_depth, total_tokens, tree_choices)
+    ks = parse_values(drafting.k, "k", 1) if drafting.k is not None else None
+    ws = parse_values(drafting.w, "w", 1) if drafting.w is not None else None
     prompts = load_prompts(questions, category, limit, per_category)
     for path in (markdown_out, json_path):
         if path is not None and not path.parent.exists():
@@ -88,12 +71,11 @@ def bench_command(
         ks = ks or [defaults.k]
         ws = ws or [defaults.w]
     arms = make_arms(drafters, opts, ks, ws, layouts)
-    tables = load_tables(engine, [a.drafter for a in arms], bigram_table)
-    eagle = load_eagle(engine, eagle_head, eagle_opts)
+    res = drafting.resources(engine, [a.drafter for a in arms])
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * len(arms))
-        records = run_bench(engine, prompts, arms, cfg, Resources(tables, eagle), raw, lambda arm: progress.advance(task))
+        records = run_bench(engine, prompts, arms, cfg, res, raw, lambda arm: progress.advance(task))
 
     summaries = summarise(records, [a.label for a in arms])
     settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": len(prompts), "max_new_tokens": max_new_tokens}

@@ -40,28 +40,12 @@ def load_tables(engine: Engine, drafters: list[str], path: Path | None) -> Ngram
 
     from ngspec.cli.render import err_console, info
 
-    check_table_option(drafters, path)
     if not NEEDS_TABLES & set(drafters):
         return None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:
         task = progress.add_task("building bigram table (once per model)", total=None)
         return engine.ngram_tables(path, lambda done, total: progress.update(task, completed=done, total=total), info)
-
-
-def eagle_options(head: Path | None, drafters: list[str], tree: str, top_k: int, depth: int, total: int, choices: Path | None):
-    """Validated EAGLE options (before any model is loaded)."""
-    from ngspec.drafters import NEEDS_HEAD
-    from ngspec.drafters.eagle import DEFAULT_CHOICES, EagleOptions, read_choices
-
-    if NEEDS_HEAD & set(drafters):
-        if head is None:
-            raise NgspecError("the eagle drafter needs --eagle-head DIR (an EAGLE-1 head; `ngspec train-eagle` makes one)")
-        if not head.is_dir():
-            raise NgspecError(f"no EAGLE head directory at {head}")
-    elif head is not None:
-        raise NgspecError("--eagle-head is only used by the eagle drafter")
-    return EagleOptions(tree, top_k, depth, total, read_choices(choices) if choices else DEFAULT_CHOICES)
 
 
 def load_eagle(engine: Engine, head: Path | None, opts):
@@ -72,11 +56,6 @@ def load_eagle(engine: Engine, head: Path | None, opts):
     from ngspec.eagle.head import load_head
 
     return eagle_factory(engine.loaded.model, load_head(head, engine.loaded.model), opts)
-
-
-def check_table_option(drafters: list[str], path: Path | None) -> None:
-    if path is not None and not NEEDS_TABLES & set(drafters):
-        raise NgspecError("--bigram-table is only used by the unigram, bigram and mixed drafters")
 
 
 # (k, w) for row drafters when neither --k/--w nor --profile says: measured best by wall time on

@@ -7,11 +7,11 @@ from typing import Annotated
 import typer
 
 from ngspec.cli import render
-from ngspec.cli.common import check_table_option, eagle_options, load_eagle, decode_config, fit_rows, load_engine, load_tables, rows_options, sampling_config
+from ngspec.cli.common import decode_config, fit_rows, load_engine, rows_options, sampling_config
+from ngspec.cli.drafting import Drafting, single_value, with_drafting_options
 from ngspec.cli.options import (
-    DRAFTERS, BigramTableOpt, EagleHeadOpt, TotalTokensOpt, TreeChoicesOpt, TreeDepthOpt, TreeOpt, TreeTopKOpt, DeviceOpt, DtypeOpt, JsonOpt, KOpt, LookupNgramOpt, LookupTokensOpt,
-    MaxNewTokensOpt, ModelOpt, NgramNOpt, NgramQOpt, NumDraftOpt, PrefixLenOpt, ProfileOpt, PromptFileArg,
-    RawOpt, SeedOpt, StopOpt, TemperatureOpt, TopKOpt, TopPOpt, TrieUpdateOpt, VerifyOpt, WOpt,
+    DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt,
+    StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt,
 )
 from ngspec.check import check_against_greedy
 from ngspec.decode import Generation
@@ -65,6 +65,7 @@ def _rows_summary(stats: dict | None, opts: DrafterOptions | None) -> list[tuple
     return rows
 
 
+@with_drafting_options
 def generate_command(
     prompt_file: PromptFileArg,
     drafter: Annotated[str, typer.Option("--drafter", "-d", help=f"One of: {DRAFTERS}.")] = "trie",
@@ -78,26 +79,11 @@ def generate_command(
     top_k: TopKOpt = 0,
     seed: SeedOpt = None,
     stop: StopOpt = None,
-    num_draft: NumDraftOpt = DrafterOptions.num_draft,
-    ngram_n: NgramNOpt = DrafterOptions.ngram_n,
-    prefix_len: PrefixLenOpt = DrafterOptions.prefix_len,
-    trie_update: TrieUpdateOpt = DrafterOptions.trie_update,
-    lookup_ngram: LookupNgramOpt = DrafterOptions.lookup_ngram,
-    lookup_tokens: LookupTokensOpt = DrafterOptions.lookup_tokens,
-    k: KOpt = None,
-    w: WOpt = None,
-    ngram_q: NgramQOpt = DrafterOptions.ngram_q,
-    bigram_table: BigramTableOpt = None,
-    eagle_head: EagleHeadOpt = None,
-    tree: TreeOpt = "dynamic",
-    tree_top_k: TreeTopKOpt = 8,
-    tree_depth: TreeDepthOpt = 5,
-    total_tokens: TotalTokensOpt = 32,
-    tree_choices: TreeChoicesOpt = None,
     verify: VerifyOpt = "tree",
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16).")] = False,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
+    drafting: Drafting = Drafting(),
 ) -> None:
     """Generate text for every prompt in a file, token-identical to plain decoding, and report
     speed and acceptance.
@@ -105,17 +91,16 @@ def generate_command(
     Example: ngspec generate -p examples/rag_ngspec.txt --drafter trie
     """
     check_drafter(drafter)  # validate everything before loading anything
-    opts = DrafterOptions(num_draft, ngram_n, prefix_len, trie_update, lookup_ngram, lookup_tokens, ngram_q=ngram_q)
+    drafting.check([drafter])
+    opts = drafting.options()
+    k, w = single_value(drafting.k, "k"), single_value(drafting.w, "w")
     rows_options(opts, k, w, None, 0)  # validates --k/--w
-    check_table_option([drafter], bigram_table)
-    eagle_opts = eagle_options(eagle_head, [drafter], tree, tree_top_k, tree_depth, total_tokens, tree_choices)
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
     if check and not cfg.sampling.greedy:
         raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
     prompts = load_prompts(prompt_file)
     engine = load_engine(model, device, dtype, profile)
-    tables = load_tables(engine, [drafter], bigram_table)
-    eagle = load_eagle(engine, eagle_head, eagle_opts)
+    res = drafting.resources(engine, [drafter])
     tokenizer = engine.loaded.tokenizer
     for prompt in prompts:
         ids = encode(tokenizer, prompt.text, raw)
@@ -123,7 +108,7 @@ def generate_command(
         if stream is not None and len(prompts) > 1:
             render.console.rule(f"prompt {prompt.id}")
         prompt_opts = rows_options(opts, k, w, engine.profile, len(ids), engine.target.device.type)
-        gen = engine.run(ids, make_drafter(drafter, prompt_opts, tables, eagle), fit_rows(cfg, drafter, prompt_opts), on_tokens=stream)
+        gen = engine.run(ids, make_drafter(drafter, prompt_opts, res.tables, res.eagle, res.datastore), fit_rows(cfg, drafter, prompt_opts), on_tokens=stream)
         record = result_record(prompt.id, len(ids), engine.detokenize(gen.token_ids), gen, drafter)
         if check:
             record["greedy_check"] = check_against_greedy(engine, ids, gen.token_ids, cfg).as_dict()

@@ -140,3 +140,28 @@ class Datastore:
             if follow:
                 counts[tuple(follow)] += 1
         return counts.most_common(top)
+
+    def greedy_continuation(self, match: Match, depth: int, max_occurrences: int = 4096) -> tuple[list[int], list[float]]:
+        """The most frequent continuation of the matched occurrences, chosen token by token (at
+        each depth the commonest next token among the occurrences that agreed so far), up to
+        ``depth`` tokens and never past a document end; with each token's conditional frequency
+        (count of occurrences continuing with it / occurrences that reached that depth)."""
+        sep = self.meta.separator
+        starts = np.asarray(self.sa[match.lo : min(match.hi, match.lo + max_occurrences)], dtype=np.int64) + match.length
+        where = starts[:, None] + np.arange(depth, dtype=np.int64)[None, :]
+        follow = np.asarray(self.tokens[np.minimum(where, len(self.tokens) - 1)], dtype=np.int64)
+        follow[where >= len(self.tokens)] = sep
+        alive = np.ones(len(starts), dtype=bool)
+        tokens: list[int] = []
+        probs: list[float] = []
+        for d in range(depth):
+            column = follow[alive, d]
+            column = column[column != sep]
+            if not len(column):
+                break
+            values, counts = np.unique(column, return_counts=True)
+            best = int(counts.argmax())
+            tokens.append(int(values[best]))
+            probs.append(float(counts[best]) / float(alive.sum()))
+            alive &= follow[:, d] == values[best]
+        return tokens, probs

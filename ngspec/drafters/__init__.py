@@ -9,6 +9,7 @@ from ngspec.contracts import Drafter
 from ngspec.errors import NgspecError
 
 if TYPE_CHECKING:
+    from ngspec.datastore.index import Datastore
     from ngspec.drafters.eagle import EagleDrafter
     from ngspec.drafters.ngram_tables import NgramTables
 
@@ -26,6 +27,8 @@ class DrafterOptions:
     k: int = 4  # row drafters: rows per step
     w: int = 4  # row drafters: tokens per row
     ngram_q: int = 1  # context-ngram / mixed: length of the matched suffix
+    search_depth: int = 16  # search, eagle+search: tokens in the search branch
+    deepen: bool = False  # eagle+search: hang the search branch below the first EAGLE branch
 
     def __post_init__(self) -> None:
         checks = {
@@ -37,22 +40,25 @@ class DrafterOptions:
             "--k": self.k >= 1,
             "--w": self.w >= 1,
             "--ngram-q": self.ngram_q >= 1,
+            "--search-depth": self.search_depth >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise NgspecError(
                 f"invalid drafter option(s): {', '.join(bad)} (need num-draft >= 1, ngram-n >= 2, "
-                "1 <= prefix-len < ngram-n, lookup-ngram >= 1, lookup-tokens >= 1, k >= 1, w >= 1, ngram-q >= 1)"
+                "1 <= prefix-len < ngram-n, lookup-ngram >= 1, lookup-tokens >= 1, k >= 1, w >= 1, ngram-q >= 1, search-depth >= 1)"
             )
 
 
 @dataclass(frozen=True)
 class Resources:
     """What some drafters need beyond options: the model's n-gram tables (unigram, bigram,
-    mixed) and a ready EAGLE drafter factory (eagle)."""
+    mixed), a ready EAGLE drafter factory (eagle, eagle+search) and a datastore (search,
+    eagle+search; optional)."""
 
     tables: Optional["NgramTables"] = None
     eagle: Optional[Callable[[], "EagleDrafter"]] = None
+    datastore: Optional["Datastore"] = None
 
 
 def _vanilla(opts: DrafterOptions, res: Resources) -> Drafter:
@@ -106,6 +112,18 @@ def _eagle(opts: DrafterOptions, res: Resources) -> Drafter:
     return res.eagle()
 
 
+def _search(opts: DrafterOptions, res: Resources) -> Drafter:
+    from ngspec.drafters.search import SearchDrafter
+
+    return SearchDrafter(res.datastore, opts.search_depth, opts.prefix_len)
+
+
+def _eagle_search(opts: DrafterOptions, res: Resources) -> Drafter:
+    from ngspec.drafters.search import EagleSearchDrafter
+
+    return EagleSearchDrafter(res.eagle(), res.datastore, opts.search_depth, opts.prefix_len, opts.deepen)
+
+
 REGISTRY: dict[str, Callable[[DrafterOptions, Resources], Drafter]] = {
     "vanilla": _vanilla,
     "prompt-lookup": _prompt_lookup,
@@ -115,10 +133,13 @@ REGISTRY: dict[str, Callable[[DrafterOptions, Resources], Drafter]] = {
     "bigram": _bigram,
     "mixed": _mixed,
     "eagle": _eagle,
+    "search": _search,
+    "eagle+search": _eagle_search,
 }
 NEEDS_TABLES = frozenset({"unigram", "bigram", "mixed"})  # model-derived tables (`build-bigram`)
-NEEDS_HEAD = frozenset({"eagle"})  # an EAGLE draft head (--eagle-head)
+NEEDS_HEAD = frozenset({"eagle", "eagle+search"})  # an EAGLE draft head (--eagle-head)
 ROW_DRAFTERS = frozenset({"context-ngram", "unigram", "bigram", "mixed"})  # sized by --k and --w
+SEARCHES = frozenset({"search", "eagle+search"})  # read --datastore (optional)
 
 
 def check_drafter(name: str) -> None:
@@ -127,13 +148,18 @@ def check_drafter(name: str) -> None:
 
 
 def make_drafter(
-    name: str, opts: DrafterOptions | None = None, tables: "NgramTables | None" = None, eagle: Callable | None = None
+    name: str,
+    opts: DrafterOptions | None = None,
+    tables: "NgramTables | None" = None,
+    eagle: Callable | None = None,
+    datastore: "Datastore | None" = None,
 ) -> Drafter:
     """A fresh drafter; ``tables`` (from `ngram_tables.cached_tables`) for the model-derived ones,
-    ``eagle`` (a factory holding a loaded head) for eagle."""
+    ``eagle`` (a factory holding a loaded head) for eagle and eagle+search, ``datastore`` for the
+    search drafters."""
     check_drafter(name)
     if name in NEEDS_TABLES and tables is None:
         raise NgspecError(f"the {name} drafter needs the model's n-gram tables")
     if name in NEEDS_HEAD and eagle is None:
         raise NgspecError(f"the {name} drafter needs an EAGLE head (--eagle-head DIR; `ngspec train-eagle` makes one)")
-    return REGISTRY[name](opts or DrafterOptions(), Resources(tables, eagle))
+    return REGISTRY[name](opts or DrafterOptions(), Resources(tables, eagle, datastore))

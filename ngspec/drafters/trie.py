@@ -125,6 +125,18 @@ class NGramTrie:
                 heapq.heappush(heap, (-prob, depth + 1, grandkid, index))
         return DraftTree(tuple(tokens), tuple(parents)), probs
 
+    def greedy_path(self, node: int, depth: int, smoothing: float = 0.0) -> tuple[list[int], list[float]]:
+        """The most frequent path below ``node`` (at each step the most frequent child, ties to the
+        earlier-inserted one), up to ``depth`` tokens, with each step's conditional frequency."""
+        tokens: list[int] = []
+        probs: list[float] = []
+        while len(tokens) < depth and self.children[node]:
+            kid = max(self.children[node].values(), key=lambda c: self.counts[c])
+            probs.append(self.counts[kid] / (self.counts[node] + smoothing))
+            tokens.append(self.tokens[kid])
+            node = kid
+        return tokens, probs
+
 
 def best_size(gains: list[float], ctx: DraftContext) -> int:
     """Number of leading nodes maximising expected tokens per unit of verify cost."""

@@ -1,0 +1,139 @@
+"""Drafter options shared by `generate`, `bench` and `tune-tree`, declared once.
+
+Typer has no option groups, so `with_drafting_options` appends these parameters to a command's
+signature and hands the command one `Drafting` object instead of twenty arguments. `Drafting`
+validates everything before a model is loaded and then loads what the chosen drafters need
+(n-gram tables, an EAGLE head, a datastore).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ngspec.drafters import NEEDS_HEAD, NEEDS_TABLES, SEARCHES, DrafterOptions, Resources
+from ngspec.errors import NgspecError
+
+PANEL = "Drafter options"
+EAGLE = "EAGLE options"
+SEARCH = "Search options (search, eagle+search)"
+
+
+@dataclass(frozen=True)
+class Drafting:
+    num_draft: Annotated[int, typer.Option("--num-draft", help="trie: most nodes per draft tree; each step keeps as many as pay off under the measured verify cost.", rich_help_panel=PANEL)] = DrafterOptions.num_draft
+    ngram_n: Annotated[int, typer.Option("--ngram-n", help="trie: n-gram window n.", rich_help_panel=PANEL)] = DrafterOptions.ngram_n
+    prefix_len: Annotated[int, typer.Option("--prefix-len", help="trie, search: max prefix length L_p matched in the context trie (backoff starts here).", rich_help_panel=PANEL)] = DrafterOptions.prefix_len
+    trie_update: Annotated[bool, typer.Option("--trie-update/--no-trie-update", help="trie: also insert generated tokens (measured to help; the paper builds from the prompt only).", rich_help_panel=PANEL)] = DrafterOptions.trie_update
+    lookup_ngram: Annotated[int, typer.Option("--lookup-ngram", help="prompt-lookup: longest n-gram to match.", rich_help_panel=PANEL)] = DrafterOptions.lookup_ngram
+    lookup_tokens: Annotated[int, typer.Option("--lookup-tokens", help="prompt-lookup: tokens copied per draft.", rich_help_panel=PANEL)] = DrafterOptions.lookup_tokens
+    k: Annotated[Optional[str], typer.Option("--k", help="Row drafters (context-ngram, unigram, bigram, mixed): rows per step (default: from --profile, else 2 on CPU and 10 on GPU); in bench a list or range (1,2,4 or 1..8) sweeps a (k, w) grid.", rich_help_panel=PANEL)] = None
+    w: Annotated[Optional[str], typer.Option("--w", help="Row drafters: tokens per row (default: from --profile, else 1 on CPU and 10 on GPU); in bench a list or range sweeps.", rich_help_panel=PANEL)] = None
+    ngram_q: Annotated[int, typer.Option("--ngram-q", help="context-ngram, mixed: match the last q tokens.", rich_help_panel=PANEL)] = DrafterOptions.ngram_q
+    bigram_table: Annotated[Optional[Path], typer.Option("--bigram-table", help="unigram/bigram/mixed: table file from `ngspec build-bigram --out` (default: built once per model and cached).", rich_help_panel=PANEL)] = None
+    eagle_head: Annotated[Optional[Path], typer.Option("--eagle-head", help="eagle, eagle+search: an EAGLE-1 head directory (public layout; `ngspec train-eagle` makes one).", rich_help_panel=EAGLE)] = None
+    tree: Annotated[str, typer.Option("--tree", help="eagle: dynamic (EAGLE-2: expand the best nodes per depth, keep the best --total-tokens) or static (EAGLE-1 choices, e.g. a shape from `ngspec tune-tree`).", rich_help_panel=EAGLE)] = "dynamic"
+    tree_top_k: Annotated[int, typer.Option("--tree-top-k", help="eagle dynamic: nodes expanded per depth and children per node.", rich_help_panel=EAGLE)] = 8
+    tree_depth: Annotated[int, typer.Option("--tree-depth", help="eagle dynamic: draft depth.", rich_help_panel=EAGLE)] = 5
+    total_tokens: Annotated[int, typer.Option("--total-tokens", help="eagle dynamic: draft nodes kept per step.", rich_help_panel=EAGLE)] = 32
+    tree_choices: Annotated[Optional[Path], typer.Option("--tree-choices", help="eagle static: a tree shape, either a JSON list of paths of child ranks ([[0],[1],[0,0]]) or a `tune-tree` output file (default: a 17-node tree).", rich_help_panel=EAGLE)] = None
+    datastore: Annotated[Optional[Path], typer.Option("--datastore", help="search, eagle+search: a datastore from `ngspec build-datastore` (built with this model's tokenizer); without it only the prompt and generated text are searched.", rich_help_panel=SEARCH)] = None
+    search_depth: Annotated[int, typer.Option("--search-depth", help="search, eagle+search: tokens in the search branch (well beyond the EAGLE depth).", rich_help_panel=SEARCH)] = DrafterOptions.search_depth
+    deepen: Annotated[bool, typer.Option("--deepen/--no-deepen", help="eagle+search: continue the search from the first EAGLE branch and hang the found branch below it (READER's tree deepening).", rich_help_panel=SEARCH)] = DrafterOptions.deepen
+
+    def options(self) -> DrafterOptions:
+        """Validated drafter options; --k/--w stay at their defaults (see `rows_options`)."""
+        return DrafterOptions(
+            self.num_draft, self.ngram_n, self.prefix_len, self.trie_update, self.lookup_ngram, self.lookup_tokens,
+            ngram_q=self.ngram_q, search_depth=self.search_depth, deepen=self.deepen,
+        )
+
+    def check(self, drafters: list[str]) -> None:
+        """Refuse options no chosen drafter reads and missing files, before any model loads."""
+        chosen = set(drafters)
+        if self.bigram_table is not None and not NEEDS_TABLES & chosen:
+            raise NgspecError("--bigram-table is only used by the unigram, bigram and mixed drafters")
+        if NEEDS_HEAD & chosen:
+            if self.eagle_head is None:
+                raise NgspecError("the eagle drafters need --eagle-head DIR (an EAGLE-1 head; `ngspec train-eagle` makes one)")
+            if not self.eagle_head.is_dir():
+                raise NgspecError(f"no EAGLE head directory at {self.eagle_head}")
+        elif self.eagle_head is not None:
+            raise NgspecError("--eagle-head is only used by the eagle and eagle+search drafters")
+        if self.datastore is not None:
+            if not SEARCHES & chosen:
+                raise NgspecError("--datastore is only used by the search and eagle+search drafters")
+            if not self.datastore.exists():
+                raise NgspecError(f"no datastore at {self.datastore} (build one with `ngspec build-datastore`)")
+        if self.deepen and "eagle+search" not in chosen:
+            raise NgspecError("--deepen is only used by the eagle+search drafter")
+        self.options()
+        self.eagle_options()
+
+    def eagle_options(self):
+        from ngspec.drafters.eagle import DEFAULT_CHOICES, EagleOptions, read_choices
+
+        choices = read_choices(self.tree_choices) if self.tree_choices else DEFAULT_CHOICES
+        return EagleOptions(self.tree, self.tree_top_k, self.tree_depth, self.total_tokens, choices)
+
+    def resources(self, engine, drafters: list[str]) -> Resources:
+        """Load what ``drafters`` need for ``engine``'s model: n-gram tables, the EAGLE drafter
+        factory, the datastore (refused when built with another tokenizer)."""
+        from ngspec.cli.common import load_eagle, load_tables
+
+        tables = load_tables(engine, drafters, self.bigram_table)
+        eagle = load_eagle(engine, self.eagle_head, self.eagle_options()) if NEEDS_HEAD & set(drafters) else None
+        store = None
+        if self.datastore is not None:
+            from ngspec.datastore.index import Datastore
+
+            store = Datastore.open(self.datastore, engine.loaded.tokenizer)
+        return Resources(tables, eagle, store)
+
+
+def with_drafting_options(command):
+    """Append `Drafting`'s fields to ``command``'s options; it receives them as ``drafting``."""
+    sig = inspect.signature(command, eval_str=True)  # the command's own annotations, evaluated
+    names = [f.name for f in fields(Drafting)]
+    hints = Drafting.__annotations__
+    added = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=_resolve(hints[f.name]))
+        for f in fields(Drafting)
+    ]
+    own = [p for p in sig.parameters.values() if p.name != "drafting"]
+    # keep the command's own options first; every parameter here has a default
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        drafting = Drafting(**{name: kwargs.pop(name) for name in names})
+        return command(drafting=drafting, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    del wrapper.__wrapped__  # typer must read the new signature, not the original's
+    return wrapper
+
+
+def _resolve(annotation):
+    """Annotations are strings under ``from __future__ import annotations``: evaluate them here."""
+    if isinstance(annotation, str):
+        return eval(annotation, globals())  # noqa: S307 - our own literal annotations
+    return annotation
+
+
+def single_value(spec: str | None, name: str) -> int | None:
+    """--k/--w in commands that take one value."""
+    if spec is None:
+        return None
+    try:
+        value = int(spec)
+    except ValueError:
+        raise NgspecError(f"--{name} takes one number here (got {spec!r}); sweeps are for `ngspec bench`") from None
+    return value
+

@@ -1,0 +1,175 @@
+"""`search` and `eagle+search`: READER's statistical search branch.
+
+Each step the last generated tokens are looked up in two places:
+
+* a local trie of the prompt and everything generated so far (`NGramTrie`, matched on up to
+  ``prefix_len`` tokens with backoff), and
+* a suffix-array datastore of responses (`--datastore`, from `build-datastore`; longest suffix
+  match of up to ``MAX_MATCH`` tokens, at least ``MIN_MATCH``).
+
+The source whose match is longer wins (the local one on a tie, and whenever it matches all of its
+``prefix_len`` tokens: the context is the better evidence), and its most frequent continuation,
+chosen token by token, becomes ONE branch of up to ``depth`` tokens. `search` drafts that branch
+alone (cut, on a device where verification is not free, to the length that maximises expected
+tokens per unit of verify cost); `eagle+search` appends it, unmerged, to the EAGLE tree, so the
+tree keeps a fixed shape. With ``deepen`` the search continues from the context plus the first
+EAGLE branch (the top-ranked child at every depth) and hangs its branch below that branch's last
+node, backing off to shorter prefixes of it, then to the root, when nothing is found.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from ngspec.contracts import DraftContext, DraftTree
+from ngspec.drafters.trie import NGramTrie, best_size
+
+if TYPE_CHECKING:
+    from ngspec.datastore.index import Datastore
+    from ngspec.drafters.eagle import EagleDrafter
+
+MIN_MATCH = 2  # shortest datastore match worth following (one token says little in a large store)
+MAX_MATCH = 32
+SMOOTHING = 0.5  # half an occurrence: a continuation seen once is far from certain
+
+
+class SearchBranch:
+    """The search itself: local trie plus optional datastore, one branch per call."""
+
+    def __init__(self, datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3) -> None:
+        self.datastore = datastore
+        self.depth = depth
+        self.prefix_len = prefix_len
+        self.found: dict[str, int] = {"local": 0, "datastore": 0, "none": 0}
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.trie = NGramTrie(self.prefix_len + self.depth, self.prefix_len)
+        self.trie.extend(prompt)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.trie.extend(tokens)
+
+    def search(self, context: Sequence[int], depth: int | None = None) -> tuple[str, list[int], list[float]]:
+        """(source, tokens, conditional frequencies) of the branch continuing ``context``."""
+        depth = self.depth if depth is None else depth
+        if depth <= 0:
+            return "none", [], []
+        node = self.trie.match(context)
+        local_len = self.trie.depth(node) if node is not None else 0
+        if self.datastore is not None and local_len < self.prefix_len:
+            match = self.datastore.longest_suffix_match(context, MIN_MATCH, MAX_MATCH)
+            if match is not None and match.length > local_len:
+                tokens, probs = self.datastore.greedy_continuation(match, depth)
+                if tokens:
+                    return "datastore", tokens, _smoothed(probs, match.count)
+        if node is not None:
+            tokens, probs = self.trie.greedy_path(node, depth, SMOOTHING * self.prefix_len)
+            return "local", tokens, probs
+        return "none", [], []
+
+    def count(self, source: str) -> None:
+        self.found[source] += 1
+
+
+def _smoothed(probs: list[float], occurrences: int) -> list[float]:
+    """Scale the first conditional frequency as the trie's smoothing would (count / (n + s))."""
+    if not probs:
+        return probs
+    return [probs[0] * occurrences / (occurrences + SMOOTHING)] + probs[1:]
+
+
+def path_probs(conditionals: list[float]) -> list[float]:
+    """Probability of reaching each node of a chain (running product of the conditionals)."""
+    out, p = [], 1.0
+    for c in conditionals:
+        p *= c
+        out.append(p)
+    return out
+
+
+class SearchDrafter:
+    """`search`: the search branch alone (works for any model, no head needed)."""
+
+    name = "search"
+
+    def __init__(self, datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3) -> None:
+        self.search = SearchBranch(datastore, depth, prefix_len)
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.search.start(prompt)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        source, tokens, probs = self.search.search(ctx.tokens, min(self.search.depth, ctx.max_nodes))
+        size = best_size(path_probs(probs), ctx)
+        self.search.count(source if size else "none")
+        return DraftTree.chain(tokens[:size])
+
+    def observe(self, new_tokens: Sequence[int]) -> None:
+        self.search.extend(new_tokens)
+
+    def stats(self) -> dict:
+        return {"search_branch_from": dict(self.search.found)}
+
+
+def first_branch(tree: DraftTree) -> list[int]:
+    """Nodes of the tree's first branch: the first child of the root, its first child, ..."""
+    first_child: dict[int, int] = {}
+    for i, p in enumerate(tree.parents):
+        first_child.setdefault(p, i)
+    path, node = [], -1
+    while node in first_child:
+        node = first_child[node]
+        path.append(node)
+    return path
+
+
+def hang(tree: DraftTree, parent: int, tokens: Sequence[int]) -> DraftTree:
+    """``tree`` with a chain of ``tokens`` appended below node ``parent`` (-1 = the root), never
+    merged with existing children (so the shape stays fixed)."""
+    if not tokens:
+        return tree
+    n = tree.size
+    parents = (parent,) + tuple(range(n, n + len(tokens) - 1))
+    return DraftTree(tree.tokens + tuple(int(t) for t in tokens), tree.parents + parents)
+
+
+class EagleSearchDrafter:
+    """`eagle+search`: the EAGLE tree plus one search branch (hung below the first EAGLE branch
+    with ``deepen``)."""
+
+    name = "eagle+search"
+    needs_features = True
+
+    def __init__(self, eagle: "EagleDrafter", datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3, deepen: bool = False) -> None:
+        self.eagle = eagle
+        self.search = SearchBranch(datastore, depth, prefix_len)
+        self.deepen = deepen
+        self.deepened = 0
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.eagle.start(prompt)
+        self.search.start(prompt)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        depth = min(self.search.depth, ctx.max_nodes)
+        small = DraftContext(ctx.tokens, ctx.prompt_len, ctx.max_nodes - depth, ctx.verify_cost, ctx.features)
+        tree = self.eagle.propose(small)
+        if self.deepen and tree.size:
+            branch = first_branch(tree)
+            for j in range(len(branch), 0, -1):
+                prefix = [tree.tokens[i] for i in branch[:j]]
+                source, tokens, _ = self.search.search(list(ctx.tokens) + prefix, depth)
+                if tokens:
+                    self.search.count(source)
+                    self.deepened += 1
+                    return hang(tree, branch[j - 1], tokens)
+        source, tokens, _ = self.search.search(ctx.tokens, depth)
+        self.search.count(source)
+        return hang(tree, -1, tokens)
+
+    def observe(self, new_tokens: Sequence[int]) -> None:
+        self.eagle.observe(new_tokens)
+        self.search.extend(new_tokens)
+
+    def stats(self) -> dict:
+        return {"search_branch_from": dict(self.search.found), "deepened": self.deepened}

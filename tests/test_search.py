@@ -1,0 +1,143 @@
+"""The statistical search branch: greedy continuations against brute force, branch placement,
+and acceptance through duplicate siblings."""
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from ngspec.contracts import DraftContext, DraftTree
+from ngspec.datastore.index import Datastore
+from ngspec.drafters.search import EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang
+from ngspec.drafters.trie import NGramTrie
+from ngspec.verify import accept_greedy
+
+
+def brute_greedy(followers: list[list[int]], depth: int) -> tuple[list[int], list[float]]:
+    """Token by token, the commonest next token among continuations agreeing so far (ties: the
+    smallest id, as the datastore's numpy search picks)."""
+    alive = followers
+    tokens, probs = [], []
+    for d in range(depth):
+        nxt = Counter(f[d] for f in alive if len(f) > d)
+        if not nxt:
+            break
+        best = max(sorted(nxt), key=lambda t: nxt[t])
+        probs.append(nxt[best] / len(alive))
+        tokens.append(best)
+        alive = [f for f in alive if len(f) > d and f[d] == best]
+    return tokens, probs
+
+
+def test_datastore_greedy_continuation_matches_brute_force():
+    rng = random.Random(0)
+    for case in range(300):
+        vocab = rng.randrange(2, 6)
+        docs = [[rng.randrange(vocab) for _ in range(rng.randrange(0, 25))] for _ in range(rng.randrange(1, 6))]
+        store = Datastore.from_documents(docs, vocab)
+        context = [rng.randrange(vocab) for _ in range(rng.randrange(1, 6))]
+        match = store.longest_suffix_match(context, 1, 4)
+        if match is None:
+            continue
+        query = context[len(context) - match.length :]
+        followers = [
+            doc[i + match.length :]
+            for doc in docs
+            for i in range(len(doc) - match.length + 1)
+            if doc[i : i + match.length] == query
+        ]
+        assert len(followers) == match.count
+        depth = rng.randrange(1, 8)
+        tokens, probs = store.greedy_continuation(match, depth)
+        want_tokens, want_probs = brute_greedy(followers, depth)
+        assert tokens == want_tokens, f"case {case}"
+        assert probs == pytest.approx(want_probs)
+
+
+def test_trie_greedy_path_follows_the_most_frequent_child():
+    trie = NGramTrie(n=8, prefix_len=1)
+    trie.extend([1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 5])
+    node = trie.match([9, 1])
+    tokens, probs = trie.greedy_path(node, 3)
+    assert tokens == [2, 3, 1]
+    # after "1": 2 three times, 5 once; after "1 2": 3 twice, 4 once; after "1 2 3": 1 twice
+    assert probs == pytest.approx([3 / 4, 2 / 3, 2 / 2])
+
+
+def test_local_match_beats_a_shorter_datastore_match_and_loses_to_a_longer_one():
+    store = Datastore.from_documents([[7, 8, 9, 10, 11, 12]], 20)
+    search = SearchBranch(store, depth=3, prefix_len=3)
+    search.start([9, 10, 13, 14])  # locally "9 10" continues with 13
+    source, tokens, _ = search.search([1, 9, 10])  # local matches 2 of 3 tokens, datastore 2 too
+    assert (source, tokens) == ("local", [13, 14])
+    source, tokens, _ = search.search([8, 9, 10])  # the datastore matches 3 tokens, locally 2
+    assert (source, tokens) == ("datastore", [11, 12])
+    empty = SearchBranch(None, 3)
+    empty.start([1, 2])
+    assert empty.search([5]) == ("none", [], [])
+
+
+def test_search_drafter_drafts_a_chain_sized_by_cost():
+    drafter = SearchDrafter(None, depth=6, prefix_len=2)
+    drafter.start([1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7])
+    free = drafter.propose(DraftContext([1, 2, 3, 4, 5, 6, 7, 1, 2], 9, 64))
+    assert free.tokens == (3, 4, 5, 6, 7, 1)
+    assert free.parents == (-1, 0, 1, 2, 3, 4)
+    steep = drafter.propose(DraftContext([1, 2, 3, 4, 5, 6, 7, 1, 2], 9, 64, (1.0, 1.0) + (50.0,) * 10))
+    assert steep.size == 1  # only the first token pays off when a second one costs 50 steps
+
+
+def test_hang_and_first_branch():
+    tree = DraftTree((5, 6, 7, 8), (-1, -1, 0, 2))
+    assert first_branch(tree) == [0, 2, 3]
+    grown = hang(tree, 2, [9, 10])
+    assert grown.tokens == (5, 6, 7, 8, 9, 10)
+    assert grown.parents == (-1, -1, 0, 2, 2, 4)  # a sibling of node 3, never merged into it
+    assert hang(tree, -1, []) is tree
+
+
+def test_greedy_acceptance_takes_the_longer_of_duplicate_siblings():
+    # root -> 4 (eagle, shallow) and root -> 4 -> 5 -> 6 (a search branch with the same first token)
+    tree = DraftTree((4, 4, 5, 6), (-1, -1, 1, 2))
+    preds = [4, 9, 5, 6, 8]  # argmax after the root and after every node
+    logits = torch.nn.functional.one_hot(torch.tensor(preds), 10).float()
+    verdict = accept_greedy(tree, logits)
+    assert verdict.path == (1, 2, 3)
+    assert verdict.tokens == (4, 5, 6, 8)
+
+
+class FixedEagle:
+    """Stands in for the EAGLE drafter: a fixed tree, recording the node cap it was given."""
+
+    name = "eagle"
+
+    def __init__(self, tree: DraftTree) -> None:
+        self.tree, self.caps = tree, []
+
+    def start(self, prompt):
+        pass
+
+    def propose(self, ctx):
+        self.caps.append(ctx.max_nodes)
+        return self.tree
+
+    def observe(self, new_tokens):
+        pass
+
+
+def test_eagle_search_appends_one_branch_and_deepens_below_the_first_eagle_branch():
+    history = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
+    eagle_tree = DraftTree((3, 9, 4), (-1, -1, 0))  # first branch: 3 -> 4
+    drafter = EagleSearchDrafter(FixedEagle(eagle_tree), None, depth=2, prefix_len=2)
+    drafter.start(history)
+    ctx = DraftContext(history + [1, 2], 14, 10)
+    tree = drafter.propose(ctx)
+    assert drafter.eagle.caps == [8]  # the branch's nodes are reserved
+    assert tree.tokens == (3, 9, 4, 3, 4) and tree.parents == (-1, -1, 0, -1, 3)
+    deep = EagleSearchDrafter(FixedEagle(eagle_tree), None, depth=2, prefix_len=2, deepen=True)
+    deep.start(history)
+    tree = deep.propose(ctx)
+    # searched from "... 1 2 3 4": "5 6" hangs below the first branch's last node (node 2)
+    assert tree.tokens == (3, 9, 4, 5, 6) and tree.parents == (-1, -1, 0, 2, 3)
+    assert deep.stats()["deepened"] == 1
