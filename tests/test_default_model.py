@@ -78,3 +78,21 @@ def test_default_model_lossless(default_model, default_tables, default_eagle, de
         cfg = DecodeConfig(max_new_tokens=64, eos_ids=eos, verify=layout)
         got = generate(target, make_drafter(drafter, opts, default_tables, default_eagle, default_datastore), ids, cfg)
         assert got.token_ids == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", list(REGISTRY))
+def test_default_model_batched_lossless(default_model, default_tables, default_eagle, default_datastore, expected_outputs, drafter):
+    """Batch of 4 real prompts of different lengths: each row equals its own plain greedy."""
+    from ngspec.batch import BatchConfig, generate_batch
+    from ngspec.decode import Stopper
+
+    eos = eos_ids(default_model)
+    opts = DrafterOptions(k=4, w=3, deepen=True)
+    results, _ = generate_batch(
+        default_model.model, [ids for ids, _ in expected_outputs],
+        lambda: make_drafter(drafter, opts, default_tables, default_eagle, default_datastore),
+        DecodeConfig(max_new_tokens=64, eos_ids=eos), BatchConfig(4, rearrange_every=8), lambda: Stopper(eos),
+    )
+    for result, (_, expected) in zip(results, expected_outputs):
+        assert result.generation.token_ids == expected

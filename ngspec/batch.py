@@ -1,0 +1,199 @@
+"""Batched decoding: up to B prompts at once, each with its own drafter, acceptance and stop.
+
+The loop is `decode.generate` for B rows: every row proposes a tree, one forward verifies all of
+them (`BatchTarget.verify`), each row accepts along its own tree, the accepted entries are kept
+and the rest become holes, compacted every ``rearrange_every`` steps. A finished row hands its
+slot to the next waiting prompt; a prompt that cannot run (longer than the context window) fails
+alone with a clear message. Every row's output equals its own plain decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ngspec.batch_target import BatchTarget
+from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
+from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token
+from ngspec.errors import NgspecError
+from ngspec.verify import accept_greedy, accept_sampled
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    batch_size: int = 4
+    rearrange_every: int = 32  # steps between cache compactions (0 = never)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise NgspecError(f"--batch-size must be at least 1 (got {self.batch_size})")
+        if self.rearrange_every < 0:
+            raise NgspecError("--rearrange-every must be >= 0 (0 = never compact)")
+
+
+@dataclass
+class BatchReport:
+    """What the batch did with its cache: steps, compactions and their cost, slots held."""
+
+    steps: int = 0
+    rearrangements: int = 0
+    rearrange_seconds: float = 0.0
+    slot_steps: int = 0  # sum over steps of (rows x cache slots) attended
+    live_steps: int = 0  # the same for live entries only: what a hole-free cache would hold
+    peak_slots: int = 0
+    seconds: float = 0.0
+    new_tokens: int = 0
+
+    @property
+    def hole_share(self) -> float:
+        return 1.0 - self.live_steps / self.slot_steps if self.slot_steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "steps": self.steps, "rearrangements": self.rearrangements, "rearrange_seconds": self.rearrange_seconds,
+            "mean_hole_share": self.hole_share, "peak_cache_slots": self.peak_slots, "seconds": self.seconds,
+            "new_tokens": self.new_tokens, "tokens_per_second": self.new_tokens / self.seconds if self.seconds else 0.0,
+        }
+
+
+@dataclass
+class BatchResult:
+    index: int  # position of the prompt in the input
+    generation: Generation | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Row:
+    index: int
+    prompt: list[int]
+    drafter: Drafter
+    stopper: Stopper
+    start: float
+    out: list[int] = field(default_factory=list)
+    stats: RunStats = field(default_factory=RunStats)
+    reason: str | None = None
+
+
+def generate_batch(
+    model,
+    prompts: Sequence[Sequence[int]],
+    new_drafter: Callable[[], Drafter],
+    cfg: DecodeConfig,
+    batch: BatchConfig,
+    new_stopper: Callable[[], Stopper],
+    verify_cost: Callable[[int], tuple[float, ...]] = lambda context: (),
+    on_finish: Callable[[BatchResult], None] | None = None,
+) -> tuple[list[BatchResult], BatchReport]:
+    """Generate for every prompt, ``batch.batch_size`` at a time; results in input order."""
+    if cfg.verify != "tree":
+        raise NgspecError("batched generation verifies trees (--verify tree); rows layout is for batch size 1")
+    target = BatchTarget(model)
+    gen = torch.Generator().manual_seed(cfg.sampling.seed) if not cfg.sampling.greedy and cfg.sampling.seed is not None else None
+    results: dict[int, BatchResult] = {}
+    report = BatchReport()
+    waiting = list(range(len(prompts)))
+    rows: list[_Row] = []
+    began = time.perf_counter()
+
+    def finish(row: _Row) -> None:
+        g = Generation(row.out, time.perf_counter() - row.start, row.reason, row.stats,
+                       row.drafter.stats() if hasattr(row.drafter, "stats") else None)
+        results[row.index] = BatchResult(row.index, g)
+        report.new_tokens += len(row.out)
+        if on_finish:
+            on_finish(results[row.index])
+
+    def admit(slot: int | None) -> _Row | None:
+        """Start the next waiting prompt that fits, in ``slot`` (None: a new row)."""
+        while waiting:
+            index = waiting.pop(0)
+            prompt = list(prompts[index])
+            if not prompt or len(prompt) >= target.max_length:
+                why = "the prompt is empty" if not prompt else (
+                    f"the prompt has {len(prompt)} tokens but the model's context window is {target.max_length}")
+                results[index] = BatchResult(index, error=why)
+                if on_finish:
+                    on_finish(results[index])
+                continue
+            drafter = new_drafter()
+            target.keep_features = target.keep_features or bool(getattr(drafter, "needs_features", False))
+            row = _Row(index, prompt, drafter, new_stopper(), time.perf_counter())
+            root = _first_token(target.admit(prompt, slot), cfg.sampling, gen)
+            row.out, row.reason = row.stopper.cut([], [root])
+            row.stats.steps.append(StepStats(0, len(row.out), 0.0))
+            drafter.start(prompt)
+            drafter.observe(row.out)
+            return row
+        return None
+
+    for _ in range(batch.batch_size):
+        row = admit(None)
+        if row is None:
+            break
+        rows.append(row)
+
+    while rows:
+        # rows that are done hand their slot to the next prompt, or leave the batch
+        for b, row in enumerate(rows):
+            if row.reason is None:
+                row.reason = _out_of_room(row, target, b, cfg)
+            if row.reason is not None:
+                finish(row)
+                rows[b] = admit(b)
+        if any(r is None for r in rows):
+            keep = [b for b, r in enumerate(rows) if r is not None]
+            target.drop(keep)
+            rows = [rows[b] for b in keep]
+            if not rows:
+                break
+        if any(r.reason is not None for r in rows):  # an admitted prompt already ended (EOS first)
+            continue
+
+        trees, draft_s = [], []
+        for b, row in enumerate(rows):
+            t0 = time.perf_counter()
+            features = target.take_features(b) if getattr(row.drafter, "needs_features", False) else None
+            room = min(cfg.max_draft_nodes, target.max_length - target.lengths[b] - 1)
+            ctx = DraftContext(row.prompt + row.out, len(row.prompt), room, verify_cost(target.lengths[b]), features)
+            budget = cfg.max_new_tokens - len(row.out)
+            trees.append(row.drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=budget - 1))
+            draft_s.append(time.perf_counter() - t0)
+
+        logits = target.verify([r.out[-1] for r in rows], trees)
+        verdicts = [
+            accept_greedy(t, lg) if cfg.sampling.greedy else accept_sampled(t, lg.cpu(), cfg.sampling, gen)
+            for t, lg in zip(trees, logits)
+        ]
+        target.commit([v.path for v in verdicts])
+        report.steps += 1
+        use = target.use()
+        report.slot_steps += use.slots * use.rows
+        report.live_steps += use.live
+        report.peak_slots = max(report.peak_slots, use.slots)
+
+        for row, tree, verdict, d in zip(rows, trees, verdicts, draft_s):
+            new, row.reason = row.stopper.cut(row.out, verdict.tokens)
+            row.stats.steps.append(StepStats(tree.size, len(new), d))
+            row.out.extend(new)
+            row.drafter.observe(new)
+
+        if batch.rearrange_every and report.steps % batch.rearrange_every == 0:
+            t0 = time.perf_counter()
+            target.rearrange()
+            report.rearrangements += 1
+            report.rearrange_seconds += time.perf_counter() - t0
+
+    report.seconds = time.perf_counter() - began
+    return [results[i] for i in range(len(prompts))], report
+
+
+def _out_of_room(row: _Row, target: BatchTarget, b: int, cfg: DecodeConfig) -> str | None:
+    if len(row.out) >= cfg.max_new_tokens:
+        return "length"
+    if target.max_length - target.lengths[b] - 1 < 0:
+        return "context"
+    return None

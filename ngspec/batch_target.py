@@ -1,0 +1,195 @@
+"""BatchTarget: B sequences decoded together, each with its own draft tree and acceptance.
+
+Every verification appends one block per row (root + tree nodes, padded to the batch's largest
+tree) at the same cache offset for all rows, so a step costs no copy. Each row then keeps only its
+root and accepted nodes: the other block slots become *holes*, masked out of that row's attention.
+``valid[b, s]`` says whether slot ``s`` holds a live entry of row ``b``; a row's positions (for
+RoPE) count its live entries only, so holes never shift anything.
+
+Holes cost memory and attention time, so `rearrange` compacts the cache (one gather per layer puts
+every row's live entries first); the loop calls it every N steps (`--rearrange-every`). A new
+prompt is prefilled on its own and written into a free row; finished rows are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ngspec.contracts import DraftTree
+from ngspec.kv import make_cache
+from ngspec.tree import depths, visibility
+
+
+@dataclass
+class CacheUse:
+    """Cache occupancy, for the rearrangement report."""
+
+    slots: int  # cache slots per row (the shared length)
+    live: int  # live entries summed over rows
+    rows: int
+
+    @property
+    def hole_share(self) -> float:
+        total = self.slots * self.rows
+        return 1.0 - self.live / total if total else 0.0
+
+
+class BatchTarget:
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.keep_features = False
+        self.cache: DynamicCache | None = None
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [rows, slots]
+        self.lengths: list[int] = []  # live entries per row (= its committed tokens)
+        self.pending: list[list[torch.Tensor]] = []  # per row: features of newly committed positions
+        self._block: tuple[int, int, torch.Tensor | None] | None = None  # (start slot, width, hidden)
+        if self.device.type == "cpu":
+            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def slots(self) -> int:
+        return self.valid.shape[1]
+
+    def use(self) -> CacheUse:
+        return CacheUse(self.slots, sum(self.lengths), self.rows)
+
+    # -- rows in and out ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def admit(self, prompt: Sequence[int], row: int | None = None) -> torch.Tensor:
+        """Prefill ``prompt`` on its own and place it in ``row`` (a finished row's slot) or a new
+        last row; returns the next-token logits after the prompt."""
+        own = make_cache(self.model.config, capacity=len(prompt))
+        out = self.model(
+            input_ids=torch.tensor([list(prompt)], device=self.device), past_key_values=own, use_cache=True,
+            logits_to_keep=1, output_hidden_states=self.keep_features,
+        )
+        n = len(prompt)
+        if self.cache is None:
+            self.cache = make_cache(self.model.config, capacity=n + 512)
+            for layer, src in zip(self.cache.layers, own.layers):
+                layer.update(src.keys, src.values)
+            self.valid = torch.ones(1, n, dtype=torch.bool)
+            self.lengths, self.pending = [n], [[]]
+            row = 0
+        else:
+            if n > self.slots:
+                self._grow(n - self.slots)
+            if row is None:
+                self._add_row()
+                row = self.rows - 1
+            for layer, src in zip(self.cache.layers, own.layers):
+                layer.keys[row, :, :n] = src.keys[0]
+                layer.values[row, :, :n] = src.values[0]
+            self.valid[row] = False
+            self.valid[row, :n] = True
+            self.lengths[row] = n
+            self.pending[row] = []
+        if self.keep_features:
+            self.pending[row] = [out.hidden_states[-1][0]]
+        return out.logits[0, -1]
+
+    def _grow(self, extra: int) -> None:
+        """Append ``extra`` empty slots to every row (holes until something is written there)."""
+        for layer in self.cache.layers:
+            b, h, _, d = layer.keys.shape
+            layer.update(layer.keys.new_zeros(b, h, extra, d), layer.values.new_zeros(b, h, extra, layer.values.shape[-1]))
+        self.valid = torch.cat([self.valid, torch.zeros(self.rows, extra, dtype=torch.bool)], dim=1)
+
+    def _add_row(self) -> None:
+        self._rebuild(lambda t: torch.cat([t, t.new_zeros(1, *t.shape[1:])]), self.slots)
+        self.valid = torch.cat([self.valid, torch.zeros(1, self.slots, dtype=torch.bool)])
+        self.lengths.append(0)
+        self.pending.append([])
+
+    @torch.inference_mode()
+    def drop(self, keep: Sequence[int]) -> None:
+        """Keep only rows ``keep`` (in this order); the others are finished."""
+        index = torch.as_tensor(list(keep), dtype=torch.long)
+        self._rebuild(lambda t: t.index_select(0, index.to(t.device)), self.slots)
+        self.valid = self.valid[index]
+        self.lengths = [self.lengths[i] for i in keep]
+        self.pending = [self.pending[i] for i in keep]
+
+    def _rebuild(self, transform, capacity: int) -> None:
+        """A fresh cache whose layers hold ``transform(keys)`` and ``transform(values)``."""
+        old = self.cache
+        self.cache = make_cache(self.model.config, capacity=capacity + 512)
+        for layer, src in zip(self.cache.layers, old.layers):
+            layer.update(transform(src.keys), transform(src.values))
+
+    @torch.inference_mode()
+    def rearrange(self) -> None:
+        """Compact the cache: every row's live entries first, in order; holes dropped."""
+        width = max(self.lengths)
+        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # live slots first
+
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            idx = order.to(t.device)[:, None, :, None].expand(t.shape[0], t.shape[1], width, t.shape[3])
+            return t.gather(2, idx)
+
+        self._rebuild(gather, width)
+        self.valid = torch.arange(width)[None, :] < torch.tensor(self.lengths)[:, None]
+
+    # -- one verification step ---------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def verify(self, roots: Sequence[int], trees: Sequence[DraftTree]) -> list[torch.Tensor]:
+        """One forward over every row's root and tree; per row the logits ``[1 + size, vocab]``."""
+        width = 1 + max(t.size for t in trees)
+        start, rows = self.slots, self.rows
+        ids = torch.zeros(rows, width, dtype=torch.long)
+        positions = torch.zeros(rows, width, dtype=torch.long)
+        visible = torch.zeros(rows, width, start + width, dtype=torch.bool)
+        visible[:, :, :start] = self.valid[:, None, :]
+        for b, (root, tree) in enumerate(zip(roots, trees)):
+            n = 1 + tree.size
+            ids[b, :n] = torch.tensor([root, *tree.tokens])
+            ids[b, n:] = root  # padding: a lone copy of the root, seen by nothing else
+            positions[b] = self.lengths[b] + 1
+            positions[b, :n] = torch.tensor([self.lengths[b]] + [self.lengths[b] + d for d in depths(tree)])
+            visible[b, :n, start : start + n] = visibility(tree)
+            pad = torch.arange(n, width)
+            visible[b, pad, start] = True
+            visible[b, pad, start + pad] = True
+        mask = torch.zeros(rows, 1, width, start + width, dtype=self.dtype)
+        mask.masked_fill_(~visible[:, None], torch.finfo(self.dtype).min)
+        out = self.model(
+            input_ids=ids.to(self.device), position_ids=positions.to(self.device), attention_mask=mask.to(self.device),
+            past_key_values=self.cache, use_cache=True, output_hidden_states=self.keep_features,
+        )
+        self.valid = torch.cat([self.valid, torch.zeros(rows, width, dtype=torch.bool)], dim=1)
+        self._block = (start, width, out.hidden_states[-1] if self.keep_features else None)
+        return [out.logits[b, : 1 + t.size] for b, t in enumerate(trees)]
+
+    @torch.inference_mode()
+    def commit(self, paths: Sequence[Sequence[int]]) -> None:
+        """Keep each row's root and accepted nodes ``paths[b]`` of the last verified block."""
+        start, _, hidden = self._block
+        for b, path in enumerate(paths):
+            keep = [0, *(i + 1 for i in path)]
+            self.valid[b, [start + k for k in keep]] = True
+            self.lengths[b] += len(keep)
+            if hidden is not None:
+                self.pending[b].append(hidden[b, keep])
+        self._block = None
+
+    @torch.inference_mode()
+    def take_features(self, row: int) -> torch.Tensor | None:
+        if not self.pending[row]:
+            return None
+        features = torch.cat(self.pending[row])
+        self.pending[row] = []
+        return features

@@ -1,0 +1,91 @@
+"""Batched generation: every row equals its own plain greedy decoding, for every drafter, batch
+sizes 1, 4 and 8, with and without cache rearrangement; the cache bookkeeping itself."""
+
+import random
+
+import pytest
+import torch
+
+from conftest import hf_greedy, repetitive_prompt
+from ngspec.batch import BatchConfig, generate_batch
+from ngspec.batch_target import BatchTarget
+from ngspec.contracts import DraftTree
+from ngspec.decode import DecodeConfig, Stopper
+from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
+from ngspec.errors import NgspecError
+from test_lossless import VOCAB, tiny_datastore, tiny_eagle, tiny_tables  # noqa: F401 (fixtures)
+
+
+@pytest.fixture(scope="module")
+def prompts_and_expected(tiny):
+    rng = random.Random(5)
+    prompts = [repetitive_prompt(rng, VOCAB, rng.randrange(3, 90)) for _ in range(9)]
+    return prompts, [hf_greedy(tiny, p, 30) for p in prompts]
+
+
+@pytest.mark.parametrize("batch_size, rearrange", [(1, 0), (4, 3), (8, 1), (8, 0)])
+@pytest.mark.parametrize("drafter", list(REGISTRY))
+def test_every_row_matches_its_own_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_datastore, prompts_and_expected, drafter, batch_size, rearrange):
+    prompts, expected = prompts_and_expected
+    opts = DrafterOptions(k=3, w=3, search_depth=6, deepen=True)
+    results, report = generate_batch(
+        tiny, prompts, lambda: make_drafter(drafter, opts, tiny_tables, tiny_eagle, tiny_datastore),
+        DecodeConfig(max_new_tokens=30), BatchConfig(batch_size, rearrange), lambda: Stopper(frozenset()),
+    )
+    for i, (result, want) in enumerate(zip(results, expected)):
+        assert result.error is None
+        assert result.generation.token_ids == want, f"{drafter} prompt {i}"
+    assert report.new_tokens == sum(len(w) for w in expected)
+    if rearrange:
+        assert report.rearrangements == report.steps // rearrange
+
+
+def test_a_finished_row_hands_its_slot_to_the_next_prompt_and_stops_alone(tiny, prompts_and_expected):
+    prompts, expected = prompts_and_expected
+    eos = expected[0][5]
+    finished = []
+    results, _ = generate_batch(
+        tiny, prompts, lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=30), BatchConfig(3),
+        lambda: Stopper(frozenset({eos})), on_finish=lambda r: finished.append(r.index),
+    )
+    for result, prompt in zip(results, prompts):
+        assert result.generation.token_ids == hf_greedy(tiny, prompt, 30, eos=eos)
+    assert sorted(finished) == list(range(len(prompts)))
+    assert finished != list(range(len(prompts)))  # rows finished out of order and were refilled
+
+
+def test_a_prompt_too_long_fails_alone(tiny, prompts_and_expected):
+    prompts, expected = prompts_and_expected
+    batch = [prompts[0], [1] * 600, prompts[1]]  # the tiny model's window is 512
+    results, _ = generate_batch(
+        tiny, batch, lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=30), BatchConfig(2), lambda: Stopper(frozenset()),
+    )
+    assert results[1].generation is None and "context window is 512" in results[1].error
+    assert results[0].generation.token_ids == expected[0]
+    assert results[2].generation.token_ids == expected[1]
+
+
+def test_batch_size_and_rearrangement_are_validated():
+    with pytest.raises(NgspecError, match="--batch-size"):
+        BatchConfig(0)
+    with pytest.raises(NgspecError, match="--rearrange-every"):
+        BatchConfig(2, -1)
+
+
+def test_rearrange_keeps_live_entries_in_order_and_drops_holes(tiny):
+    target = BatchTarget(tiny)
+    target.admit([1, 2, 3, 4, 5])
+    target.admit([6, 7])
+    trees = [DraftTree((9, 9, 9), (-1, 0, 1)), DraftTree((8,), (-1,))]
+    target.verify([5, 7], trees)
+    target.commit([(0, 1), ()])
+    assert target.lengths == [8, 3]
+    before = [layer.keys.clone() for layer in target.cache.layers]
+    valid = target.valid.clone()
+    target.rearrange()
+    assert target.slots == 8
+    for old, layer in zip(before, target.cache.layers):
+        for b, n in enumerate(target.lengths):
+            live = valid[b].nonzero().flatten()
+            assert torch.equal(layer.keys[b, :, :n], old[b, :, live])
+    assert target.valid.sum(dim=1).tolist() == [8, 3]
