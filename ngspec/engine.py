@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from ngspec.batch import BatchConfig, generate_batch
 from ngspec.contracts import Drafter
 from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_anchor
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate
@@ -74,6 +75,14 @@ class Engine:
     ) -> Generation:
         stopper = Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
         return generate(self.target, drafter, prompt_ids, cfg, stopper, on_tokens)
+
+    def run_batch(self, prompts: list[list[int]], new_drafter: Callable[[], Drafter], cfg: DecodeConfig, batch: BatchConfig, on_finish=None):
+        """`generate_batch` on this model: results in prompt order and the batch's cache report.
+        Drafters size their trees from the single-sequence verify costs."""
+        def stopper() -> Stopper:
+            return Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
+
+        return generate_batch(self.loaded.model, prompts, new_drafter, cfg, batch, stopper, self.target.verify_cost, on_finish)
 
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False) -> tuple[list[int], float]:

@@ -84,6 +84,9 @@ def test_bench_reports_every_arm(tmp_path):
         (["generate", "-p", "{prompt}", "-d", "search", "--search-depth", "0"], "--search-depth"),
         (["generate", "-p", "{prompt}", "-d", "eagle+search"], "need --eagle-head"),
         (["generate", "-p", "{prompt}", "--k", "1,2"], "takes one number here"),
+        (["generate", "-p", "{prompt}", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["generate", "-p", "{prompt}", "--batch-size", "2", "--check"], "has no --check"),
+        (["generate", "-p", "{prompt}", "--rearrange-every", "-1"], "--rearrange-every"),
     ],
 )
 def test_bad_input_one_clear_line(tmp_path, args, message):
@@ -121,3 +124,22 @@ def test_search_with_a_datastore_of_another_tokenizer_is_refused(tmp_path, promp
     assert result.exit_code == 1
     assert "differs from this model's tokenizer" in result.stderr
     assert "Traceback" not in result.output + result.stderr
+
+
+@pytest.mark.slow
+def test_batched_generate_matches_one_at_a_time_and_a_long_prompt_fails_alone(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": "a", "prompt": PROMPT}, {"id": "long", "prompt": "word " * 9000}, {"id": "b", "prompt": "Count from one to ten."}]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    result = invoke("generate", "-p", prompts, "-d", "trie", "-n", 16, "--batch-size", 2, "--json")
+    assert result.exit_code == 1
+    assert "1 prompt(s) failed: long" in result.stderr
+    lines = [json.loads(x) for x in result.stdout.strip().splitlines()]
+    by_id = {r["id"]: r for r in lines if "id" in r}
+    assert "context window" in by_id["long"]["error"]
+    assert lines[-1]["batch"]["prompts"] == 3 and lines[-1]["batch"]["failed"] == 1
+    for pid in ("a", "b"):
+        single = tmp_path / f"{pid}.txt"
+        single.write_text(next(r["prompt"] for r in rows if r["id"] == pid))
+        alone = invoke("generate", "-p", single, "-d", "vanilla", "-n", 16, "--json")
+        assert by_id[pid]["token_ids"] == json.loads(alone.stdout.strip().splitlines()[-1])["token_ids"]

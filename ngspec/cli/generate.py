@@ -13,6 +13,7 @@ from ngspec.cli.options import (
     DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt,
     StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt,
 )
+from ngspec.batch import BatchConfig, BatchResult
 from ngspec.check import check_against_greedy
 from ngspec.decode import Generation
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, check_drafter, make_drafter
@@ -65,6 +66,57 @@ def _rows_summary(stats: dict | None, opts: DrafterOptions | None) -> list[tuple
     return rows
 
 
+def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json_out: bool) -> None:
+    """Batched generation: each prompt's text and record as it finishes, then the batch summary;
+    prompts that cannot run fail alone (exit code 1 at the end)."""
+    failed = []
+
+    def on_finish(result: BatchResult) -> None:
+        prompt = prompts[result.index]
+        if result.error is not None:
+            failed.append(prompt.id)
+            if json_out:
+                render.json_line({"id": prompt.id, "drafter": drafter, "error": result.error})
+            else:
+                render.error(f"prompt {prompt.id}: {result.error}")
+            return
+        gen = result.generation
+        record = result_record(prompt.id, len(ids[result.index]), engine.detokenize(gen.token_ids), gen, drafter)
+        if json_out:
+            render.json_line(record)
+            return
+        render.console.rule(f"prompt {prompt.id}")
+        render.console.print(record["text"], markup=False, highlight=False)
+        render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}")
+
+    results, report = engine.run_batch(ids, new_drafter, cfg, batch, on_finish)
+    done = [r.generation for r in results if r.generation is not None]
+    calls = sum(g.stats.verify_calls for g in done)
+    summary = {
+        "batch_size": batch.batch_size, "rearrange_every": batch.rearrange_every, "prompts": len(prompts), "failed": len(failed),
+        "mean_tokens_per_call": sum(len(g.token_ids) for g in done) / calls if calls else 0.0, **report.as_dict(),
+    }
+    if json_out:
+        render.json_line({"batch": summary})
+    else:
+        render.summary_table(
+            f"{drafter}, batch of {batch.batch_size} on {engine.loaded.name} ({engine.target.device})",
+            [
+                ("prompts (failed)", f"{len(prompts)} ({len(failed)})"),
+                ("new tokens", str(summary["new_tokens"])),
+                ("seconds", f"{summary['seconds']:.2f}"),
+                ("tokens/s (all rows)", f"{summary['tokens_per_second']:.1f}"),
+                ("batched verification steps", str(summary["steps"])),
+                ("mean tokens per call (per row)", f"{summary['mean_tokens_per_call']:.2f}"),
+                ("cache rearrangements (seconds)", f"{summary['rearrangements']} ({summary['rearrange_seconds']:.3f})"),
+                ("mean share of cache slots that are holes", f"{100 * summary['mean_hole_share']:.0f}%"),
+                ("peak cache slots per row", str(summary["peak_cache_slots"])),
+            ],
+        )
+    if failed:
+        raise NgspecError(f"{len(failed)} prompt(s) failed: {', '.join(failed)} (the others finished)")
+
+
 @with_drafting_options
 def generate_command(
     prompt_file: PromptFileArg,
@@ -80,6 +132,8 @@ def generate_command(
     seed: SeedOpt = None,
     stop: StopOpt = None,
     verify: VerifyOpt = "tree",
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Decode this many prompts of a .jsonl at once (each with its own drafts and acceptance; a finished prompt's slot goes to the next one). 1 = one at a time, streamed.")] = 1,
+    rearrange_every: Annotated[int, typer.Option("--rearrange-every", help="With --batch-size > 1: compact the KV cache (drop the holes rejected drafts leave) every N steps; 0 = never.")] = BatchConfig.rearrange_every,
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16).")] = False,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
@@ -98,10 +152,18 @@ def generate_command(
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
     if check and not cfg.sampling.greedy:
         raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
+    batch = BatchConfig(batch_size, rearrange_every)
+    if batch_size > 1 and (check or verify != "tree"):
+        raise NgspecError("--batch-size > 1 verifies trees and has no --check (the tests compare every row with plain greedy)")
     prompts = load_prompts(prompt_file)
     engine = load_engine(model, device, dtype, profile)
     res = drafting.resources(engine, [drafter])
     tokenizer = engine.loaded.tokenizer
+    if batch_size > 1:
+        ids = [encode(tokenizer, p.text, raw) for p in prompts]
+        opts = rows_options(opts, k, w, engine.profile, max(map(len, ids)), engine.target.device.type)
+        _run_batch(engine, prompts, ids, lambda: make_drafter(drafter, opts, res.tables, res.eagle, res.datastore), fit_rows(cfg, drafter, opts), batch, drafter, json_out)
+        return
     for prompt in prompts:
         ids = encode(tokenizer, prompt.text, raw)
         stream = None if json_out else render.TextStream(engine.detokenize)
