@@ -87,6 +87,10 @@ def test_bench_reports_every_arm(tmp_path):
         (["generate", "-p", "{prompt}", "--batch-size", "0"], "--batch-size must be at least 1"),
         (["generate", "-p", "{prompt}", "--batch-size", "2", "--check"], "has no --check"),
         (["generate", "-p", "{prompt}", "--rearrange-every", "-1"], "--rearrange-every"),
+        (["generate", "-p", "{prompt}", "--tree-choices", "{prompt}"], "expected a JSON list"),
+        (["tune-tree", "--eagle-head", "no/such/head", "--out", "x.json"], "no EAGLE head directory"),
+        (["tune-tree", "--eagle-head", ".", "--out", "{prompt}"], "already exists"),
+        (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--batch-size", "0"], "--batch-size"),
     ],
 )
 def test_bad_input_one_clear_line(tmp_path, args, message):

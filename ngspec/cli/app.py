@@ -57,6 +57,7 @@ def _register() -> None:
     from ngspec.cli.ngram import build_bigram_command
     from ngspec.cli.profile_bound import profile_bound_command
     from ngspec.cli.self_repetition import self_repetition_command
+    from ngspec.cli.tune import tune_tree_command
 
     commands = [
         ("generate", generate_command, "Generate with a drafter, token-identical to plain decoding; speed and acceptance."),
@@ -67,6 +68,7 @@ def _register() -> None:
         ("synth-corpus", synth_corpus_command, "Let the model write its own Magpie-style corpus."),
         ("build-bigram", build_bigram_command, "Build a model's unigram/bigram tables for the n-gram drafters."),
         ("train-eagle", train_eagle_command, "Train an EAGLE-1 draft head for a model from a corpus."),
+        ("tune-tree", tune_tree_command, "Tune a static EAGLE tree shape for this device and batch size."),
         ("profile-bound", profile_bound_command, "Time verification over (k rows, w tokens, context) next to a roofline prediction."),
     ]
     for name, command, short in commands:

@@ -86,6 +86,10 @@ class Drafting:
         factory, the datastore (refused when built with another tokenizer)."""
         from ngspec.cli.common import load_eagle, load_tables
 
+        if self.tree_choices is not None:
+            from ngspec.drafters.eagle import check_shape_model
+
+            check_shape_model(self.tree_choices, engine.loaded.name)
         tables = load_tables(engine, drafters, self.bigram_table)
         eagle = load_eagle(engine, self.eagle_head, self.eagle_options()) if NEEDS_HEAD & set(drafters) else None
         store = None

@@ -37,17 +37,34 @@ DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
 )
 
 
-def read_choices(path: Path) -> tuple[tuple[int, ...], ...]:
-    """A static tree file: a JSON list of paths of child ranks, e.g. ``[[0], [1], [0, 0]]``;
-    every path's parent path must be listed too."""
+def read_shape(path: Path) -> tuple[tuple[tuple[int, ...], ...], dict]:
+    """A static tree file: a JSON list of paths of child ranks, e.g. ``[[0], [1], [0, 0]]``, or
+    a `tune-tree` output (an object whose ``choices`` is such a list, with the model, device and
+    batch size it was tuned for); every path's parent path must be listed too."""
     try:
         raw = json.loads(Path(path).read_text())
-        choices = tuple(tuple(int(r) for r in p) for p in raw)
+        meta = raw if isinstance(raw, dict) else {}
+        if meta and "choices" not in meta:
+            raise ValueError("an object without 'choices'")
+        choices = tuple(tuple(int(r) for r in p) for p in (meta["choices"] if meta else raw))
     except FileNotFoundError:
         raise NgspecError(f"no tree-choices file at {path}") from None
-    except (json.JSONDecodeError, TypeError, ValueError, UnicodeDecodeError) as exc:
-        raise NgspecError(f"{path}: expected a JSON list of lists of child ranks ({exc})") from None
-    return check_choices(choices, str(path))
+    except (json.JSONDecodeError, TypeError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        raise NgspecError(f"{path}: expected a JSON list of lists of child ranks or a tune-tree file ({exc})") from None
+    if not choices:
+        raise NgspecError(f"{path}: the tree has no nodes")
+    return check_choices(choices, str(path)), {k: v for k, v in meta.items() if k != "choices"}
+
+
+def read_choices(path: Path) -> tuple[tuple[int, ...], ...]:
+    return read_shape(path)[0]
+
+
+def check_shape_model(path: Path, model_name: str) -> None:
+    """Refuse a tune-tree file tuned for another model."""
+    tuned_for = read_shape(path)[1].get("model")
+    if tuned_for is not None and tuned_for != model_name:
+        raise NgspecError(f"{path} was tuned for model {tuned_for!r}, not {model_name!r}; run `ngspec tune-tree` for this model")
 
 
 def check_choices(choices: Sequence[tuple[int, ...]], where: str = "tree choices") -> tuple[tuple[int, ...], ...]:
@@ -82,6 +99,7 @@ class _Node:
     depth: int
     score: float
     cache_slot: int = -1  # position of this node's entry in the head cache once expanded
+    choice: tuple[int, ...] = ()  # static trees: the node's path of child ranks
 
 
 class EagleDrafter:
@@ -192,16 +210,17 @@ class EagleDrafter:
                     for r in ranks:
                         tok, lp = kids[r]
                         score = lp + (nodes[parent].score if parent >= 0 else 0.0)
-                        nodes.append(_Node(tok, parent, depth, score))
+                        nodes.append(_Node(tok, parent, depth, score, choice=prefix + (r,)))
                         by_path[prefix + (r,)] = len(nodes) - 1
             keep = set(range(min(len(nodes), ctx.max_nodes)))  # created by depth: prefix-closed
         truncate(self.cache, base)  # drop the tree's entries from the head cache
-        return _tree(nodes, keep)
+        order = sorted(keep, key=lambda n: (nodes[n].depth, n))
+        self.last_choices = [nodes[n].choice for n in order]  # static: each node's rank path (tune-tree)
+        return _tree(nodes, order)
 
 
-def _tree(nodes: list[_Node], keep: set[int]) -> DraftTree:
-    """The kept nodes (parents before children) as a DraftTree."""
-    order = sorted(keep, key=lambda n: (nodes[n].depth, n))
+def _tree(nodes: list[_Node], order: list[int]) -> DraftTree:
+    """The kept nodes, in ``order`` (parents before children), as a DraftTree."""
     index = {n: i for i, n in enumerate(order)}
     tokens, parents = [], []
     for n in order:

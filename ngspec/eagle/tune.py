@@ -1,0 +1,133 @@
+"""Tree-shape tuning (READER): measure how often each node of a large static EAGLE tree is
+accepted, prune the least-accepted nodes, and search the node count that maximises tokens/s.
+
+A node is on the accepted path only if its parent is, so a child's acceptance rate never exceeds
+its parent's: keeping the m most-accepted nodes (ties to the shallower) is always a connected
+tree, and ``1 + sum of the kept rates`` is the expected tokens per call it will give. Wall time is
+what we maximise, and it is measured, not modelled: each candidate node count decodes the
+calibration prompts at the chosen batch size, and a golden-section search over the node count
+(unimodal in practice: more nodes add fewer accepted tokens each, and cost more) picks the best.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ngspec.contracts import DraftContext, DraftTree
+
+Choice = tuple[int, ...]
+
+
+def large_tree(width: int, depth: int, nodes: int) -> tuple[Choice, ...]:
+    """The ``nodes`` most plausible rank paths up to ``width`` children and ``depth`` levels,
+    under a prior where the child of rank r is taken with weight 1 / (r + 2) (a child always
+    scores below its parent, so the set is a connected tree)."""
+    heap: list[tuple[float, Choice]] = [(-1.0 / (r + 2), (r,)) for r in range(width)]
+    heapq.heapify(heap)
+    out: list[Choice] = []
+    while heap and len(out) < nodes:
+        neg, path = heapq.heappop(heap)
+        out.append(path)
+        if len(path) < depth:
+            for r in range(width):
+                heapq.heappush(heap, (neg / (r + 2), path + (r,)))
+    return tuple(sorted(out, key=lambda p: (len(p), p)))
+
+
+class AcceptanceRecorder:
+    """Wraps a static-tree EAGLE drafter and counts, per rank path, how often that node was on
+    the accepted path (counts shared by every row of a batch)."""
+
+    def __init__(self, drafter, accepted: Counter, steps: Counter) -> None:
+        self.drafter, self.accepted, self.steps = drafter, accepted, steps
+        self.name = drafter.name
+        self.needs_features = getattr(drafter, "needs_features", False)
+        self._tree: DraftTree | None = None
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.drafter.start(prompt)
+        self._tree = None
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        self._tree = self.drafter.propose(ctx)
+        self._choices = self.drafter.last_choices
+        return self._tree
+
+    def observe(self, new_tokens: Sequence[int]) -> None:
+        self.drafter.observe(new_tokens)
+        if self._tree is None:
+            return
+        self.steps["steps"] += 1
+        kids: dict[tuple[int, int], int] = {(p, t): i for i, (t, p) in enumerate(zip(self._tree.tokens, self._tree.parents))}
+        node = -1
+        for tok in new_tokens[:-1]:  # the accepted drafts (the last token is the bonus)
+            node = kids.get((node, tok), None)
+            if node is None:
+                break
+            self.accepted[self._choices[node]] += 1
+        self._tree = None
+
+
+def acceptance_rates(accepted: Counter, steps: int, choices: Sequence[Choice]) -> dict[Choice, float]:
+    return {c: accepted[c] / steps if steps else 0.0 for c in choices}
+
+
+def prune(rates: dict[Choice, float], nodes: int) -> tuple[Choice, ...]:
+    """The ``nodes`` most-accepted paths (ties: shallower, then lower ranks): a connected tree."""
+    ranked = sorted(rates, key=lambda c: (-rates[c], len(c), c))
+    kept = set()
+    for c in ranked:
+        if len(kept) == nodes:
+            break
+        if len(c) == 1 or c[:-1] in kept:  # equal rates could put a child before its parent
+            kept.add(c)
+    return tuple(sorted(kept, key=lambda p: (len(p), p)))
+
+
+def expected_tokens(rates: dict[Choice, float], shape: Sequence[Choice]) -> float:
+    """Expected tokens per call of a pruned tree (the bonus token plus each node's rate)."""
+    return 1.0 + sum(rates[c] for c in shape)
+
+
+def golden_section_max(f: Callable[[int], float], lo: int, hi: int) -> int:
+    """Integer argmax of a unimodal ``f`` on [lo, hi] by golden-section search (each value
+    evaluated once; the ends are evaluated too, so a monotone ``f`` is handled)."""
+    memo: dict[int, float] = {}
+
+    def value(x: int) -> float:
+        if x not in memo:
+            memo[x] = f(x)
+        return memo[x]
+
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    while b - a > 3:
+        c = round(b - ratio * (b - a))
+        d = round(a + ratio * (b - a))
+        if c == d:
+            d = c + 1
+        if value(c) >= value(d):
+            b = d
+        else:
+            a = c
+    for x in range(a, b + 1):
+        value(x)
+    for x in (lo, hi):
+        value(x)
+    return max(memo, key=lambda x: (memo[x], -x))
+
+
+@dataclass
+class TuneResult:
+    choices: tuple[Choice, ...]
+    rates: dict[Choice, float]
+    calibration_steps: int
+    evaluations: dict[int, dict] = field(default_factory=dict)  # node count -> measured figures
+
+    @property
+    def best(self) -> int:
+        return max(self.evaluations, key=lambda m: (self.evaluations[m]["tokens_per_second"], -m))

@@ -1,0 +1,83 @@
+"""Tree-shape tuning: the large tree, acceptance counting, pruning, the golden-section search,
+and tuned-shape files."""
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from conftest import repetitive_prompt
+from ngspec.batch import BatchConfig, generate_batch
+from ngspec.decode import DecodeConfig, Stopper
+from ngspec.drafters.eagle import EagleOptions, EagleDrafter, check_choices, check_shape_model, read_shape
+from ngspec.eagle.tune import AcceptanceRecorder, acceptance_rates, expected_tokens, golden_section_max, large_tree, prune
+from ngspec.errors import NgspecError
+from test_lossless import VOCAB, tiny_eagle  # noqa: F401 (fixture)
+
+
+def test_large_tree_is_connected_and_bounded():
+    tree = large_tree(width=4, depth=3, nodes=30)
+    assert len(tree) == 30 and len(set(tree)) == 30
+    assert check_choices(tree) == tree  # every parent listed, sorted by depth
+    assert max(len(p) for p in tree) <= 3 and max(max(p) for p in tree) < 4
+    assert (0,) in tree and (0, 0) in tree
+
+
+def test_prune_keeps_the_most_accepted_nodes_as_a_connected_tree():
+    rates = {(0,): 0.6, (1,): 0.1, (0, 0): 0.3, (0, 1): 0.1, (0, 0, 0): 0.1, (2,): 0.0}
+    assert prune(rates, 2) == ((0,), (0, 0))
+    three = prune(rates, 3)
+    assert len(three) == 3 and check_choices(three) == three
+    assert (0,) in three and (0, 0) in three
+    assert expected_tokens(rates, prune(rates, 2)) == pytest.approx(1.9)
+
+
+@pytest.mark.parametrize("peak", [1, 2, 7, 19, 33, 40])
+def test_golden_section_finds_the_peak_of_a_unimodal_function(peak):
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        return -abs(x - peak) * 1.5
+
+    assert golden_section_max(f, 1, 40) == peak
+    assert len(calls) == len(set(calls)) < 20  # each point once, far fewer than all 40
+
+
+def test_recorded_acceptance_adds_up_to_the_accepted_tokens(tiny, tiny_eagle):
+    rng = random.Random(3)
+    prompts = [repetitive_prompt(rng, VOCAB, rng.randrange(10, 60)) for _ in range(4)]
+    base = tiny_eagle()
+    choices = large_tree(width=3, depth=3, nodes=12)
+    opts = EagleOptions(tree="static", choices=choices)
+    accepted, steps = Counter(), Counter()
+    make = lambda: AcceptanceRecorder(EagleDrafter(base.head, base.embed, base.lm_head, opts), accepted, steps)  # noqa: E731
+    results, report = generate_batch(tiny, prompts, make, DecodeConfig(max_new_tokens=24), BatchConfig(2), lambda: Stopper(frozenset()))
+    gens = [r.generation for r in results]
+    drafted_steps = sum(len(g.stats.steps) - 1 for g in gens)  # the prefill drafts nothing
+    assert steps["steps"] == drafted_steps
+    assert sum(accepted.values()) == sum(s.accepted - 1 for g in gens for s in g.stats.steps[1:])
+    rates = acceptance_rates(accepted, steps["steps"], choices)
+    for c in choices:  # a child is never accepted more often than its parent
+        if len(c) > 1:
+            assert rates[c] <= rates[c[:-1]]
+    assert expected_tokens(rates, choices) == pytest.approx(sum(s.accepted for g in gens for s in g.stats.steps[1:]) / drafted_steps)
+
+
+def test_tuned_shape_files(tmp_path):
+    good = tmp_path / "shape.json"
+    good.write_text(json.dumps({"format": "ngspec-tree-shape", "model": "tiny", "choices": [[0], [0, 0], [1]]}))
+    choices, meta = read_shape(good)
+    assert choices == ((0,), (1,), (0, 0)) and meta["model"] == "tiny"
+    check_shape_model(good, "tiny")
+    with pytest.raises(NgspecError, match="tuned for model 'tiny'"):
+        check_shape_model(good, "other")
+    plain = tmp_path / "plain.json"
+    plain.write_text("[[0], [1]]")
+    check_shape_model(plain, "any")  # a bare list says nothing about the model
+    for bad, message in [("{\"model\": \"x\"}", "without 'choices'"), ("[[0, 0]]", "without its parent"), ("[]", "no nodes"), ("not json", "expected a JSON list")]:
+        path = tmp_path / "bad.json"
+        path.write_text(bad)
+        with pytest.raises(NgspecError, match=message):
+            read_shape(path)
