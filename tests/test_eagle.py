@@ -12,7 +12,7 @@ from conftest import hf_greedy, repetitive_prompt
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import make_drafter
 from ngspec.drafters.eagle import EagleOptions, check_choices, eagle_factory, read_choices
-from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, load_head, save_head
+from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, load_draft_vocab, load_head, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
 from ngspec.models import tiny_model
 from ngspec.target import TargetModel
@@ -107,6 +107,38 @@ def test_eagle_drafts_match_plain_greedy(tiny, tree, layout):
         assert got.token_ids == expected, f"case {case}"
         sizes += [s.tree_size for s in got.stats.steps[1:]]
     assert max(sizes) == (12 if tree == "dynamic" else 17)
+
+
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+def test_draft_vocabulary_drafts_only_its_tokens_and_stays_lossless(tiny, tree):
+    head = make_head(tiny)
+    vocab = list(range(0, 96, 3))  # a third of the vocabulary, "most frequent first"
+    opts = EagleOptions(tree=tree, top_k=3, depth=3, total_tokens=10, draft_vocab=20)
+    rng = random.Random(6)
+    target = TargetModel(tiny)
+    for case in range(4):
+        prompt = repetitive_prompt(rng, 96, rng.randrange(4, 60))
+        drafter = eagle_factory(tiny, head, opts, vocab)()
+        allowed = set(vocab[:20]) | set(prompt)
+        propose = drafter.propose
+
+        def checked(ctx):
+            tree_ = propose(ctx)
+            assert set(tree_.tokens) <= allowed
+            return tree_
+
+        drafter.propose = checked
+        got = generate(target, drafter, prompt, DecodeConfig(max_new_tokens=24))
+        assert got.token_ids == hf_greedy(tiny, prompt, 24), f"case {case}"
+
+
+def test_draft_vocab_file_round_trip_and_damage(tmp_path):
+    save_draft_vocab(tmp_path, [[5, 5, 7], [7, 5, 9]])
+    assert load_draft_vocab(tmp_path) == [5, 7, 9]
+    (tmp_path / "draft_vocab.json").write_text("{broken")
+    with pytest.raises(NgspecError, match="damaged"):
+        load_draft_vocab(tmp_path)
+    assert load_draft_vocab(tmp_path / "nothing") is None
 
 
 def test_choices_files(tmp_path):

@@ -1,6 +1,7 @@
 """The statistical search branch: greedy continuations against brute force, branch placement,
 and acceptance through duplicate siblings."""
 
+import math
 import random
 from collections import Counter
 
@@ -9,7 +10,7 @@ import torch
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.datastore.index import Datastore
-from ngspec.drafters.search import EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang
+from ngspec.drafters.search import EagleSearchDrafter, SearchBranch, SearchDrafter, accepted_nodes, first_branch, hang
 from ngspec.drafters.trie import NGramTrie
 from ngspec.verify import accept_greedy
 
@@ -138,6 +139,43 @@ def test_eagle_search_appends_one_branch_and_deepens_below_the_first_eagle_branc
     deep = EagleSearchDrafter(FixedEagle(eagle_tree), None, depth=2, prefix_len=2, deepen=True)
     deep.start(history)
     tree = deep.propose(ctx)
-    # searched from "... 1 2 3 4": "5 6" hangs below the first branch's last node (node 2)
-    assert tree.tokens == (3, 9, 4, 5, 6) and tree.parents == (-1, -1, 0, 2, 3)
+    # the root branch stays; searched from "... 1 2 3 4", "5 6" hangs below the first branch's
+    # last node (node 2)
+    assert tree.tokens == (3, 9, 4, 3, 4, 5, 6) and tree.parents == (-1, -1, 0, -1, 3, 2, 5)
+    assert deep.eagle.caps == [6]
     assert deep.stats()["deepened"] == 1
+
+
+class ScoredEagle(FixedEagle):
+    """A fixed tree with the head's path log-probabilities."""
+
+    def __init__(self, tree, scores):
+        super().__init__(tree)
+        self.last_scores = scores
+
+
+def test_eagle_search_keeps_the_most_likely_nodes_when_verification_costs():
+    history = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
+    eagle_tree = DraftTree((3, 9, 4, 7), (-1, -1, 0, 2))
+    scores = [math.log(0.9), math.log(0.01), math.log(0.5), math.log(0.001)]
+    ctx = DraftContext(history + [1, 2], 14, 20)
+    free = EagleSearchDrafter(ScoredEagle(eagle_tree, scores), None, depth=3, prefix_len=2)
+    free.start(history)
+    assert free.propose(ctx).size == 7  # flat cost: the fixed shape
+    steep = EagleSearchDrafter(ScoredEagle(eagle_tree, scores), None, depth=3, prefix_len=2)
+    steep.start(history)
+    cost = (1.0, 1.0, 1.0, 1.0, 1.0) + (100.0,) * 20  # four nodes are free, a fifth costs 100 steps
+    tree = steep.propose(DraftContext(ctx.tokens, ctx.prompt_len, 20, cost))
+    assert tree.size == 4
+    assert 9 not in tree.tokens and 7 not in tree.tokens  # the unlikely EAGLE nodes went first
+    for i, p in enumerate(tree.parents):
+        assert p < i
+    steep.observe([3, 4, 8])  # two accepted: calibration counts them
+    assert steep._totals["eagle"][0] + steep._totals["search"][0] == 1.0 + 1.0 + 2
+
+
+def test_accepted_nodes_takes_the_longest_matching_path():
+    tree = DraftTree((4, 4, 5, 6), (-1, -1, 1, 2))
+    assert accepted_nodes(tree, [4, 5, 6]) == [1, 2, 3]
+    assert accepted_nodes(tree, [4, 9]) == [0]
+    assert accepted_nodes(tree, [8]) == []

@@ -12,7 +12,7 @@ from ngspec.cli.app import app
 from ngspec.contracts import DraftContext
 from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.eagle import train as train_module
-from ngspec.eagle.head import load_head
+from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.eagle.train import Example, TrainOptions, target_features, train_head
 from ngspec.models import tiny_model
 from ngspec.target import TargetModel
@@ -87,6 +87,7 @@ def test_saved_head_drafts_like_the_trained_one(tmp_path, model):
     data = examples(seed=3)
     head, _ = train_head(model, data, target_features(model, data), tmp_path, TrainOptions(epochs=1, batch_tokens=70))
     loaded = load_head(tmp_path, model)
+    assert set(load_draft_vocab(tmp_path)) == {int(t) for ex in data for t in ex.ids[ex.prompt_len :]}
     trees = []
     for h in (head, loaded):
         drafter = eagle_factory(model, h, EagleOptions(top_k=3, depth=3, total_tokens=8))()

@@ -53,9 +53,9 @@ def load_eagle(engine: Engine, head: Path | None, opts):
     if head is None:
         return None
     from ngspec.drafters.eagle import eagle_factory
-    from ngspec.eagle.head import load_head
+    from ngspec.eagle.head import load_draft_vocab, load_head
 
-    return eagle_factory(engine.loaded.model, load_head(head, engine.loaded.model), opts)
+    return eagle_factory(engine.loaded.model, load_head(head, engine.loaded.model), opts, load_draft_vocab(head))
 
 
 # (k, w) for row drafters when neither --k/--w nor --profile says: measured best by wall time on

@@ -84,12 +84,15 @@ class EagleOptions:
     depth: int = 5
     total_tokens: int = 32
     choices: tuple[tuple[int, ...], ...] = DEFAULT_CHOICES
+    draft_vocab: int = 8192  # > 0: draft over the head's N most frequent tokens plus the prompt's
 
     def __post_init__(self) -> None:
         if self.tree not in ("dynamic", "static"):
             raise NgspecError(f"--tree must be dynamic or static (got {self.tree!r})")
         if self.top_k < 1 or self.depth < 1 or self.total_tokens < 1:
             raise NgspecError("--tree-top-k, --tree-depth and --total-tokens must be at least 1")
+        if self.draft_vocab < 0:
+            raise NgspecError("--draft-vocab must be >= 0 (0 = the whole vocabulary)")
 
 
 @dataclass
@@ -106,13 +109,26 @@ class EagleDrafter:
     name = "eagle"
     needs_features = True
 
-    def __init__(self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, opts: EagleOptions) -> None:
+    def __init__(
+        self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None = None
+    ) -> None:
         self.head, self.embed, self.lm_head, self.opts = head, embed, lm_head, opts
         self.param = next(head.parameters())
+        self.vocab = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
 
     def start(self, prompt: Sequence[int]) -> None:
         self.cache = make_cache(self.head.config, capacity=len(prompt) + 512)
         self.length = 0  # committed pairs in the head cache
+        self._ids = self._weight = None
+        if self.vocab is not None:
+            # the draft vocabulary: the head's frequent tokens and every token of the prompt
+            ids = torch.tensor(sorted(set(self.vocab) | set(int(t) for t in prompt)), device=self.param.device)
+            self._ids, self._weight = ids, self.lm_head.weight.index_select(0, ids)
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        if self._weight is None:
+            return self.lm_head(features)
+        return features @ self._weight.T  # over the draft vocabulary only
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         pass
@@ -157,9 +173,10 @@ class EagleDrafter:
 
         def children(parents: list[int], k: int) -> list[list[tuple[int, float]]]:
             """Top-k next tokens and log-probs below each parent (one LM-head product for all)."""
-            logp = torch.log_softmax(self.lm_head(torch.stack([outputs[p] for p in parents])).float(), dim=-1)
-            top = torch.topk(logp, k, dim=-1)
-            return [list(zip(i, v)) for i, v in zip(top.indices.tolist(), top.values.tolist())]
+            logp = torch.log_softmax(self._logits(torch.stack([outputs[p] for p in parents])).float(), dim=-1)
+            top = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+            ids = top.indices if self._ids is None else self._ids[top.indices]
+            return [list(zip(i, v)) for i, v in zip(ids.tolist(), top.values.tolist())]
 
         def expand(batch: list[int]) -> None:
             """Run the head on these nodes' pairs, recording each one's predicted feature."""
@@ -216,6 +233,7 @@ class EagleDrafter:
         truncate(self.cache, base)  # drop the tree's entries from the head cache
         order = sorted(keep, key=lambda n: (nodes[n].depth, n))
         self.last_choices = [nodes[n].choice for n in order]  # static: each node's rank path (tune-tree)
+        self.last_scores = [nodes[n].score for n in order]  # log-probability of each node's path
         return _tree(nodes, order)
 
 
@@ -231,8 +249,12 @@ def _tree(nodes: list[_Node], order: list[int]) -> DraftTree:
     return DraftTree(tuple(tokens), tuple(parents))
 
 
-def eagle_factory(target_model, head: EagleHead, opts: EagleOptions):
-    """A drafter factory over one loaded head and the target's embedding and LM head."""
+def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequence[int] | None = None):
+    """A drafter factory over one loaded head and the target's embedding and LM head; ``vocab``
+    (the head's draft vocabulary, most frequent first; None for heads that have none) is used when
+    ``opts.draft_vocab`` > 0 and the LM head has no bias."""
     embed = target_model.get_input_embeddings()
     lm_head = target_model.get_output_embeddings()
-    return lambda: EagleDrafter(head, embed, lm_head, opts)
+    if getattr(lm_head, "bias", None) is not None:
+        vocab = None
+    return lambda: EagleDrafter(head, embed, lm_head, opts, vocab)

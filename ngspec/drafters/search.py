@@ -12,13 +12,15 @@ The source whose match is longer wins (the local one on a tie, and whenever it m
 chosen token by token, becomes ONE branch of up to ``depth`` tokens. `search` drafts that branch
 alone (cut, on a device where verification is not free, to the length that maximises expected
 tokens per unit of verify cost); `eagle+search` appends it, unmerged, to the EAGLE tree, so the
-tree keeps a fixed shape. With ``deepen`` the search continues from the context plus the first
-EAGLE branch (the top-ranked child at every depth) and hangs its branch below that branch's last
-node, backing off to shorter prefixes of it, then to the root, when nothing is found.
+tree keeps a fixed shape. With ``deepen`` the search also continues from the context plus the
+first EAGLE branch (the top-ranked child at every depth) and hangs a second branch below that
+branch's last node (backing off to shorter prefixes of it when nothing is found there); the root
+branch stays, so a wrong first EAGLE branch costs nothing but nodes.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
@@ -133,9 +135,38 @@ def hang(tree: DraftTree, parent: int, tokens: Sequence[int]) -> DraftTree:
     return DraftTree(tree.tokens + tuple(int(t) for t in tokens), tree.parents + parents)
 
 
+def accepted_nodes(tree: DraftTree, tokens: Sequence[int]) -> list[int]:
+    """Nodes of the longest root path whose tokens are a prefix of ``tokens`` (what greedy
+    acceptance took when ``tokens`` were emitted, the bonus token last)."""
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents):
+        kids.setdefault(p, []).append(i)
+
+    def walk(node: int, depth: int) -> list[int]:
+        best: list[int] = []
+        if depth < len(tokens):
+            for c in kids.get(node, []):
+                if tree.tokens[c] == tokens[depth]:
+                    below = [c] + walk(c, depth + 1)
+                    if len(below) > len(best):
+                        best = below
+        return best
+
+    return walk(-1, 0)
+
+
 class EagleSearchDrafter:
-    """`eagle+search`: the EAGLE tree plus one search branch (hung below the first EAGLE branch
-    with ``deepen``)."""
+    """`eagle+search`: the EAGLE tree plus one search branch at the root, and with ``deepen`` a
+    second one hung below the first EAGLE branch.
+
+    With a flat verify cost (a GPU far from its compute bound) the tree keeps its fixed shape, as
+    READER does. Where verification is not free (``DraftContext.verify_cost``, e.g. on a CPU), each
+    node gets an estimated chance of acceptance (the head's path probability, or the search
+    branch's running product of continuation frequencies, each scaled by how well that source's
+    estimates matched real acceptance so far) and the tree keeps the number of most-likely nodes
+    that maximises expected tokens per unit of verify cost. A child is never more likely than its
+    parent, so the kept nodes always form a tree.
+    """
 
     name = "eagle+search"
     needs_features = True
@@ -145,31 +176,76 @@ class EagleSearchDrafter:
         self.search = SearchBranch(datastore, depth, prefix_len)
         self.deepen = deepen
         self.deepened = 0
+        # per source: [accepted, predicted] (a neutral prior)
+        self._totals = {"eagle": [1.0, 1.0], "search": [1.0, 1.0]}
+        self._last: tuple[DraftTree, list[str], list[float]] | None = None
 
     def start(self, prompt: Sequence[int]) -> None:
         self.eagle.start(prompt)
         self.search.start(prompt)
+        self._last = None
+
+    def _scale(self, source: str) -> float:
+        accepted, predicted = self._totals[source]
+        return min(1.0, accepted / predicted)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         depth = min(self.search.depth, ctx.max_nodes)
-        small = DraftContext(ctx.tokens, ctx.prompt_len, ctx.max_nodes - depth, ctx.verify_cost, ctx.features)
+        branches = 2 if self.deepen else 1
+        small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
         tree = self.eagle.propose(small)
+        scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
+        probs = [math.exp(s) * self._scale("eagle") for s in scores]
+        sources = ["eagle"] * tree.size
+
+        def add(parent: int, context: Sequence[int]) -> bool:
+            nonlocal tree
+            source, tokens, conditionals = self.search.search(context, depth)
+            self.search.count(source)
+            if not tokens:
+                return False
+            above = probs[parent] if parent >= 0 else 1.0
+            tree = hang(tree, parent, tokens)
+            probs.extend(above * p * self._scale("search") for p in path_probs(conditionals))
+            sources.extend(["search"] * len(tokens))
+            return True
+
+        add(-1, ctx.tokens)
         if self.deepen and tree.size:
-            branch = first_branch(tree)
+            branch = first_branch(DraftTree(tree.tokens[: len(scores)], tree.parents[: len(scores)]))
             for j in range(len(branch), 0, -1):
-                prefix = [tree.tokens[i] for i in branch[:j]]
-                source, tokens, _ = self.search.search(list(ctx.tokens) + prefix, depth)
-                if tokens:
-                    self.search.count(source)
+                if add(branch[j - 1], list(ctx.tokens) + [tree.tokens[i] for i in branch[:j]]):
                     self.deepened += 1
-                    return hang(tree, branch[j - 1], tokens)
-        source, tokens, _ = self.search.search(ctx.tokens, depth)
-        self.search.count(source)
-        return hang(tree, -1, tokens)
+                    break
+        if ctx.verify_cost:
+            tree, sources, probs = _most_likely(tree, sources, probs, ctx)
+        self._last = (tree, sources, probs)
+        return tree
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         self.eagle.observe(new_tokens)
         self.search.extend(new_tokens)
+        if self._last is not None:
+            tree, sources, probs = self._last
+            for node in accepted_nodes(tree, list(new_tokens)[:-1]):
+                self._totals[sources[node]][0] += 1
+            for source, p in zip(sources, probs):
+                self._totals[source][1] += p
+            self._last = None
 
     def stats(self) -> dict:
         return {"search_branch_from": dict(self.search.found), "deepened": self.deepened}
+
+
+def _most_likely(tree: DraftTree, sources: list[str], probs: list[float], ctx: DraftContext) -> tuple[DraftTree, list[str], list[float]]:
+    """Keep the most likely nodes, as many as maximise expected tokens per unit of verify cost."""
+    order = sorted(range(tree.size), key=lambda i: (-probs[i], i))
+    size = best_size([probs[i] for i in order], ctx)
+    keep = sorted(order[:size])
+    index = {old: new for new, old in enumerate(keep)}
+    parents = []
+    for i in keep:
+        p = tree.parents[i]
+        assert p == -1 or p in index, "a kept node's parent is kept (never less likely)"
+        parents.append(index.get(p, -1))
+    return DraftTree(tuple(tree.tokens[i] for i in keep), tuple(parents)), [sources[i] for i in keep], [probs[i] for i in keep]

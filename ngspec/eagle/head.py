@@ -16,7 +16,9 @@ intermediate size, heads, vocabulary, ``bias`` for fc) and ``model.safetensors``
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
+from typing import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -127,6 +129,32 @@ def save_head(head: EagleHead, directory: Path) -> None:
     tmp = directory / ".model.safetensors.tmp"
     save_file(state, str(tmp))
     tmp.replace(directory / "model.safetensors")
+
+
+DRAFT_VOCAB = "draft_vocab.json"
+
+
+def save_draft_vocab(directory: Path, responses: Iterable[Sequence[int]]) -> None:
+    """Write the tokens of the training responses, most frequent first, with their counts: the
+    drafter can restrict the LM head to the top ones (``--draft-vocab N``), which on a CPU is most
+    of EAGLE's drafting time (every depth reads the whole LM-head matrix otherwise)."""
+    counts = Counter(int(t) for r in responses for t in r)
+    ranked = counts.most_common()
+    tmp = directory / f".{DRAFT_VOCAB}.tmp"
+    tmp.write_text(json.dumps({"ids": [t for t, _ in ranked], "counts": [c for _, c in ranked]}))
+    tmp.replace(directory / DRAFT_VOCAB)
+
+
+def load_draft_vocab(directory: Path) -> list[int] | None:
+    """Token ids of the head's draft vocabulary, most frequent first (None when it has none)."""
+    path = Path(directory) / DRAFT_VOCAB
+    if not path.is_file():
+        return None
+    try:
+        ids = [int(t) for t in json.loads(path.read_text())["ids"]]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise NgspecError(f"{path} is damaged ({exc}); delete it to draft over the whole vocabulary") from None
+    return ids
 
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, save_head
+from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
 
 CHECKPOINT = "checkpoint.pt"
@@ -219,6 +219,7 @@ def train_head(
         raise
     head.eval()
     save_head(head, out)
+    save_draft_vocab(out, (ex.ids[ex.prompt_len :].tolist() for ex in train))
     ckpt.unlink(missing_ok=True)
     return head, log
 

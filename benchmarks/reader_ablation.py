@@ -1,0 +1,141 @@
+"""READER's ablation on one machine, in one process: EAGLE alone, + search branch, + deepening,
++ KV rearrangement, + tuned tree, next to vanilla and trie, at several batch sizes.
+
+Every arm decodes the same prompts; batch size 1 runs the single-sequence engine (its cache is
+compacted every step by construction), larger batches the batched engine. Reports tokens per call
+(per row), total tokens/s, speedup vs vanilla at the same batch size, and the self-repetition
+ceiling of the vanilla outputs without and with the datastore. Exact match vs vanilla is checked
+for every arm and printed.
+
+    python benchmarks/reader_ablation.py --questions ../shared/data/spec_bench/question.jsonl \
+        --category rag --limit 10 -n 128 --eagle-head heads/smollm2-v2 \
+        --datastore datastores/smollm2-self --tuned shapes/smollm2-cpu-b1.json --batch-sizes 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ngspec.batch import BatchConfig
+from ngspec.datastore.index import Datastore
+from ngspec.decode import DecodeConfig
+from ngspec.drafters import DrafterOptions, make_drafter
+from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
+from ngspec.eagle.head import load_draft_vocab, load_head
+from ngspec.engine import Engine
+from ngspec.metrics.self_repetition import self_repetition
+from ngspec.models import load_model
+from ngspec.prompts import encode, load_prompts
+
+
+def arms(args, eagle_opts: EagleOptions, tuned: EagleOptions | None) -> list[dict]:
+    """(label, drafter, options, eagle options, rearrange-every) of every arm, in ablation order."""
+    base = DrafterOptions(search_depth=args.search_depth)
+    out = [
+        {"label": "vanilla", "drafter": "vanilla", "opts": base, "eagle": eagle_opts, "rearrange": args.rearrange_every},
+        {"label": "trie", "drafter": "trie", "opts": base, "eagle": eagle_opts, "rearrange": args.rearrange_every},
+        {"label": "search", "drafter": "search", "opts": base, "eagle": eagle_opts, "rearrange": args.rearrange_every},
+        {"label": "EAGLE", "drafter": "eagle", "opts": base, "eagle": eagle_opts, "rearrange": 0},
+        {"label": "+ search branch", "drafter": "eagle+search", "opts": base, "eagle": eagle_opts, "rearrange": 0},
+        {"label": "+ deepening", "drafter": "eagle+search", "opts": replace(base, deepen=True), "eagle": eagle_opts, "rearrange": 0},
+        {"label": "+ KV rearrangement", "drafter": "eagle+search", "opts": replace(base, deepen=True), "eagle": eagle_opts, "rearrange": args.rearrange_every},
+    ]
+    if tuned is not None:
+        out.append({"label": "+ tuned tree", "drafter": "eagle+search", "opts": replace(base, deepen=True), "eagle": tuned, "rearrange": args.rearrange_every})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", required=True)
+    ap.add_argument("--category")
+    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--eagle-head", required=True)
+    ap.add_argument("--datastore")
+    ap.add_argument("--tuned", help="tune-tree output for the '+ tuned tree' arm")
+    ap.add_argument("--tree", default="dynamic")
+    ap.add_argument("--tree-top-k", type=int, default=4)
+    ap.add_argument("--tree-depth", type=int, default=4)
+    ap.add_argument("--total-tokens", type=int, default=16)
+    ap.add_argument("--search-depth", type=int, default=16)
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--rearrange-every", type=int, default=BatchConfig.rearrange_every)
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--only", help="comma-separated arm labels to run (vanilla always runs)")
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+
+    loaded = load_model(args.model, "cpu")
+    engine = Engine(loaded)
+    head = load_head(Path(args.eagle_head), loaded.model)
+    vocab = load_draft_vocab(Path(args.eagle_head))
+    store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
+    eagle_opts = EagleOptions(args.tree, args.tree_top_k, args.tree_depth, args.total_tokens, draft_vocab=args.draft_vocab)
+    tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=args.draft_vocab) if args.tuned else None
+    prompts = load_prompts(Path(args.questions), args.category, args.limit)
+    ids = [encode(loaded.tokenizer, p.text) for p in prompts]
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    chosen = arms(args, eagle_opts, tuned)
+    if args.only:
+        keep = {"vanilla", *args.only.split(",")}
+        chosen = [a for a in chosen if a["label"] in keep]
+
+    results, reference = [], None
+    for b in sizes:
+        for arm in chosen:
+            factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
+            new = lambda arm=arm, factory=factory: make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
+            t0 = time.perf_counter()
+            if b == 1:
+                gens = [engine.run(x, new(), cfg) for x in ids]
+                seconds = time.perf_counter() - t0
+                report = None
+            else:
+                out, rep = engine.run_batch(ids, new, cfg, BatchConfig(b, arm["rearrange"]))
+                gens, seconds, report = [r.generation for r in out], rep.seconds, rep.as_dict()
+            tokens = [g.token_ids for g in gens]
+            if reference is None:
+                reference = tokens
+            calls = sum(g.stats.verify_calls for g in gens)
+            row = {
+                "batch_size": b, "arm": arm["label"], "drafter": arm["drafter"], "rearrange_every": arm["rearrange"] if b > 1 else None,
+                "new_tokens": sum(map(len, tokens)), "seconds": seconds, "tokens_per_second": sum(map(len, tokens)) / seconds,
+                "tokens_per_call": sum(map(len, tokens)) / calls,
+                "exact_match": sum(t == r for t, r in zip(tokens, reference)) / len(tokens),
+                "draft_share": sum(g.stats.draft_seconds for g in gens) / seconds,
+                **({"cache": report} if report else {}),
+            }
+            results.append(row)
+            print(json.dumps(row), flush=True)
+
+    plain = [self_repetition(x, r) for x, r in zip(ids, reference)]
+    with_store = [self_repetition(x, r, store) for x, r in zip(ids, reference)] if store is not None else None
+    ceiling = {
+        "median": statistics.median(s.value for s in plain),
+        "token_weighted": sum(len(r) for r in reference) / sum(s.steps for s in plain),
+    }
+    if with_store:
+        ceiling["median_with_datastore"] = statistics.median(s.value for s in with_store)
+        ceiling["token_weighted_with_datastore"] = sum(len(r) for r in reference) / sum(s.steps for s in with_store)
+    print(json.dumps({"ceiling": ceiling}), flush=True)
+
+    print(f"\n| batch | arm | tokens/call | tokens/s | vs vanilla | drafting | exact |\n|---|---|---|---|---|---|---|")
+    for row in results:
+        van = next(r for r in results if r["batch_size"] == row["batch_size"] and r["arm"] == "vanilla")
+        print(f"| {row['batch_size']} | {row['arm']} | {row['tokens_per_call']:.2f} | {row['tokens_per_second']:.1f} | "
+              f"{row['tokens_per_second'] / van['tokens_per_second']:.2f}x | {100 * row['draft_share']:.0f}% | {100 * row['exact_match']:.0f}% |")
+    print(f"\nself-repetition ceiling of the vanilla outputs: {json.dumps(ceiling)}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"results": results, "ceiling": ceiling}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
