@@ -25,7 +25,7 @@ from ngspec.verify import accept_greedy, accept_sampled
 @dataclass(frozen=True)
 class BatchConfig:
     batch_size: int = 4
-    rearrange_every: int = 32  # steps between cache compactions (0 = never)
+    rearrange_every: int = 8  # steps between cache compactions (0 = never); measured best on CPU (BENCHMARKS.md)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -121,6 +121,7 @@ def generate_batch(
                 continue
             drafter = new_drafter()
             target.keep_features = target.keep_features or bool(getattr(drafter, "needs_features", False))
+            target.feature_layers = getattr(drafter, "feature_layers", None)
             row = _Row(index, prompt, drafter, new_stopper(), time.perf_counter())
             root = _first_token(target.admit(prompt, slot), cfg.sampling, gen)
             row.out, row.reason = row.stopper.cut([], [root])

@@ -22,6 +22,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
 from ngspec.kv import make_cache
+from ngspec.target import select_features
 from ngspec.tree import depths, visibility
 
 
@@ -46,6 +47,7 @@ class BatchTarget:
         self.dtype = next(model.parameters()).dtype
         self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.keep_features = False
+        self.feature_layers: tuple[int, ...] | None = None
         self.cache: DynamicCache | None = None
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [rows, slots]
         self.lengths: list[int] = []  # live entries per row (= its committed tokens)
@@ -98,7 +100,7 @@ class BatchTarget:
             self.lengths[row] = n
             self.pending[row] = []
         if self.keep_features:
-            self.pending[row] = [out.hidden_states[-1][0]]
+            self.pending[row] = [select_features(out.hidden_states, self.feature_layers)[0]]
         return out.logits[0, -1]
 
     def _grow(self, extra: int) -> None:
@@ -171,7 +173,7 @@ class BatchTarget:
             past_key_values=self.cache, use_cache=True, output_hidden_states=self.keep_features,
         )
         self.valid = torch.cat([self.valid, torch.zeros(rows, width, dtype=torch.bool)], dim=1)
-        self._block = (start, width, out.hidden_states[-1] if self.keep_features else None)
+        self._block = (start, width, select_features(out.hidden_states, self.feature_layers) if self.keep_features else None)
         return [out.logits[b, : 1 + t.size] for b, t in enumerate(trees)]
 
     @torch.inference_mode()

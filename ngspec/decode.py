@@ -112,6 +112,7 @@ def generate(
 
     start = time.perf_counter()
     target.keep_features = bool(getattr(drafter, "needs_features", False))
+    target.feature_layers = getattr(drafter, "feature_layers", None)  # EAGLE-3 reads three layers
     root = _first_token(target.prefill(prompt), cfg.sampling, gen)
     out, reason = stopper.cut([], [root])
     stats.steps.append(StepStats(tree_size=0, accepted=len(out), draft_seconds=0.0))  # the prefill

@@ -23,6 +23,14 @@ from ngspec.rows import RowBlockCache, forward_rows, full_attention_only
 from ngspec.tree import attention_mask, position_ids, root_to_leaf_paths
 
 
+def select_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...] | None) -> torch.Tensor:
+    """What EAGLE heads read, ``[B, T, F]``: the last hidden state (EAGLE-1, ``layers`` None) or
+    the concatenated hidden states at ``layers`` (EAGLE-3's low, mid and high features)."""
+    if layers is None:
+        return hidden_states[-1]
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+
+
 class TargetModel:
     """One sequence (batch row) decoded by a transformers causal LM."""
 
@@ -35,6 +43,7 @@ class TargetModel:
         self._row_block: RowBlockCache | None = None
         self._rows_paths: list[list[int]] | None = None  # set while a tree verified as rows awaits commit
         self.keep_features = False  # also keep last hidden states of committed positions (EAGLE)
+        self.feature_layers: tuple[int, ...] | None = None  # EAGLE-3: hidden states to concatenate
         self._pending: list[torch.Tensor] = []
         self._block_hidden: torch.Tensor | None = None
         self._rows_hidden: torch.Tensor | None = None
@@ -69,7 +78,7 @@ class TargetModel:
             input_ids=ids.to(self.device), past_key_values=self.cache, use_cache=True,
             output_hidden_states=self.keep_features, **kwargs,
         )
-        self._block_hidden = out.hidden_states[-1][0] if self.keep_features else None
+        self._block_hidden = select_features(out.hidden_states, self.feature_layers)[0] if self.keep_features else None
         return out.logits[0]
 
     @torch.inference_mode()
@@ -136,7 +145,7 @@ class TargetModel:
         width = max((len(r) for r in rows), default=0)
         ids = torch.tensor([[root, *r, *[root] * (width - len(r))] for r in rows], dtype=torch.long)
         out, self._row_block = forward_rows(self.model, self.cache, ids.to(self.device), output_hidden_states=self.keep_features)
-        self._rows_hidden = out.hidden_states[-1] if self.keep_features else None
+        self._rows_hidden = select_features(out.hidden_states, self.feature_layers) if self.keep_features else None
         return out.logits
 
     @torch.inference_mode()

@@ -36,7 +36,7 @@ class Drafting:
     w: Annotated[Optional[str], typer.Option("--w", help="Row drafters: tokens per row (default: from --profile, else 1 on CPU and 10 on GPU); in bench a list or range sweeps.", rich_help_panel=PANEL)] = None
     ngram_q: Annotated[int, typer.Option("--ngram-q", help="context-ngram, mixed: match the last q tokens.", rich_help_panel=PANEL)] = DrafterOptions.ngram_q
     bigram_table: Annotated[Optional[Path], typer.Option("--bigram-table", help="unigram/bigram/mixed: table file from `ngspec build-bigram --out` (default: built once per model and cached).", rich_help_panel=PANEL)] = None
-    eagle_head: Annotated[Optional[Path], typer.Option("--eagle-head", help="eagle, eagle+search: an EAGLE-1 head directory (public layout; `ngspec train-eagle` makes one).", rich_help_panel=EAGLE)] = None
+    eagle_head: Annotated[Optional[Path], typer.Option("--eagle-head", help="eagle, eagle+search: an EAGLE-1 or EAGLE-3 head directory (public layout; `ngspec train-eagle` makes EAGLE-1 heads).", rich_help_panel=EAGLE)] = None
     tree: Annotated[str, typer.Option("--tree", help="eagle: dynamic (EAGLE-2: expand the best nodes per depth, keep the best --total-tokens) or static (EAGLE-1 choices, e.g. a shape from `ngspec tune-tree`).", rich_help_panel=EAGLE)] = "dynamic"
     tree_top_k: Annotated[int, typer.Option("--tree-top-k", help="eagle dynamic: nodes expanded per depth and children per node.", rich_help_panel=EAGLE)] = 8
     tree_depth: Annotated[int, typer.Option("--tree-depth", help="eagle dynamic: draft depth.", rich_help_panel=EAGLE)] = 5
@@ -61,7 +61,7 @@ class Drafting:
             raise NgspecError("--bigram-table is only used by the unigram, bigram and mixed drafters")
         if NEEDS_HEAD & chosen:
             if self.eagle_head is None:
-                raise NgspecError("the eagle drafters need --eagle-head DIR (an EAGLE-1 head; `ngspec train-eagle` makes one)")
+                raise NgspecError("the eagle drafters need --eagle-head DIR (an EAGLE-1 or EAGLE-3 head; `ngspec train-eagle` makes EAGLE-1 heads)")
             if not self.eagle_head.is_dir():
                 raise NgspecError(f"no EAGLE head directory at {self.eagle_head}")
         elif self.eagle_head is not None:

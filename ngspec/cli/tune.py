@@ -38,7 +38,7 @@ def tune_tree_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Measure each node's acceptance in a large static EAGLE tree on calibration prompts, prune
-    the least-accepted nodes, and search (golden section) the node count with the most tokens/s
+    the least-accepted nodes, and search (a geometric scan, then golden section) the node count with the most tokens/s
     at --batch-size on this device; save the shape for `generate`/`bench --tree static
     --tree-choices FILE`.
 
@@ -47,7 +47,7 @@ def tune_tree_command(
     from ngspec.batch import BatchConfig
     from ngspec.decode import DecodeConfig
     from ngspec.drafters.eagle import EagleOptions
-    from ngspec.eagle.tune import AcceptanceRecorder, TuneResult, acceptance_rates, expected_tokens, golden_section_max, large_tree, prune
+    from ngspec.eagle.tune import AcceptanceRecorder, TuneResult, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, prune
     from ngspec.prompts import encode, load_prompts
 
     if not eagle_head.is_dir():
@@ -94,7 +94,7 @@ def tune_tree_command(
         render.info(f"{m:>4} nodes: {figures['tokens_per_second']:.1f} tokens/s, {figures['tokens_per_call']:.2f} tokens/call (expected {figures['expected_tokens_per_call']:.2f})")
         return figures["tokens_per_second"]
 
-    best = golden_section_max(tokens_per_second, min_nodes, len(big))
+    best = coarse_then_golden(tokens_per_second, min_nodes, len(big))
     shape = prune(rates, best)
     record = {
         "format": "ngspec-tree-shape", "version": 1, "model": engine.loaded.name, "eagle_head": str(eagle_head),

@@ -1,4 +1,5 @@
-"""`eagle`: draft trees from an EAGLE-1 head, static (EAGLE-1 choices) or dynamic (EAGLE-2).
+"""`eagle`: draft trees from an EAGLE-1 or EAGLE-3 head, static (EAGLE-1 choices) or dynamic
+(EAGLE-2).
 
 The head keeps its own KV cache of the accepted context: each step it first consumes the pairs
 (target feature at position i, token at i + 1) of the newly committed positions, which predicts
@@ -106,6 +107,10 @@ class _Node:
 
 
 class EagleDrafter:
+    """Drafts with an EAGLE-1 head (its predicted features go through the target's LM head) or an
+    EAGLE-3 head (fused low/mid/high target features in, its own LM head and ``d2t`` map out);
+    the tree search is the same."""
+
     name = "eagle"
     needs_features = True
 
@@ -115,17 +120,24 @@ class EagleDrafter:
         self.head, self.embed, self.lm_head, self.opts = head, embed, lm_head, opts
         self.param = next(head.parameters())
         self.vocab = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
+        self.feature_layers = head.feature_layers  # EAGLE-3: the target layers it reads
+        if head.own_lm_head:  # EAGLE-3: its own LM head over a reduced vocabulary
+            self.vocab = None
 
     def start(self, prompt: Sequence[int]) -> None:
         self.cache = make_cache(self.head.config, capacity=len(prompt) + 512)
         self.length = 0  # committed pairs in the head cache
         self._ids = self._weight = None
-        if self.vocab is not None:
+        if self.head.own_lm_head:
+            self._ids = self.head.draft_to_target()
+        elif self.vocab is not None:
             # the draft vocabulary: the head's frequent tokens and every token of the prompt
             ids = torch.tensor(sorted(set(self.vocab) | set(int(t) for t in prompt)), device=self.param.device)
             self._ids, self._weight = ids, self.lm_head.weight.index_select(0, ids)
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        if self.head.own_lm_head:
+            return self.head.draft_logits(features)
         if self._weight is None:
             return self.lm_head(features)
         return features @ self._weight.T  # over the draft vocabulary only
@@ -160,6 +172,7 @@ class EagleDrafter:
         m = len(feats)
         visible = torch.ones(m, self.length + m, dtype=torch.bool)
         visible[:, self.length :] = torch.ones(m, m, dtype=torch.bool).tril()
+        feats = self.head.project(feats.to(self.param.dtype))
         out = self._run(list(ctx.tokens[start + 1 : start + 1 + m]), feats, list(range(start, start + m)), visible)
         self.length += m
         return out[-1]

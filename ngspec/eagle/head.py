@@ -33,6 +33,9 @@ WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 class EagleHead(nn.Module):
     """fc over [token embedding; target feature] -> one decoder layer -> predicted next feature."""
 
+    own_lm_head = False  # the target's LM head turns predicted features into logits
+    feature_layers = None  # reads the target's last hidden state
+
     def __init__(self, config: LlamaConfig, bias: bool = True) -> None:
         super().__init__()
         config._attn_implementation = "sdpa"
@@ -43,6 +46,9 @@ class EagleHead(nn.Module):
         layer.input_layernorm = nn.Identity()  # EAGLE-1's first (only) layer has no input norm
         self.layers = nn.ModuleList([layer])
         self.rotary = LlamaRotaryEmbedding(config)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        return features  # the target's features enter `forward` as they are
 
     def forward(
         self,
@@ -173,8 +179,8 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     raise NgspecError(f"no weights in {directory}: expected one of {', '.join(WEIGHTS)}")
 
 
-def load_head(directory: Path, target: PreTrainedModel) -> EagleHead:
-    """Read an EAGLE-1 head in the public layout and check that it fits ``target``."""
+def load_head(directory: Path, target: PreTrainedModel):
+    """Read an EAGLE-1 or EAGLE-3 head in the public layout and check that it fits ``target``."""
     directory = Path(directory)
     if not directory.is_dir():
         raise NgspecError(f"no EAGLE head directory at {directory}")
@@ -185,8 +191,10 @@ def load_head(directory: Path, target: PreTrainedModel) -> EagleHead:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise NgspecError(f"{directory}/config.json is not valid JSON ({exc})") from None
     weights = _read_weights(directory)
-    if any(k.startswith("midlayer.") for k in weights) or "d2t" in weights:
-        raise NgspecError(f"{directory} is an EAGLE-3 head; this ngspec drafts with EAGLE-1 heads only")
+    from ngspec.eagle.head3 import build_eagle3, is_eagle3
+
+    if is_eagle3(weights, raw):
+        return build_eagle3(directory, raw, weights, target)
     known = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("architectures", "model_type", "bias", "ngspec_eagle")}
     try:
         config = LlamaConfig(**known)

@@ -5,8 +5,8 @@ A node is on the accepted path only if its parent is, so a child's acceptance ra
 its parent's: keeping the m most-accepted nodes (ties to the shallower) is always a connected
 tree, and ``1 + sum of the kept rates`` is the expected tokens per call it will give. Wall time is
 what we maximise, and it is measured, not modelled: each candidate node count decodes the
-calibration prompts at the chosen batch size, and a golden-section search over the node count
-(unimodal in practice: more nodes add fewer accepted tokens each, and cost more) picks the best.
+calibration prompts at the chosen batch size: a geometric scan over the node count finds the
+region of the best, and a golden-section search inside it picks the count (`coarse_then_golden`).
 """
 
 from __future__ import annotations
@@ -118,6 +118,29 @@ def golden_section_max(f: Callable[[int], float], lo: int, hi: int) -> int:
         value(x)
     for x in (lo, hi):
         value(x)
+    return max(memo, key=lambda x: (memo[x], -x))
+
+
+def coarse_then_golden(f: Callable[[int], float], lo: int, hi: int) -> int:
+    """Integer argmax of ``f`` on [lo, hi]: first a geometric scan (lo, 2·lo, 4·lo, ..., hi), then a
+    golden-section search between the neighbours of the best scanned point. Measured tokens/s is
+    noisy and jumps where pruning adds a level to the tree (one more head expansion), so a
+    golden-section search over the whole range alone can settle on the wrong side."""
+    memo: dict[int, float] = {}
+
+    def value(x: int) -> float:
+        if x not in memo:
+            memo[x] = f(x)
+        return memo[x]
+
+    grid = sorted({*(min(lo * 2**i, hi) for i in range(max(1, (hi // max(lo, 1)).bit_length() + 1))), hi})
+    for x in grid:
+        value(x)
+    best = max(grid, key=lambda x: (memo[x], -x))
+    i = grid.index(best)
+    left, right = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    if right - left > 1:
+        golden_section_max(value, left, right)
     return max(memo, key=lambda x: (memo[x], -x))
 
 
