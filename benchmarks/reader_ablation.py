@@ -59,7 +59,8 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--eagle-head", required=True)
     ap.add_argument("--datastore")
-    ap.add_argument("--tuned", help="tune-tree output for the '+ tuned tree' arm")
+    ap.add_argument("--tuned", help="tune-tree output for the '+ tuned tree' arm at batch size 1")
+    ap.add_argument("--tuned-batch", help="tune-tree output for that arm at larger batch sizes (default: --tuned)")
     ap.add_argument("--tree", default="dynamic")
     ap.add_argument("--tree-top-k", type=int, default=4)
     ap.add_argument("--tree-depth", type=int, default=4)
@@ -79,17 +80,16 @@ def main() -> None:
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
     eagle_opts = EagleOptions(args.tree, args.tree_top_k, args.tree_depth, args.total_tokens, draft_vocab=args.draft_vocab)
     tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=args.draft_vocab) if args.tuned else None
+    tuned_batch = EagleOptions("static", choices=read_choices(Path(args.tuned_batch)), draft_vocab=args.draft_vocab) if args.tuned_batch else tuned
     prompts = load_prompts(Path(args.questions), args.category, args.limit)
     ids = [encode(loaded.tokenizer, p.text) for p in prompts]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    chosen = arms(args, eagle_opts, tuned)
-    if args.only:
-        keep = {"vanilla", *args.only.split(",")}
-        chosen = [a for a in chosen if a["label"] in keep]
+    keep = {"vanilla", *args.only.split(",")} if args.only else None
 
     results, reference = [], None
     for b in sizes:
+        chosen = [a for a in arms(args, eagle_opts, tuned if b == 1 else tuned_batch) if keep is None or a["label"] in keep]
         for arm in chosen:
             factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
             new = lambda arm=arm, factory=factory: make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731

@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
-from ngspec.kv import make_cache
+from ngspec.kv import make_cache, truncate
 from ngspec.target import select_features
 from ngspec.tree import depths, visibility
 
@@ -175,6 +175,13 @@ class BatchTarget:
         self.valid = torch.cat([self.valid, torch.zeros(rows, width, dtype=torch.bool)], dim=1)
         self._block = (start, width, select_features(out.hidden_states, self.feature_layers) if self.keep_features else None)
         return [out.logits[b, : 1 + t.size] for b, t in enumerate(trees)]
+
+    def discard(self) -> None:
+        """Forget the last verified block without keeping anything (cost measurements)."""
+        start, _, _ = self._block
+        truncate(self.cache, start)
+        self.valid = self.valid[:, :start]
+        self._block = None
 
     @torch.inference_mode()
     def commit(self, paths: Sequence[Sequence[int]]) -> None:

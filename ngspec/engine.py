@@ -76,13 +76,23 @@ class Engine:
         stopper = Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
         return generate(self.target, drafter, prompt_ids, cfg, stopper, on_tokens)
 
+    def batch_costs(self, batch: int) -> Callable[[int], tuple[float, ...]]:
+        """Verify costs by tree size for ``batch`` rows decoded together (measured once per batch
+        size and cached, when this engine calibrates; a device profile's single-row tables
+        otherwise)."""
+        if batch == 1 or not self.calibrate or self.profile is not None:
+            return self.target.verify_cost
+        table = cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes, batch)
+        return lambda context: table
+
     def run_batch(self, prompts: list[list[int]], new_drafter: Callable[[], Drafter], cfg: DecodeConfig, batch: BatchConfig, on_finish=None):
         """`generate_batch` on this model: results in prompt order and the batch's cache report.
-        Drafters size their trees from the single-sequence verify costs."""
+        Drafters size their trees from verify costs measured at this batch size."""
         def stopper() -> Stopper:
             return Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
 
-        return generate_batch(self.loaded.model, prompts, new_drafter, cfg, batch, stopper, self.target.verify_cost, on_finish)
+        costs = self.batch_costs(min(batch.batch_size, len(prompts)))
+        return generate_batch(self.loaded.model, prompts, new_drafter, cfg, batch, stopper, costs, on_finish)
 
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False) -> tuple[list[int], float]:

@@ -89,3 +89,20 @@ def test_rearrange_keeps_live_entries_in_order_and_drops_holes(tiny):
             live = valid[b].nonzero().flatten()
             assert torch.equal(layer.keys[b, :, :n], old[b, :, live])
     assert target.valid.sum(dim=1).tolist() == [8, 3]
+
+
+def test_discard_forgets_the_block_and_batch_costs_are_a_table(tiny):
+    from ngspec.perf.costs import measure_batch_costs
+
+    target = BatchTarget(tiny)
+    target.admit([1, 2, 3])
+    target.admit([4, 5])
+    slots, valid = target.slots, target.valid.clone()
+    target.verify([3, 5], [DraftTree.chain([7, 8]), DraftTree.chain([9])])
+    assert target.slots == slots + 3
+    target.discard()
+    assert target.slots == slots and torch.equal(target.valid, valid)
+    assert all(layer.keys.shape[2] == slots for layer in target.cache.layers)
+    table = measure_batch_costs(tiny, batch=3, max_nodes=6, context=16, repeats=1)
+    assert len(table) == 7 and table[0] == 1.0
+    assert all(b >= a for a, b in zip(table, table[1:]))

@@ -85,7 +85,7 @@ def test_bench_reports_every_arm(tmp_path):
         (["generate", "-p", "{prompt}", "-d", "eagle+search"], "need --eagle-head"),
         (["generate", "-p", "{prompt}", "--k", "1,2"], "takes one number here"),
         (["generate", "-p", "{prompt}", "--batch-size", "0"], "--batch-size must be at least 1"),
-        (["generate", "-p", "{prompt}", "--batch-size", "2", "--check"], "has no --check"),
+        (["generate", "-p", "{prompt}", "--batch-size", "2", "--check"], "without --check"),
         (["generate", "-p", "{prompt}", "--rearrange-every", "-1"], "--rearrange-every"),
         (["generate", "-p", "{prompt}", "--tree-choices", "{prompt}"], "expected a JSON list"),
         (["tune-tree", "--eagle-head", "no/such/head", "--out", "x.json"], "no EAGLE head directory"),
@@ -147,3 +147,23 @@ def test_batched_generate_matches_one_at_a_time_and_a_long_prompt_fails_alone(tm
         single.write_text(next(r["prompt"] for r in rows if r["id"] == pid))
         alone = invoke("generate", "-p", single, "-d", "vanilla", "-n", 16, "--json")
         assert by_id[pid]["token_ids"] == json.loads(alone.stdout.strip().splitlines()[-1])["token_ids"]
+
+
+@pytest.mark.slow
+def test_bench_with_a_datastore_reports_both_ceilings(tmp_path):
+    from ngspec.datastore.build import BuildOptions, build_datastore
+    from ngspec.models import load_model
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"instruction": "Repeat", "response": PROMPT}) + "\n")
+    store = tmp_path / "ds"
+    build_datastore(str(corpus), load_model("default", device="cpu").tokenizer, "smol", store, BuildOptions())
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "rag", "turns": [PROMPT]}) + "\n")
+    md = tmp_path / "bench.md"
+    result = invoke("bench", "-q", questions, "-n", 12, "-d", "search", "--datastore", store, "--json", "--markdown", md)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["self_repetition_token_weighted_with_datastore"] >= report["self_repetition_token_weighted"]
+    assert {a["arm"]: a for a in report["arms"]}["search"]["exact_match"] == 1.0
+    assert "with the datastore" in md.read_text()

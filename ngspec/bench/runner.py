@@ -73,6 +73,7 @@ class BenchRecord:
     prompt_tokens: int
     runs: dict[str, ArmRun]
     self_repetition: SelfRepetition  # of the hf-greedy output given the prompt
+    with_datastore: SelfRepetition | None = None  # the same, also searching --datastore
 
 
 def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Resources, pid: str) -> ArmRun:
@@ -108,5 +109,6 @@ def run_bench(
             if on_progress:
                 on_progress(arm.label)
         reference = runs["hf-greedy"].token_ids
-        records.append(BenchRecord(prompt, len(ids), runs, self_repetition(ids, reference)))
+        store = self_repetition(ids, reference, res.datastore) if res.datastore is not None else None
+        records.append(BenchRecord(prompt, len(ids), runs, self_repetition(ids, reference), store))
     return records

@@ -65,7 +65,8 @@ def build_datastore_command(
         )
     import resource
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # the tokenising child's peak too (it shares this process's pages until it allocates its own)
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024
     memory = {"rss_before_data_bytes": rss_before, "peak_rss_bytes": peak}
     _show(Path(out), meta, json_out, memory)
 

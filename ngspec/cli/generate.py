@@ -154,7 +154,7 @@ def generate_command(
         raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
     batch = BatchConfig(batch_size, rearrange_every)
     if batch_size > 1 and (check or verify != "tree"):
-        raise NgspecError("--batch-size > 1 verifies trees and has no --check (the tests compare every row with plain greedy)")
+        raise NgspecError("--batch-size > 1 works with --verify tree and without --check (use --check on single prompts)")
     prompts = load_prompts(prompt_file)
     engine = load_engine(model, device, dtype, profile)
     res = drafting.resources(engine, [drafter])

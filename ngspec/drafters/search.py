@@ -160,12 +160,13 @@ class EagleSearchDrafter:
     second one hung below the first EAGLE branch.
 
     With a flat verify cost (a GPU far from its compute bound) the tree keeps its fixed shape, as
-    READER does. Where verification is not free (``DraftContext.verify_cost``, e.g. on a CPU), each
-    node gets an estimated chance of acceptance (the head's path probability, or the search
-    branch's running product of continuation frequencies, each scaled by how well that source's
-    estimates matched real acceptance so far) and the tree keeps the number of most-likely nodes
-    that maximises expected tokens per unit of verify cost. A child is never more likely than its
-    parent, so the kept nodes always form a tree.
+    READER does (a branch token equal to an EAGLE sibling's stays a separate node). Where
+    verification is not free (``DraftContext.verify_cost``, e.g. on a CPU), the branch is merged
+    into the EAGLE nodes it repeats, each node gets an estimated chance of acceptance (the head's
+    path probability, or the search branch's running product of continuation frequencies, each
+    scaled by how well that source's estimates matched real acceptance so far), and the tree keeps
+    the number of most likely nodes that maximises expected tokens per unit of verify cost. A
+    child is never more likely than its parent, so the kept nodes always form a tree.
     """
 
     name = "eagle+search"
@@ -198,6 +199,8 @@ class EagleSearchDrafter:
         probs = [math.exp(s) * self._scale("eagle") for s in scores]
         sources = ["eagle"] * tree.size
 
+        costly = bool(ctx.verify_cost)
+
         def add(parent: int, context: Sequence[int]) -> bool:
             nonlocal tree
             source, tokens, conditionals = self.search.search(context, depth)
@@ -205,8 +208,18 @@ class EagleSearchDrafter:
             if not tokens:
                 return False
             above = probs[parent] if parent >= 0 else 1.0
+            branch = [above * p * self._scale("search") for p in path_probs(conditionals)]
+            if costly:
+                # where nodes are paid for, a branch token that an EAGLE child already drafts is
+                # that node (with the higher of the two estimates), not a second copy of it
+                while tokens:
+                    kid = next((i for i, (t, p) in enumerate(zip(tree.tokens, tree.parents)) if p == parent and t == tokens[0]), None)
+                    if kid is None:
+                        break
+                    probs[kid] = max(probs[kid], branch[0])
+                    parent, tokens, branch = kid, tokens[1:], branch[1:]
             tree = hang(tree, parent, tokens)
-            probs.extend(above * p * self._scale("search") for p in path_probs(conditionals))
+            probs.extend(branch)
             sources.extend(["search"] * len(tokens))
             return True
 

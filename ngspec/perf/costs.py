@@ -4,7 +4,8 @@ On CPUs the cost of a forward pass grows unevenly with the number of tokens (the
 two cores: 2 tokens about 1.1x a single token, 3 tokens 1.5x, 9 tokens 2x), so drafters size trees
 from measurements, not intuition. The table is measured once per engine with random tokens at a
 given context length, and cached under ``$NGSPEC_CACHE/costs`` per model, device, dtype, thread
-count and torch version (set ``NGSPEC_RECALIBRATE=1`` to measure again).
+count and torch version, and per batch size for batched decoding (set ``NGSPEC_RECALIBRATE=1`` to
+measure again).
 """
 
 from __future__ import annotations
@@ -45,6 +46,34 @@ def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512
     return cost_table({s: t / measured[0] for s, t in measured.items()}, max_nodes)
 
 
+def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, repeats: int = 3) -> tuple[float, ...]:
+    """`measure_verify_costs` for ``batch`` rows verified together: the cost of every row
+    verifying n nodes, relative to every row verifying none (a batched plain step). A batch
+    turns compute-bound sooner, so each draft node costs more than alone."""
+    from ngspec.batch_target import BatchTarget
+
+    target = BatchTarget(model)
+    context = max(1, min(context, target.max_length - max_nodes - 2))
+    vocab = int(model.config.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(batch):
+        target.admit(torch.randint(1, vocab, (context,), generator=gen).tolist())
+    sizes = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_nodes} & set(range(max_nodes + 1)))
+    measured = {}
+    for size in [0] + sizes:  # the first run of size 0 is a warm-up
+        trees = [DraftTree.chain(torch.randint(1, vocab, (size,), generator=gen).tolist()) for _ in range(batch)]
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            target.verify([1] * batch, trees)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize(target.device)
+            samples.append(time.perf_counter() - start)
+            target.discard()
+        measured[size] = statistics.median(samples)
+    return cost_table({s: t / measured[0] for s, t in measured.items()}, max_nodes)
+
+
 def cost_table(points: dict[int, float], max_nodes: int) -> tuple[float, ...]:
     """Relative cost of 0..max_nodes nodes from measured ``{nodes: relative cost}`` points:
     linear between points, along the last slope beyond them, never below 1.0 or decreasing."""
@@ -66,11 +95,14 @@ def cost_table(points: dict[int, float], max_nodes: int) -> tuple[float, ...]:
     return tuple(table)
 
 
-def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int) -> tuple[float, ...]:
-    """`measure_verify_costs`, measured once per machine setting and then read from the cache."""
+def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int, batch: int = 1) -> tuple[float, ...]:
+    """`measure_verify_costs` (or `measure_batch_costs` for ``batch`` > 1), measured once per
+    machine setting and batch size and then read from the cache."""
     from ngspec.models import cache_dir
 
     setting = f"{model_name}|{target.device}|{target.dtype}|{torch.get_num_threads()}|{torch.__version__}|{max_nodes}"
+    if batch > 1:
+        setting += f"|batch={batch}"
     path = cache_dir() / "costs" / (hashlib.sha256(setting.encode()).hexdigest()[:20] + ".json")
     if path.is_file() and not os.environ.get("NGSPEC_RECALIBRATE"):
         try:
@@ -79,7 +111,7 @@ def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int) ->
                 return costs
         except (ValueError, KeyError, TypeError):
             pass  # a damaged cache entry is measured again and rewritten
-    costs = measure_verify_costs(target, max_nodes)
+    costs = measure_verify_costs(target, max_nodes) if batch == 1 else measure_batch_costs(target.model, batch, max_nodes)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"setting": setting, "relative_cost": costs}))
