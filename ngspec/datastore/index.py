@@ -38,6 +38,9 @@ class Datastore:
         self.meta = meta
         self.tokens = tokens
         self.sa = sa
+        # binary searches index the suffix array one entry at a time: a memoryview hands back
+        # Python ints at C speed (a memmap's __getitem__ is Python code returning numpy scalars)
+        self._sa_items = memoryview(np.ascontiguousarray(sa)).cast("B").cast("i" if sa.dtype.itemsize == 4 else "q") if len(sa) else []
         self._width = tokens.dtype.itemsize
         self._key = tokens.astype(tokens.dtype.newbyteorder(">")).tobytes()
         self._starts: np.ndarray | None = None  # first suffix of each token's bucket
@@ -75,8 +78,11 @@ class Datastore:
         """Suffix-array range of the suffixes starting with token ``first`` (a lookup table built
         on first use), so every binary search runs inside one token's bucket."""
         if self._starts is None:
-            firsts = self.tokens[self.sa] if len(self.sa) else self.tokens[:0]
-            self._starts = np.searchsorted(firsts, np.arange(self.meta.vocab_size + 1), side="left")
+            # the suffix array is sorted by first token, so token t's bucket starts after every
+            # suffix that begins with a smaller token: a running count (one pass, no random reads)
+            vocab = self.meta.vocab_size
+            counts = np.bincount(np.minimum(self.tokens, vocab), minlength=vocab + 1)  # separators -> vocab
+            self._starts = np.concatenate([[0], np.cumsum(counts[:vocab])])
         if first >= self.meta.vocab_size:
             return int(self._starts[-1]), len(self.sa)
         return int(self._starts[first]), int(self._starts[first + 1])
@@ -87,7 +93,7 @@ class Datastore:
         w, key, n = self._width, self._key, len(q)
         lo, hi = self._bucket(int(query[0]))
         search = bisect.bisect_right if upper else bisect.bisect_left
-        return search(self.sa, q, lo, hi, key=lambda s: key[s * w : s * w + n]), q
+        return search(self._sa_items, q, lo, hi, key=lambda s: key[s * w : s * w + n]), q
 
     def find(self, query: Sequence[int]) -> tuple[int, int]:
         """Suffix-array range [lo, hi) of the suffixes starting with ``query``."""
@@ -97,7 +103,7 @@ class Datastore:
         lo, q = self._bounds(query, upper=False)
         if lo >= len(self.sa):
             return None
-        s = int(self.sa[lo]) * self._width
+        s = self._sa_items[lo] * self._width
         return lo if self._key[s : s + len(q)] == q else None
 
     def occurs(self, query: Sequence[int]) -> bool:
