@@ -70,11 +70,12 @@ def main() -> None:
     ap.add_argument("--rearrange-every", type=int, default=BatchConfig.rearrange_every)
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--only", help="comma-separated arm labels to run (vanilla always runs)")
+    ap.add_argument("--flat-cost", action="store_true", help="no verify-cost calibration: every drafter keeps its full (fixed) tree, as on a GPU far from its compute bound; tokens per call then shows the shapes themselves (timings are not meaningful)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
 
     loaded = load_model(args.model, "cpu")
-    engine = Engine(loaded)
+    engine = Engine(loaded, calibrate=not args.flat_cost)
     head = load_head(Path(args.eagle_head), loaded.model)
     vocab = load_draft_vocab(Path(args.eagle_head))
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
