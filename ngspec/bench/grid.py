@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ngspec.bench.report import ArmSummary
 from ngspec.bench.runner import Arm, BenchRecord
+from ngspec.drafters import ROW_DRAFTERS
 
 
 @dataclass
@@ -41,6 +42,8 @@ def ablation(arms: list[Arm], records: list[BenchRecord]) -> list[dict]:
     the accepted row was the 1st, 2nd, ... of the k."""
     out = []
     for arm in arms:
+        if arm.drafter not in ROW_DRAFTERS:
+            continue  # other drafters' statistics (e.g. the search branch's sources) are not rows
         stats = [r.runs[arm.label].drafter_stats for r in records if r.runs[arm.label].drafter_stats]
         if not stats:
             continue

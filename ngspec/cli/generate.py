@@ -66,6 +66,17 @@ def _rows_summary(stats: dict | None, opts: DrafterOptions | None) -> list[tuple
     return rows
 
 
+def _search_summary(stats: dict | None) -> list[tuple[str, str]]:
+    """search / eagle+search: where the search branch came from, step by step."""
+    if not stats or "search_branch_from" not in stats:
+        return []
+    found = stats["search_branch_from"]
+    rows = [("search branch from local / datastore / none", f"{found['local']} / {found['datastore']} / {found['none']}")]
+    if "deepened" in stats:
+        rows.append(("deepened branches", str(stats["deepened"])))
+    return rows
+
+
 def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json_out: bool) -> None:
     """Batched generation: each prompt's text and record as it finishes, then the batch summary;
     prompts that cannot run fail alone (exit code 1 at the end)."""
@@ -189,6 +200,7 @@ def generate_command(
                 ("drafting share of time", f"{100 * record['draft_share']:.1f}%"),
                 ("finished by", record["finish_reason"]),
                 *_rows_summary(record.get("drafter_stats"), prompt_opts if drafter in ROW_DRAFTERS else None),
+                *_search_summary(record.get("drafter_stats")),
                 *_check_rows(record.get("greedy_check")),
             ],
         )
