@@ -128,7 +128,7 @@ def main() -> None:
         ceiling["token_weighted_with_datastore"] = sum(len(r) for r in reference) / sum(s.steps for s in with_store)
     print(json.dumps({"ceiling": ceiling}), flush=True)
 
-    print(f"\n| batch | arm | tokens/call | tokens/s | vs vanilla | drafting | exact |\n|---|---|---|---|---|---|---|")
+    print("\n| batch | arm | tokens/call | tokens/s | vs vanilla | drafting | exact |\n|---|---|---|---|---|---|---|")
     for row in results:
         van = next(r for r in results if r["batch_size"] == row["batch_size"] and r["arm"] == "vanilla")
         print(f"| {row['batch_size']} | {row['arm']} | {row['tokens_per_call']:.2f} | {row['tokens_per_second']:.1f} | "
