@@ -179,6 +179,37 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     raise NgspecError(f"no weights in {directory}: expected one of {', '.join(WEIGHTS)}")
 
 
+def head_config(directory: Path, raw: dict, ignored: tuple[str, ...] = ()) -> LlamaConfig:
+    """The Llama config of a one-layer head from its ``config.json`` (``ignored`` keys dropped)."""
+    known = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("architectures", "model_type", *ignored)}
+    try:
+        config = LlamaConfig(**known)
+    except (TypeError, ValueError) as exc:
+        raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({exc})") from None
+    config.num_hidden_layers = 1
+    return config
+
+
+def checked_state(head: nn.Module, weights: dict[str, torch.Tensor], directory: Path, kind: str) -> dict[str, torch.Tensor]:
+    """``weights`` without the entries heads never use (embeddings, rotary buffers), refused with
+    the reason when names or shapes differ from ``head``'s, in ``head``'s dtypes."""
+    state = {k: v for k, v in weights.items() if not k.startswith("embed_tokens.") and not k.startswith("rotary.")}
+    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise NgspecError(
+            f"{directory} is not an {kind} head: "
+            + (f"missing {', '.join(missing[:4])}" if missing else "")
+            + ("; " if missing and unexpected else "")
+            + (f"unexpected {', '.join(unexpected[:4])}" if unexpected else "")
+        )
+    for key, tensor in state.items():
+        if tensor.shape != expected[key].shape:
+            raise NgspecError(f"{directory}: {key} has shape {tuple(tensor.shape)}, expected {tuple(expected[key].shape)}")
+    return {k: v.to(expected[k].dtype) for k, v in state.items()}
+
+
 def load_head(directory: Path, target: PreTrainedModel):
     """Read an EAGLE-1 or EAGLE-3 head in the public layout and check that it fits ``target``."""
     directory = Path(directory)
@@ -195,28 +226,10 @@ def load_head(directory: Path, target: PreTrainedModel):
 
     if is_eagle3(weights, raw):
         return build_eagle3(directory, raw, weights, target)
-    known = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("architectures", "model_type", "bias", "ngspec_eagle")}
-    try:
-        config = LlamaConfig(**known)
-    except (TypeError, ValueError) as exc:
-        raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({exc})") from None
-    config.num_hidden_layers = 1
+    config = head_config(directory, raw, ("bias", "ngspec_eagle"))
     check_matches(config, target, directory)
     head = EagleHead(config, bias="fc.bias" in weights)
-    state = {k: v for k, v in weights.items() if not k.startswith("embed_tokens.") and not k.startswith("rotary.")}
-    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise NgspecError(
-            f"{directory} is not an EAGLE-1 head: "
-            + (f"missing {', '.join(missing[:4])}" if missing else "")
-            + ("; " if missing and unexpected else "")
-            + (f"unexpected {', '.join(unexpected[:4])}" if unexpected else "")
-        )
-    for key, tensor in state.items():
-        if tensor.shape != expected[key].shape:
-            raise NgspecError(f"{directory}: {key} has shape {tuple(tensor.shape)}, expected {tuple(expected[key].shape)}")
+    state = checked_state(head, weights, directory, "EAGLE-1")
     head.load_state_dict(state, strict=False)
     param = next(target.parameters())
     return head.to(device=param.device, dtype=param.dtype).eval()

@@ -99,13 +99,10 @@ def is_eagle3(weights: dict, raw_config: dict) -> bool:
 
 def build_eagle3(directory: Path, raw: dict, weights: dict[str, torch.Tensor], target: PreTrainedModel) -> Eagle3Head:
     """An `Eagle3Head` from a public checkpoint's config and weights, checked against ``target``."""
+    from ngspec.eagle.head import checked_state, head_config
+
     tc = target.config
-    known = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("architectures", "model_type", "target_hidden_size")}
-    try:
-        config = LlamaConfig(**known)
-    except (TypeError, ValueError) as exc:
-        raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({exc})") from None
-    config.num_hidden_layers = 1
+    config = head_config(directory, raw, ("target_hidden_size",))
     config.draft_vocab_size = int(raw.get("draft_vocab_size") or raw.get("vocab_size") or tc.vocab_size)
     target_hidden = int(raw.get("target_hidden_size") or config.hidden_size)
     if target_hidden != tc.hidden_size:
@@ -115,31 +112,16 @@ def build_eagle3(directory: Path, raw: dict, weights: dict[str, torch.Tensor], t
     if config.vocab_size != tc.vocab_size:
         raise NgspecError(f"EAGLE-3 head {directory} has a {config.vocab_size}-token vocabulary, the model has {tc.vocab_size}")
     head = Eagle3Head(config, target_hidden)
-    state = {k: v for k, v in weights.items() if not k.startswith("embed_tokens.") and not k.startswith("rotary.")}
-    if "d2t" not in state:  # a head over the whole vocabulary
-        state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
-    if "t2d" not in state:
-        state["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
-    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise NgspecError(
-            f"{directory} is not an EAGLE-3 head: "
-            + (f"missing {', '.join(missing[:4])}" if missing else "")
-            + ("; " if missing and unexpected else "")
-            + (f"unexpected {', '.join(unexpected[:4])}" if unexpected else "")
-        )
-    for key, tensor in state.items():
-        if tensor.shape != expected[key].shape:
-            raise NgspecError(f"{directory}: {key} has shape {tuple(tensor.shape)}, expected {tuple(expected[key].shape)}")
+    weights = dict(weights)
+    weights.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # a head over the whole vocabulary
+    weights.setdefault("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+    state = checked_state(head, weights, directory, "EAGLE-3")
     targets = torch.arange(config.draft_vocab_size) + state["d2t"].long()
     if len(targets) and (int(targets.min()) < 0 or int(targets.max()) >= tc.vocab_size):
         raise NgspecError(f"{directory}: d2t maps draft ids outside the model's {tc.vocab_size}-token vocabulary")
-    head.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=False)
+    head.load_state_dict(state, strict=False)
     param = next(target.parameters())
-    head = head.to(device=param.device, dtype=param.dtype).eval()
-    head.d2t = head.d2t.long()
+    head = head.to(device=param.device, dtype=param.dtype).eval()  # d2t/t2d keep their integer dtypes
     head.feature_layers = feature_layers(tc.num_hidden_layers)
     return head
 
