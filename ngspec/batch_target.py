@@ -13,7 +13,6 @@ prompt is prefilled on its own and written into a free row; finished rows are dr
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -22,8 +21,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
 from ngspec.kv import make_cache, truncate
-from ngspec.target import select_features
-from ngspec.tree import depths, visibility
+from ngspec.target import prepare_model, select_features
+from ngspec.tree import additive_mask, depths, visibility
 
 
 @dataclass
@@ -42,10 +41,7 @@ class CacheUse:
 
 class BatchTarget:
     def __init__(self, model: PreTrainedModel) -> None:
-        self.model = model.eval()
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.model, self.device, self.dtype, self.max_length = prepare_model(model)
         self.keep_features = False
         self.feature_layers: tuple[int, ...] | None = None
         self.cache: DynamicCache | None = None
@@ -53,8 +49,6 @@ class BatchTarget:
         self.lengths: list[int] = []  # live entries per row (= its committed tokens)
         self.pending: list[list[torch.Tensor]] = []  # per row: features of newly committed positions
         self._block: tuple[int, int, torch.Tensor | None] | None = None  # (start slot, width, hidden)
-        if self.device.type == "cpu":
-            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     @property
     def rows(self) -> int:
@@ -166,8 +160,7 @@ class BatchTarget:
             pad = torch.arange(n, width)
             visible[b, pad, start] = True
             visible[b, pad, start + pad] = True
-        mask = torch.zeros(rows, 1, width, start + width, dtype=self.dtype)
-        mask.masked_fill_(~visible[:, None], torch.finfo(self.dtype).min)
+        mask = additive_mask(visible[:, None], self.dtype)
         out = self.model(
             input_ids=ids.to(self.device), position_ids=positions.to(self.device), attention_mask=mask.to(self.device),
             past_key_values=self.cache, use_cache=True, output_hidden_states=self.keep_features,

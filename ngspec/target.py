@@ -31,14 +31,21 @@ def select_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, 
     return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
+def prepare_model(model: PreTrainedModel) -> tuple[PreTrainedModel, torch.device, torch.dtype, int]:
+    """The model in eval mode, its device, dtype and context window. On CPU, let SDPA handle
+    grouped-query attention under a custom mask instead of materialising repeated K/V every layer
+    (same logits; faster trees at long context)."""
+    param = next(model.parameters())
+    if param.device.type == "cpu":
+        os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    return model.eval(), param.device, param.dtype, int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+
 class TargetModel:
     """One sequence (batch row) decoded by a transformers causal LM."""
 
     def __init__(self, model: PreTrainedModel) -> None:
-        self.model = model.eval()
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.model, self.device, self.dtype, self.max_length = prepare_model(model)
         self.cache: DynamicCache | None = None
         self._row_block: RowBlockCache | None = None
         self._rows_paths: list[list[int]] | None = None  # set while a tree verified as rows awaits commit
@@ -51,10 +58,6 @@ class TargetModel:
         # context length -> relative cost of verifying a tree of each size (index = nodes); a table
         # applies from its context length up to the next one; empty = not measured
         self.cost_tables: dict[int, tuple[float, ...]] = {}
-        if self.device.type == "cpu":
-            # let SDPA handle grouped-query attention under a custom mask instead of materialising
-            # repeated K/V every layer (same logits; faster trees at long context on CPU)
-            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     def verify_cost(self, context: int | None = None) -> tuple[float, ...]:
         """The cost table for ``context`` cached tokens (default: the current length)."""

@@ -41,6 +41,13 @@ def visibility(tree: DraftTree) -> torch.Tensor:
     return vis
 
 
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where ``visible`` is true, the dtype's minimum elsewhere (same shape): the float form
+    eager attention adds to its scores and SDPA accepts too."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)
+
+
 def attention_mask(tree: DraftTree, past_len: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive float mask ``[1, 1, n+1, past_len + n+1]``: 0 where visible, dtype-min elsewhere.
 
@@ -50,9 +57,7 @@ def attention_mask(tree: DraftTree, past_len: int, dtype: torch.dtype) -> torch.
     n = vis.shape[0]
     full = torch.ones(n, past_len + n, dtype=torch.bool)
     full[:, past_len:] = vis
-    mask = torch.zeros(n, past_len + n, dtype=dtype)
-    mask.masked_fill_(~full, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive_mask(full, dtype)[None, None]
 
 
 def position_ids(tree: DraftTree, past_len: int) -> torch.Tensor:

@@ -28,6 +28,7 @@ from ngspec.contracts import DraftContext, DraftTree
 from ngspec.eagle.head import EagleHead
 from ngspec.errors import NgspecError
 from ngspec.kv import make_cache, truncate
+from ngspec.tree import additive_mask
 
 # a small EAGLE-1-style static tree: ranks of children along each path
 DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
@@ -146,9 +147,7 @@ class EagleDrafter:
         pass
 
     def _mask(self, visible: torch.Tensor) -> torch.Tensor:
-        mask = torch.zeros(visible.shape, dtype=self.param.dtype, device=self.param.device)
-        mask.masked_fill_(~visible.to(self.param.device), torch.finfo(self.param.dtype).min)
-        return mask[None, None]
+        return additive_mask(visible.to(self.param.device), self.param.dtype)[None, None]
 
     def _run(self, tokens: list[int], features: torch.Tensor, positions: list[int], visible: torch.Tensor) -> torch.Tensor:
         dev = self.param.device
