@@ -15,11 +15,29 @@ import json
 import os
 import statistics
 import time
+from typing import Callable
 
 import torch
 
 from ngspec.contracts import DraftTree
 from ngspec.target import TargetModel
+
+
+def _relative_costs(verify: Callable[[int], None], device: torch.device, max_nodes: int, repeats: int) -> tuple[float, ...]:
+    """Median time of ``verify(size)`` (one verification of ``size`` draft nodes, then undone) at
+    the measured sizes, relative to size 0, as a table over 0..max_nodes (see `cost_table`)."""
+    sizes = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_nodes} & set(range(max_nodes + 1)))
+    measured = {}
+    for size in [0] + sizes:  # the first run of size 0 is a warm-up
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            verify(size)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # kernels run asynchronously
+            samples.append(time.perf_counter() - start)
+        measured[size] = statistics.median(samples)
+    return cost_table({s: t / measured[0] for s, t in measured.items()}, max_nodes)
 
 
 def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512, repeats: int = 3) -> tuple[float, ...]:
@@ -30,20 +48,12 @@ def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(1, vocab, (context,), generator=gen).tolist()
     target.prefill(prompt)
-    sizes = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_nodes} & set(range(max_nodes + 1)))
-    measured = {}
-    for size in [0] + sizes:  # the first run of size 0 is a warm-up
-        tree = DraftTree.chain(torch.randint(1, vocab, (size,), generator=gen).tolist())
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            target.verify(prompt[-1], tree)
-            target.commit([])
-            if target.device.type == "cuda":
-                torch.cuda.synchronize(target.device)  # kernels run asynchronously
-            samples.append(time.perf_counter() - start)
-        measured[size] = statistics.median(samples)
-    return cost_table({s: t / measured[0] for s, t in measured.items()}, max_nodes)
+
+    def verify(size: int) -> None:
+        target.verify(prompt[-1], DraftTree.chain(torch.randint(1, vocab, (size,), generator=gen).tolist()))
+        target.discard()  # the context stays at ``context`` tokens for every measurement
+
+    return _relative_costs(verify, target.device, max_nodes, repeats)
 
 
 def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, repeats: int = 3) -> tuple[float, ...]:
@@ -58,20 +68,12 @@ def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, r
     gen = torch.Generator().manual_seed(0)
     for _ in range(batch):
         target.admit(torch.randint(1, vocab, (context,), generator=gen).tolist())
-    sizes = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_nodes} & set(range(max_nodes + 1)))
-    measured = {}
-    for size in [0] + sizes:  # the first run of size 0 is a warm-up
-        trees = [DraftTree.chain(torch.randint(1, vocab, (size,), generator=gen).tolist()) for _ in range(batch)]
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            target.verify([1] * batch, trees)
-            if target.device.type == "cuda":
-                torch.cuda.synchronize(target.device)
-            samples.append(time.perf_counter() - start)
-            target.discard()
-        measured[size] = statistics.median(samples)
-    return cost_table({s: t / measured[0] for s, t in measured.items()}, max_nodes)
+
+    def verify(size: int) -> None:
+        target.verify([1] * batch, [DraftTree.chain(torch.randint(1, vocab, (size,), generator=gen).tolist()) for _ in range(batch)])
+        target.discard()
+
+    return _relative_costs(verify, target.device, max_nodes, repeats)
 
 
 def cost_table(points: dict[int, float], max_nodes: int) -> tuple[float, ...]:
