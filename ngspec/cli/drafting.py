@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Optional
@@ -105,9 +106,9 @@ def with_drafting_options(command):
     """Append `Drafting`'s fields to ``command``'s options; it receives them as ``drafting``."""
     sig = inspect.signature(command, eval_str=True)  # the command's own annotations, evaluated
     names = [f.name for f in fields(Drafting)]
-    hints = Drafting.__annotations__
+    hints = typing.get_type_hints(Drafting, include_extras=True)  # keeps the typer.Option metadata
     added = [
-        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=_resolve(hints[f.name]))
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
         for f in fields(Drafting)
     ]
     own = [p for p in sig.parameters.values() if p.name != "drafting"]
@@ -123,13 +124,6 @@ def with_drafting_options(command):
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
     del wrapper.__wrapped__  # typer must read the new signature, not the original's
     return wrapper
-
-
-def _resolve(annotation):
-    """Annotations are strings under ``from __future__ import annotations``: evaluate them here."""
-    if isinstance(annotation, str):
-        return eval(annotation, globals())  # noqa: S307 - our own literal annotations
-    return annotation
 
 
 def single_value(spec: str | None, name: str) -> int | None:

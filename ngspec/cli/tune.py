@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ngspec.cli import render
-from ngspec.cli.common import load_eagle, load_engine
+from ngspec.cli.common import load_engine
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, RawOpt
 from ngspec.errors import NgspecError
 
@@ -46,7 +46,8 @@ def tune_tree_command(
     """
     from ngspec.batch import BatchConfig
     from ngspec.decode import DecodeConfig
-    from ngspec.drafters.eagle import EagleOptions
+    from ngspec.drafters.eagle import EagleOptions, eagle_factory
+    from ngspec.eagle.head import load_draft_vocab, load_head
     from ngspec.eagle.tune import AcceptanceRecorder, TuneResult, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, prune
     from ngspec.prompts import encode, load_prompts
 
@@ -65,12 +66,14 @@ def tune_tree_command(
     engine = load_engine(model, device, dtype)
     ids = [encode(engine.loaded.tokenizer, p.text, raw) for p in prompts]
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, max_draft_nodes=nodes)
+    head = load_head(eagle_head, engine.loaded.model)  # read once; every candidate tree reuses it
+    vocab = load_draft_vocab(eagle_head)
     big = large_tree(width, depth, nodes)
     accepted: Counter = Counter()
     steps: Counter = Counter()
 
     def run(choices, recorder: bool, label: str) -> dict:
-        factory = load_eagle(engine, eagle_head, EagleOptions(tree="static", choices=choices))
+        factory = eagle_factory(engine.loaded.model, head, EagleOptions(tree="static", choices=choices), vocab)
         make = (lambda: AcceptanceRecorder(factory(), accepted, steps)) if recorder else factory
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
             task = progress.add_task(label, total=len(ids))
