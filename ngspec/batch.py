@@ -17,7 +17,7 @@ import torch
 
 from ngspec.batch_target import BatchTarget
 from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
-from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token
+from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token, check_prompt, out_of_room
 from ngspec.errors import NgspecError
 from ngspec.verify import accept_greedy, accept_sampled
 
@@ -112,10 +112,10 @@ def generate_batch(
         while waiting:
             index = waiting.pop(0)
             prompt = list(prompts[index])
-            if not prompt or len(prompt) >= target.max_length:
-                why = "the prompt is empty" if not prompt else (
-                    f"the prompt has {len(prompt)} tokens but the model's context window is {target.max_length}")
-                results[index] = BatchResult(index, error=why)
+            try:
+                check_prompt(prompt, target.max_length)
+            except NgspecError as exc:
+                results[index] = BatchResult(index, error=str(exc))
                 if on_finish:
                     on_finish(results[index])
                 continue
@@ -141,7 +141,7 @@ def generate_batch(
         # rows that are done hand their slot to the next prompt, or leave the batch
         for b, row in enumerate(rows):
             if row.reason is None:
-                row.reason = _out_of_room(row, target, b, cfg)
+                row.reason = out_of_room(len(row.out), target.lengths[b], cfg.max_new_tokens, target.max_length)
             if row.reason is not None:
                 finish(row)
                 rows[b] = admit(b)
@@ -191,10 +191,3 @@ def generate_batch(
     report.seconds = time.perf_counter() - began
     return [results[i] for i in range(len(prompts))], report
 
-
-def _out_of_room(row: _Row, target: BatchTarget, b: int, cfg: DecodeConfig) -> str | None:
-    if len(row.out) >= cfg.max_new_tokens:
-        return "length"
-    if target.max_length - target.lengths[b] - 1 < 0:
-        return "context"
-    return None

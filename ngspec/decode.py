@@ -86,6 +86,22 @@ def _first_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator
     return sample_token(target_probs(logits, cfg), gen)
 
 
+def check_prompt(prompt: Sequence[int], max_length: int) -> None:
+    if len(prompt) == 0:
+        raise NgspecError("the prompt is empty")
+    if len(prompt) >= max_length:
+        raise NgspecError(f"the prompt has {len(prompt)} tokens but the model's context window is {max_length}")
+
+
+def out_of_room(emitted: int, committed: int, max_new_tokens: int, max_length: int) -> str | None:
+    """Why a sequence must stop before the next step: its token budget or the context window."""
+    if emitted >= max_new_tokens:
+        return "length"
+    if max_length - committed - 1 < 0:  # not even the root fits
+        return "context"
+    return None
+
+
 def generate(
     target: TargetModel,
     drafter: Drafter,
@@ -97,13 +113,7 @@ def generate(
     """Generate from ``prompt``; the output equals plain decoding of the target (greedy: token for
     token; sampling: in distribution)."""
     prompt = list(prompt)
-    if len(prompt) == 0:
-        raise NgspecError("the prompt is empty")
-    if len(prompt) >= target.max_length:
-        raise NgspecError(
-            f"the prompt has {len(prompt)} tokens but the model's context window is "
-            f"{target.max_length}"
-        )
+    check_prompt(prompt, target.max_length)
     stopper = stopper or Stopper(cfg.eos_ids)
     gen = None
     if not cfg.sampling.greedy and cfg.sampling.seed is not None:
@@ -121,11 +131,11 @@ def generate(
     emit(on_tokens, out)
 
     while reason is None:
+        reason = out_of_room(len(out), target.length, cfg.max_new_tokens, target.max_length)
+        if reason is not None:
+            break
         budget = cfg.max_new_tokens - len(out)  # tokens we may still emit
         window = target.max_length - target.length - 1  # tree nodes that fit after the root
-        if budget <= 0 or window < 0:
-            reason = "length" if budget <= 0 else "context"
-            break
         t0 = time.perf_counter()
         features = target.take_features() if target.keep_features else None
         ctx = DraftContext(prompt + out, len(prompt), min(cfg.max_draft_nodes, window), target.verify_cost(), features)
