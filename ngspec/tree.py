@@ -6,6 +6,8 @@ block index ``i + 1``.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ngspec.contracts import DraftTree
@@ -77,3 +79,22 @@ def root_to_leaf_paths(tree: DraftTree) -> list[list[int]]:
             path.append(tree.parents[path[-1]])
         paths.append(path[::-1])
     return paths
+
+
+def accepted_path(tree: DraftTree, tokens: Sequence[int]) -> list[int]:
+    """Nodes of the longest root path whose tokens are a prefix of ``tokens``: what greedy
+    acceptance took when ``tokens`` were emitted (pass them without the bonus token). Siblings
+    may repeat a token; the longer run wins, as in `verify.accept_greedy`."""
+    kids = children(tree)
+
+    def walk(block: int, depth: int) -> list[int]:
+        best: list[int] = []
+        if depth < len(tokens):
+            for c in kids[block]:
+                if tree.tokens[c - 1] == tokens[depth]:
+                    below = [c - 1] + walk(c, depth + 1)
+                    if len(below) > len(best):
+                        best = below
+        return best
+
+    return walk(0, 0)

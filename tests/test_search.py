@@ -10,7 +10,8 @@ import torch
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.datastore.index import Datastore
-from ngspec.drafters.search import EagleSearchDrafter, SearchBranch, SearchDrafter, accepted_nodes, first_branch, hang
+from ngspec.drafters.search import EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang
+from ngspec.tree import accepted_path
 from ngspec.drafters.trie import NGramTrie
 from ngspec.verify import accept_greedy
 
@@ -175,8 +176,8 @@ def test_eagle_search_keeps_the_most_likely_nodes_when_verification_costs():
     assert steep._totals["eagle"][0] + steep._totals["search"][0] == 1.0 + 1.0 + 2
 
 
-def test_accepted_nodes_takes_the_longest_matching_path():
+def test_accepted_path_takes_the_longest_matching_path():
     tree = DraftTree((4, 4, 5, 6), (-1, -1, 1, 2))
-    assert accepted_nodes(tree, [4, 5, 6]) == [1, 2, 3]
-    assert accepted_nodes(tree, [4, 9]) == [0]
-    assert accepted_nodes(tree, [8]) == []
+    assert accepted_path(tree, [4, 5, 6]) == [1, 2, 3]
+    assert accepted_path(tree, [4, 9]) == [0]
+    assert accepted_path(tree, [8]) == []

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.drafters.trie import NGramTrie, best_size
+from ngspec.tree import accepted_path
 
 if TYPE_CHECKING:
     from ngspec.datastore.index import Datastore
@@ -135,26 +136,6 @@ def hang(tree: DraftTree, parent: int, tokens: Sequence[int]) -> DraftTree:
     return DraftTree(tree.tokens + tuple(int(t) for t in tokens), tree.parents + parents)
 
 
-def accepted_nodes(tree: DraftTree, tokens: Sequence[int]) -> list[int]:
-    """Nodes of the longest root path whose tokens are a prefix of ``tokens`` (what greedy
-    acceptance took when ``tokens`` were emitted, the bonus token last)."""
-    kids: dict[int, list[int]] = {}
-    for i, p in enumerate(tree.parents):
-        kids.setdefault(p, []).append(i)
-
-    def walk(node: int, depth: int) -> list[int]:
-        best: list[int] = []
-        if depth < len(tokens):
-            for c in kids.get(node, []):
-                if tree.tokens[c] == tokens[depth]:
-                    below = [c] + walk(c, depth + 1)
-                    if len(below) > len(best):
-                        best = below
-        return best
-
-    return walk(-1, 0)
-
-
 class EagleSearchDrafter:
     """`eagle+search`: the EAGLE tree plus one search branch at the root, and with ``deepen`` a
     second one hung below the first EAGLE branch.
@@ -240,7 +221,7 @@ class EagleSearchDrafter:
         self.search.extend(new_tokens)
         if self._last is not None:
             tree, sources, probs = self._last
-            for node in accepted_nodes(tree, list(new_tokens)[:-1]):
+            for node in accepted_path(tree, list(new_tokens)[:-1]):
                 self._totals[sources[node]][0] += 1
             for source, p in zip(sources, probs):
                 self._totals[source][1] += p

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.tree import accepted_path
 
 Choice = tuple[int, ...]
 
@@ -62,12 +63,7 @@ class AcceptanceRecorder:
         if self._tree is None:
             return
         self.steps["steps"] += 1
-        kids: dict[tuple[int, int], int] = {(p, t): i for i, (t, p) in enumerate(zip(self._tree.tokens, self._tree.parents))}
-        node = -1
-        for tok in new_tokens[:-1]:  # the accepted drafts (the last token is the bonus)
-            node = kids.get((node, tok), None)
-            if node is None:
-                break
+        for node in accepted_path(self._tree, list(new_tokens)[:-1]):  # the last token is the bonus
             self.accepted[self._choices[node]] += 1
         self._tree = None
 
