@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from ngspec.contracts import DraftTree
+from ngspec.packed_linear import PackedLinear
 from ngspec.target import TargetModel
 
 
@@ -102,7 +103,9 @@ def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int, ba
     machine setting and batch size and then read from the cache."""
     from ngspec.models import cache_dir
 
+    packed = any(isinstance(m, PackedLinear) for m in target.model.modules())
     setting = f"{model_name}|{target.device}|{target.dtype}|{torch.get_num_threads()}|{torch.__version__}|{max_nodes}"
+    setting += "|packed" if packed else ""
     if batch > 1:
         setting += f"|batch={batch}"
     path = cache_dir() / "costs" / (hashlib.sha256(setting.encode()).hexdigest()[:20] + ".json")
