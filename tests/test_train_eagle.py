@@ -120,3 +120,25 @@ def test_train_eagle_command_on_the_default_model(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["evaluation"]["identical_to_greedy"] == 1
     assert (out / "config.json").is_file() and (out / "train_report.json").is_file()
+
+
+def test_cross_entropy_vocabulary_is_the_most_frequent_response_tokens(model):
+    from ngspec.eagle.train import example_loss, output_weight
+
+    data = examples(n=3, seed=4)
+    full = model.get_output_embeddings().weight
+    assert output_weight(model, data, 0) is full
+    counts = torch.bincount(torch.cat([ex.ids[ex.prompt_len :] for ex in data]), minlength=full.shape[0])
+    weight = output_weight(model, data, 5)
+    rows = [int(torch.nonzero((full == row).all(-1))[0]) for row in weight]
+    assert rows == sorted(rows) and len(rows) == 5
+    assert min(counts[rows]) >= max(counts[[t for t in range(len(counts)) if t not in rows]])
+    head = train_module.EagleHead(train_module.head_config_for(model))
+    feats = target_features(model, data[:1])[0]
+    opts = TrainOptions(noise=0.0)
+    torch.manual_seed(0)
+    whole, _ = example_loss(head, model, data[0], feats, opts)
+    torch.manual_seed(0)
+    same, _ = example_loss(head, model, data[0], feats, opts, output_weight(model, data, 0))
+    restricted, stats = example_loss(head, model, data[0], feats, opts, weight)
+    assert torch.equal(whole, same) and not torch.equal(whole, restricted) and 0 <= stats["top1"] <= 1

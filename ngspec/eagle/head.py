@@ -140,12 +140,16 @@ def save_head(head: EagleHead, directory: Path) -> None:
 DRAFT_VOCAB = "draft_vocab.json"
 
 
+def ranked_tokens(responses: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+    """(token, count) over ``responses``, most frequent first (ties by first appearance)."""
+    return Counter(int(t) for r in responses for t in r).most_common()
+
+
 def save_draft_vocab(directory: Path, responses: Iterable[Sequence[int]]) -> None:
     """Write the tokens of the training responses, most frequent first, with their counts: the
     drafter can restrict the LM head to the top ones (``--draft-vocab N``), which on a CPU is most
     of EAGLE's drafting time (every depth reads the whole LM-head matrix otherwise)."""
-    counts = Counter(int(t) for r in responses for t in r)
-    ranked = counts.most_common()
+    ranked = ranked_tokens(responses)
     tmp = directory / f".{DRAFT_VOCAB}.tmp"
     tmp.write_text(json.dumps({"ids": [t for t, _ in ranked], "counts": [c for _, c in ranked]}))
     tmp.replace(directory / DRAFT_VOCAB)

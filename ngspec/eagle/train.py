@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, save_draft_vocab, save_head
+from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, ranked_tokens, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
 
 CHECKPOINT = "checkpoint.pt"
@@ -42,6 +42,7 @@ class TrainOptions:
     max_len: int = 640
     noise: float = 0.1
     ce_weight: float = 0.1
+    ce_vocab: int = 8192  # > 0: cross-entropy over the responses' N most frequent tokens (the draft vocabulary)
     holdout: int = 12  # examples kept aside to measure acceptance
     checkpoint_every: int = 50
     seed: int = 0
@@ -49,8 +50,8 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_tokens < 1 or self.max_len < 8 or self.lr <= 0:
             raise NgspecError("--epochs, --batch-tokens must be >= 1, --max-len >= 8 and --lr > 0")
-        if self.holdout < 0 or self.checkpoint_every < 1:
-            raise NgspecError("--holdout must be >= 0 and --checkpoint-every >= 1")
+        if self.holdout < 0 or self.checkpoint_every < 1 or self.ce_vocab < 0:
+            raise NgspecError("--holdout and --ce-vocab must be >= 0 and --checkpoint-every >= 1")
 
 
 @dataclass
@@ -96,8 +97,23 @@ def target_features(model, examples: list[Example], progress: Callable[[int], No
     return out
 
 
-def example_loss(head: EagleHead, model, ex: Example, feats: torch.Tensor, opts: TrainOptions) -> tuple[torch.Tensor, dict]:
-    """EAGLE loss on one example (over positions whose prediction is of a response token)."""
+def output_weight(model, train: list[Example], ce_vocab: int) -> torch.Tensor:
+    """The LM-head rows the cross-entropy is computed over: the ``ce_vocab`` tokens most frequent
+    in the training responses (what the drafter drafts over with ``--draft-vocab``), or the whole
+    matrix (``ce_vocab`` 0, or an LM head with a bias). On a CPU the two full-vocabulary products
+    per position are most of a training step; 8,192 of the default model's 49,152 rows carry
+    nearly all of its probability on its own answers."""
+    lm_head = model.get_output_embeddings()
+    if not ce_vocab or getattr(lm_head, "bias", None) is not None:
+        return lm_head.weight
+    ids = [t for t, _ in ranked_tokens(ex.ids[ex.prompt_len :].tolist() for ex in train)[:ce_vocab]]
+    return lm_head.weight.index_select(0, torch.tensor(sorted(ids), device=lm_head.weight.device))
+
+
+def example_loss(head: EagleHead, model, ex: Example, feats: torch.Tensor, opts: TrainOptions, weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """EAGLE loss on one example (over positions whose prediction is of a response token); the
+    cross-entropy is over the rows of ``weight`` (default: the whole LM head), the target's
+    distribution renormalised to them."""
     device = next(head.parameters()).device
     ids = ex.ids.to(device)
     f = feats.to(device=device, dtype=torch.float32)
@@ -111,10 +127,10 @@ def example_loss(head: EagleHead, model, ex: Example, feats: torch.Tensor, opts:
     first = max(ex.prompt_len - 2, 0)  # output i predicts the feature that predicts token i + 2
     pred, true = out[first:], f[1:][first:]
     reg = F.smooth_l1_loss(pred, true)
-    lm_head = model.get_output_embeddings()
+    weight = model.get_output_embeddings().weight if weight is None else weight
     with torch.no_grad():
-        p_target = torch.softmax(lm_head(true), dim=-1)
-    logq = torch.log_softmax(lm_head(pred), dim=-1)
+        p_target = torch.softmax(true @ weight.T, dim=-1)
+    logq = torch.log_softmax(pred @ weight.T, dim=-1)
     ce = -(p_target * logq).sum(-1).mean()
     with torch.no_grad():
         top1 = (logq.argmax(-1) == p_target.argmax(-1)).float().mean()
@@ -164,6 +180,7 @@ def train_head(
     for p in model.parameters():
         p.requires_grad_(False)
     optimiser = torch.optim.AdamW(head.parameters(), lr=opts.lr, weight_decay=0.0)
+    weight = output_weight(model, train, opts.ce_vocab)
     plans = []
     for epoch in range(opts.epochs):
         order = list(range(len(train)))
@@ -199,7 +216,7 @@ def train_head(
             stats = {"reg": 0.0, "ce": 0.0, "top1": 0.0, "tokens": 0}
             tokens = sum(len(train[i].ids) for i in batch)
             for i in batch:
-                loss, s = example_loss(head, model, train[i], feats[i], opts)
+                loss, s = example_loss(head, model, train[i], feats[i], opts, weight)
                 (loss * len(train[i].ids) / tokens).backward()
                 for key in ("reg", "ce", "top1"):
                     stats[key] += s[key] * s["tokens"]
