@@ -77,3 +77,23 @@ def test_self_repetition_bad_input(tmp_path):
     assert result.exit_code == 1 and "leaves none to measure" in result.stderr
     result = runner.invoke(app, ["self-repetition", "--dataset", str(path), "--datastore", str(tmp_path / "nope")])
     assert result.exit_code == 1 and "datastore not found" in result.stderr
+
+
+def test_interrupted_synthesis_keeps_finished_records_beside_the_output(tmp_path):
+    from ngspec.datastore.synth import partial_path, write_jsonl
+
+    def records(stop_after):
+        for i in range(5):
+            if i == stop_after:
+                raise KeyboardInterrupt
+            yield {"instruction": f"q{i}", "response": f"a{i}"}
+
+    out = tmp_path / "corpus.jsonl"
+    with pytest.raises(NgspecError, match="interrupted after 2 records"):
+        write_jsonl(records(2), out, force=False)
+    assert not out.exists() and partial_path(out).name == "corpus.partial.jsonl"
+    assert [json.loads(line)["instruction"] for line in partial_path(out).read_text().splitlines()] == ["q0", "q1"]
+    with pytest.raises(KeyboardInterrupt):
+        write_jsonl(records(0), tmp_path / "empty.jsonl", force=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.partial.jsonl"]
+    assert write_jsonl(records(99), out, force=False) == 5 and out.is_file()

@@ -93,8 +93,15 @@ def synthesize(loaded: LoadedModel, opts: SynthOptions, on_record: Callable[[], 
             }
 
 
+def partial_path(out: Path) -> Path:
+    """Where an interrupted run keeps the records it finished: ``NAME.partial.jsonl``."""
+    return out.with_name(f"{out.stem}.partial{out.suffix or '.jsonl'}")
+
+
 def write_jsonl(records: Iterator[dict], out: Path, force: bool) -> int:
-    """Write records to ``out`` through a temporary file renamed at the end."""
+    """Write records to ``out`` through a temporary file renamed at the end. When interrupted
+    (Ctrl-C, SIGTERM) the finished records are not thrown away: they go to `partial_path`
+    (complete records only; ``out`` itself is never half-written) and the error says so."""
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -104,8 +111,17 @@ def write_jsonl(records: Iterator[dict], out: Path, force: bool) -> int:
         with tmp.open("w") as f:
             for record in records:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.flush()
                 count += 1
         tmp.replace(out)
+    except KeyboardInterrupt:
+        if not count:
+            raise
+        tmp.replace(partial_path(out))
+        raise NgspecError(
+            f"interrupted after {count} records; they are in {partial_path(out)} (complete records only; "
+            f"{out} was not written). Generate more with another --seed and build from a directory holding both files."
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
     return count
