@@ -64,3 +64,8 @@ def pack_linears(model: nn.Module) -> int:
             module.packed = torch.ops.mkl._mkl_reorder_linear_weight(module.weight.detach(), 64)
         packed += isinstance(module, PackedLinear)
     return packed
+
+
+def pack_if_wanted(model: nn.Module) -> int:
+    """`pack_linears` where `packing_wanted` says so; returns how many layers are packed (0: not)."""
+    return pack_linears(model) if packing_wanted(model) else 0

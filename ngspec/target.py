@@ -19,7 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
 from ngspec.kv import keep_block, make_cache, truncate
-from ngspec.packed_linear import pack_linears, packing_wanted
+from ngspec.packed_linear import pack_if_wanted
 from ngspec.rows import RowBlockCache, forward_rows, full_attention_only
 from ngspec.tree import attention_mask, position_ids, root_to_leaf_paths
 
@@ -40,8 +40,7 @@ def prepare_model(model: PreTrainedModel) -> tuple[PreTrainedModel, torch.device
     param = next(model.parameters())
     if param.device.type == "cpu":
         os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
-    if packing_wanted(model):
-        pack_linears(model)
+    pack_if_wanted(model)
     return model.eval(), param.device, param.dtype, int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
 

@@ -19,7 +19,7 @@ import torch
 
 from ngspec.errors import NgspecError
 from ngspec.models import LoadedModel
-from ngspec.packed_linear import pack_linears, packing_wanted
+from ngspec.packed_linear import pack_if_wanted
 
 MARKER = "\u2063NGSPEC_QUERY\u2063"
 
@@ -64,8 +64,7 @@ def synthesize(loaded: LoadedModel, opts: SynthOptions, on_record: Callable[[], 
     """Yield Magpie-format records (``instruction``, ``response``, generation settings)."""
     tok = loaded.tokenizer
     pre_query = pre_query_template(tok)
-    if packing_wanted(loaded.model):  # a batch of rows per step: MKL-packed weights are much faster on CPU
-        pack_linears(loaded.model)
+    pack_if_wanted(loaded.model)  # a batch of rows per step: MKL-packed weights are much faster on CPU
     eos = sorted({i for i in (tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int) and i >= 0})
     torch.manual_seed(opts.seed)
     made = 0

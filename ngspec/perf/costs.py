@@ -1,11 +1,12 @@
 """Measured verify cost by tree size, relative to a one-token decoding step.
 
 On CPUs the cost of a forward pass grows unevenly with the number of tokens (the default model on
-two cores: 2 tokens about 1.1x a single token, 3 tokens 1.5x, 9 tokens 2x), so drafters size trees
-from measurements, not intuition. The table is measured once per engine with random tokens at a
-given context length, and cached under ``$NGSPEC_CACHE/costs`` per model, device, dtype, thread
-count and torch version, and per batch size for batched decoding (set ``NGSPEC_RECALIBRATE=1`` to
-measure again).
+two cores with packed weights: 3 tokens about 1.1x a single token, 4 tokens 1.25x, 9 tokens 1.6x;
+1.5x and 1.9x without them), so drafters size trees from measurements, not intuition. The table is
+measured once per engine with random tokens at a given context length, and cached under
+``$NGSPEC_CACHE/costs`` per model, device, dtype, thread count, torch version and whether weights
+are packed, and per batch size for batched decoding (set ``NGSPEC_RECALIBRATE=1`` to measure
+again).
 """
 
 from __future__ import annotations
