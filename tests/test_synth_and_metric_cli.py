@@ -97,3 +97,21 @@ def test_interrupted_synthesis_keeps_finished_records_beside_the_output(tmp_path
         write_jsonl(records(0), tmp_path / "empty.jsonl", force=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.partial.jsonl"]
     assert write_jsonl(records(99), out, force=False) == 5 and out.is_file()
+
+
+def test_interrupted_synth_corpus_command_exits_1_and_says_where_the_records_are(tmp_path, monkeypatch):
+    import ngspec.datastore.synth as synth_module
+    import ngspec.models as models_module
+
+    def two_then_interrupt(loaded, opts, on_record=None):
+        for i in range(2):
+            yield {"instruction": f"q{i}", "response": f"a{i}"}
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models_module, "load_model", lambda *a, **k: None)
+    monkeypatch.setattr(synth_module, "synthesize", two_then_interrupt)
+    out = tmp_path / "c.jsonl"
+    result = CliRunner().invoke(app, ["synth-corpus", "--n", "5", "--out", str(out)])
+    assert result.exit_code == 1
+    assert "interrupted after 2 records" in result.output and "c.partial.jsonl" in result.output
+    assert not out.exists() and len((tmp_path / "c.partial.jsonl").read_text().splitlines()) == 2
