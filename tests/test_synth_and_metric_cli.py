@@ -35,6 +35,47 @@ def test_synthesize_writes_magpie_records_that_build_a_datastore(default_model, 
     assert json.loads(result.stdout)["records"] == 3
 
 
+@pytest.mark.slow
+def test_synthesize_answers_given_instructions_in_order_as_greedy_decoding_would(default_model):
+    from ngspec.decode import DecodeConfig
+    from ngspec.drafters import make_drafter
+    from ngspec.engine import Engine
+    from ngspec.prompts import encode
+
+    given = ["Name a primary colour.", "Say hello in French.", "What is 2 + 2?"]
+    records = list(synthesize(default_model, SynthOptions(n=2, max_new_tokens=10, batch_size=1), given=given))
+    assert [r["instruction"] for r in records] == given[:2]  # --n caps the given list, order kept
+    assert records[0]["gen_input_configs"] == {"source": "given"}
+    engine = Engine(default_model, calibrate=False)
+    for record in records:
+        greedy = engine.run(encode(default_model.tokenizer, record["instruction"]), make_drafter("vanilla"), DecodeConfig(max_new_tokens=10))
+        assert record["response"] == default_model.tokenizer.decode(greedy.token_ids, skip_special_tokens=True).strip()
+
+
+def test_synth_corpus_prompts_option_answers_every_prompt_by_default(tmp_path, monkeypatch):
+    import ngspec.datastore.synth as synth_module
+    import ngspec.models as models_module
+
+    seen = {}
+
+    def answer(loaded, opts, on_record=None, given=None):
+        seen["n"], seen["given"] = opts.n, given
+        for g in given[: opts.n]:
+            yield {"instruction": g, "response": "ok"}
+
+    monkeypatch.setattr(models_module, "load_model", lambda *a, **k: None)
+    monkeypatch.setattr(synth_module, "synthesize", answer)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"turns": ["first", "second turn"]}) + "\n" + json.dumps({"prompt": "other"}) + "\n")
+    out = tmp_path / "c.jsonl"
+    result = runner.invoke(app, ["synth-corpus", "--prompts", str(prompts), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert seen == {"n": 2, "given": ["first", "other"]}
+    assert [json.loads(line)["instruction"] for line in out.read_text().splitlines()] == ["first", "other"]
+    result = runner.invoke(app, ["synth-corpus", "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "d.jsonl")])
+    assert result.exit_code == 1 and "prompt file not found" in result.output
+
+
 @pytest.mark.parametrize(
     "record, expected",
     [
@@ -103,7 +144,7 @@ def test_interrupted_synth_corpus_command_exits_1_and_says_where_the_records_are
     import ngspec.datastore.synth as synth_module
     import ngspec.models as models_module
 
-    def two_then_interrupt(loaded, opts, on_record=None):
+    def two_then_interrupt(loaded, opts, on_record=None, given=None):
         for i in range(2):
             yield {"instruction": f"q{i}", "response": f"a{i}"}
         raise KeyboardInterrupt

@@ -120,7 +120,8 @@ def datastore_info_command(
 
 def synth_corpus_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output .jsonl file (Magpie record format).")],
-    n: Annotated[int, typer.Option("--n", help="Records to generate.")] = 100,
+    n: Annotated[Optional[int], typer.Option("--n", help="Records to generate (default: 100, or every prompt of --prompts).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Answer these instructions (.txt, or .jsonl with 'prompt', 'text' or 'turns'; the first turn is used) instead of letting the model write its own: the target's own answers to your prompts, EAGLE's training recipe.")] = None,
     model: ModelOpt = "default",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per response.")] = 256,
     batch_size: Annotated[int, typer.Option(help="Prompts generated together.")] = 8,
@@ -129,18 +130,23 @@ def synth_corpus_command(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
 ) -> None:
     """Magpie-style self-synthesis: the model writes instructions (from its chat template's
-    pre-query part alone) and answers them greedily; the result feeds build-datastore.
+    pre-query part alone) and answers them greedily; the result feeds build-datastore and
+    train-eagle. With --prompts it answers your instructions instead.
 
-    Example: ngspec synth-corpus --n 300 --out corpora/smollm2-self.jsonl
+    Examples: ngspec synth-corpus --n 300 --out corpora/smollm2-self.jsonl
+              ngspec synth-corpus --prompts my-prompts.jsonl --out corpora/my-answers.jsonl
     """
     from ngspec.datastore.synth import SynthOptions, synthesize, write_jsonl
     from ngspec.models import load_model
+    from ngspec.prompts import load_prompts
 
-    opts = SynthOptions(n=n, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    given = [p.text for p in load_prompts(prompts)] if prompts is not None else None
+    opts = SynthOptions(n=n if n is not None else len(given) if given else 100, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     loaded = load_model(model, device)
+    total = opts.n if given is None else min(opts.n, len(given))
     with Progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
-        task = progress.add_task("synth", total=n)
-        count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task)), out, force)
+        task = progress.add_task("synth", total=total)
+        count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task), given), out, force)
     render.info(f"wrote {count} records to {out}")

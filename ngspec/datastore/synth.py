@@ -2,7 +2,9 @@
 
 The instruct model is given only the part of its chat template that comes before a user message
 (the "pre-query" template), so it completes a plausible user instruction; that instruction is then
-wrapped in the full template and answered. Responses are greedy by default (so the corpus holds
+wrapped in the full template and answered. Given instructions (``synth-corpus --prompts``, e.g. a
+user's own prompt log), the model only answers them: EAGLE's recipe of regenerating a prompt set's
+responses with the target itself. Responses are greedy by default (so the corpus holds
 what the model itself would generate: the best datastore for drafting). Generation is batched
 with transformers' own `generate`.
 """
@@ -13,7 +15,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -60,24 +62,34 @@ def _generate(loaded: LoadedModel, prompts: list[str], max_new: int, temperature
     return [t.strip() for t in tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)]
 
 
-def synthesize(loaded: LoadedModel, opts: SynthOptions, on_record: Callable[[], None] | None = None) -> Iterator[dict]:
-    """Yield Magpie-format records (``instruction``, ``response``, generation settings)."""
+def synthesize(
+    loaded: LoadedModel, opts: SynthOptions, on_record: Callable[[], None] | None = None, given: Sequence[str] | None = None
+) -> Iterator[dict]:
+    """Yield Magpie-format records (``instruction``, ``response``, generation settings). With
+    ``given`` instructions, answer the first ``opts.n`` of them instead of writing new ones."""
     tok = loaded.tokenizer
     pre_query = pre_query_template(tok)
     pack_if_wanted(loaded.model)  # a batch of rows per step: MKL-packed weights are much faster on CPU
     eos = sorted({i for i in (tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int) and i >= 0})
     torch.manual_seed(opts.seed)
+    total = opts.n if given is None else min(opts.n, len(given))
+    input_configs = {"temperature": opts.instruction_temperature, "top_p": opts.instruction_top_p, "pre_query_template": pre_query}
+    if given is not None:
+        input_configs = {"source": "given"}
     made = 0
-    while made < opts.n:
-        size = min(opts.batch_size, opts.n - made)
-        instructions = _generate(loaded, [pre_query] * size, opts.max_instruction_tokens, opts.instruction_temperature, opts.instruction_top_p, eos)
-        instructions = [i for i in instructions if len(i) >= 8]
+    while made < total:
+        size = min(opts.batch_size, total - made)
+        if given is not None:
+            instructions = list(given[made : made + size])
+        else:
+            instructions = _generate(loaded, [pre_query] * size, opts.max_instruction_tokens, opts.instruction_temperature, opts.instruction_top_p, eos)
+            instructions = [i for i in instructions if len(i) >= 8]
         if not instructions:
             continue
         prompts = [tok.apply_chat_template([{"role": "user", "content": i}], tokenize=False, add_generation_prompt=True) for i in instructions]
         responses = _generate(loaded, prompts, opts.max_new_tokens, opts.response_temperature, 1.0, eos)
         for instruction, response in zip(instructions, responses):
-            if made >= opts.n:
+            if made >= total:
                 break
             made += 1
             if on_record:
@@ -86,7 +98,7 @@ def synthesize(loaded: LoadedModel, opts: SynthOptions, on_record: Callable[[], 
                 "uuid": str(uuid.UUID(int=(opts.seed << 64) + made)),
                 "instruction": instruction,
                 "response": response,
-                "gen_input_configs": {"temperature": opts.instruction_temperature, "top_p": opts.instruction_top_p, "pre_query_template": pre_query},
+                "gen_input_configs": input_configs,
                 "gen_response_configs": {"temperature": opts.response_temperature, "max_tokens": opts.max_new_tokens},
                 "model": loaded.name,
             }
