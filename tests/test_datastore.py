@@ -172,3 +172,17 @@ def test_datastore_from_another_tokenizer_is_refused(tmp_path, tokenizer):
     (out / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(NgspecError, match="differs from this model's tokenizer"):
         Datastore.open(out, tokenizer)
+
+
+def test_a_directory_of_files_with_different_extra_fields_reads_every_record(tmp_path):
+    from ngspec.datastore.corpus import iter_records
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    # a self-written record and one answering a given prompt carry differently shaped metadata
+    write_jsonl(corpus / "a.jsonl", [{"instruction": "q1", "response": "a1", "gen_input_configs": {"temperature": 1.0, "top_p": 0.99}}])
+    write_jsonl(corpus / "b.jsonl", [{"instruction": "q2", "response": "a2", "gen_input_configs": {"source": "given"}}] * 2)
+    assert [r["response"] for r in iter_records(str(corpus))] == ["a1", "a2", "a2"]
+    (corpus / "c.jsonl").write_text('{"instruction": "q3", "response": \n')
+    with pytest.raises(NgspecError, match="c.jsonl"):  # the message names the unreadable file
+        list(iter_records(str(corpus)))

@@ -95,7 +95,9 @@ def local_files(path: Path) -> tuple[str, list[str]]:
 
 
 def _reading_error(spec: str, exc: Exception) -> NgspecError:
-    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    message = " ".join(str(exc).split()) if str(exc) else type(exc).__name__
+    if len(message) > 400:
+        message = message[:400] + " ..."
     if isinstance(exc, UnicodeDecodeError):
         message = f"the text is not valid UTF-8 ({message})"
     return NgspecError(f"cannot read corpus {spec!r}: {message}")
@@ -103,19 +105,24 @@ def _reading_error(spec: str, exc: Exception) -> NgspecError:
 
 def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
     """Records of a local path or a dataset name, streamed through `datasets`; reading errors
-    (malformed JSON, bad encodings, unknown datasets) become one clear `NgspecError`."""
+    (malformed JSON, bad encodings, unknown datasets) become one clear `NgspecError`. The files
+    of a directory are read one after another, so files whose records carry different extra
+    fields (a Magpie export next to `synth-corpus` output) can sit side by side."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        yield from _stream(spec, lambda datasets: datasets.load_dataset(spec, split=split, streaming=True))
+        return
+    builder, files = local_files(path)
+    for file in files:
+        where = file if path.is_dir() else spec
+        yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[file], split="train", streaming=True))
+
+
+def _stream(spec: str, load) -> Iterator[dict]:
     import datasets
 
-    path = Path(spec).expanduser()
     try:
-        if path.exists():
-            builder, files = local_files(path)
-            records = datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
-        else:
-            records = datasets.load_dataset(spec, split=split, streaming=True)
-        iterator = iter(records)
-    except NgspecError:
-        raise
+        iterator = iter(load(datasets))
     except Exception as exc:  # datasets raises many kinds for unreadable or malformed input
         raise _reading_error(spec, exc) from exc
     while True:
