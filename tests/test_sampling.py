@@ -1,6 +1,5 @@
 """Sampling through draft trees is lossless in distribution (empirical vs exact target)."""
 
-import itertools
 from typing import Sequence
 
 import torch
