@@ -17,6 +17,7 @@ from ngspec.contracts import Drafter
 from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_anchor
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate
 from ngspec.models import LoadedModel
+from ngspec.packed_linear import stock_linears
 from ngspec.perf.costs import cached_verify_costs
 from ngspec.perf.device_profile import DeviceProfile
 from ngspec.target import TargetModel
@@ -96,19 +97,21 @@ class Engine:
 
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False) -> tuple[list[int], float]:
-        """transformers' own greedy `generate` (optionally with prompt lookup): ids and seconds."""
-        model = self.loaded.model
+        """transformers' own greedy `generate` (optionally with prompt lookup): ids and seconds.
+        Runs on the stock linear layers (not the engine's packed CPU weights), as transformers
+        would: the baseline a user would otherwise run."""
         ids = torch.tensor([prompt_ids], device=self.target.device)
         kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}
-        start = time.perf_counter()
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=sorted(self.eos) or None,
-            pad_token_id=min(self.eos) if self.eos else None,
-            **kwargs,
-        )
-        seconds = time.perf_counter() - start
+        with stock_linears(self.loaded.model) as model:
+            start = time.perf_counter()
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=sorted(self.eos) or None,
+                pad_token_id=min(self.eos) if self.eos else None,
+                **kwargs,
+            )
+            seconds = time.perf_counter() - start
         return out[0, len(prompt_ids) :].tolist(), seconds

@@ -16,6 +16,8 @@ more than a quarter of the machine's memory, and ``NGSPEC_CPU_PACK=0`` turns it 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -69,3 +71,18 @@ def pack_linears(model: nn.Module) -> int:
 def pack_if_wanted(model: nn.Module) -> int:
     """`pack_linears` where `packing_wanted` says so; returns how many layers are packed (0: not)."""
     return pack_linears(model) if packing_wanted(model) else 0
+
+
+@contextmanager
+def stock_linears(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` with its packed layers working as plain `nn.Linear` inside the block (the packed
+    copies are kept and back in use after it): how transformers itself would run the model, for
+    the ecosystem baselines of `ngspec bench`."""
+    packed = [m for m in model.modules() if type(m) is PackedLinear]
+    for module in packed:
+        module.__class__ = nn.Linear
+    try:
+        yield model
+    finally:
+        for module in packed:
+            module.__class__ = PackedLinear

@@ -54,3 +54,34 @@ def test_target_packs_cpu_float32_models_unless_turned_off(monkeypatch):
     TargetModel(other)
     assert not any(isinstance(m, PackedLinear) for m in other.modules())
     assert not packing_wanted(tiny_model("llama").to(torch.float64))
+
+
+def test_stock_linears_runs_plain_layers_inside_and_restores_the_packed_ones():
+    from ngspec.packed_linear import stock_linears
+
+    model = tiny_model("llama")
+    count = pack_linears(model)
+    first = model.model.layers[0].mlp.up_proj.packed
+    with pytest.raises(RuntimeError, match="inside"):
+        with stock_linears(model):
+            assert not any(isinstance(m, PackedLinear) for m in model.modules())
+            raise RuntimeError("inside")
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == count
+    assert model.model.layers[0].mlp.up_proj.packed is first
+
+
+def test_bench_baseline_generates_with_stock_layers(monkeypatch):
+    from ngspec.engine import Engine
+    from ngspec.models import LoadedModel
+
+    model = tiny_model("qwen2")
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)  # packs the model
+    assert isinstance(model.lm_head, PackedLinear)
+
+    def refuse(self, x):
+        raise AssertionError("the transformers baseline ran on packed weights")
+
+    monkeypatch.setattr(PackedLinear, "forward", refuse)
+    tokens, seconds = engine.hf_generate(list(range(3, 12)), 5, lookup=True)  # 9-token prefill: packed rows
+    assert len(tokens) == 5 and seconds > 0
+    assert isinstance(model.lm_head, PackedLinear)

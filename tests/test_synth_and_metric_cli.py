@@ -72,6 +72,10 @@ def test_synth_corpus_prompts_option_answers_every_prompt_by_default(tmp_path, m
     assert result.exit_code == 0, result.output
     assert seen == {"n": 2, "given": ["first", "other"]}
     assert [json.loads(line)["instruction"] for line in out.read_text().splitlines()] == ["first", "other"]
+    result = runner.invoke(app, ["synth-corpus", "--prompts", str(prompts), "--n", "1", "--out", str(tmp_path / "one.jsonl")])
+    assert result.exit_code == 0 and seen == {"n": 1, "given": ["first"]}
+    result = runner.invoke(app, ["synth-corpus", "--prompts", str(prompts), "--n", "0", "--out", str(tmp_path / "none.jsonl")])
+    assert result.exit_code == 1 and "--n" in result.output
     result = runner.invoke(app, ["synth-corpus", "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "d.jsonl")])
     assert result.exit_code == 1 and "prompt file not found" in result.output
 

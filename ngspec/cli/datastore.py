@@ -140,13 +140,15 @@ def synth_corpus_command(
     from ngspec.models import load_model
     from ngspec.prompts import load_prompts
 
-    given = [p.text for p in load_prompts(prompts)] if prompts is not None else None
-    opts = SynthOptions(n=n if n is not None else len(given) if given else 100, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    given = None
+    if prompts is not None:
+        given = [p.text for p in load_prompts(prompts)][:n]  # --n caps the prompts answered
+        n = len(given)
+    opts = SynthOptions(n=100 if n is None else n, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     loaded = load_model(model, device)
-    total = opts.n if given is None else min(opts.n, len(given))
     with Progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
-        task = progress.add_task("synth", total=total)
+        task = progress.add_task("synth", total=opts.n)
         count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task), given), out, force)
     render.info(f"wrote {count} records to {out}")
