@@ -73,9 +73,10 @@ def synthesize(
     eos = sorted({i for i in (tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int) and i >= 0})
     torch.manual_seed(opts.seed)
     total = opts.n if given is None else min(opts.n, len(given))
-    input_configs = {"temperature": opts.instruction_temperature, "top_p": opts.instruction_top_p, "pre_query_template": pre_query}
-    if given is not None:
-        input_configs = {"source": "given"}
+    input_configs = (
+        {"source": "given"} if given is not None
+        else {"temperature": opts.instruction_temperature, "top_p": opts.instruction_top_p, "pre_query_template": pre_query}
+    )
     made = 0
     while made < total:
         size = min(opts.batch_size, total - made)
