@@ -142,3 +142,39 @@ def test_cross_entropy_vocabulary_is_the_most_frequent_response_tokens(model):
     same, _ = example_loss(head, model, data[0], feats, opts, output_weight(model, data, 0))
     restricted, stats = example_loss(head, model, data[0], feats, opts, weight)
     assert torch.equal(whole, same) and not torch.equal(whole, restricted) and 0 <= stats["top1"] <= 1
+
+
+def test_unrolled_depths_see_what_a_draft_node_sees(model):
+    """Depth s of the unrolled objective equals drafting s tokens deep with a cache: the true
+    features of positions 0..j, then the head's own predictions one position at a time."""
+    from transformers import DynamicCache
+
+    from ngspec.eagle.head import EagleHead, head_config_for
+
+    torch.manual_seed(3)
+    head = EagleHead(head_config_for(model)).eval()
+    T, H = 8, model.config.hidden_size
+    embeds, feats = torch.randn(T - 1, H), torch.randn(T - 1, H)
+    with torch.no_grad():
+        outs = train_module.unrolled_outputs(head, embeds, feats, 3)
+        assert [len(o) for o in outs] == [T - 1, T - 2, T - 3]
+        for j in range(T - 3):
+            cache = DynamicCache()
+            pos = torch.arange(j + 1)[None]
+            pred = head(embeds[None, : j + 1], feats[None, : j + 1], pos, cache=cache)[0, -1]
+            assert torch.allclose(pred, outs[0][j], atol=1e-5)
+            for s in (2, 3):
+                p = torch.tensor([[j + s - 1]])
+                pred = head(embeds[None, j + s - 1 : j + s], pred[None, None], p, cache=cache)[0, -1]
+                assert torch.allclose(pred, outs[s - 1][j], atol=1e-5), (j, s)
+
+
+def test_unrolled_training_learns_the_deeper_depth(tmp_path, model):
+    data = examples(seed=2)
+    feats = target_features(model, data)
+    opts = TrainOptions(epochs=12, batch_tokens=70, lr=3e-3, warmup=2, noise=0.0, unroll=2)
+    _, log = train_head(model, data, feats, tmp_path, opts)
+    assert sum(e["reg"] for e in log[-3:]) < 0.7 * sum(e["reg"] for e in log[:3])
+    assert sum(e["top1_last"] for e in log[-3:]) > sum(e["top1_last"] for e in log[:3])
+    with pytest.raises(Exception, match="--unroll"):
+        TrainOptions(unroll=0)

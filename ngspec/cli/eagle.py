@@ -24,6 +24,7 @@ def train_eagle_command(
     batch_tokens: Annotated[int, typer.Option(help="Tokens per optimiser step.")] = 4096,
     max_len: Annotated[int, typer.Option(help="Longest example in tokens (longer ones are cut).")] = 640,
     noise: Annotated[float, typer.Option(help="Uniform noise (±) added to the input features, as EAGLE does.")] = 0.1,
+    unroll: Annotated[int, typer.Option(help="Also train depths 2..N on the head's own predictions, as it drafts them (training-time test, as HASS and EAGLE-3 do; 1 = EAGLE-1's teacher forcing only). A step costs about N times as much.")] = 1,
     ce_vocab: Annotated[int, typer.Option(help="Cross-entropy over the training responses' N most frequent tokens, the draft vocabulary (0 = the whole vocabulary; most of a CPU training step otherwise).")] = 8192,
     holdout: Annotated[int, typer.Option(help="Examples kept aside to measure acceptance after training.")] = 12,
     eval_tokens: Annotated[int, typer.Option(help="Tokens generated per held-out prompt for the evaluation.")] = 64,
@@ -48,7 +49,7 @@ def train_eagle_command(
     from ngspec.engine import Engine
     from ngspec.models import load_model
 
-    opts = TrainOptions(epochs=epochs, lr=lr, batch_tokens=batch_tokens, max_len=max_len, noise=noise, ce_vocab=ce_vocab,
+    opts = TrainOptions(epochs=epochs, lr=lr, batch_tokens=batch_tokens, max_len=max_len, noise=noise, unroll=unroll, ce_vocab=ce_vocab,
                         holdout=holdout, checkpoint_every=checkpoint_every, seed=seed)
     if max_records is not None and max_records < 1:
         raise NgspecError("--max-records must be at least 1")
@@ -75,7 +76,8 @@ def train_eagle_command(
 
         def on_step(step: int, total: int, entry: dict) -> None:
             progress.update(task, completed=step, total=total,
-                            description=f"training: loss reg {entry['reg']:.3f} ce {entry['ce']:.2f} top-1 {entry['top1']:.2f}")
+                            description=f"training: loss reg {entry['reg']:.3f} ce {entry['ce']:.2f} top-1 {entry['top1']:.2f}"
+                            + (f" (depth {opts.unroll}: {entry['top1_last']:.2f})" if opts.unroll > 1 else ""))
 
         head, log = train_head(loaded.model, train, feats, out, opts, on_step)
     train_seconds = time.perf_counter() - start
@@ -97,7 +99,8 @@ def train_eagle_command(
         ("training examples / tokens", f"{len(train)} / {report['train_tokens']:,}"),
         ("time (features + training)", f"{train_seconds / 60:.1f} min"),
         ("final loss: regression / cross-entropy", f"{final.get('reg', 0):.3f} / {final.get('ce', 0):.3f}"),
-        ("final top-1 agreement with the model", f"{final.get('top1', 0):.2f}"),
+        ("final top-1 agreement with the model", f"{final.get('top1', 0):.2f}"
+         + (f" (depth {opts.unroll}: {final.get('top1_last', 0):.2f})" if opts.unroll > 1 else "")),
     ]
     if "evaluation" in report:
         ev = report["evaluation"]

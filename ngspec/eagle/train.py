@@ -7,6 +7,12 @@ next-token distribution (its LM head on ``f_{i+1}``) and the LM head on the pred
 response positions only. Uniform noise on the input features (EAGLE's augmentation) makes the head
 robust to its own errors when it drafts several tokens deep.
 
+With ``unroll`` k > 1 the head is also trained as it drafts at depths 2..k ("training-time test",
+as HASS and EAGLE-3 do): at depth s the input at position j+s-1 is the head's own depth-(s-1)
+prediction, and the query attends to the true-feature entries of positions 0..j plus its own chain's
+predicted entries, exactly the cache a depth-s draft node sees. Each depth's loss is added with the
+same weight; a step costs about k times as much.
+
 The target runs once over the corpus (its features are kept in memory as bfloat16, about 1 KB per
 token for the default model); then the head trains for ``epochs`` passes with AdamW, a warm-up and
 cosine decay. A checkpoint (head, optimiser, position in the data) is written atomically every
@@ -42,6 +48,7 @@ class TrainOptions:
     max_len: int = 640
     noise: float = 0.1
     ce_weight: float = 0.1
+    unroll: int = 1  # depths trained on the head's own predictions (1 = EAGLE-1's teacher forcing only)
     ce_vocab: int = 8192  # > 0: cross-entropy over the responses' N most frequent tokens (the draft vocabulary)
     holdout: int = 12  # examples kept aside to measure acceptance
     checkpoint_every: int = 50
@@ -50,8 +57,8 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_tokens < 1 or self.max_len < 8 or self.lr <= 0:
             raise NgspecError("--epochs, --batch-tokens must be >= 1, --max-len >= 8 and --lr > 0")
-        if self.holdout < 0 or self.checkpoint_every < 1 or self.ce_vocab < 0:
-            raise NgspecError("--holdout and --ce-vocab must be >= 0 and --checkpoint-every >= 1")
+        if self.holdout < 0 or self.checkpoint_every < 1 or self.ce_vocab < 0 or self.unroll < 1:
+            raise NgspecError("--holdout and --ce-vocab must be >= 0, --checkpoint-every and --unroll >= 1")
 
 
 @dataclass
@@ -110,32 +117,72 @@ def output_weight(model, train: list[Example], ce_vocab: int) -> torch.Tensor:
     return lm_head.weight.index_select(0, torch.tensor(sorted(ids), device=lm_head.weight.device))
 
 
+def unrolled_mask(length: int, step: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask ``[1, 1, n_s, n_1 + ... + n_s]`` (``n_k = length - k`` entries per depth) for the
+    depth-``step`` queries of `unrolled_outputs`: query j sees depth 1's entries 0..j (the true
+    features of positions 0..j) and entry j of every deeper depth (its own chain of predictions)."""
+    from ngspec.tree import additive_mask
+
+    n = length - step
+    rows = torch.arange(n)[:, None]
+    blocks = [torch.arange(length - 1)[None] <= rows]
+    blocks += [torch.arange(length - k)[None] == rows for k in range(2, step + 1)]
+    return additive_mask(torch.cat(blocks, dim=1), dtype)[None, None]
+
+
+def unrolled_outputs(head: EagleHead, embeds: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The head's predictions at depths 1..``steps`` for every start position of one sequence.
+
+    ``embeds[i]`` is the embedding of token i+1 and ``features[i]`` the (noised) true feature of
+    position i (``[T-1, H]`` each). Depth 1 is teacher-forced: output i predicts f_{i+1}. At depth
+    s, output j (position j+s-1) reads the depth-(s-1) output j, predicts f_{j+s}, and attends as a
+    depth-s draft node does (`unrolled_mask`). Returns ``[T-s, H]`` per depth.
+    """
+    from transformers import DynamicCache
+
+    length = features.shape[0] + 1
+    cache = DynamicCache() if steps > 1 else None
+    positions = torch.arange(length - 1, device=features.device)
+    outs = [head(embeds[None], features[None], positions[None], cache=cache)[0]]
+    for s in range(2, steps + 1):
+        n = length - s
+        if n < 1:
+            break
+        mask = unrolled_mask(length, s, features.dtype).to(features.device)
+        outs.append(head(embeds[s - 1 :][None], outs[-1][:n][None], positions[s - 1 :][None], mask, cache)[0])
+    return outs
+
+
 def example_loss(head: EagleHead, model, ex: Example, feats: torch.Tensor, opts: TrainOptions, weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """EAGLE loss on one example (over positions whose prediction is of a response token); the
-    cross-entropy is over the rows of ``weight`` (default: the whole LM head), the target's
-    distribution renormalised to them."""
+    """EAGLE loss on one example (over positions whose prediction is of a response token), summed
+    over the ``opts.unroll`` depths; the cross-entropy is over the rows of ``weight`` (default: the
+    whole LM head), the target's distribution renormalised to them. ``top1`` is depth 1's
+    agreement with the model, ``top1_last`` the deepest depth's."""
     device = next(head.parameters()).device
     ids = ex.ids.to(device)
     f = feats.to(device=device, dtype=torch.float32)
-    T = len(ids)
     inp = f[:-1]
     if opts.noise:
         inp = inp + (torch.rand_like(inp) * 2 - 1) * opts.noise
     with torch.no_grad():
         embeds = model.get_input_embeddings()(ids[1:])
-    out = head(embeds[None], inp[None], torch.arange(T - 1, device=device)[None])[0]  # predicts f[1:]
-    first = max(ex.prompt_len - 2, 0)  # output i predicts the feature that predicts token i + 2
-    pred, true = out[first:], f[1:][first:]
-    reg = F.smooth_l1_loss(pred, true)
     weight = model.get_output_embeddings().weight if weight is None else weight
-    with torch.no_grad():
-        p_target = torch.softmax(true @ weight.T, dim=-1)
-    logq = torch.log_softmax(pred @ weight.T, dim=-1)
-    ce = -(p_target * logq).sum(-1).mean()
-    with torch.no_grad():
-        top1 = (logq.argmax(-1) == p_target.argmax(-1)).float().mean()
-    stats = {"reg": reg.item(), "ce": ce.item(), "top1": top1.item(), "tokens": len(pred)}
-    return reg + opts.ce_weight * ce, stats
+    total, stats = 0.0, {}
+    for s, out in enumerate(unrolled_outputs(head, embeds, inp, opts.unroll), start=1):
+        first = max(ex.prompt_len - 1 - s, 0)  # output j predicts f_{j+s}, which predicts token j+s+1
+        pred, true = out[first:], f[s:][first:]
+        reg = F.smooth_l1_loss(pred, true)
+        with torch.no_grad():
+            p_target = torch.softmax(true @ weight.T, dim=-1)
+        logq = torch.log_softmax(pred @ weight.T, dim=-1)
+        ce = -(p_target * logq).sum(-1).mean()
+        total = total + reg + opts.ce_weight * ce
+        with torch.no_grad():
+            top1 = (logq.argmax(-1) == p_target.argmax(-1)).float().mean().item()
+        if s == 1:
+            stats = {"reg": reg.item(), "ce": ce.item(), "top1": top1, "tokens": len(pred)}
+        stats["top1_last"] = top1
+    return total, stats
 
 
 def _lr(step: int, total: int, opts: TrainOptions) -> float:
@@ -213,19 +260,19 @@ def train_head(
                 group["lr"] = _lr(step, total, opts)
             optimiser.zero_grad(set_to_none=True)
             batch = plans[step]
-            stats = {"reg": 0.0, "ce": 0.0, "top1": 0.0, "tokens": 0}
+            stats = {"reg": 0.0, "ce": 0.0, "top1": 0.0, "top1_last": 0.0, "tokens": 0}
             tokens = sum(len(train[i].ids) for i in batch)
             for i in batch:
                 loss, s = example_loss(head, model, train[i], feats[i], opts, weight)
                 (loss * len(train[i].ids) / tokens).backward()
-                for key in ("reg", "ce", "top1"):
+                for key in ("reg", "ce", "top1", "top1_last"):
                     stats[key] += s[key] * s["tokens"]
                 stats["tokens"] += s["tokens"]
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             optimiser.step()
             step += 1
             entry = {"step": step, "lr": optimiser.param_groups[0]["lr"],
-                     **{k: stats[k] / max(stats["tokens"], 1) for k in ("reg", "ce", "top1")}}
+                     **{k: stats[k] / max(stats["tokens"], 1) for k in ("reg", "ce", "top1", "top1_last")}}
             log.append(entry)
             if on_step:
                 on_step(step, total, entry)
