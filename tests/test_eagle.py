@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import hf_greedy, repetitive_prompt
+from ngspec.contracts import DraftTree
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import make_drafter
 from ngspec.drafters.eagle import EagleOptions, check_choices, eagle_factory, read_choices
@@ -153,3 +154,47 @@ def test_choices_files(tmp_path):
         read_choices(path)
     with pytest.raises(NgspecError):
         check_choices([(0, -1)])
+
+
+def test_deferred_steps_are_caught_up_exactly(tiny):
+    """A drafter that skips the head on some steps (`defer`) drafts, when it runs again, what one
+    that ran the head every step drafts from the same history, and stays lossless."""
+    head = make_head(tiny)
+    opts = EagleOptions(top_k=3, depth=3, total_tokens=8)
+    target = TargetModel(tiny)
+    prompt = repetitive_prompt(random.Random(9), 96, 40)
+    skipping = eagle_factory(tiny, head, opts)()
+    seen = []
+
+    class Skipper:
+        name, needs_features = "eagle", True
+
+        def start(self, p):
+            skipping.start(p)
+
+        def propose(self, ctx):
+            skip = len(seen) % 3 != 0
+            seen.append((ctx, skip))
+            if skip:
+                skipping.defer(ctx)
+                return DraftTree()
+            return skipping.propose(ctx)
+
+        def observe(self, new):
+            skipping.observe(new)
+
+    got = generate(target, Skipper(), prompt, DecodeConfig(max_new_tokens=30))
+    assert got.token_ids == hf_greedy(tiny, prompt, 30)
+    every = eagle_factory(tiny, head, opts)()
+    every.start(prompt)
+    skipping.start(prompt)
+    caught_up = 0
+    for step, (ctx, skip) in enumerate(seen):
+        if skip:
+            skipping.defer(ctx)
+            every.propose(ctx)
+            continue
+        a, b = skipping.propose(ctx), every.propose(ctx)
+        assert a == b and skipping.last_scores == pytest.approx(every.last_scores, abs=1e-4)
+        caught_up += step > 0
+    assert caught_up >= 3

@@ -80,6 +80,19 @@ def test_local_match_beats_a_shorter_datastore_match_and_loses_to_a_longer_one()
     assert empty.search([5]) == ("none", [], [])
 
 
+def test_weighed_search_keeps_the_branch_worth_more():
+    store = Datastore.from_documents([[7, 8, 9, 10, 11, 12]], 20)
+    search = SearchBranch(store, depth=3, prefix_len=3)
+    search.start([9, 10, 13, 14])
+    # the datastore's longer match wins by the paper's rule, but its kind has been bad so far
+    worth = {"local": 1.0, "datastore": 0.1}
+    source, tokens, _ = search.search([8, 9, 10], value=lambda key, probs: worth[key[0]] * sum(probs))
+    assert (source, tokens, search.last_key) == ("local", [13, 14], ("local", 2))
+    worth["datastore"] = 5.0
+    source, tokens, _ = search.search([8, 9, 10], value=lambda key, probs: worth[key[0]] * sum(probs))
+    assert (source, tokens, search.last_key) == ("datastore", [11, 12], ("datastore", 3))
+
+
 def test_search_drafter_drafts_a_chain_sized_by_cost():
     drafter = SearchDrafter(None, depth=6, prefix_len=2)
     drafter.start([1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7])
@@ -114,11 +127,14 @@ class FixedEagle:
 
     name = "eagle"
 
-    def __init__(self, tree: DraftTree) -> None:
-        self.tree, self.caps = tree, []
+    def __init__(self, tree: DraftTree, head_cost: float = 0.0) -> None:
+        self.tree, self.caps, self.deferred, self.head_cost = tree, [], 0, head_cost
 
     def start(self, prompt):
         pass
+
+    def defer(self, ctx):
+        self.deferred += 1
 
     def propose(self, ctx):
         self.caps.append(ctx.max_nodes)
@@ -150,8 +166,8 @@ def test_eagle_search_appends_one_branch_and_deepens_below_the_first_eagle_branc
 class ScoredEagle(FixedEagle):
     """A fixed tree with the head's path log-probabilities."""
 
-    def __init__(self, tree, scores):
-        super().__init__(tree)
+    def __init__(self, tree, scores, head_cost=0.0):
+        super().__init__(tree, head_cost)
         self.last_scores = scores
 
 
@@ -165,15 +181,38 @@ def test_eagle_search_keeps_the_most_likely_nodes_when_verification_costs():
     assert free.propose(ctx).size == 7  # flat cost: the fixed shape
     steep = EagleSearchDrafter(ScoredEagle(eagle_tree, scores), None, depth=3, prefix_len=2)
     steep.start(history)
-    cost = (1.0, 1.0, 1.0, 1.0) + (100.0,) * 20  # three nodes are free, a fourth costs 100 steps
+    cost = (1.0,) * 5 + (100.0,) * 20  # four nodes are free, a fifth costs 100 steps
     tree = steep.propose(DraftContext(ctx.tokens, ctx.prompt_len, 20, cost))
-    # the branch "3 4 5" merged into EAGLE's 3 -> 4 and went on below it; the unlikely EAGLE nodes
-    # (9 and 7) were dropped first
-    assert tree.tokens == (3, 4, 5) and tree.parents == (-1, 0, 1)
+    # the branch "3 4 5" merged into EAGLE's 3 -> 4 and went on below it; the least likely EAGLE
+    # node (7, below 4) was dropped first
+    assert tree.tokens == (3, 9, 4, 5) and tree.parents == (-1, -1, 0, 2)
     for i, p in enumerate(tree.parents):
         assert p < i
-    steep.observe([3, 4, 8])  # two accepted: calibration counts them
-    assert steep._totals["eagle"][0] + steep._totals["search"][0] == 1.0 + 1.0 + 2
+    steep.observe([3, 4, 8])  # two accepted: calibration counts them, from the unscaled estimates
+    assert steep.calibration._totals["eagle"][0] == 1.0 + 2
+    assert steep.calibration._totals["eagle"][1] == pytest.approx(1.0 + 0.9 + 0.01 + 0.5)
+    assert steep.calibration._totals[("local", 2)][0] == 1.0  # 5 was not accepted
+
+
+def test_eagle_search_runs_the_head_only_when_it_pays():
+    history = [1, 2, 3, 4, 5, 6] * 4
+    eagle_tree = DraftTree((3, 9), (-1, -1))
+    cost = (1.0, 1.0, 1.0, 1.0, 1.2, 1.4, 1.6) + (2.0,) * 20
+    eagle = ScoredEagle(eagle_tree, [math.log(0.6), math.log(0.1)], head_cost=0.3)
+    drafter = EagleSearchDrafter(eagle, None, depth=3, prefix_len=2)
+    drafter.start(history)
+    # a sure local match ("1 2" was always followed by "3 4 5"): the head's guess adds too little
+    tree = drafter.propose(DraftContext(history + [1, 2], len(history), 20, cost))
+    assert eagle.deferred == 1 and eagle.caps == [] and tree.tokens == (3, 4, 5)
+    assert drafter.stats()["head_skipped"] == 1
+    drafter.observe([3, 4, 5, 6])
+    # nothing to search from: the head runs (and would have caught up on the skipped positions)
+    tree = drafter.propose(DraftContext(history + [1, 2, 3, 4, 5, 6, 77], len(history), 20, cost))
+    assert eagle.deferred == 1 and len(eagle.caps) == 1 and tree.tokens[0] == 3
+    # where verification is free the head always runs (the paper's fixed shape)
+    drafter.observe([3, 99])
+    drafter.propose(DraftContext(history + [1, 2], len(history), 20))
+    assert eagle.deferred == 1 and len(eagle.caps) == 2
 
 
 def test_accepted_path_takes_the_longest_matching_path():

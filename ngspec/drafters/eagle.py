@@ -116,9 +116,12 @@ class EagleDrafter:
     needs_features = True
 
     def __init__(
-        self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None = None
+        self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None = None,
+        target_params: int = 0,
     ) -> None:
         self.head, self.embed, self.lm_head, self.opts = head, embed, lm_head, opts
+        self.target_params = target_params
+        self.head_cost = 0.0  # one head step relative to a target step (weights read), see `start`
         self.param = next(head.parameters())
         self.vocab = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
         self.feature_layers = head.feature_layers  # EAGLE-3: the target layers it reads
@@ -128,6 +131,7 @@ class EagleDrafter:
     def start(self, prompt: Sequence[int]) -> None:
         self.cache = make_cache(self.head.config, capacity=len(prompt) + 512)
         self.length = 0  # committed pairs in the head cache
+        self._pending: list[torch.Tensor] = []  # features of committed pairs not yet in the cache
         self._ids = self._weight = None
         if self.head.own_lm_head:
             self._ids = self.head.draft_to_target()
@@ -135,6 +139,11 @@ class EagleDrafter:
             # the draft vocabulary: the head's frequent tokens and every token of the prompt
             ids = torch.tensor(sorted(set(self.vocab) | set(int(t) for t in prompt)), device=self.param.device)
             self._ids, self._weight = ids, self.lm_head.weight.index_select(0, ids)
+        if self.target_params:
+            # a drafting step at batch 1 reads the head and its LM-head rows as a target step reads
+            # the whole model: the ratio of the two is what the head costs where weights dominate
+            rows = 0 if self.head.own_lm_head else (self._weight if self._weight is not None else self.lm_head.weight).numel()
+            self.head_cost = (sum(p.numel() for p in self.head.parameters()) + rows) / self.target_params
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         if self.head.own_lm_head:
@@ -161,11 +170,22 @@ class EagleDrafter:
         )
         return out[0]
 
+    def defer(self, ctx: DraftContext) -> None:
+        """Draft nothing this step: keep the newly committed pairs for the next `propose`, which
+        runs the head over all of them in one forward (a caller that skips the head when another
+        source drafts well enough)."""
+        if ctx.features is None or len(ctx.features) == 0:
+            raise NgspecError("the eagle drafter needs the target's features (the engine did not pass them)")
+        self._pending.append(ctx.features.clone())
+
     def _consume(self, ctx: DraftContext) -> torch.Tensor:
-        """Append the newly committed pairs; the head's prediction of the root's feature."""
+        """Append the newly committed pairs (and any deferred ones); the head's prediction of the
+        root's feature."""
         feats = ctx.features
         if feats is None or len(feats) == 0:
             raise NgspecError("the eagle drafter needs the target's features (the engine did not pass them)")
+        if self._pending:
+            feats, self._pending = torch.cat([*self._pending, feats.to(self._pending[0].dtype)]), []
         start = len(ctx.tokens) - 1 - len(feats)
         assert start == self.length, "the head cache and the committed context went out of step"
         m = len(feats)
@@ -269,4 +289,5 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
     lm_head = target_model.get_output_embeddings()
     if getattr(lm_head, "bias", None) is not None:
         vocab = None
-    return lambda: EagleDrafter(head, embed, lm_head, opts, vocab)
+    target_params = sum(p.numel() for p in target_model.parameters())
+    return lambda: EagleDrafter(head, embed, lm_head, opts, vocab, target_params)

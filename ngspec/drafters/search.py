@@ -7,9 +7,12 @@ Each step the last generated tokens are looked up in two places:
 * a suffix-array datastore of responses (`--datastore`, from `build-datastore`; longest suffix
   match of up to ``MAX_MATCH`` tokens, at least ``MIN_MATCH``).
 
-The source whose match is longer wins (the local one on a tie, and whenever it matches all of its
-``prefix_len`` tokens: the context is the better evidence), and its most frequent continuation,
-chosen token by token, becomes ONE branch of up to ``depth`` tokens. `search` drafts that branch
+The local trie wins whenever it matches all of its ``prefix_len`` tokens (the context is the
+better evidence); otherwise the drafters weigh both sources' branches by their expected tokens per
+unit of verify cost, each source's estimates calibrated per match length by how they fared so far
+(the paper's rule, the longer match wins, is what `SearchBranch.search` does without weights).
+The winner's most frequent continuation, chosen token by token, becomes ONE branch of up to
+``depth`` tokens. `search` drafts that branch
 alone (cut, on a device where verification is not free, to the length that maximises expected
 tokens per unit of verify cost); `eagle+search` appends it, unmerged, to the EAGLE tree, so the
 tree keeps a fixed shape. With ``deepen`` the search also continues from the context plus the
@@ -21,10 +24,10 @@ branch stays, so a wrong first EAGLE branch costs nothing but nodes.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
-from ngspec.drafters.trie import NGramTrie, best_size
+from ngspec.drafters.trie import Calibration, NGramTrie, best_size
 from ngspec.tree import accepted_path
 
 if TYPE_CHECKING:
@@ -44,6 +47,7 @@ class SearchBranch:
         self.depth = depth
         self.prefix_len = prefix_len
         self.found: dict[str, int] = {"local": 0, "datastore": 0, "none": 0}
+        self.last_key: tuple[str, int] = ("none", 0)  # the last branch's source and match length
 
     def start(self, prompt: Sequence[int]) -> None:
         self.trie = NGramTrie(self.prefix_len + self.depth, self.prefix_len)
@@ -52,23 +56,37 @@ class SearchBranch:
     def extend(self, tokens: Sequence[int]) -> None:
         self.trie.extend(tokens)
 
-    def search(self, context: Sequence[int], depth: int | None = None) -> tuple[str, list[int], list[float]]:
-        """(source, tokens, conditional frequencies) of the branch continuing ``context``."""
+    def search(self, context: Sequence[int], depth: int | None = None, value: Callable[[tuple[str, int], list[float]], float] | None = None) -> tuple[str, list[int], list[float]]:
+        """(source, tokens, conditional frequencies) of the branch continuing ``context``;
+        ``last_key`` says which source and match length it came from (what its estimates are
+        calibrated by).
+
+        Without ``value`` the datastore's branch wins when its match is longer than the local
+        one. With ``value`` (what a branch of that kind and those frequencies is worth, e.g. its
+        calibrated expected tokens per unit of verify cost) both are weighed and the better kept:
+        in a large store a short match is often a common phrase that the context does not follow.
+        """
         depth = self.depth if depth is None else depth
+        self.last_key = ("none", 0)
         if depth <= 0:
             return "none", [], []
+        found = []
         node = self.trie.match(context)
         local_len = self.trie.depth(node) if node is not None else 0
         if self.datastore is not None and local_len < self.prefix_len:
             match = self.datastore.longest_suffix_match(context, MIN_MATCH, MAX_MATCH)
-            if match is not None and match.length > local_len:
+            if match is not None and (value is not None or match.length > local_len):
                 tokens, probs = self.datastore.greedy_continuation(match, depth)
                 if tokens:
-                    return "datastore", tokens, _smoothed(probs, match.count)
-        if node is not None:
+                    found.append((("datastore", min(match.length, 8)), tokens, _smoothed(probs, match.count)))
+        if node is not None and not (found and value is None):
             tokens, probs = self.trie.greedy_path(node, depth, SMOOTHING * self.prefix_len)
-            return "local", tokens, probs
-        return "none", [], []
+            found.append((("local", local_len), tokens, probs))
+        if not found:
+            return "none", [], []
+        key, tokens, probs = max(found, key=lambda f: value(f[0], f[2])) if value is not None else found[0]
+        self.last_key = key
+        return key[0], tokens, probs
 
     def count(self, source: str) -> None:
         self.found[source] += 1
@@ -91,7 +109,10 @@ def path_probs(conditionals: list[float]) -> list[float]:
 
 
 class SearchDrafter:
-    """`search`: the search branch alone (works for any model, no head needed)."""
+    """`search`: the search branch alone (works for any model, no head needed). Where verification
+    costs, the branch is cut to the length that maximises expected tokens per unit of verify cost,
+    its estimates scaled per source and match length by how well they matched so far (a datastore
+    match of two tokens in a large store is often wrong; a long local match rarely is)."""
 
     name = "search"
 
@@ -100,18 +121,37 @@ class SearchDrafter:
 
     def start(self, prompt: Sequence[int]) -> None:
         self.search.start(prompt)
+        self.calibration = Calibration()
+        self._predicted: tuple[tuple[str, int], float] | None = None
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        source, tokens, probs = self.search.search(ctx.tokens, min(self.search.depth, ctx.max_nodes))
-        size = best_size(path_probs(probs), ctx)
+        source, tokens, probs = self.search.search(ctx.tokens, min(self.search.depth, ctx.max_nodes), branch_value(self.calibration, ctx))
+        key, reach = self.search.last_key, path_probs(probs)
+        size = best_size([p * self.calibration.scale(key) for p in reach], ctx)
         self.search.count(source if size else "none")
+        self._predicted = (key, sum(reach[:size])) if size else None
         return DraftTree.chain(tokens[:size])
 
     def observe(self, new_tokens: Sequence[int]) -> None:
+        if self._predicted is not None:
+            self.calibration.record(self._predicted[0], len(new_tokens) - 1, self._predicted[1])
+            self._predicted = None
         self.search.extend(new_tokens)
 
     def stats(self) -> dict:
         return {"search_branch_from": dict(self.search.found)}
+
+
+def branch_value(calibration: Calibration, ctx: DraftContext) -> Callable[[tuple[str, int], list[float]], float]:
+    """What a branch is worth alone: its calibrated expected tokens per unit of verify cost at the
+    best length (with a flat cost, its calibrated expected tokens)."""
+
+    def value(key: tuple[str, int], conditionals: list[float]) -> float:
+        reach = [p * calibration.scale(key) for p in path_probs(conditionals)]
+        n = best_size(reach, ctx)
+        return (1.0 + sum(reach[:n])) / ctx.cost(n)
+
+    return value
 
 
 def first_branch(tree: DraftTree) -> list[int]:
@@ -142,12 +182,18 @@ class EagleSearchDrafter:
 
     With a flat verify cost (a GPU far from its compute bound) the tree keeps its fixed shape, as
     READER does (a branch token equal to an EAGLE sibling's stays a separate node). Where
-    verification is not free (``DraftContext.verify_cost``, e.g. on a CPU), the branch is merged
-    into the EAGLE nodes it repeats, each node gets an estimated chance of acceptance (the head's
-    path probability, or the search branch's running product of continuation frequencies, each
-    scaled by how well that source's estimates matched real acceptance so far), and the tree keeps
-    the number of most likely nodes that maximises expected tokens per unit of verify cost. A
-    child is never more likely than its parent, so the kept nodes always form a tree.
+    verification is not free (``DraftContext.verify_cost``, e.g. on a CPU):
+
+    * the head runs only when it pays: the search branch is found first, and when the tokens EAGLE
+      would add (its top guess's acceptance rate so far, times the chance the branch's first token
+      is wrong) are worth less than the head's own cost (`EagleDrafter.head_cost`) plus a node,
+      the step drafts the branch alone and the head catches up on the skipped positions next time;
+    * the branch is merged into the EAGLE nodes it repeats, each node gets an estimated chance of
+      acceptance (the head's path probability, or the branch's running product of continuation
+      frequencies, each scaled by how well that kind of estimate matched real acceptance so far:
+      EAGLE's, and the search's per source and match length), and the tree keeps the number of
+      most likely nodes that maximises expected tokens per unit of verify cost. A child is never
+      more likely than its parent, so the kept nodes always form a tree.
     """
 
     name = "eagle+search"
@@ -158,38 +204,54 @@ class EagleSearchDrafter:
         self.search = SearchBranch(datastore, depth, prefix_len)
         self.deepen = deepen
         self.deepened = 0
-        # per source: [accepted, predicted] (a neutral prior)
-        self._totals = {"eagle": [1.0, 1.0], "search": [1.0, 1.0]}
-        self._last: tuple[DraftTree, list[str], list[float]] | None = None
+        self.skipped = 0  # steps drafted without running the head
 
     def start(self, prompt: Sequence[int]) -> None:
         self.eagle.start(prompt)
         self.search.start(prompt)
-        self._last = None
+        self.calibration = Calibration()  # keys: "eagle", and the search's (source, match length)
+        self._top1 = [1.0, 2.0]  # EAGLE's top guess: accepted, tried (prior: half the time)
+        self._last: tuple[DraftTree, list, list[float]] | None = None  # tree, keys, unscaled estimates
+        self._eagle_top: int | None = None
 
-    def _scale(self, source: str) -> float:
-        accepted, predicted = self._totals[source]
-        return min(1.0, accepted / predicted)
+    def _head_pays(self, conditionals: list[float], key: tuple[str, int], ctx: DraftContext) -> bool:
+        reach = [p * self.calibration.scale(key) for p in path_probs(conditionals)]
+        n = best_size(reach, ctx)  # what the branch alone would draft (as `branch_value` sizes it)
+        expected = 1.0 + sum(reach[:n])
+        gain = self._top1[0] / self._top1[1] * (1.0 - (reach[0] if n else 0.0))
+        head = getattr(self.eagle, "head_cost", 0.0)
+        return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         depth = min(self.search.depth, ctx.max_nodes)
         branches = 2 if self.deepen else 1
-        small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
-        tree = self.eagle.propose(small)
-        scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
-        probs = [math.exp(s) * self._scale("eagle") for s in scores]
-        sources = ["eagle"] * tree.size
-
         costly = bool(ctx.verify_cost)
+        value = branch_value(self.calibration, ctx)
+        found = self.search.search(ctx.tokens, depth, value)
+        root_key = self.search.last_key
+        self._eagle_top = None
+        if costly and not self._head_pays(found[2], root_key, ctx):
+            self.eagle.defer(ctx)
+            self.skipped += 1
+            tree, scores = DraftTree(), []
+        else:
+            small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
+            tree = self.eagle.propose(small)
+            scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
+            self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
+        raw = [math.exp(s) for s in scores]
+        probs = [p * self.calibration.scale("eagle") for p in raw]
+        keys: list = ["eagle"] * tree.size
 
-        def add(parent: int, context: Sequence[int]) -> bool:
+        def add(parent: int, source: str, tokens: list[int], conditionals: list[float], key: tuple[str, int]) -> bool:
             nonlocal tree
-            source, tokens, conditionals = self.search.search(context, depth)
             self.search.count(source)
             if not tokens:
                 return False
-            above = probs[parent] if parent >= 0 else 1.0
-            branch = [above * p * self._scale("search") for p in path_probs(conditionals)]
+            above, above_raw = (probs[parent], raw[parent]) if parent >= 0 else (1.0, 1.0)
+            reach = path_probs(conditionals)
+            branch = [above * p * self.calibration.scale(key) for p in reach]
+            reach = [above_raw * p for p in reach]
             if costly:
                 # where nodes are paid for, a branch token that an EAGLE child already drafts is
                 # that node (with the higher of the two estimates), not a second copy of it
@@ -198,48 +260,59 @@ class EagleSearchDrafter:
                     if kid is None:
                         break
                     probs[kid] = max(probs[kid], branch[0])
-                    parent, tokens, branch = kid, tokens[1:], branch[1:]
+                    parent, tokens, branch, reach = kid, tokens[1:], branch[1:], reach[1:]
             tree = hang(tree, parent, tokens)
             probs.extend(branch)
-            sources.extend(["search"] * len(tokens))
+            raw.extend(reach)
+            keys.extend([key] * len(tokens))
             return True
 
-        add(-1, ctx.tokens)
-        if self.deepen and tree.size:
+        add(-1, *found, root_key)
+        if self.deepen and scores:
             branch = first_branch(DraftTree(tree.tokens[: len(scores)], tree.parents[: len(scores)]))
             for j in range(len(branch), 0, -1):
-                if add(branch[j - 1], list(ctx.tokens) + [tree.tokens[i] for i in branch[:j]]):
+                found = self.search.search(list(ctx.tokens) + [tree.tokens[i] for i in branch[:j]], depth, value)
+                if add(branch[j - 1], *found, self.search.last_key):
                     self.deepened += 1
                     break
-        if ctx.verify_cost:
-            tree, sources, probs = _most_likely(tree, sources, probs, ctx)
-        self._last = (tree, sources, probs)
+        if costly:
+            keep = _most_likely(tree, probs, ctx)
+            tree = _subtree(tree, keep)
+            keys, raw = [keys[i] for i in keep], [raw[i] for i in keep]
+        self._last = (tree, keys, raw)
         return tree
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         self.eagle.observe(new_tokens)
         self.search.extend(new_tokens)
+        if self._eagle_top is not None:
+            self._top1[0] += new_tokens[0] == self._eagle_top
+            self._top1[1] += 1
+            self._eagle_top = None
         if self._last is not None:
-            tree, sources, probs = self._last
-            for node in accepted_path(tree, list(new_tokens)[:-1]):
-                self._totals[sources[node]][0] += 1
-            for source, p in zip(sources, probs):
-                self._totals[source][1] += p
+            tree, keys, raw = self._last
+            accepted = set(accepted_path(tree, list(new_tokens)[:-1]))
+            for node, (key, p) in enumerate(zip(keys, raw)):
+                self.calibration.record(key, node in accepted, p)
             self._last = None
 
     def stats(self) -> dict:
-        return {"search_branch_from": dict(self.search.found), "deepened": self.deepened}
+        return {"search_branch_from": dict(self.search.found), "deepened": self.deepened, "head_skipped": self.skipped}
 
 
-def _most_likely(tree: DraftTree, sources: list[str], probs: list[float], ctx: DraftContext) -> tuple[DraftTree, list[str], list[float]]:
-    """Keep the most likely nodes, as many as maximise expected tokens per unit of verify cost."""
+def _most_likely(tree: DraftTree, probs: list[float], ctx: DraftContext) -> list[int]:
+    """Indices of the most likely nodes, as many as maximise expected tokens per unit of verify
+    cost, in tree order."""
     order = sorted(range(tree.size), key=lambda i: (-probs[i], i))
-    size = best_size([probs[i] for i in order], ctx)
-    keep = sorted(order[:size])
+    return sorted(order[: best_size([probs[i] for i in order], ctx)])
+
+
+def _subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
+    """The nodes ``keep`` (in tree order, every kept node's parent kept too) as a tree."""
     index = {old: new for new, old in enumerate(keep)}
     parents = []
     for i in keep:
         p = tree.parents[i]
         assert p == -1 or p in index, "a kept node's parent is kept (never less likely)"
         parents.append(index.get(p, -1))
-    return DraftTree(tuple(tree.tokens[i] for i in keep), tuple(parents)), [sources[i] for i in keep], [probs[i] for i in keep]
+    return DraftTree(tuple(tree.tokens[i] for i in keep), tuple(parents))

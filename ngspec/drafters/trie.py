@@ -138,6 +138,23 @@ class NGramTrie:
         return tokens, probs
 
 
+class Calibration:
+    """How well estimated acceptance has matched real acceptance so far, per kind of estimate (a
+    match length, a source): new estimates of a kind are scaled by accepted / predicted (at most 1),
+    starting neutral. Record the unscaled estimates, or the scale feeds on itself."""
+
+    def __init__(self) -> None:
+        self._totals: dict = {}
+
+    def scale(self, key) -> float:
+        accepted, predicted = self._totals.get(key, (1.0, 1.0))
+        return min(1.0, accepted / predicted)
+
+    def record(self, key, accepted: float, predicted: float) -> None:
+        a, p = self._totals.get(key, (1.0, 1.0))
+        self._totals[key] = (a + accepted, p + predicted)
+
+
 def best_size(gains: list[float], ctx: DraftContext) -> int:
     """Number of leading nodes maximising expected tokens per unit of verify cost."""
     best, best_rate, expected = 0, 1.0 / ctx.cost(0), 1.0
@@ -174,12 +191,7 @@ class TrieDrafter:
         self.trie.extend(prompt)
         self._predicted = 0.0  # expected accepted drafts of the last tree (unscaled)
         self._match_len = 0  # length of the match the last tree hangs from
-        # per match length: accepted drafts, predicted drafts (a neutral prior)
-        self._totals = {m: [1.0, 1.0] for m in range(1, self.prefix_len + 1)}
-
-    def calibration(self, match_len: int) -> float:
-        accepted, predicted = self._totals[match_len]
-        return min(1.0, accepted / predicted)
+        self.calibration = Calibration()  # per match length
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         self._predicted = 0.0
@@ -190,16 +202,14 @@ class TrieDrafter:
         smoothing = 0.5 * self.prefix_len
         tree, probs = self.trie.top_subtree(node, min(self.num_draft, ctx.max_nodes), smoothing)
         self._match_len = self.trie.depth(node)
-        scale = self.calibration(self._match_len)
+        scale = self.calibration.scale(self._match_len)
         size = best_size([p * scale for p in probs], ctx)
         self._predicted = sum(probs[:size])
         return tree.truncated(size, max_depth=size)
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         if self._predicted:
-            totals = self._totals[self._match_len]
-            totals[0] += len(new_tokens) - 1
-            totals[1] += self._predicted
+            self.calibration.record(self._match_len, len(new_tokens) - 1, self._predicted)
             self._predicted = 0.0
         if self.update:
             self.trie.extend(new_tokens)
