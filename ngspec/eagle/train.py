@@ -167,13 +167,15 @@ def example_loss(head: EagleHead, model, ex: Example, feats: torch.Tensor, opts:
     with torch.no_grad():
         embeds = model.get_input_embeddings()(ids[1:])
     weight = model.get_output_embeddings().weight if weight is None else weight
+    start = max(ex.prompt_len - 2, 0)  # the first feature any depth predicts; its distribution:
+    with torch.no_grad():
+        p_all = torch.softmax(f[start + 1 :] @ weight.T, dim=-1)  # shared by the depths (row i: f[start + 1 + i])
     total, stats = 0.0, {}
     for s, out in enumerate(unrolled_outputs(head, embeds, inp, opts.unroll), start=1):
         first = max(ex.prompt_len - 1 - s, 0)  # output j predicts f_{j+s}, which predicts token j+s+1
         pred, true = out[first:], f[s:][first:]
         reg = F.smooth_l1_loss(pred, true)
-        with torch.no_grad():
-            p_target = torch.softmax(true @ weight.T, dim=-1)
+        p_target = p_all[first + s - start - 1 :]
         logq = torch.log_softmax(pred @ weight.T, dim=-1)
         ce = -(p_target * logq).sum(-1).mean()
         total = total + reg + opts.ce_weight * ce
