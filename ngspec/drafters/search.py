@@ -126,10 +126,10 @@ class SearchDrafter:
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         source, tokens, probs = self.search.search(ctx.tokens, min(self.search.depth, ctx.max_nodes), branch_value(self.calibration, ctx))
-        key, reach = self.search.last_key, path_probs(probs)
-        size = best_size([p * self.calibration.scale(key) for p in reach], ctx)
+        key = self.search.last_key
+        _, size = sized_branch(self.calibration, key, probs, ctx)
         self.search.count(source if size else "none")
-        self._predicted = (key, sum(reach[:size])) if size else None
+        self._predicted = (key, sum(path_probs(probs)[:size])) if size else None
         return DraftTree.chain(tokens[:size])
 
     def observe(self, new_tokens: Sequence[int]) -> None:
@@ -142,13 +142,19 @@ class SearchDrafter:
         return {"search_branch_from": dict(self.search.found)}
 
 
+def sized_branch(calibration: Calibration, key: tuple[str, int], conditionals: list[float], ctx: DraftContext) -> tuple[list[float], int]:
+    """The branch's calibrated chance of reaching each of its nodes, and the length that maximises
+    expected tokens per unit of verify cost."""
+    reach = [p * calibration.scale(key) for p in path_probs(conditionals)]
+    return reach, best_size(reach, ctx)
+
+
 def branch_value(calibration: Calibration, ctx: DraftContext) -> Callable[[tuple[str, int], list[float]], float]:
     """What a branch is worth alone: its calibrated expected tokens per unit of verify cost at the
     best length (with a flat cost, its calibrated expected tokens)."""
 
     def value(key: tuple[str, int], conditionals: list[float]) -> float:
-        reach = [p * calibration.scale(key) for p in path_probs(conditionals)]
-        n = best_size(reach, ctx)
+        reach, n = sized_branch(calibration, key, conditionals, ctx)
         return (1.0 + sum(reach[:n])) / ctx.cost(n)
 
     return value
@@ -215,8 +221,7 @@ class EagleSearchDrafter:
         self._eagle_top: int | None = None
 
     def _head_pays(self, conditionals: list[float], key: tuple[str, int], ctx: DraftContext) -> bool:
-        reach = [p * self.calibration.scale(key) for p in path_probs(conditionals)]
-        n = best_size(reach, ctx)  # what the branch alone would draft (as `branch_value` sizes it)
+        reach, n = sized_branch(self.calibration, key, conditionals, ctx)  # what the branch alone would draft
         expected = 1.0 + sum(reach[:n])
         gain = self._top1[0] / self._top1[1] * (1.0 - (reach[0] if n else 0.0))
         head = getattr(self.eagle, "head_cost", 0.0)

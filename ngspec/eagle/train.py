@@ -32,9 +32,11 @@ from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, ranked_tokens, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
+from ngspec.tree import additive_mask
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -121,8 +123,6 @@ def unrolled_mask(length: int, step: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask ``[1, 1, n_s, n_1 + ... + n_s]`` (``n_k = length - k`` entries per depth) for the
     depth-``step`` queries of `unrolled_outputs`: query j sees depth 1's entries 0..j (the true
     features of positions 0..j) and entry j of every deeper depth (its own chain of predictions)."""
-    from ngspec.tree import additive_mask
-
     n = length - step
     rows = torch.arange(n)[:, None]
     blocks = [torch.arange(length - 1)[None] <= rows]
@@ -138,8 +138,6 @@ def unrolled_outputs(head: EagleHead, embeds: torch.Tensor, features: torch.Tens
     s, output j (position j+s-1) reads the depth-(s-1) output j, predicts f_{j+s}, and attends as a
     depth-s draft node does (`unrolled_mask`). Returns ``[T-s, H]`` per depth.
     """
-    from transformers import DynamicCache
-
     length = features.shape[0] + 1
     cache = DynamicCache() if steps > 1 else None
     positions = torch.arange(length - 1, device=features.device)
