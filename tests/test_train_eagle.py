@@ -111,6 +111,12 @@ def test_corpus_without_pairs_is_refused(tmp_path):
     assert result.exit_code == 1 and "usable (instruction, response) examples" in result.output
 
 
+def test_unroll_below_one_is_refused(tmp_path):
+    result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path / "h"), "--unroll", "0"])
+    assert result.exit_code == 1 and "--unroll >= 1" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "h").exists()
+
+
 @pytest.mark.slow
 def test_train_eagle_command_on_the_default_model(tmp_path):
     out = tmp_path / "head"
