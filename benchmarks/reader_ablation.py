@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--rearrange-every", type=int, default=BatchConfig.rearrange_every)
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--only", help="comma-separated arm labels to run (vanilla always runs)")
+    ap.add_argument("--compare-rows-alone", action="store_true", help="at batch sizes > 1 also run every drafting arm with each row sizing its tree alone (the batch then pays for the widest row's tree), labelled '(rows alone)'")
     ap.add_argument("--flat-cost", action="store_true", help="no verify-cost calibration: every drafter keeps its full (fixed) tree, as on a GPU far from its compute bound; tokens per call then shows the shapes themselves (timings are not meaningful)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
@@ -91,6 +92,8 @@ def main() -> None:
     results, reference = [], None
     for b in sizes:
         chosen = [a for a in arms(args, eagle_opts, tuned if b == 1 else tuned_batch) if keep is None or a["label"] in keep]
+        if b > 1 and args.compare_rows_alone:
+            chosen = [dict(a, joint=j, label=a["label"] + ("" if j else " (rows alone)")) for a in chosen for j in (True, False) if j or a["drafter"] != "vanilla"]
         for arm in chosen:
             factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
             new = lambda arm=arm, factory=factory: make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
@@ -100,7 +103,7 @@ def main() -> None:
                 seconds = time.perf_counter() - t0
                 report = None
             else:
-                out, rep = engine.run_batch(ids, new, cfg, BatchConfig(b, arm["rearrange"]))
+                out, rep = engine.run_batch(ids, new, cfg, BatchConfig(b, arm["rearrange"], arm.get("joint", True)))
                 gens, seconds, report = [r.generation for r in out], rep.seconds, rep.as_dict()
             tokens = [g.token_ids for g in gens]
             if reference is None:

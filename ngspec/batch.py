@@ -1,10 +1,11 @@
 """Batched decoding: up to B prompts at once, each with its own drafter, acceptance and stop.
 
-The loop is `decode.generate` for B rows: every row proposes a tree, one forward verifies all of
-them (`BatchTarget.verify`), each row accepts along its own tree, the accepted entries are kept
-and the rest become holes, compacted every ``rearrange_every`` steps. A finished row hands its
-slot to the next waiting prompt; a prompt that cannot run (longer than the context window) fails
-alone with a clear message. Every row's output equals its own plain decoding.
+The loop is `decode.generate` for B rows: every row proposes a tree, the trees get one width
+(`tree.joint_width`: one forward pays for the widest tree, padded, so a row's extra node costs
+every row), one forward verifies all of them (`BatchTarget.verify`), each row accepts along its
+own tree, the accepted entries are kept and the rest become holes, compacted every
+``rearrange_every`` steps. A finished row hands its slot to the next waiting prompt; a prompt that
+cannot run (longer than the context window) fails alone with a clear message. Every row's output equals its own plain decoding.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ngspec.batch_target import BatchTarget
 from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
 from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token, check_prompt, out_of_room
 from ngspec.errors import NgspecError
+from ngspec.tree import joint_width
 from ngspec.verify import accept_greedy, accept_sampled
 
 
@@ -26,6 +28,7 @@ from ngspec.verify import accept_greedy, accept_sampled
 class BatchConfig:
     batch_size: int = 4
     rearrange_every: int = 8  # steps between cache compactions (0 = never); measured best on CPU (BENCHMARKS.md)
+    joint_sizing: bool = True  # size all rows' trees together (the batch pays for the widest); False: each row alone
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -159,10 +162,18 @@ def generate_batch(
             t0 = time.perf_counter()
             features = target.take_features(b) if getattr(row.drafter, "needs_features", False) else None
             room = min(cfg.max_draft_nodes, target.max_length - target.lengths[b] - 1)
-            ctx = DraftContext(row.prompt + row.out, len(row.prompt), room, verify_cost(target.lengths[b]), features)
-            budget = cfg.max_new_tokens - len(row.out)
-            trees.append(row.drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=budget - 1))
+            ctx = DraftContext(row.prompt + row.out, len(row.prompt), room, verify_cost(target.lengths[b]), features, batch.joint_sizing)
+            trees.append(row.drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=ctx.max_nodes))
             draft_s.append(time.perf_counter() - t0)
+        # one forward pays for the widest tree: size the rows' trees together
+        width = joint_width(trees, verify_cost(max(target.lengths)))
+        for b, row in enumerate(rows):
+            if trees[b].gains and trees[b].size > width:
+                trees[b] = trees[b].truncated(width, max_depth=width)
+                if hasattr(row.drafter, "keep"):
+                    row.drafter.keep(trees[b].size)
+            budget = cfg.max_new_tokens - len(row.out)
+            trees[b] = trees[b].truncated(trees[b].size, max_depth=budget - 1)
 
         logits = target.verify([r.out[-1] for r in rows], trees)
         verdicts = [

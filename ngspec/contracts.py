@@ -18,14 +18,22 @@ class DraftTree:
     Node ``i`` holds ``tokens[i]``; ``parents[i]`` is the index of its parent node, or -1 when its
     parent is the root. Parents always come before their children, so a chain is
     ``parents = (-1, 0, 1, ...)`` and k independent rows are k chains starting at -1.
+
+    ``gains`` (optional, empty or one per node) is the drafter's estimate of each node's chance of
+    being accepted, for trees offered best first (`DraftContext.engine_sizes`): every prefix of
+    the nodes is then a tree, and keeping the first n is expected to yield ``sum(gains[:n])``
+    drafted tokens. It does not take part in comparisons.
     """
 
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
+    gains: tuple[float, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
             raise ValueError("tokens and parents must have the same length")
+        if self.gains and len(self.gains) != len(self.tokens):
+            raise ValueError("gains must be empty or one per node")
         for i, p in enumerate(self.parents):
             if not -1 <= p < i:
                 raise ValueError(f"node {i} has parent {p}; parents must precede their children")
@@ -38,8 +46,8 @@ class DraftTree:
         return len(self.tokens)
 
     @classmethod
-    def chain(cls, tokens: Sequence[int]) -> "DraftTree":
-        return cls(tuple(int(t) for t in tokens), tuple(range(-1, len(tokens) - 1)))
+    def chain(cls, tokens: Sequence[int], gains: Sequence[float] = ()) -> "DraftTree":
+        return cls(tuple(int(t) for t in tokens), tuple(range(-1, len(tokens) - 1)), tuple(gains))
 
     @classmethod
     def from_paths(cls, paths: Sequence[Sequence[int]]) -> "DraftTree":
@@ -64,6 +72,7 @@ class DraftTree:
         depth: dict[int, int] = {-1: 0}
         tokens: list[int] = []
         parents: list[int] = []
+        gains: list[float] = []
         for i, (tok, par) in enumerate(zip(self.tokens, self.parents)):
             if len(tokens) >= max_nodes:
                 break
@@ -76,9 +85,11 @@ class DraftTree:
             keep[i] = len(tokens)
             tokens.append(tok)
             parents.append(keep[par] if par >= 0 else -1)
+            if self.gains:
+                gains.append(self.gains[i])
         if len(tokens) == self.size:
             return self
-        return DraftTree(tuple(tokens), tuple(parents))
+        return DraftTree(tuple(tokens), tuple(parents), tuple(gains))
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,11 @@ class DraftContext:
     # of the positions committed since the previous call, ``[m, hidden]``; they are positions
     # ``len(tokens) - 1 - m .. len(tokens) - 2`` (the root, ``tokens[-1]``, is not committed yet)
     features: Any = None
+    # set by batched decoding, where one forward verifies every row's tree padded to the widest
+    # one: drafters that size trees by cost offer instead up to ``max_nodes`` nodes best first
+    # with their ``DraftTree.gains``, and the engine picks one width for all rows (`joint_width`)
+    # and tells each drafter how many of its nodes it kept (``Drafter.keep``, optional)
+    engine_sizes: bool = False
 
     def cost(self, size: int) -> float:
         """Relative cost of verifying ``size`` nodes (1.0 everywhere when nothing was measured)."""
@@ -133,6 +149,9 @@ class Drafter(Protocol):
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         """Tokens just emitted (accepted drafts plus the bonus token)."""
+
+    # Optional, for drafters that offer trees best first (``DraftContext.engine_sizes``):
+    # ``keep(n)`` says the engine verifies only the first ``n`` nodes of the last proposal.
 
 
 @dataclass

@@ -98,3 +98,29 @@ def accepted_path(tree: DraftTree, tokens: Sequence[int]) -> list[int]:
         return best
 
     return walk(0, 0)
+
+
+def joint_width(trees: Sequence[DraftTree], cost: Sequence[float]) -> int:
+    """One tree size for a batch whose rows are verified in one forward, padded to the widest
+    tree: the width W that maximises the rows' expected tokens, ``sum(1 + sum(gains[:W]))``, per
+    unit of the batch's verify cost ``cost[W]`` (relative to a plain batched step; the last entry
+    applies beyond the table). Trees offered best first (with ``gains``) can be cut to W or keep
+    fewer nodes; a tree without gains is kept whole, so W is never below its size, and counts its
+    bonus token only. Ties go to the narrower width. With no cost table every tree is kept whole."""
+    widest = max((t.size for t in trees), default=0)
+    if not cost:
+        return widest
+    fixed = max((t.size for t in trees if not t.gains), default=0)
+    # expected drafted tokens of all rows at each width: add every row's gains position by position
+    drafted = [0.0] * (widest + 1)
+    for t in trees:
+        for i, g in enumerate(t.gains):
+            drafted[i + 1] += g
+    best, best_rate, expected = fixed, -1.0, float(len(trees)) + sum(drafted[: fixed + 1])
+    for width in range(fixed, widest + 1):
+        if width > fixed:
+            expected += drafted[width]
+        rate = expected / cost[min(width, len(cost) - 1)]
+        if rate > best_rate:
+            best, best_rate = width, rate
+    return best

@@ -40,6 +40,68 @@ def test_every_row_matches_its_own_plain_greedy(tiny, tiny_tables, tiny_eagle, t
         assert report.rearrangements == report.steps // rearrange
 
 
+STEEP_BATCH_COST = (1.0, 1.1, 1.4, 1.5, 1.7, 1.9) + (2.5,) * 60
+
+
+@pytest.mark.parametrize("joint", [True, False], ids=["joint-sizing", "rows-alone"])
+@pytest.mark.parametrize("drafter", ["trie", "search", "eagle+search"])
+def test_rows_sized_together_still_match_their_own_plain_greedy(tiny, tiny_eagle, tiny_datastore, prompts_and_expected, drafter, joint):
+    prompts, expected = prompts_and_expected
+    opts = DrafterOptions(search_depth=6, deepen=True)
+    results, _ = generate_batch(
+        tiny, prompts, lambda: make_drafter(drafter, opts, None, tiny_eagle, tiny_datastore),
+        DecodeConfig(max_new_tokens=30), BatchConfig(4, 3, joint_sizing=joint), lambda: Stopper(frozenset()),
+        verify_cost=lambda context: STEEP_BATCH_COST,
+    )
+    for i, (result, want) in enumerate(zip(results, expected)):
+        assert result.generation.token_ids == want, f"{drafter} prompt {i}"
+
+
+class OracleDrafter:
+    """Offers the true continuation, best first, with made-up gains; records what it kept."""
+
+    name = "oracle"
+
+    def __init__(self, truth: dict[tuple[int, ...], list[int]], gains: list[float]) -> None:
+        self.truth, self.gains, self.kept = truth, gains, []
+
+    def start(self, prompt):
+        self.prompt, self.out = list(prompt), []
+
+    def propose(self, ctx):
+        assert ctx.engine_sizes
+        rest = self.truth[tuple(self.prompt)][len(self.out) :]
+        n = min(len(self.gains), len(rest))
+        return DraftTree.chain(rest[:n], self.gains[:n])
+
+    def keep(self, size):
+        self.kept.append(size)
+
+    def observe(self, new_tokens):
+        self.out.extend(new_tokens)
+
+
+def test_one_width_for_the_batch_from_every_rows_gains(tiny, prompts_and_expected):
+    prompts, expected = prompts_and_expected
+    truth = {tuple(p): e for p, e in zip(prompts, expected)}
+    drafters = []
+
+    def new_drafter():
+        drafters.append(OracleDrafter(truth, [0.9, 0.6, 0.3, 0.1]))
+        return drafters[-1]
+
+    # four rows: width 0 -> 4 / 1.0, 1 -> 7.6 / 1.1 = 6.9, 2 -> 10.0 / 1.4 = 7.1, 3 -> 11.2 / 1.5
+    # = 7.5, 4 -> 11.6 / 1.7 = 6.8: three nodes each
+    results, _ = generate_batch(
+        tiny, prompts[:4], new_drafter, DecodeConfig(max_new_tokens=30), BatchConfig(4, 0), lambda: Stopper(frozenset()),
+        verify_cost=lambda context: STEEP_BATCH_COST,
+    )
+    assert [r.generation.token_ids for r in results] == expected[:4]
+    assert all(d.kept and set(d.kept) == {3} for d in drafters)
+    first = [r.generation.stats.steps[1] for r in results]
+    assert all(s.tree_size == 3 and s.accepted == 4 for s in first)
+
+
 def test_a_finished_row_hands_its_slot_to_the_next_prompt_and_stops_alone(tiny, prompts_and_expected):
     prompts, expected = prompts_and_expected
     eos = expected[0][5]

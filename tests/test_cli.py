@@ -142,6 +142,11 @@ def test_batched_generate_matches_one_at_a_time_and_a_long_prompt_fails_alone(tm
     by_id = {r["id"]: r for r in lines if "id" in r}
     assert "context window" in by_id["long"]["error"]
     assert lines[-1]["batch"]["prompts"] == 3 and lines[-1]["batch"]["failed"] == 1
+    assert lines[-1]["batch"]["joint_sizing"] is True
+    alone = invoke("generate", "-p", prompts, "-d", "trie", "-n", 16, "--batch-size", 2, "--json", "--size-rows-alone")
+    rows_alone = [json.loads(x) for x in alone.stdout.strip().splitlines()]
+    assert rows_alone[-1]["batch"]["joint_sizing"] is False
+    assert {r["id"]: r.get("token_ids") for r in rows_alone if "id" in r} == {r["id"]: r.get("token_ids") for r in lines if "id" in r}
     for pid in ("a", "b"):
         single = tmp_path / f"{pid}.txt"
         single.write_text(next(r["prompt"] for r in rows if r["id"] == pid))

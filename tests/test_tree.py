@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ngspec.contracts import DraftTree
-from ngspec.tree import attention_mask, children, depths, position_ids, root_to_leaf_paths, visibility
+from ngspec.tree import attention_mask, children, depths, joint_width, position_ids, root_to_leaf_paths, visibility
 
 # root -> a(0) -> b(1)
 #      -> a(0) -> c(2)
@@ -50,6 +50,54 @@ def test_truncated_stays_prefix_closed():
     assert TREE.truncated(2, 5) == DraftTree((10, 11), (-1, 0))
     assert TREE.truncated(10, 1) == DraftTree((10, 13), (-1, -1))
     assert TREE.truncated(10, 10) is TREE
+
+
+def test_gains_follow_the_kept_nodes_and_stay_out_of_comparisons():
+    offered = DraftTree(TREE.tokens, TREE.parents, (0.9, 0.5, 0.4, 0.3))
+    assert offered == TREE
+    assert offered.truncated(2, 5).gains == (0.9, 0.5)
+    assert offered.truncated(10, 1).gains == (0.9, 0.3)
+    assert DraftTree.chain([4, 5], [0.5, 0.25]).gains == (0.5, 0.25)
+    with pytest.raises(ValueError, match="gains"):
+        DraftTree((1, 2), (-1, 0), (0.5,))
+
+
+def test_joint_width_hand_worked():
+    # rows expect 1 + their drafted tokens: width 0 -> 2 / 1.0, 1 -> (1.9 + 1.2) / 1.1 = 2.82,
+    # 2 -> (2.7 + 1.2) / 1.5 = 2.6, 3 -> (2.8 + 1.2) / 3.0: width 1 pays best
+    a, b = DraftTree.chain([1, 2, 3], [0.9, 0.8, 0.1]), DraftTree.chain([4], [0.2])
+    cost = (1.0, 1.1, 1.5, 3.0)
+    assert joint_width([a, b], cost) == 1
+    assert joint_width([a, b], (1.0, 1.0, 1.0, 1.0)) == 3  # free nodes: keep everything
+    assert joint_width([a, b], ()) == 3  # no cost table: nothing is cut
+    # beyond the table its last entry applies: width 3 gives 4.0 / 2.0, as much as width 0 (ties:
+    # the narrower)
+    assert joint_width([a, b], (1.0, 2.0)) == 0
+    assert joint_width([a, b], (1.0, 1.5)) == 3
+    # a tree without gains is kept whole: the width never drops below it
+    assert joint_width([a, DraftTree.chain([4, 5])], cost) == 2
+    assert joint_width([], cost) == 0
+
+
+def test_joint_width_equals_brute_force():
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        trees = []
+        for _ in range(rng.randrange(1, 6)):
+            gains = sorted((rng.random() for _ in range(rng.randrange(0, 8))), reverse=True)
+            trees.append(DraftTree.chain(range(len(gains)), gains))
+        cost = [1.0]
+        for _ in range(rng.randrange(1, 10)):
+            cost.append(cost[-1] + rng.random() * 0.5)
+        widest = max(t.size for t in trees)
+
+        def rate(w):
+            return sum(1 + sum(t.gains[:w]) for t in trees) / cost[min(w, len(cost) - 1)]
+
+        best = max(range(widest + 1), key=lambda w: (rate(w), -w))
+        assert joint_width(trees, cost) == best
 
 
 def test_invalid_trees_rejected():

@@ -100,3 +100,20 @@ def test_smoothing_trusts_repeated_paths_more_than_single_ones():
     _, thrice = trie.top_subtree(trie.match([1]), 2, smoothing=1.0)
     assert once == pytest.approx([1 / 2, 1 / 4, 1 / 8])  # 1 / (1 + 1) per level
     assert thrice[0] == pytest.approx(3 / 4) and thrice[1] == pytest.approx(3 / 4 * 3 / 4)
+
+
+def test_offered_tree_is_the_whole_tree_best_first_and_keep_sets_what_is_calibrated():
+    text = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]
+    steep = (1.0, 1.0, 3.0) + (9.0,) * 10
+    alone, offering = TrieDrafter(n=5, prefix_len=2, num_draft=6), TrieDrafter(n=5, prefix_len=2, num_draft=6)
+    for d in (alone, offering):
+        d.start(text)
+    sized = alone.propose(DraftContext(text, len(text), 10, steep))
+    offered = offering.propose(DraftContext(text, len(text), 10, steep, engine_sizes=True))
+    assert 0 < sized.size < offered.size <= 6
+    assert offered.truncated(sized.size, sized.size) == sized  # cost sizing keeps a prefix of the offer
+    assert list(offered.gains) == sorted(offered.gains, reverse=True) and offered.gains[0] <= 1.0
+    offering.keep(sized.size)
+    alone.observe([3, 9])
+    offering.observe([3, 9])  # one draft accepted: both record it against the same prediction
+    assert offering.calibration._totals == alone.calibration._totals

@@ -104,7 +104,7 @@ def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json
     done = [r.generation for r in results if r.generation is not None]
     calls = sum(g.stats.verify_calls for g in done)
     summary = {
-        "batch_size": batch.batch_size, "rearrange_every": batch.rearrange_every, "prompts": len(prompts), "failed": len(failed),
+        "batch_size": batch.batch_size, "rearrange_every": batch.rearrange_every, "joint_sizing": batch.joint_sizing, "prompts": len(prompts), "failed": len(failed),
         "mean_tokens_per_call": sum(len(g.token_ids) for g in done) / calls if calls else 0.0, **report.as_dict(),
     }
     if json_out:
@@ -145,6 +145,7 @@ def generate_command(
     verify: VerifyOpt = "tree",
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Decode this many prompts of a .jsonl at once (each with its own drafts and acceptance; a finished prompt's slot goes to the next one). 1 = one at a time, streamed.")] = 1,
     rearrange_every: Annotated[int, typer.Option("--rearrange-every", help="With --batch-size > 1: compact the KV cache (drop the holes rejected drafts leave) every N steps; 0 = never.")] = BatchConfig.rearrange_every,
+    rows_alone: Annotated[bool, typer.Option("--size-rows-alone", help="With --batch-size > 1: each row sizes its draft tree by itself. Default: one width for the whole batch, chosen from every row's estimates (one forward pays for the widest tree).")] = False,
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16).")] = False,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
@@ -163,7 +164,7 @@ def generate_command(
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
     if check and not cfg.sampling.greedy:
         raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
-    batch = BatchConfig(batch_size, rearrange_every)
+    batch = BatchConfig(batch_size, rearrange_every, joint_sizing=not rows_alone)
     if batch_size > 1 and (check or verify != "tree"):
         raise NgspecError("--batch-size > 1 works with --verify tree and without --check (use --check on single prompts)")
     prompts = load_prompts(prompt_file)

@@ -112,7 +112,9 @@ class SearchDrafter:
     """`search`: the search branch alone (works for any model, no head needed). Where verification
     costs, the branch is cut to the length that maximises expected tokens per unit of verify cost,
     its estimates scaled per source and match length by how well they matched so far (a datastore
-    match of two tokens in a large store is often wrong; a long local match rarely is)."""
+    match of two tokens in a large store is often wrong; a long local match rarely is). In a
+    batch (``DraftContext.engine_sizes``) the whole branch is offered with those estimates and the
+    batch picks the length (`keep`)."""
 
     name = "search"
 
@@ -123,14 +125,22 @@ class SearchDrafter:
         self.search.start(prompt)
         self.calibration = Calibration()
         self._predicted: tuple[tuple[str, int], float] | None = None
+        self._raw: list[float] = []  # unscaled chance of reaching each node of the last branch
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         source, tokens, probs = self.search.search(ctx.tokens, min(self.search.depth, ctx.max_nodes), branch_value(self.calibration, ctx))
         key = self.search.last_key
-        _, size = sized_branch(self.calibration, key, probs, ctx)
+        reach, size = sized_branch(self.calibration, key, probs, ctx)
+        if ctx.engine_sizes:  # offer the whole branch; the batch picks the width
+            size = len(tokens)
         self.search.count(source if size else "none")
-        self._predicted = (key, sum(path_probs(probs)[:size])) if size else None
-        return DraftTree.chain(tokens[:size])
+        self._raw = path_probs(probs)[:size]
+        self._predicted = (key, sum(self._raw)) if size else None
+        return DraftTree.chain(tokens[:size], reach if ctx.engine_sizes else ())
+
+    def keep(self, size: int) -> None:
+        """The engine verifies only the first ``size`` tokens of the last branch offered."""
+        self._predicted = (self._predicted[0], sum(self._raw[:size])) if self._predicted and size else None
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         if self._predicted is not None:
@@ -198,8 +208,9 @@ class EagleSearchDrafter:
       acceptance (the head's path probability, or the branch's running product of continuation
       frequencies, each scaled by how well that kind of estimate matched real acceptance so far:
       EAGLE's, and the search's per source and match length), and the tree keeps the number of
-      most likely nodes that maximises expected tokens per unit of verify cost. A child is never
-      more likely than its parent, so the kept nodes always form a tree.
+      most likely nodes that maximises expected tokens per unit of verify cost (in a batch,
+      ``DraftContext.engine_sizes``: all nodes, most likely first, and the batch picks how many,
+      `keep`). A child is never more likely than its parent, so the kept nodes always form a tree.
     """
 
     name = "eagle+search"
@@ -281,11 +292,18 @@ class EagleSearchDrafter:
                     self.deepened += 1
                     break
         if costly:
-            keep = _most_likely(tree, probs, ctx)
-            tree = _subtree(tree, keep)
+            # the most likely nodes: as many as pay, or, for the batch to size, all best first
+            keep = _by_likelihood(probs) if ctx.engine_sizes else _most_likely(tree, probs, ctx)
+            tree = _subtree(tree, keep, [probs[i] for i in keep] if ctx.engine_sizes else ())
             keys, raw = [keys[i] for i in keep], [raw[i] for i in keep]
         self._last = (tree, keys, raw)
         return tree
+
+    def keep(self, size: int) -> None:
+        """The engine verifies only the first ``size`` nodes of the last tree offered."""
+        if self._last is not None:
+            tree, keys, raw = self._last
+            self._last = (tree.truncated(size, max_depth=size), keys[:size], raw[:size])
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         self.eagle.observe(new_tokens)
@@ -305,19 +323,25 @@ class EagleSearchDrafter:
         return {"search_branch_from": dict(self.search.found), "deepened": self.deepened, "head_skipped": self.skipped}
 
 
+def _by_likelihood(probs: list[float]) -> list[int]:
+    """Node indices, most likely first (ties in tree order): a child is never more likely than its
+    parent, so every prefix of this order is a tree."""
+    return sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+
+
 def _most_likely(tree: DraftTree, probs: list[float], ctx: DraftContext) -> list[int]:
     """Indices of the most likely nodes, as many as maximise expected tokens per unit of verify
     cost, in tree order."""
-    order = sorted(range(tree.size), key=lambda i: (-probs[i], i))
+    order = _by_likelihood(probs)
     return sorted(order[: best_size([probs[i] for i in order], ctx)])
 
 
-def _subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
-    """The nodes ``keep`` (in tree order, every kept node's parent kept too) as a tree."""
+def _subtree(tree: DraftTree, keep: list[int], gains: Sequence[float] = ()) -> DraftTree:
+    """The nodes ``keep`` (every kept node's parent kept, and before it) as a tree."""
     index = {old: new for new, old in enumerate(keep)}
     parents = []
     for i in keep:
         p = tree.parents[i]
         assert p == -1 or p in index, "a kept node's parent is kept (never less likely)"
         parents.append(index.get(p, -1))
-    return DraftTree(tuple(tree.tokens[i] for i in keep), tuple(parents))
+    return DraftTree(tuple(tree.tokens[i] for i in keep), tuple(parents), tuple(gains))

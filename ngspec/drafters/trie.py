@@ -174,7 +174,9 @@ class TrieDrafter:
     seen ten times), scaled per match length by how well these estimates have matched real
     acceptance so far in this sequence; the tree keeps the number of nodes that maximises expected
     tokens per unit of measured verify cost (``DraftContext.cost``). With no cost table (a
-    GPU-like flat cost) that is the whole ``num_draft`` budget.
+    GPU-like flat cost) that is the whole ``num_draft`` budget. In a batch
+    (``DraftContext.engine_sizes``) the whole tree is offered best first with those chances and
+    the batch picks the size (`keep`).
     """
 
     name = "trie"
@@ -191,6 +193,7 @@ class TrieDrafter:
         self.trie.extend(prompt)
         self._predicted = 0.0  # expected accepted drafts of the last tree (unscaled)
         self._match_len = 0  # length of the match the last tree hangs from
+        self._probs: list[float] = []  # unscaled estimates of the last tree offered best first
         self.calibration = Calibration()  # per match length
 
     def propose(self, ctx: DraftContext) -> DraftTree:
@@ -203,9 +206,17 @@ class TrieDrafter:
         tree, probs = self.trie.top_subtree(node, min(self.num_draft, ctx.max_nodes), smoothing)
         self._match_len = self.trie.depth(node)
         scale = self.calibration.scale(self._match_len)
+        if ctx.engine_sizes:  # offer the whole tree, best first; the batch picks the width
+            self._probs = probs
+            self._predicted = sum(probs)
+            return DraftTree(tree.tokens, tree.parents, tuple(p * scale for p in probs))
         size = best_size([p * scale for p in probs], ctx)
         self._predicted = sum(probs[:size])
         return tree.truncated(size, max_depth=size)
+
+    def keep(self, size: int) -> None:
+        """The engine verifies only the first ``size`` nodes of the last tree offered."""
+        self._predicted = sum(self._probs[:size])
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         if self._predicted:
