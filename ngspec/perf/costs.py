@@ -29,20 +29,23 @@ def _relative_costs(verify: Callable[[int], None], device: torch.device, max_nod
     """Median time of ``verify(size)`` (one verification of ``size`` draft nodes, then undone) at
     the measured sizes, relative to size 0, as a table over 0..max_nodes (see `cost_table`)."""
     sizes = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_nodes} & set(range(max_nodes + 1)))
-    measured = {}
-    for size in [0] + sizes:  # the first run of size 0 is a warm-up
-        samples = []
-        for _ in range(repeats):
+    samples: dict[int, list[float]] = {size: [] for size in sizes}
+    verify(0)  # warm-up
+    # rounds over all sizes rather than all repeats of one size after another: a burst of other
+    # work on the machine then spoils one sample of several sizes instead of the baseline's
+    # median (a table is cached for good, so one noisy baseline would skew it for good)
+    for _ in range(repeats):
+        for size in sizes:
             start = time.perf_counter()
             verify(size)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # kernels run asynchronously
-            samples.append(time.perf_counter() - start)
-        measured[size] = statistics.median(samples)
+            samples[size].append(time.perf_counter() - start)
+    measured = {size: statistics.median(times) for size, times in samples.items()}
     return cost_table({s: t / measured[0] for s, t in measured.items()}, max_nodes)
 
 
-def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512, repeats: int = 3) -> tuple[float, ...]:
+def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512, repeats: int = 5) -> tuple[float, ...]:
     """Relative cost of verifying 0..max_nodes nodes (index = tree size), interpolated between
     measured sizes and made non-decreasing."""
     context = max(1, min(context, target.max_length - max_nodes - 2))
@@ -58,7 +61,7 @@ def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512
     return _relative_costs(verify, target.device, max_nodes, repeats)
 
 
-def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, repeats: int = 3) -> tuple[float, ...]:
+def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, repeats: int = 5) -> tuple[float, ...]:
     """`measure_verify_costs` for ``batch`` rows verified together: the cost of every row
     verifying n nodes, relative to every row verifying none (a batched plain step). A batch
     turns compute-bound sooner, so each draft node costs more than alone."""
@@ -105,7 +108,9 @@ def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int, ba
     from ngspec.models import cache_dir
 
     packed = any(isinstance(m, PackedLinear) for m in target.model.modules())
-    setting = f"{model_name}|{target.device}|{target.dtype}|{torch.get_num_threads()}|{torch.__version__}|{max_nodes}"
+    # "rounds": tables measured in interleaved rounds; older entries (one size after another) are
+    # measured again
+    setting = f"{model_name}|{target.device}|{target.dtype}|{torch.get_num_threads()}|{torch.__version__}|{max_nodes}|rounds"
     setting += "|packed" if packed else ""
     if batch > 1:
         setting += f"|batch={batch}"
