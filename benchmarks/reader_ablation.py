@@ -2,7 +2,8 @@
 + KV rearrangement, + tuned tree, next to vanilla and trie, at several batch sizes.
 
 Every arm decodes the same prompts; batch size 1 runs the single-sequence engine (its cache is
-compacted every step by construction), larger batches the batched engine. Reports tokens per call
+compacted every step by construction), every arm in turn on each prompt, larger batches the
+batched engine, one arm after another. Reports tokens per call
 (per row), total tokens/s, speedup vs vanilla at the same batch size, and the self-repetition
 ceiling of the vanilla outputs without and with the datastore. Exact match vs vanilla is checked
 for every arm and printed.
@@ -94,16 +95,24 @@ def main() -> None:
         chosen = [a for a in arms(args, eagle_opts, tuned if b == 1 else tuned_batch) if keep is None or a["label"] in keep]
         if b > 1 and args.compare_rows_alone:
             chosen = [dict(a, joint=j, label=a["label"] + ("" if j else " (rows alone)")) for a in chosen for j in (True, False) if j or a["drafter"] != "vanilla"]
+        news = {}
         for arm in chosen:
             factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
-            new = lambda arm=arm, factory=factory: make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
-            t0 = time.perf_counter()
+            news[arm["label"]] = lambda arm=arm, factory=factory: make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
+        if b == 1:  # arms interleaved per prompt, so that the machine's drift hits every arm alike
+            runs = {arm["label"]: ([], 0.0) for arm in chosen}
+            for x in ids:
+                for arm in chosen:
+                    t0 = time.perf_counter()
+                    gen = engine.run(x, news[arm["label"]](), cfg)
+                    done, seconds = runs[arm["label"]]
+                    runs[arm["label"]] = (done + [gen], seconds + time.perf_counter() - t0)
+        for arm in chosen:
             if b == 1:
-                gens = [engine.run(x, new(), cfg) for x in ids]
-                seconds = time.perf_counter() - t0
+                gens, seconds = runs[arm["label"]]
                 report = None
             else:
-                out, rep = engine.run_batch(ids, new, cfg, BatchConfig(b, arm["rearrange"], arm.get("joint", True)))
+                out, rep = engine.run_batch(ids, news[arm["label"]], cfg, BatchConfig(b, arm["rearrange"], arm.get("joint", True)))
                 gens, seconds, report = [r.generation for r in out], rep.seconds, rep.as_dict()
             tokens = [g.token_ids for g in gens]
             if reference is None:
