@@ -1,4 +1,5 @@
-"""Pure tree maths for verification: depths, visibility, attention mask, position ids, paths.
+"""Pure tree maths for verification: depths, visibility, attention mask, position ids, paths, and
+the one tree width a batch verifies (`joint_width`).
 
 Index 0 of every verification block is the root (the last emitted token); tree node ``i`` sits at
 block index ``i + 1``.
