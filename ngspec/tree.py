@@ -1,5 +1,5 @@
 """Pure tree maths for verification: depths, visibility, attention mask, position ids, paths, and
-the one tree width a batch verifies (`joint_width`).
+how many nodes pay for their verify cost (`most_paying`; for a batch, `joint_width`).
 
 Index 0 of every verification block is the root (the last emitted token); tree node ``i`` sits at
 block index ``i + 1``.
@@ -7,7 +7,7 @@ block index ``i + 1``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -101,6 +101,20 @@ def accepted_path(tree: DraftTree, tokens: Sequence[int]) -> list[int]:
     return walk(0, 0)
 
 
+def most_paying(gains: Sequence[float], cost: Callable[[int], float], first: int = 0, base: float = 1.0) -> int:
+    """The number n >= ``first`` of leading ``gains`` (expected drafted tokens per node) that
+    maximises expected tokens per unit of verify cost, ``(base + sum(gains[:n])) / cost(n)``;
+    ``base`` counts the tokens every call emits anyway (the bonus token). Ties go to the smaller n."""
+    expected = base + sum(gains[:first])
+    best, best_rate = first, expected / cost(first)
+    for n in range(first + 1, len(gains) + 1):
+        expected += gains[n - 1]
+        rate = expected / cost(n)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return best
+
+
 def joint_width(trees: Sequence[DraftTree], cost: Sequence[float]) -> int:
     """One tree size for a batch whose rows are verified in one forward, padded to the widest
     tree: the width W that maximises the rows' expected tokens, ``sum(1 + sum(gains[:W]))``, per
@@ -113,15 +127,8 @@ def joint_width(trees: Sequence[DraftTree], cost: Sequence[float]) -> int:
         return widest
     fixed = max((t.size for t in trees if not t.gains), default=0)
     # expected drafted tokens of all rows at each width: add every row's gains position by position
-    drafted = [0.0] * (widest + 1)
+    drafted = [0.0] * widest
     for t in trees:
         for i, g in enumerate(t.gains):
-            drafted[i + 1] += g
-    best, best_rate, expected = fixed, -1.0, float(len(trees)) + sum(drafted[: fixed + 1])
-    for width in range(fixed, widest + 1):
-        if width > fixed:
-            expected += drafted[width]
-        rate = expected / cost[min(width, len(cost) - 1)]
-        if rate > best_rate:
-            best, best_rate = width, rate
-    return best
+            drafted[i] += g
+    return most_paying(drafted, lambda width: cost[min(width, len(cost) - 1)], first=fixed, base=float(len(trees)))

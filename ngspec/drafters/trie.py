@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.tree import most_paying
 
 
 @dataclass
@@ -157,13 +158,7 @@ class Calibration:
 
 def best_size(gains: list[float], ctx: DraftContext) -> int:
     """Number of leading nodes maximising expected tokens per unit of verify cost."""
-    best, best_rate, expected = 0, 1.0 / ctx.cost(0), 1.0
-    for n, gain in enumerate(gains, 1):
-        expected += gain
-        rate = expected / ctx.cost(n)
-        if rate > best_rate:
-            best, best_rate = n, rate
-    return best
+    return most_paying(gains, ctx.cost)
 
 
 class TrieDrafter:
