@@ -100,16 +100,16 @@ def main() -> None:
             factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
             news[arm["label"]] = lambda arm=arm, factory=factory: make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
         if b == 1:  # arms interleaved per prompt, so that the machine's drift hits every arm alike
-            runs = {arm["label"]: ([], 0.0) for arm in chosen}
+            done = {arm["label"]: [] for arm in chosen}
+            spent = dict.fromkeys(done, 0.0)
             for x in ids:
                 for arm in chosen:
                     t0 = time.perf_counter()
-                    gen = engine.run(x, news[arm["label"]](), cfg)
-                    done, seconds = runs[arm["label"]]
-                    runs[arm["label"]] = (done + [gen], seconds + time.perf_counter() - t0)
+                    done[arm["label"]].append(engine.run(x, news[arm["label"]](), cfg))
+                    spent[arm["label"]] += time.perf_counter() - t0
         for arm in chosen:
             if b == 1:
-                gens, seconds = runs[arm["label"]]
+                gens, seconds = done[arm["label"]], spent[arm["label"]]
                 report = None
             else:
                 out, rep = engine.run_batch(ids, news[arm["label"]], cfg, BatchConfig(b, arm["rearrange"], arm.get("joint", True)))
