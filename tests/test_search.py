@@ -189,9 +189,9 @@ def test_eagle_search_keeps_the_most_likely_nodes_when_verification_costs():
     for i, p in enumerate(tree.parents):
         assert p < i
     steep.observe([3, 4, 8])  # two accepted: calibration counts them, from the unscaled estimates
-    assert steep.calibration._totals["eagle"][0] == 1.0 + 2
-    assert steep.calibration._totals["eagle"][1] == pytest.approx(1.0 + 0.9 + 0.01 + 0.5)
-    assert steep.calibration._totals[("local", 2)][0] == 1.0  # 5 was not accepted
+    assert steep.calibration._totals["eagle"][0] == 2
+    assert steep.calibration._totals["eagle"][1] == pytest.approx(0.9 + 0.01 + 0.5)
+    assert steep.calibration._totals[("local", 2)][0] == 0  # 5 was not accepted
 
 
 def test_eagle_search_runs_the_head_only_when_it_pays():

@@ -5,7 +5,7 @@ import random
 from collections import Counter
 
 from ngspec.contracts import DraftContext
-from ngspec.drafters.trie import NGramTrie, TrieDrafter
+from ngspec.drafters.trie import Calibration, NGramTrie, TrieDrafter
 
 
 def brute_force_counts(text, n, prefix_len):
@@ -117,3 +117,45 @@ def test_offered_tree_is_the_whole_tree_best_first_and_keep_sets_what_is_calibra
     alone.observe([3, 9])
     offering.observe([3, 9])  # one draft accepted: both record it against the same prediction
     assert offering.calibration._totals == alone.calibration._totals
+
+
+def test_calibration_starts_neutral_and_tracks_accepted_over_predicted():
+    cal = Calibration()
+    assert cal.scale(3) == 1.0
+    cal.record(3, accepted=1, predicted=3)  # (1 + 1) / (3 + 1), the prior being the global 2/4 too
+    assert cal.scale(3) == pytest.approx((1 + 0.5) / 4)
+    for _ in range(50):
+        cal.record(3, accepted=0.5, predicted=1)
+    assert cal.scale(3) == pytest.approx(0.5, abs=0.02)
+
+
+def test_calibration_may_scale_up_but_not_past_its_cap():
+    cal = Calibration()
+    for _ in range(20):
+        cal.record(1, accepted=2, predicted=1)  # estimates that under-rate what gets accepted
+    assert 1.5 < cal.scale(1) <= Calibration.MAX_SCALE
+    for _ in range(200):
+        cal.record(2, accepted=10, predicted=0.1)
+    assert cal.scale(2) == Calibration.MAX_SCALE
+
+
+def test_calibration_new_kind_starts_from_its_source_record():
+    """A match length not seen yet starts from what its source has shown, not from trust."""
+    cal = Calibration()
+    for length in (2, 3):
+        for _ in range(20):
+            cal.record(("datastore", length), accepted=0, predicted=1)
+    fresh = cal.scale(("datastore", 5))
+    assert fresh < 0.1
+    assert cal.scale(("local", 5)) == 1.0  # another source is untouched
+    assert cal.scale(("datastore", 2)) < fresh  # its own record, with the source's as the prior
+
+
+def test_trie_scaled_estimates_never_exceed_one():
+    cal_up = TrieDrafter(n=6, prefix_len=2, num_draft=8)
+    cal_up.start([1, 2, 3, 4, 1, 2, 3, 4])
+    for _ in range(30):
+        cal_up.calibration.record(2, accepted=3, predicted=1)
+    ctx = DraftContext([1, 2, 3, 4, 1, 2], 6, 8, (1.0,) * 9, engine_sizes=True)
+    tree = cal_up.propose(ctx)
+    assert tree.size and all(0 < g <= 1.0 for g in tree.gains)

@@ -141,19 +141,35 @@ class NGramTrie:
 
 class Calibration:
     """How well estimated acceptance has matched real acceptance so far, per kind of estimate (a
-    match length, a source): new estimates of a kind are scaled by accepted / predicted (at most 1),
-    starting neutral. Record the unscaled estimates, or the scale feeds on itself."""
+    match length, a source, or a (source, match length) pair): new estimates of a kind are scaled
+    by (accepted + prior) / (predicted + 1), at most ``MAX_SCALE`` (callers clip the scaled
+    estimates at 1). The prior is what the kind's parent has shown so far (for a pair, its
+    source; otherwise all kinds together), neutral (1) before anything is recorded: a new match
+    length of a source that has kept failing starts from that source's record, not from trust.
+    Scales above 1 are allowed because the smoothed frequencies under-estimate copies (a path seen
+    once in the prompt is accepted far more often than its 0.4). Record the unscaled estimates, or
+    the scale feeds on itself."""
+
+    MAX_SCALE = 4.0
 
     def __init__(self) -> None:
-        self._totals: dict = {}
+        self._totals: dict = {}  # kind -> (accepted, predicted)
+
+    @staticmethod
+    def _parent(key):
+        return key[0] if isinstance(key, tuple) and key else ()
+
+    def _rate(self, key, prior: float) -> float:
+        accepted, predicted = self._totals.get(key, (0.0, 0.0))
+        return (accepted + prior) / (predicted + 1.0)
 
     def scale(self, key) -> float:
-        accepted, predicted = self._totals.get(key, (1.0, 1.0))
-        return min(1.0, accepted / predicted)
+        return min(self.MAX_SCALE, self._rate(key, self._rate(self._parent(key), 1.0)))
 
     def record(self, key, accepted: float, predicted: float) -> None:
-        a, p = self._totals.get(key, (1.0, 1.0))
-        self._totals[key] = (a + accepted, p + predicted)
+        for kind in (key, self._parent(key)):
+            a, p = self._totals.get(kind, (0.0, 0.0))
+            self._totals[kind] = (a + accepted, p + predicted)
 
 
 def best_size(gains: list[float], ctx: DraftContext) -> int:
@@ -204,8 +220,8 @@ class TrieDrafter:
         if ctx.engine_sizes:  # offer the whole tree, best first; the batch picks the width
             self._probs = probs
             self._predicted = sum(probs)
-            return DraftTree(tree.tokens, tree.parents, tuple(p * scale for p in probs))
-        size = best_size([p * scale for p in probs], ctx)
+            return DraftTree(tree.tokens, tree.parents, tuple(min(1.0, p * scale) for p in probs))
+        size = best_size([min(1.0, p * scale) for p in probs], ctx)
         self._predicted = sum(probs[:size])
         return tree.truncated(size, max_depth=size)
 
