@@ -122,7 +122,7 @@ def test_offered_tree_is_the_whole_tree_best_first_and_keep_sets_what_is_calibra
 def test_calibration_starts_neutral_and_tracks_accepted_over_predicted():
     cal = Calibration()
     assert cal.scale(3) == 1.0
-    cal.record(3, accepted=1, predicted=3)  # (1 + 1) / (3 + 1), the prior being the global 2/4 too
+    cal.record(3, accepted=1, predicted=3)  # (1 + prior) / (3 + 1), prior the global rate (1 + 1) / (3 + 1)
     assert cal.scale(3) == pytest.approx((1 + 0.5) / 4)
     for _ in range(50):
         cal.record(3, accepted=0.5, predicted=1)

@@ -155,7 +155,7 @@ class SearchDrafter:
 def sized_branch(calibration: Calibration, key: tuple[str, int], conditionals: list[float], ctx: DraftContext) -> tuple[list[float], int]:
     """The branch's calibrated chance of reaching each of its nodes, and the length that maximises
     expected tokens per unit of verify cost."""
-    reach = [min(1.0, p * calibration.scale(key)) for p in path_probs(conditionals)]
+    reach = calibration.scaled(key, path_probs(conditionals))
     return reach, best_size(reach, ctx)
 
 
@@ -256,7 +256,7 @@ class EagleSearchDrafter:
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
         raw = [math.exp(s) for s in scores]
-        probs = [min(1.0, p * self.calibration.scale("eagle")) for p in raw]
+        probs = self.calibration.scaled("eagle", raw)
         keys: list = ["eagle"] * tree.size
 
         def add(parent: int, source: str, tokens: list[int], conditionals: list[float], key: tuple[str, int]) -> bool:
@@ -266,7 +266,7 @@ class EagleSearchDrafter:
                 return False
             above, above_raw = (probs[parent], raw[parent]) if parent >= 0 else (1.0, 1.0)
             reach = path_probs(conditionals)
-            branch = [min(above, above * p * self.calibration.scale(key)) for p in reach]
+            branch = [above * p for p in self.calibration.scaled(key, reach)]
             reach = [above_raw * p for p in reach]
             if costly:
                 # where nodes are paid for, a branch token that an EAGLE child already drafts is

@@ -142,8 +142,7 @@ class NGramTrie:
 class Calibration:
     """How well estimated acceptance has matched real acceptance so far, per kind of estimate (a
     match length, a source, or a (source, match length) pair): new estimates of a kind are scaled
-    by (accepted + prior) / (predicted + 1), at most ``MAX_SCALE`` (callers clip the scaled
-    estimates at 1). The prior is what the kind's parent has shown so far (for a pair, its
+    by (accepted + prior) / (predicted + 1), at most ``MAX_SCALE``, and clipped at 1 (`scaled`). The prior is what the kind's parent has shown so far (for a pair, its
     source; otherwise all kinds together), neutral (1) before anything is recorded: a new match
     length of a source that has kept failing starts from that source's record, not from trust.
     Scales above 1 are allowed because the smoothed frequencies under-estimate copies (a path seen
@@ -165,6 +164,12 @@ class Calibration:
 
     def scale(self, key) -> float:
         return min(self.MAX_SCALE, self._rate(key, self._rate(self._parent(key), 1.0)))
+
+    def scaled(self, key, estimates) -> list[float]:
+        """``estimates`` of this kind, scaled and clipped at 1 (so a child's never exceeds its
+        parent's when the parent's did not)."""
+        scale = self.scale(key)
+        return [min(1.0, p * scale) for p in estimates]
 
     def record(self, key, accepted: float, predicted: float) -> None:
         for kind in (key, self._parent(key)):
@@ -216,12 +221,12 @@ class TrieDrafter:
         smoothing = 0.5 * self.prefix_len
         tree, probs = self.trie.top_subtree(node, min(self.num_draft, ctx.max_nodes), smoothing)
         self._match_len = self.trie.depth(node)
-        scale = self.calibration.scale(self._match_len)
+        scaled = self.calibration.scaled(self._match_len, probs)
         if ctx.engine_sizes:  # offer the whole tree, best first; the batch picks the width
             self._probs = probs
             self._predicted = sum(probs)
-            return DraftTree(tree.tokens, tree.parents, tuple(min(1.0, p * scale) for p in probs))
-        size = best_size([min(1.0, p * scale) for p in probs], ctx)
+            return DraftTree(tree.tokens, tree.parents, tuple(scaled))
+        size = best_size(scaled, ctx)
         self._predicted = sum(probs[:size])
         return tree.truncated(size, max_depth=size)
 
