@@ -17,7 +17,7 @@ from ngspec.contracts import Drafter
 from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_anchor
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate
 from ngspec.models import LoadedModel
-from ngspec.packed_linear import stock_linears
+from ngspec.cpu_linear import stock_linears
 from ngspec.perf.costs import cached_verify_costs
 from ngspec.perf.device_profile import DeviceProfile
 from ngspec.target import TargetModel
@@ -98,7 +98,7 @@ class Engine:
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False) -> tuple[list[int], float]:
         """transformers' own greedy `generate` (optionally with prompt lookup): ids and seconds.
-        Runs on the stock linear layers (not the engine's packed CPU weights), as transformers
+        Runs on the stock linear layers (not the engine's tuned CPU kernels), as transformers
         would: the baseline a user would otherwise run."""
         ids = torch.tensor([prompt_ids], device=self.target.device)
         kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}

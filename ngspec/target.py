@@ -19,7 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
 from ngspec.kv import keep_block, make_cache, truncate
-from ngspec.packed_linear import pack_if_wanted
+from ngspec.cpu_linear import tune_linears
 from ngspec.rows import RowBlockCache, forward_rows, full_attention_only
 from ngspec.tree import attention_mask, position_ids, root_to_leaf_paths
 
@@ -35,12 +35,12 @@ def select_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, 
 def prepare_model(model: PreTrainedModel) -> tuple[PreTrainedModel, torch.device, torch.dtype, int]:
     """The model in eval mode, its device, dtype and context window. On CPU, let SDPA handle
     grouped-query attention under a custom mask instead of materialising repeated K/V every layer
-    (same logits; faster trees at long context), and pack float32 linear weights for MKL (trees of
-    4 or more tokens verify much cheaper, see `ngspec.packed_linear`)."""
+    (same logits; faster trees at long context), and give float32 linear layers the fastest
+    product for each row count on this CPU (`ngspec.cpu_linear`)."""
     param = next(model.parameters())
     if param.device.type == "cpu":
         os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
-    pack_if_wanted(model)
+    tune_linears(model)
     return model.eval(), param.device, param.dtype, int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.cpu_linear import stock_linears
 from ngspec.models import load_model, tiny_model
 
 
@@ -23,9 +24,10 @@ def default_model():
 
 
 def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
-    """The oracle: transformers' plain greedy generate."""
+    """The oracle: transformers' plain greedy generate, on the stock linear layers even where the
+    engine has given the model tuned CPU kernels."""
     ids = torch.tensor([list(prompt)])
-    with torch.inference_mode():
+    with torch.inference_mode(), stock_linears(model):
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),

@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from conftest import OracleDrafter, hf_greedy, repetitive_prompt
+from ngspec.cpu_linear import KERNELS, KernelPlan, use_plan
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
 from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.drafters.ngram_tables import build_tables
 from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
+from ngspec.models import tiny_model
 from ngspec.target import TargetModel
 
 VOCAB = 96
@@ -65,6 +67,22 @@ def test_drafters_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_datasto
         got = generate(target, make_drafter(drafter, opts, tiny_tables, tiny_eagle, store), prompt, cfg)
         assert got.token_ids == expected, f"{drafter} case {case}"
         assert sum(s.accepted for s in got.stats.steps) == len(got.token_ids)
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k != "packed" or torch.backends.mkl.is_available()])
+def test_tuned_cpu_kernels_match_plain_greedy(kernel):
+    """The engine on each CPU kernel of `ngspec.cpu_linear` (every row count: the one-token steps,
+    trees of every size and the prefill) against transformers on the stock layers."""
+    rng = random.Random(3)
+    for family in ("llama", "qwen2"):
+        model = tiny_model(family, seed=1)
+        use_plan(model, KernelPlan.uniform(kernel))
+        target = TargetModel(model)
+        for case in range(4):
+            prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 60))]
+            expected = hf_greedy(model, prompt, 40)
+            got = generate(target, OracleDrafter(expected, VOCAB, seed=case), prompt, DecodeConfig(max_new_tokens=40))
+            assert got.token_ids == expected, f"{family} case {case}"
 
 
 @pytest.mark.parametrize("layout", ["tree", "rows"])

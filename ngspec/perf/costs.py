@@ -4,8 +4,8 @@ On CPUs the cost of a forward pass grows unevenly with the number of tokens (the
 two cores with packed weights: 3 tokens about 1.1x a single token, 4 tokens 1.25x, 9 tokens 1.6x;
 1.5x and 1.9x without them), so drafters size trees from measurements, not intuition. The table is
 measured once per engine with random tokens at a given context length, and cached under
-``$NGSPEC_CACHE/costs`` per model, device, dtype, thread count, torch version and whether weights
-are packed, and per batch size for batched decoding (set ``NGSPEC_RECALIBRATE=1`` to measure
+``$NGSPEC_CACHE/costs`` per model, device, dtype, thread count, torch version and the CPU kernel
+plan (`ngspec.cpu_linear`), and per batch size for batched decoding (set ``NGSPEC_RECALIBRATE=1`` to measure
 again).
 """
 
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from ngspec.contracts import DraftTree
-from ngspec.packed_linear import PackedLinear
+from ngspec.cpu_linear import cpu_name, current_plan
 from ngspec.target import TargetModel
 
 
@@ -107,11 +107,11 @@ def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int, ba
     machine setting and batch size and then read from the cache."""
     from ngspec.models import cache_dir
 
-    packed = any(isinstance(m, PackedLinear) for m in target.model.modules())
+    plan = current_plan(target.model)
     # "rounds": tables measured in interleaved rounds; older entries (one size after another) are
     # measured again
-    setting = f"{model_name}|{target.device}|{target.dtype}|{torch.get_num_threads()}|{torch.__version__}|{max_nodes}|rounds"
-    setting += "|packed" if packed else ""
+    setting = f"{model_name}|{cpu_name() if target.device.type == 'cpu' else ''}|{target.device}|{target.dtype}|{torch.get_num_threads()}|{torch.__version__}|{max_nodes}|rounds"
+    setting += f"|kernels={','.join(plan.kernels)}" if plan is not None else ""
     if batch > 1:
         setting += f"|batch={batch}"
     path = cache_dir() / "costs" / (hashlib.sha256(setting.encode()).hexdigest()[:20] + ".json")

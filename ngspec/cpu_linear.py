@@ -1,0 +1,237 @@
+"""The fastest float32 matrix product for each row count, measured on this CPU.
+
+A CPU forward pass is mostly linear layers, and which product is fastest for them depends on the
+CPU, the BLAS build and how many rows (tokens) go through at once. Three kernels compute the
+same product (up to float32 rounding):
+
+- ``linear``: ``torch.nn.functional.linear``, ``x @ W.T`` (what transformers runs);
+- ``transposed``: ``(W @ x.T).T``, one row duplicated to two; on the team's AMD EPYC (MKL) it
+  reads the weights 2-2.5x faster than ``linear`` for 1 to 64 rows (MKL's matrix-vector path is
+  slow there), and costs no memory;
+- ``packed``: MKL's product with the weight packed once at load time
+  (``torch.ops.mkl._mkl_linear``); on the Intel Xeon of earlier sessions, 4 to 32 rows cost
+  1.3-1.8x a single row with it instead of 1.6-2.6x. It holds a second copy of the weights.
+
+`tune_linears` times each kernel on the model's own linear layers at a ladder of row counts
+(once per machine setting, then cached under ``$NGSPEC_CACHE/kernels``), and every layer then
+runs, for ``n`` rows, the kernel chosen at the largest measured row count ``<= n``. Models
+whose linear weights fit in a few megabytes are left alone (the choice is noise there), as are
+non-CPU and non-float32 models. ``NGSPEC_CPU_KERNELS`` forces one kernel for every row count
+(``linear`` turns the tuning off). Results: BENCHMARKS.md section 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch import nn
+
+KERNELS = ("linear", "transposed", "packed")
+ROW_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 512)
+MIN_TUNED_BYTES = 32 << 20  # smaller models: every kernel is as fast, leave them alone
+
+
+class KernelPlan:
+    """Which kernel runs for each row count: ``kernels[i]`` from ``ROW_LADDER[i]`` rows on."""
+
+    def __init__(self, kernels: tuple[str, ...]) -> None:
+        if len(kernels) != len(ROW_LADDER) or any(k not in KERNELS for k in kernels):
+            raise ValueError(f"a kernel plan names one of {KERNELS} per row count in {ROW_LADDER}")
+        self.kernels = kernels
+        self._by_rows = [kernels[max(i for i, r in enumerate(ROW_LADDER) if r <= n)] for n in range(1, ROW_LADDER[-1] + 1)]
+
+    @classmethod
+    def uniform(cls, kernel: str) -> "KernelPlan":
+        return cls((kernel,) * len(ROW_LADDER))
+
+    def for_rows(self, rows: int) -> str:
+        return self._by_rows[min(max(rows, 1), len(self._by_rows)) - 1]
+
+    @property
+    def needs_packing(self) -> bool:
+        return "packed" in self.kernels
+
+    def describe(self) -> str:
+        """``1-3 transposed, 4-512+ linear``: the plan as runs of row counts."""
+        parts, start = [], 0
+        for i in range(1, len(ROW_LADDER) + 1):
+            if i == len(ROW_LADDER) or self.kernels[i] != self.kernels[start]:
+                end = f"{ROW_LADDER[i] - 1}" if i < len(ROW_LADDER) else f"{ROW_LADDER[-1]}+"
+                parts.append(f"{ROW_LADDER[start]}-{end} {self.kernels[start]}")
+                start = i
+        return ", ".join(parts)
+
+
+def _transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] == 1:  # a matrix-vector product would take the slow path again (and so would
+        # a stride-0 ``expand``: only a real second row keeps the fast one)
+        return torch.mm(weight, torch.cat([x, x]).t())[:, :1].t().contiguous()
+    return torch.mm(weight, x.t()).t().contiguous()
+
+
+def run_kernel(kernel: str, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T`` for a 2D ``x`` with ``kernel`` (no bias)."""
+    if kernel == "transposed":
+        return _transposed(x, weight)
+    if kernel == "packed":
+        return torch.ops.mkl._mkl_linear(x, packed, weight, None, x.shape[0])
+    return torch.nn.functional.linear(x, weight)
+
+
+class TunedLinear(nn.Linear):
+    """An `nn.Linear` (same parameters, same state dict) that runs, in inference, the kernel its
+    plan names for the number of rows; training and other dtypes use the ordinary product."""
+
+    plan: KernelPlan
+    packed: torch.Tensor | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        kernel = self.plan.for_rows(rows) if rows else "linear"
+        if kernel == "linear" or x.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return super().forward(x)
+        out = run_kernel(kernel, x.reshape(rows, x.shape[-1]), self.weight, self.packed)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _linears(model: nn.Module) -> list[nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32]
+
+
+def _packing_fits(model: nn.Module) -> bool:
+    """MKL is there and a packed copy of the weights takes under a quarter of the memory."""
+    if not torch.backends.mkl.is_available():
+        return False
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return False
+    return 2 * sum(m.weight.numel() * 4 for m in _linears(model)) < memory // 4
+
+
+def _pack(layers: list[nn.Linear]) -> list[torch.Tensor]:
+    return [torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), 64) for m in layers]
+
+
+@torch.inference_mode()
+def measure_plan(model: nn.Module, rounds: int = 3) -> tuple[KernelPlan, dict[int, dict[str, float]]]:
+    """Time every kernel on all of ``model``'s linear layers at each row count of ``ROW_LADDER``
+    (interleaved rounds, median) and keep the fastest; also returns the seconds measured."""
+    layers = _linears(model)
+    kernels = [k for k in KERNELS if k != "packed" or _packing_fits(model)]
+    packed = _pack(layers) if "packed" in kernels else [None] * len(layers)
+    gen = torch.Generator().manual_seed(0)
+    inputs = {rows: {m.in_features: torch.randn(rows, m.in_features, generator=gen) for m in layers} for rows in ROW_LADDER}
+    samples: dict[int, dict[str, list[float]]] = {rows: {k: [] for k in kernels} for rows in ROW_LADDER}
+    for round_ in range(rounds + 1):  # round 0 warms up
+        for rows in ROW_LADDER:
+            for kernel in kernels:
+                start = time.perf_counter()
+                for layer, pack in zip(layers, packed):
+                    run_kernel(kernel, inputs[rows][layer.in_features], layer.weight, pack)
+                if round_:
+                    samples[rows][kernel].append(time.perf_counter() - start)
+    seconds = {rows: {k: statistics.median(v) for k, v in by.items()} for rows, by in samples.items()}
+    return KernelPlan(tuple(min(seconds[r], key=seconds[r].get) for r in ROW_LADDER)), seconds
+
+
+def cpu_name() -> str:
+    """The CPU's model name (for cache keys: measurements made on one CPU do not hold on another)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _setting(model: nn.Module) -> str:
+    shapes = sorted({tuple(m.weight.shape) for m in _linears(model)})
+    count = len(_linears(model))
+    return f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|mkl={torch.backends.mkl.is_available()}|{count}x{shapes}|{ROW_LADDER}"
+
+
+def cached_plan(model: nn.Module) -> KernelPlan:
+    """`measure_plan`'s choice, measured once per machine setting and model shape, then cached."""
+    from ngspec.models import cache_dir
+
+    setting = _setting(model)
+    path = cache_dir() / "kernels" / (hashlib.sha256(setting.encode()).hexdigest()[:20] + ".json")
+    if path.is_file() and not os.environ.get("NGSPEC_RECALIBRATE"):
+        try:
+            return KernelPlan(tuple(json.loads(path.read_text())["kernels"]))
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged entry is measured again and rewritten
+    plan, seconds = measure_plan(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"setting": setting, "kernels": plan.kernels, "seconds": {str(r): s for r, s in seconds.items()}}))
+    tmp.replace(path)
+    return plan
+
+
+def use_plan(model: nn.Module, plan: KernelPlan) -> int:
+    """Make every float32 linear layer of ``model`` a `TunedLinear` running ``plan`` (packing the
+    weights if the plan uses the packed kernel); returns how many layers it covers."""
+    layers = _linears(model)
+    packed = _pack(layers) if plan.needs_packing else [None] * len(layers)
+    for layer, pack in zip(layers, packed):
+        layer.__class__ = TunedLinear
+        layer.plan, layer.packed = plan, pack
+    return len(layers)
+
+
+def current_plan(model: nn.Module) -> KernelPlan | None:
+    """The plan ``model``'s layers run, or None when they are ordinary layers."""
+    return next((m.plan for m in model.modules() if isinstance(m, TunedLinear)), None)
+
+
+def tune_linears(model: nn.Module) -> KernelPlan | None:
+    """Give a CPU float32 ``model`` the fastest kernel per row count (see the module docstring);
+    idempotent. Returns the plan in use, or None where the model keeps ordinary layers."""
+    if current_plan(model) is not None:
+        return current_plan(model)
+    param = next(model.parameters())
+    if param.device.type != "cpu" or param.dtype != torch.float32:
+        return None
+    forced = os.environ.get("NGSPEC_CPU_KERNELS", "auto")
+    if forced == "linear":
+        return None
+    if forced != "auto":
+        if forced not in KERNELS:
+            from ngspec.errors import NgspecError
+
+            raise NgspecError(f"NGSPEC_CPU_KERNELS must be auto or one of {', '.join(KERNELS)} (got {forced!r})")
+        if forced == "packed" and not torch.backends.mkl.is_available():
+            return None
+        plan = KernelPlan.uniform(forced)
+    elif sum(m.weight.numel() * 4 for m in _linears(model)) < MIN_TUNED_BYTES:
+        return None
+    else:
+        plan = cached_plan(model)
+    use_plan(model, plan)
+    return plan
+
+
+@contextmanager
+def stock_linears(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` with its tuned layers working as plain `nn.Linear` inside the block (the plan and
+    packed copies are kept and back in use after it): how transformers itself would run the
+    model, for the ecosystem baselines of `ngspec bench` and the tests' greedy oracle."""
+    tuned = [m for m in model.modules() if type(m) is TunedLinear]
+    for module in tuned:
+        module.__class__ = nn.Linear
+    try:
+        yield model
+    finally:
+        for module in tuned:
+            module.__class__ = TunedLinear

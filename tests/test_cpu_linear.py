@@ -1,0 +1,131 @@
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from ngspec import cpu_linear
+from ngspec.cpu_linear import (
+    KERNELS, ROW_LADDER, KernelPlan, TunedLinear, current_plan, measure_plan, stock_linears, tune_linears, use_plan,
+)
+from ngspec.errors import NgspecError
+from ngspec.models import tiny_model
+from ngspec.target import TargetModel
+
+AVAILABLE = [k for k in KERNELS if k != "packed" or torch.backends.mkl.is_available()]
+
+
+@pytest.mark.parametrize("kernel", AVAILABLE)
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_kernel_computes_the_linear_product_at_every_row_count(kernel, bias):
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 80, bias=bias)
+    reference = nn.Linear(48, 80, bias=bias)
+    reference.load_state_dict(layer.state_dict())
+    assert use_plan(layer, KernelPlan.uniform(kernel)) == 1 and isinstance(layer, TunedLinear)
+    for rows in (1, 2, 3, 4, 5, 9, 33, 200, 600):
+        x = torch.randn(2, rows, 48)[:, : max(rows // 2, 1)]  # non-contiguous, leading dims restored
+        with torch.inference_mode():
+            got, want = layer(x), reference(x)
+        exact = x.double() @ reference.weight.double().t() + (reference.bias.double() if bias else 0)
+        assert got.shape == want.shape and got.is_contiguous()
+        # float32 products of the same numbers: within float32 rounding of the exact one
+        assert torch.allclose(got.double(), exact, atol=1e-4, rtol=1e-5)
+
+
+def test_plan_maps_row_counts_to_the_largest_measured_count_below():
+    kernels = ("transposed",) * 3 + ("packed",) * 5 + ("linear",) * (len(ROW_LADDER) - 8)
+    plan = KernelPlan(kernels)
+    assert [plan.for_rows(n) for n in (1, 3, 4, 23, 24, 10_000)] == ["transposed", "transposed", "packed", "packed", "linear", "linear"]
+    assert plan.describe() == "1-3 transposed, 4-23 packed, 24-512+ linear"
+    assert plan.needs_packing and not KernelPlan.uniform("transposed").needs_packing
+    with pytest.raises(ValueError):
+        KernelPlan(("linear",))
+    with pytest.raises(ValueError):
+        KernelPlan(("gpu",) * len(ROW_LADDER))
+
+
+def test_tuned_layers_keep_parameters_state_dict_and_tying_and_gradients():
+    model = tiny_model("llama")
+    keys = set(model.state_dict())
+    count = use_plan(model, KernelPlan.uniform("transposed"))
+    assert count == sum(isinstance(m, nn.Linear) for m in model.modules()) > 0
+    assert set(model.state_dict()) == keys
+    layer = model.model.layers[0].mlp.up_proj
+    x = torch.randn(7, layer.in_features, requires_grad=True)
+    layer(x).sum().backward()  # training takes the ordinary product
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_measured_plan_names_an_available_kernel_per_row_count():
+    model = tiny_model("qwen2")
+    plan, seconds = measure_plan(model, rounds=1)
+    assert len(plan.kernels) == len(ROW_LADDER) and set(plan.kernels) <= set(AVAILABLE)
+    for i, rows in enumerate(ROW_LADDER):  # the fastest measured kernel is the one kept
+        assert seconds[rows][plan.kernels[i]] == min(seconds[rows].values())
+
+
+def test_small_models_keep_ordinary_layers_unless_a_kernel_is_forced(monkeypatch):
+    monkeypatch.delenv("NGSPEC_CPU_KERNELS", raising=False)
+    model = tiny_model("qwen2")
+    assert tune_linears(model) is None and current_plan(model) is None
+    monkeypatch.setenv("NGSPEC_CPU_KERNELS", "transposed")
+    TargetModel(model)
+    assert current_plan(model).kernels == ("transposed",) * len(ROW_LADDER)
+    assert tune_linears(model) is current_plan(model)  # idempotent
+    monkeypatch.setenv("NGSPEC_CPU_KERNELS", "linear")
+    assert tune_linears(tiny_model("llama")) is None
+    assert tune_linears(tiny_model("llama").to(torch.float64)) is None
+    monkeypatch.setenv("NGSPEC_CPU_KERNELS", "fastest")
+    with pytest.raises(NgspecError, match="NGSPEC_CPU_KERNELS"):
+        tune_linears(tiny_model("llama"))
+
+
+def test_large_models_are_measured_once_and_read_from_the_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("NGSPEC_CPU_KERNELS", raising=False)
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_linear, "MIN_TUNED_BYTES", 0)
+    calls = []
+    real = cpu_linear.measure_plan
+
+    def counting(model, rounds=3):
+        calls.append(1)
+        return real(model, rounds=1)
+
+    monkeypatch.setattr(cpu_linear, "measure_plan", counting)
+    first = tune_linears(tiny_model("llama"))
+    second = tune_linears(tiny_model("llama"))
+    assert len(calls) == 1 and first.kernels == second.kernels
+    entry = json.loads(next((tmp_path / "kernels").glob("*.json")).read_text())
+    assert tuple(entry["kernels"]) == first.kernels and "seconds" in entry
+    next((tmp_path / "kernels").glob("*.json")).write_text("{damaged")
+    tune_linears(tiny_model("llama"))  # a damaged entry is measured again
+    assert len(calls) == 2
+
+
+def test_stock_linears_runs_plain_layers_inside_and_restores_the_tuned_ones():
+    model = tiny_model("llama")
+    count = use_plan(model, KernelPlan.uniform("transposed"))
+    with pytest.raises(RuntimeError, match="inside"):
+        with stock_linears(model):
+            assert not any(isinstance(m, TunedLinear) for m in model.modules())
+            raise RuntimeError("inside")
+    assert sum(isinstance(m, TunedLinear) for m in model.modules()) == count
+
+
+def test_bench_baseline_generates_with_stock_layers(monkeypatch):
+    from ngspec.engine import Engine
+    from ngspec.models import LoadedModel
+
+    monkeypatch.setenv("NGSPEC_CPU_KERNELS", "transposed")
+    model = tiny_model("qwen2")
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)  # tunes the model
+    assert isinstance(model.lm_head, TunedLinear)
+
+    def refuse(self, x):
+        raise AssertionError("the transformers baseline ran on tuned kernels")
+
+    monkeypatch.setattr(TunedLinear, "forward", refuse)
+    tokens, seconds = engine.hf_generate(list(range(3, 12)), 5, lookup=True)
+    assert len(tokens) == 5 and seconds > 0
+    assert isinstance(model.lm_head, TunedLinear)
