@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ngspec.cpu_linear import stock_linears
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
 from ngspec.engine import Engine
@@ -36,9 +37,12 @@ def top2_margin(engine: Engine, tokens: list[int]) -> float:
 
 
 def check_against_greedy(engine: Engine, prompt: list[int], generated: list[int], cfg: DecodeConfig) -> GreedyCheck:
-    """Decode ``prompt`` plainly (no drafts, same stops and budget) and compare with ``generated``."""
-    plain = engine.run(prompt, make_drafter("vanilla"), cfg).token_ids
-    if plain == generated:
-        return GreedyCheck(True, None, None)
-    first = next((i for i, (a, b) in enumerate(zip(plain, generated)) if a != b), min(len(plain), len(generated)))
-    return GreedyCheck(False, first, top2_margin(engine, prompt + plain[:first]))
+    """Decode ``prompt`` plainly (no drafts, same stops and budget) on the model's stock linear
+    layers, as transformers computes it (not the engine's tuned CPU kernels), and compare with
+    ``generated``."""
+    with stock_linears(engine.loaded.model):
+        plain = engine.run(prompt, make_drafter("vanilla"), cfg).token_ids
+        if plain == generated:
+            return GreedyCheck(True, None, None)
+        first = next((i for i, (a, b) in enumerate(zip(plain, generated)) if a != b), min(len(plain), len(generated)))
+        return GreedyCheck(False, first, top2_margin(engine, prompt + plain[:first]))

@@ -1,8 +1,9 @@
 """Measured verify cost by tree size, relative to a one-token decoding step.
 
-On CPUs the cost of a forward pass grows unevenly with the number of tokens (the default model on
-two cores with packed weights: 3 tokens about 1.1x a single token, 4 tokens 1.25x, 9 tokens 1.6x;
-1.5x and 1.9x without them), so drafters size trees from measurements, not intuition. The table is
+On CPUs the cost of a forward pass grows unevenly with the number of tokens, and differently on
+each CPU (the default model on two cores of an Intel Xeon with packed weights: 3 tokens about
+1.1x a single token, 4 tokens 1.25x, 9 tokens 1.6x; of an AMD EPYC with its kernels: 2 tokens
+1.0x, 3 tokens 1.35x, 9 tokens 2.6x), so drafters size trees from measurements, not intuition. The table is
 measured once per engine with random tokens at a given context length, and cached under
 ``$NGSPEC_CACHE/costs`` per model, device, dtype, thread count, torch version and the CPU kernel
 plan (`ngspec.cpu_linear`), and per batch size for batched decoding (set ``NGSPEC_RECALIBRATE=1`` to measure
