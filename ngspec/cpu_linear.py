@@ -29,7 +29,7 @@ import platform
 import statistics
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -160,8 +160,9 @@ def _setting(model: nn.Module) -> str:
     return f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|mkl={torch.backends.mkl.is_available()}|{count}x{shapes}|{ROW_LADDER}"
 
 
-def cached_plan(model: nn.Module) -> KernelPlan:
-    """`measure_plan`'s choice, measured once per machine setting and model shape, then cached."""
+def cached_plan(model: nn.Module, notify: Callable[[str], None] | None = None) -> KernelPlan:
+    """`measure_plan`'s choice, measured once per machine setting and model shape, then cached;
+    ``notify`` hears about a measurement before it starts."""
     from ngspec.models import cache_dir
 
     setting = _setting(model)
@@ -171,6 +172,8 @@ def cached_plan(model: nn.Module) -> KernelPlan:
             return KernelPlan(tuple(json.loads(path.read_text())["kernels"]))
         except (ValueError, KeyError, TypeError):
             pass  # a damaged entry is measured again and rewritten
+    if notify is not None:
+        notify("first run of this model on this CPU: timing matrix kernels and verify costs (about half a minute, once)")
     plan, seconds = measure_plan(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -195,7 +198,7 @@ def current_plan(model: nn.Module) -> KernelPlan | None:
     return next((m.plan for m in model.modules() if isinstance(m, TunedLinear)), None)
 
 
-def tune_linears(model: nn.Module) -> KernelPlan | None:
+def tune_linears(model: nn.Module, notify: Callable[[str], None] | None = None) -> KernelPlan | None:
     """Give a CPU float32 ``model`` the fastest kernel per row count (see the module docstring);
     idempotent. Returns the plan in use, or None where the model keeps ordinary layers."""
     if current_plan(model) is not None:
@@ -217,7 +220,7 @@ def tune_linears(model: nn.Module) -> KernelPlan | None:
     elif sum(m.weight.numel() * 4 for m in _linears(model)) < MIN_TUNED_BYTES:
         return None
     else:
-        plan = cached_plan(model)
+        plan = cached_plan(model, notify)
     use_plan(model, plan)
     return plan
 

@@ -93,9 +93,11 @@ def test_large_models_are_measured_once_and_read_from_the_cache(monkeypatch, tmp
         return real(model, rounds=1)
 
     monkeypatch.setattr(cpu_linear, "measure_plan", counting)
-    first = tune_linears(tiny_model("llama"))
-    second = tune_linears(tiny_model("llama"))
+    notes = []
+    first = tune_linears(tiny_model("llama"), notify=notes.append)
+    second = tune_linears(tiny_model("llama"), notify=notes.append)
     assert len(calls) == 1 and first.kernels == second.kernels
+    assert len(notes) == 1 and "once" in notes[0]  # told before measuring, not when read back
     entry = json.loads(next((tmp_path / "kernels").glob("*.json")).read_text())
     assert tuple(entry["kernels"]) == first.kernels and "seconds" in entry
     next((tmp_path / "kernels").glob("*.json")).write_text("{damaged")

@@ -81,10 +81,12 @@ def load_engine(model: str, device: str, dtype: str, profile: Path | None = None
     """The engine for ``model``; ``profile`` (from `profile-bound --save-profile`) replaces the
     built-in calibration of verify costs."""
     from ngspec.cli.render import info
+    from ngspec.cpu_linear import tune_linears
 
     device_profile = load_profile(profile) if profile is not None else None  # bad files fail first
     info(f"loading model {model} ...")
     loaded = load_model(model, device, dtype)
     if device_profile is not None:
         device_profile.check_model(loaded.name, profile)
+    tune_linears(loaded.model, notify=info)  # the Engine would do it silently
     return Engine(loaded, profile=device_profile)
