@@ -2,7 +2,7 @@
 
     python benchmarks/cpu_kernels.py [--model default] [--rounds 5]
 
-Prints, for each row count of the ladder, one pass over all of the model's linear layers with
+Prints, for each row count of the ladder, one pass over the model's timed linear layers with
 each kernel (median of the rounds, milliseconds), and the plan the engine would choose. This is
 the measurement `tune_linears` makes (and caches) the first time a model runs on a machine.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ngspec.cpu_linear import ROW_LADDER, cpu_name, measure_plan
+from ngspec.cpu_linear import ROW_LADDER, cpu_name, measure_plan, timed_layers
 from ngspec.models import load_model
 
 
@@ -23,8 +23,10 @@ def main() -> None:
     loaded = load_model(args.model, device="cpu", dtype="float32")
     plan, seconds = measure_plan(loaded.model, rounds=args.rounds)
     kernels = list(next(iter(seconds.values())))
-    print(f"{loaded.name} on {cpu_name()}: one pass over all linear layers, ms (median of {args.rounds})")
-    print("| rows | " + " | ".join(kernels) + " | fastest |")
+    layers = timed_layers(loaded.model)
+    megabytes = sum(m.weight.numel() * 4 for m in layers) / 2**20
+    print(f"{loaded.name} on {cpu_name()}: one pass over {len(layers)} linear layers ({megabytes:.0f} MB), ms (median of {args.rounds})")
+    print("| rows | " + " | ".join(kernels) + " | chosen |")
     print("|---" * (len(kernels) + 2) + "|")
     for rows in ROW_LADDER:
         cells = [f"{seconds[rows][k] * 1000:.1f}" for k in kernels]

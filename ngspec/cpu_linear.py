@@ -37,6 +37,9 @@ from torch import nn
 KERNELS = ("linear", "transposed", "packed")
 ROW_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 512)
 MIN_TUNED_BYTES = 32 << 20  # smaller models: every kernel is as fast, leave them alone
+MEASURE_BYTES = 256 << 20  # how much of a model's weights a measurement reads per pass
+PACKED_MARGIN = 0.05  # packing doubles the weights' memory: only for a clear gain
+STOCK_MARGIN = 0.03  # within this of the fastest, keep transformers' own product
 
 
 class KernelPlan:
@@ -123,11 +126,30 @@ def _pack(layers: list[nn.Linear]) -> list[torch.Tensor]:
     return [torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), 64) for m in layers]
 
 
+def timed_layers(model: nn.Module, budget: int = MEASURE_BYTES) -> list[nn.Linear]:
+    """The layers a measurement times: the model's linear layers in order until their weights
+    pass ``budget`` bytes (far more than any CPU cache, so weights stream from memory as in a
+    real forward pass, yet a large model is not read hundreds of times), plus one layer of every
+    shape not yet among them (the LM head)."""
+    chosen, total = [], 0
+    for layer in _linears(model):
+        if total < budget:
+            chosen.append(layer)
+            total += layer.weight.numel() * 4
+    shapes = {tuple(m.weight.shape) for m in chosen}
+    for layer in _linears(model):
+        if tuple(layer.weight.shape) not in shapes:
+            chosen.append(layer)
+            shapes.add(tuple(layer.weight.shape))
+    return chosen
+
+
 @torch.inference_mode()
 def measure_plan(model: nn.Module, rounds: int = 3) -> tuple[KernelPlan, dict[int, dict[str, float]]]:
-    """Time every kernel on all of ``model``'s linear layers at each row count of ``ROW_LADDER``
-    (interleaved rounds, median) and keep the fastest; also returns the seconds measured."""
-    layers = _linears(model)
+    """Time every kernel on ``model``'s linear layers (`timed_layers`) at each row count of
+    ``ROW_LADDER`` (interleaved rounds, median) and keep the fastest; also returns the seconds
+    measured."""
+    layers = timed_layers(model)
     kernels = [k for k in KERNELS if k != "packed" or _packing_fits(model)]
     packed = _pack(layers) if "packed" in kernels else [None] * len(layers)
     gen = torch.Generator().manual_seed(0)
@@ -142,7 +164,20 @@ def measure_plan(model: nn.Module, rounds: int = 3) -> tuple[KernelPlan, dict[in
                 if round_:
                     samples[rows][kernel].append(time.perf_counter() - start)
     seconds = {rows: {k: statistics.median(v) for k, v in by.items()} for rows, by in samples.items()}
-    return KernelPlan(tuple(min(seconds[r], key=seconds[r].get) for r in ROW_LADDER)), seconds
+    return KernelPlan(tuple(choose(seconds[r]) for r in ROW_LADDER)), seconds
+
+
+def choose(seconds: dict[str, float]) -> str:
+    """The kernel to run given each kernel's time: the fastest, except that a second copy of the
+    weights (``packed``) must buy at least ``PACKED_MARGIN``, and the stock product (``linear``)
+    is kept when within ``STOCK_MARGIN`` of the choice (closer than the noise of a measurement)."""
+    unpacked = {k: t for k, t in seconds.items() if k != "packed"}
+    best = min(unpacked, key=unpacked.get)
+    if "packed" in seconds and seconds["packed"] * (1 + PACKED_MARGIN) < unpacked[best]:
+        best = "packed"
+    if "linear" in seconds and seconds["linear"] <= seconds[best] * (1 + STOCK_MARGIN):
+        return "linear"
+    return best
 
 
 def cpu_name() -> str:
@@ -157,7 +192,8 @@ def cpu_name() -> str:
 def _setting(model: nn.Module) -> str:
     shapes = sorted({tuple(m.weight.shape) for m in _linears(model)})
     count = len(_linears(model))
-    return f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|mkl={torch.backends.mkl.is_available()}|{count}x{shapes}|{ROW_LADDER}"
+    rule = f"{MEASURE_BYTES}|{PACKED_MARGIN}|{STOCK_MARGIN}"  # a changed rule measures again
+    return f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|mkl={torch.backends.mkl.is_available()}|{count}x{shapes}|{ROW_LADDER}|{rule}"
 
 
 def cached_plan(model: nn.Module, notify: Callable[[str], None] | None = None) -> KernelPlan:

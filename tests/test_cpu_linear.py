@@ -61,8 +61,17 @@ def test_measured_plan_names_an_available_kernel_per_row_count():
     model = tiny_model("qwen2")
     plan, seconds = measure_plan(model, rounds=1)
     assert len(plan.kernels) == len(ROW_LADDER) and set(plan.kernels) <= set(AVAILABLE)
-    for i, rows in enumerate(ROW_LADDER):  # the fastest measured kernel is the one kept
-        assert seconds[rows][plan.kernels[i]] == min(seconds[rows].values())
+    for i, rows in enumerate(ROW_LADDER):  # the rule below applied to what was measured
+        assert plan.kernels[i] == cpu_linear.choose(seconds[rows])
+
+
+def test_choice_takes_the_fastest_but_packs_only_for_a_clear_gain_and_prefers_the_stock_product():
+    choose = cpu_linear.choose
+    assert choose({"linear": 50.0, "transposed": 30.0, "packed": 45.0}) == "transposed"
+    assert choose({"linear": 50.0, "transposed": 40.0, "packed": 30.0}) == "packed"
+    assert choose({"linear": 58.0, "transposed": 60.0, "packed": 57.4}) == "linear"  # packing buys 1%
+    assert choose({"linear": 60.0, "transposed": 59.0, "packed": 70.0}) == "linear"  # a tie: stock
+    assert choose({"linear": 60.0, "transposed": 50.0}) == "transposed"  # no MKL: no packed entry
 
 
 def test_small_models_keep_ordinary_layers_unless_a_kernel_is_forced(monkeypatch):
@@ -131,3 +140,14 @@ def test_bench_baseline_generates_with_stock_layers(monkeypatch):
     tokens, seconds = engine.hf_generate(list(range(3, 12)), 5, lookup=True)
     assert len(tokens) == 5 and seconds > 0
     assert isinstance(model.lm_head, TunedLinear)
+
+
+def test_measurement_reads_a_budget_of_layers_and_every_shape():
+    model = tiny_model("llama")
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    first = layers[0].weight.numel() * 4
+    chosen = cpu_linear.timed_layers(model, budget=first + 1)  # the first two layers pass it
+    assert chosen[:2] == layers[:2]
+    assert {tuple(m.weight.shape) for m in chosen} == {tuple(m.weight.shape) for m in layers}
+    assert len(chosen) < len(layers)
+    assert cpu_linear.timed_layers(model, budget=1 << 40) == layers
