@@ -6,8 +6,8 @@ same product (up to float32 rounding):
 
 - ``linear``: ``torch.nn.functional.linear``, ``x @ W.T`` (what transformers runs);
 - ``transposed``: ``(W @ x.T).T``, one row duplicated to two; on the team's AMD EPYC (MKL) it
-  reads the weights 2-2.5x faster than ``linear`` for 1 to 64 rows (MKL's matrix-vector path is
-  slow there), and costs no memory;
+  is 2.3-3.9x faster than ``linear`` for 1 to 4 rows and 1.4x at 8 (MKL's matrix-vector and
+  small-matrix paths are slow there), about as fast from 12 rows on, and costs no memory;
 - ``packed``: MKL's product with the weight packed once at load time
   (``torch.ops.mkl._mkl_linear``); on the Intel Xeon of earlier sessions, 4 to 32 rows cost
   1.3-1.8x a single row with it instead of 1.6-2.6x. It holds a second copy of the weights.
@@ -15,8 +15,8 @@ same product (up to float32 rounding):
 `tune_linears` times each kernel on the model's own linear layers at a ladder of row counts
 (once per machine setting, then cached under ``$NGSPEC_CACHE/kernels``), and every layer then
 runs, for ``n`` rows, the kernel chosen at the largest measured row count ``<= n``. Models
-whose linear weights fit in a few megabytes are left alone (the choice is noise there), as are
-non-CPU and non-float32 models. ``NGSPEC_CPU_KERNELS`` forces one kernel for every row count
+with under 32 MB of linear weights are left alone (the choice is noise there), as are non-CPU
+and non-float32 models. ``NGSPEC_CPU_KERNELS`` forces one kernel for every row count
 (``linear`` turns the tuning off). Results: BENCHMARKS.md section 1.
 """
 
