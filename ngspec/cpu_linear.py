@@ -22,8 +22,6 @@ and non-float32 models. ``NGSPEC_CPU_KERNELS`` forces one kernel for every row c
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import platform
 import statistics
@@ -190,8 +188,9 @@ def cpu_name() -> str:
 
 
 def _setting(model: nn.Module) -> str:
-    shapes = sorted({tuple(m.weight.shape) for m in _linears(model)})
-    count = len(_linears(model))
+    layers = _linears(model)
+    shapes = sorted({tuple(m.weight.shape) for m in layers})
+    count = len(layers)
     rule = f"{MEASURE_BYTES}|{PACKED_MARGIN}|{STOCK_MARGIN}"  # a changed rule measures again
     return f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|mkl={torch.backends.mkl.is_available()}|{count}x{shapes}|{ROW_LADDER}|{rule}"
 
@@ -199,23 +198,15 @@ def _setting(model: nn.Module) -> str:
 def cached_plan(model: nn.Module, notify: Callable[[str], None] | None = None) -> KernelPlan:
     """`measure_plan`'s choice, measured once per machine setting and model shape, then cached;
     ``notify`` hears about a measurement before it starts."""
-    from ngspec.models import cache_dir
+    from ngspec.perf.measured import measured_once
 
-    setting = _setting(model)
-    path = cache_dir() / "kernels" / (hashlib.sha256(setting.encode()).hexdigest()[:20] + ".json")
-    if path.is_file() and not os.environ.get("NGSPEC_RECALIBRATE"):
-        try:
-            return KernelPlan(tuple(json.loads(path.read_text())["kernels"]))
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged entry is measured again and rewritten
-    if notify is not None:
-        notify("first run of this model on this CPU: timing matrix kernels and verify costs (about half a minute, once)")
-    plan, seconds = measure_plan(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"setting": setting, "kernels": plan.kernels, "seconds": {str(r): s for r, s in seconds.items()}}))
-    tmp.replace(path)
-    return plan
+    def measure() -> tuple[KernelPlan, dict]:
+        if notify is not None:
+            notify("first run of this model on this CPU: timing matrix kernels and verify costs (about half a minute, once)")
+        plan, seconds = measure_plan(model)
+        return plan, {"kernels": plan.kernels, "seconds": {str(r): s for r, s in seconds.items()}}
+
+    return measured_once("kernels", _setting(model), lambda entry: KernelPlan(tuple(entry["kernels"])), measure)
 
 
 def use_plan(model: nn.Module, plan: KernelPlan) -> int:
@@ -237,8 +228,9 @@ def current_plan(model: nn.Module) -> KernelPlan | None:
 def tune_linears(model: nn.Module, notify: Callable[[str], None] | None = None) -> KernelPlan | None:
     """Give a CPU float32 ``model`` the fastest kernel per row count (see the module docstring);
     idempotent. Returns the plan in use, or None where the model keeps ordinary layers."""
-    if current_plan(model) is not None:
-        return current_plan(model)
+    plan = current_plan(model)
+    if plan is not None:
+        return plan
     param = next(model.parameters())
     if param.device.type != "cpu" or param.dtype != torch.float32:
         return None

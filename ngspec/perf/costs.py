@@ -12,9 +12,6 @@ again).
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import statistics
 import time
 from typing import Callable
@@ -23,6 +20,7 @@ import torch
 
 from ngspec.contracts import DraftTree
 from ngspec.cpu_linear import cpu_name, current_plan
+from ngspec.perf.measured import measured_once
 from ngspec.target import TargetModel
 
 
@@ -106,8 +104,6 @@ def cost_table(points: dict[int, float], max_nodes: int) -> tuple[float, ...]:
 def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int, batch: int = 1) -> tuple[float, ...]:
     """`measure_verify_costs` (or `measure_batch_costs` for ``batch`` > 1), measured once per
     machine setting and batch size and then read from the cache."""
-    from ngspec.models import cache_dir
-
     plan = current_plan(target.model)
     # "rounds": tables measured in interleaved rounds; older entries (one size after another) are
     # measured again
@@ -115,17 +111,13 @@ def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int, ba
     setting += f"|kernels={','.join(plan.kernels)}" if plan is not None else ""
     if batch > 1:
         setting += f"|batch={batch}"
-    path = cache_dir() / "costs" / (hashlib.sha256(setting.encode()).hexdigest()[:20] + ".json")
-    if path.is_file() and not os.environ.get("NGSPEC_RECALIBRATE"):
-        try:
-            costs = tuple(float(c) for c in json.loads(path.read_text())["relative_cost"])
-            if len(costs) == max_nodes + 1:
-                return costs
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged cache entry is measured again and rewritten
-    costs = measure_verify_costs(target, max_nodes) if batch == 1 else measure_batch_costs(target.model, batch, max_nodes)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"setting": setting, "relative_cost": costs}))
-    tmp.replace(path)
-    return costs
+
+    def read(entry: dict) -> tuple[float, ...] | None:
+        costs = tuple(float(c) for c in entry["relative_cost"])
+        return costs if len(costs) == max_nodes + 1 else None
+
+    def measure() -> tuple[tuple[float, ...], dict]:
+        costs = measure_verify_costs(target, max_nodes) if batch == 1 else measure_batch_costs(target.model, batch, max_nodes)
+        return costs, {"relative_cost": costs}
+
+    return measured_once("costs", setting, read, measure)
