@@ -103,6 +103,14 @@ def test_bad_input_one_clear_line(tmp_path, args, message):
     assert "Traceback" not in result.output + result.stderr
 
 
+def test_unknown_cpu_kernel_setting_is_one_clear_line(prompt_file, monkeypatch):
+    monkeypatch.setenv("NGSPEC_CPU_KERNELS", "fastest")
+    result = invoke("generate", "-p", prompt_file, "-n", 2)
+    assert result.exit_code == 1
+    assert "NGSPEC_CPU_KERNELS must be auto or one of linear, transposed, packed" in result.stderr
+    assert "Traceback" not in result.output + result.stderr
+
+
 @pytest.mark.slow
 def test_prompt_longer_than_context_window(tmp_path):
     path = tmp_path / "long.txt"
