@@ -5,8 +5,9 @@ Every arm decodes the same prompts; batch size 1 runs the single-sequence engine
 compacted every step by construction), every arm in turn on each prompt, larger batches the
 batched engine, one arm after another. Reports tokens per call
 (per row), total tokens/s, speedup vs vanilla at the same batch size, and the self-repetition
-ceiling of the vanilla outputs without and with the datastore. Exact match vs vanilla is checked
-for every arm and printed.
+ceiling of the vanilla outputs without and with the datastore. Exact match vs plain greedy
+(single-sequence vanilla) is checked for every arm and printed, with the reference's top-2 logit
+margin where an output first differs (near-ties in bf16 on a GPU).
 
     python benchmarks/reader_ablation.py --questions ../shared/data/spec_bench/question.jsonl \
         --category rag --limit 10 -n 128 --eagle-head heads/smollm2-v2 \
@@ -23,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ngspec.batch import BatchConfig
+from ngspec.check import divergence
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import DrafterOptions, make_drafter
@@ -58,6 +60,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
     ap.add_argument("--model", default="default")
+    ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    ap.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     ap.add_argument("--eagle-head", required=True)
     ap.add_argument("--datastore")
     ap.add_argument("--tuned", help="tune-tree output for the '+ tuned tree' arm at batch size 1")
@@ -76,7 +80,7 @@ def main() -> None:
     ap.add_argument("--json-out")
     args = ap.parse_args()
 
-    loaded = load_model(args.model, "cpu")
+    loaded = load_model(args.model, args.device, args.dtype)
     engine = Engine(loaded, calibrate=not args.flat_cost)
     head = load_head(Path(args.eagle_head), loaded.model)
     vocab = load_draft_vocab(Path(args.eagle_head))
@@ -91,6 +95,8 @@ def main() -> None:
     keep = {"vanilla", *args.only.split(",")} if args.only else None
 
     results, reference = [], None
+    if 1 not in sizes:  # every arm is compared with plain single-sequence greedy decoding
+        reference = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
     for b in sizes:
         chosen = [a for a in arms(args, eagle_opts, tuned if b == 1 else tuned_batch) if keep is None or a["label"] in keep]
         if b > 1 and args.compare_rows_alone:
@@ -117,12 +123,14 @@ def main() -> None:
             tokens = [g.token_ids for g in gens]
             if reference is None:
                 reference = tokens
+            splits = [divergence(engine, x, r, t) for x, r, t in zip(ids, reference, tokens)]
             calls = sum(g.stats.verify_calls for g in gens)
             row = {
                 "batch_size": b, "arm": arm["label"], "drafter": arm["drafter"], "rearrange_every": arm["rearrange"] if b > 1 else None,
                 "new_tokens": sum(map(len, tokens)), "seconds": seconds, "tokens_per_second": sum(map(len, tokens)) / seconds,
                 "tokens_per_call": sum(map(len, tokens)) / calls,
                 "exact_match": sum(t == r for t, r in zip(tokens, reference)) / len(tokens),
+                "mismatches": [{"prompt": i, "first_mismatch": c.first_mismatch, "near_tie_margin": c.margin} for i, c in enumerate(splits) if not c.exact_match],
                 "draft_share": sum(g.stats.draft_seconds for g in gens) / seconds,
                 **({"cache": report} if report else {}),
             }
@@ -140,11 +148,12 @@ def main() -> None:
         ceiling["token_weighted_with_datastore"] = sum(len(r) for r in reference) / sum(s.steps for s in with_store)
     print(json.dumps({"ceiling": ceiling}), flush=True)
 
-    print("\n| batch | arm | tokens/call | tokens/s | vs vanilla | drafting | exact |\n|---|---|---|---|---|---|---|")
+    print("\n| batch | arm | tokens/call | tokens/s | vs vanilla | drafting | exact | largest tie margin |\n|---|---|---|---|---|---|---|---|")
     for row in results:
         van = next(r for r in results if r["batch_size"] == row["batch_size"] and r["arm"] == "vanilla")
         print(f"| {row['batch_size']} | {row['arm']} | {row['tokens_per_call']:.2f} | {row['tokens_per_second']:.1f} | "
-              f"{row['tokens_per_second'] / van['tokens_per_second']:.2f}x | {100 * row['draft_share']:.0f}% | {100 * row['exact_match']:.0f}% |")
+              f"{row['tokens_per_second'] / van['tokens_per_second']:.2f}x | {100 * row['draft_share']:.0f}% | {100 * row['exact_match']:.0f}% | "
+              f"{max((m['near_tie_margin'] for m in row['mismatches']), default=0):.3f} |")
     print(f"\nself-repetition ceiling of the vanilla outputs: {json.dumps(ceiling)}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"results": results, "ceiling": ceiling}, indent=1))

@@ -36,13 +36,21 @@ def top2_margin(engine: Engine, tokens: list[int]) -> float:
     return float(top[0] - top[1])
 
 
+def divergence(engine: Engine, prompt: list[int], reference: list[int], generated: list[int]) -> GreedyCheck:
+    """Compare ``generated`` with a greedy ``reference`` of the same prompt; at the first differing
+    position, the reference's top-2 logit margin (computed on the stock layers) says whether the
+    two runs split at a near-tie."""
+    if generated == reference:
+        return GreedyCheck(True, None, None)
+    first = next((i for i, (a, b) in enumerate(zip(reference, generated)) if a != b), min(len(reference), len(generated)))
+    with stock_linears(engine.loaded.model):
+        return GreedyCheck(False, first, top2_margin(engine, prompt + reference[:first]))
+
+
 def check_against_greedy(engine: Engine, prompt: list[int], generated: list[int], cfg: DecodeConfig) -> GreedyCheck:
     """Decode ``prompt`` plainly (no drafts, same stops and budget) on the model's stock linear
     layers, as transformers computes it (not the engine's tuned CPU kernels), and compare with
     ``generated``."""
     with stock_linears(engine.loaded.model):
         plain = engine.run(prompt, make_drafter("vanilla"), cfg).token_ids
-        if plain == generated:
-            return GreedyCheck(True, None, None)
-        first = next((i for i, (a, b) in enumerate(zip(plain, generated)) if a != b), min(len(plain), len(generated)))
-        return GreedyCheck(False, first, top2_margin(engine, prompt + plain[:first]))
+    return divergence(engine, prompt, plain, generated)

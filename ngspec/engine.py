@@ -113,5 +113,6 @@ class Engine:
                 pad_token_id=min(self.eos) if self.eos else None,
                 **kwargs,
             )
+            tokens = out[0, len(prompt_ids) :].tolist()  # waits for the GPU, if any
             seconds = time.perf_counter() - start
-        return out[0, len(prompt_ids) :].tolist(), seconds
+        return tokens, seconds

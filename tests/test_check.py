@@ -42,3 +42,34 @@ def test_check_decodes_its_reference_on_the_stock_layers(monkeypatch):
     assert check_against_greedy(engine, prompt, generated, cfg).exact_match
     bad = generated[:3] + [(generated[3] + 1) % 96] + generated[4:]
     assert check_against_greedy(engine, prompt, bad, cfg).margin is not None
+
+
+def test_bench_reports_where_an_arm_split_from_hf_greedy_with_the_margin(tiny):
+    from ngspec.bench.report import markdown, summarise, to_json
+    from ngspec.bench.runner import ArmRun, BenchRecord
+    from ngspec.check import divergence
+    from ngspec.metrics.self_repetition import self_repetition
+    from ngspec.prompts import Prompt
+
+    engine = Engine(LoadedModel(tiny, None, "tiny"), calibrate=False)
+    prompt = [4, 8, 15, 16, 23, 42]
+    ref = engine.run(prompt, make_drafter("vanilla"), DecodeConfig(max_new_tokens=10)).token_ids
+    bad = ref[:3] + [(ref[3] + 1) % 96] + ref[4:]
+    runs = {
+        "hf-greedy": ArmRun("p1", ref, 1.0, len(ref), [1] * len(ref), vs_reference=divergence(engine, prompt, ref, ref)),
+        "trie": ArmRun("p1", bad, 0.5, 4, [3, 3, 3, 1], vs_reference=divergence(engine, prompt, ref, bad)),
+    }
+    records = [BenchRecord(Prompt("p1", "text"), len(prompt), runs, self_repetition(prompt, ref))]
+    with torch.inference_mode():
+        logits = tiny(torch.tensor([prompt + ref[:3]])).logits[0, -1]
+    top = torch.topk(logits, 2).values
+    margin = float(top[0] - top[1])
+
+    greedy, trie = summarise(records, ["hf-greedy", "trie"])
+    assert greedy.exact_match == 1.0 and greedy.largest_tie_margin is None
+    assert trie.exact_match == 0.0 and abs(trie.largest_tie_margin - margin) < 1e-4
+    assert f"trie, prompt p1: first differs at token 3, hf-greedy's top-2 margin there {margin:.4f}" in markdown(
+        [greedy, trie], {}, 1.0, records=records
+    )
+    run = to_json(records, [greedy, trie], {})["prompts"][0]["runs"]
+    assert run["trie"]["first_mismatch"] == 3 and "first_mismatch" not in run["hf-greedy"]

@@ -30,6 +30,17 @@ class ArmSummary:
     exact_match: float  # share of prompts whose tokens equal hf-greedy's
     ceiling_ratio: float | None  # tokens_per_call / token-weighted self-repetition of hf-greedy outputs
     median_ceiling_ratio: float | None  # median over prompts of that ratio per prompt
+    largest_tie_margin: float | None = None  # over mismatched prompts: hf-greedy's top-2 logit margin where they split
+
+
+def mismatches(records: list[BenchRecord], arm: str) -> list[tuple[str, int, float]]:
+    """(prompt id, first differing position, hf-greedy's top-2 margin there) for every prompt whose
+    ``arm`` output differs from hf-greedy's."""
+    return [
+        (r.prompt.id, c.first_mismatch, c.margin)
+        for r in records
+        if (c := r.runs[arm].vs_reference) is not None and not c.exact_match
+    ]
 
 
 def ceiling_of(records: list[BenchRecord], with_datastore: bool = False) -> float:
@@ -77,6 +88,7 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                     len(r.runs[arm].token_ids) / r.runs[arm].verify_calls / r.self_repetition.value
                     for r in records
                 ) if known and all(r.self_repetition.steps for r in records) else None,
+                largest_tie_margin=max((m for _, _, m in mismatches(records, arm)), default=None),
             )
         )
     return out
@@ -119,7 +131,9 @@ def environment(engine, settings: dict) -> dict:
     }
 
 
-def markdown(summaries: list[ArmSummary], env: dict, ceiling: float, ceiling_with_datastore: float | None = None) -> str:
+def markdown(
+    summaries: list[ArmSummary], env: dict, ceiling: float, ceiling_with_datastore: float | None = None, records: list[BenchRecord] = ()
+) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(summaries)]
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
@@ -130,7 +144,19 @@ def markdown(summaries: list[ArmSummary], env: dict, ceiling: float, ceiling_wit
         "Speedup is total-throughput vs hf-greedy; tokens/call counts the bonus token and the prefill.\n\n"
         + "\n".join(lines)
         + "\n"
+        + mismatch_notes(records, summaries)
     )
+
+
+def mismatch_notes(records: list[BenchRecord], summaries: list[ArmSummary]) -> str:
+    """Markdown lines for every output that differs from hf-greedy: where, and the top-2 logit margin
+    of hf-greedy there (a near-tie in low precision, or a bug when the margin is large)."""
+    lines = [
+        f"- {s.arm}, prompt {pid}: first differs at token {pos}, hf-greedy's top-2 margin there {margin:.4f}"
+        for s in summaries
+        for pid, pos, margin in mismatches(records, s.arm)
+    ]
+    return "\nMismatches vs hf-greedy:\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) -> dict:
@@ -154,6 +180,8 @@ def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) 
                         "verify_calls": x.verify_calls,
                         "draft_seconds": x.draft_seconds,
                         "exact_match": x.token_ids == r.runs["hf-greedy"].token_ids,
+                        **({"first_mismatch": x.vs_reference.first_mismatch, "near_tie_margin": x.vs_reference.margin}
+                           if x.vs_reference is not None and not x.vs_reference.exact_match else {}),
                     }
                     for arm, x in r.runs.items()
                 },

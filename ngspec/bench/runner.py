@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from ngspec.check import GreedyCheck, divergence
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, Resources, make_drafter
 from ngspec.engine import Engine
@@ -65,6 +66,7 @@ class ArmRun:
     accepted: list[int] = field(default_factory=list)  # tokens emitted by each call
     draft_seconds: float = 0.0
     drafter_stats: dict | None = None  # row drafters: rows and accepted tokens per strategy
+    vs_reference: GreedyCheck | None = None  # against hf-greedy: first mismatch and its near-tie margin
 
 
 @dataclass
@@ -109,6 +111,8 @@ def run_bench(
             if on_progress:
                 on_progress(arm.label)
         reference = runs["hf-greedy"].token_ids
+        for run in runs.values():
+            run.vs_reference = divergence(engine, ids, reference, run.token_ids)
         store = self_repetition(ids, reference, res.datastore) if res.datastore is not None else None
         records.append(BenchRecord(prompt, len(ids), runs, self_repetition(ids, reference), store))
     return records

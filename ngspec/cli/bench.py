@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, rows, summarise, to_json
+from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, mismatch_notes, rows, summarise, to_json
 from ngspec.bench.grid import ablation, heatmaps, sweeps
 from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
 from ngspec.cli import render
@@ -97,7 +97,7 @@ def bench_command(
             for g in grids
         ]
     if markdown_out is not None:
-        markdown_out.write_text(markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None))
+        markdown_out.write_text(markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records))
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2))
     if json_out:
@@ -124,5 +124,8 @@ def bench_command(
         )
     store = f", {ceiling_of(records, True):.2f} when the datastore is searched too" if res.datastore is not None else ""
     render.info(f"self-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}{store}; speedup = total throughput vs hf-greedy")
+    notes = mismatch_notes(records, summaries)
+    if notes:
+        render.info(notes.strip())
     if grids:
         render.info("heatmaps: " + ", ".join(report["plots"]))
