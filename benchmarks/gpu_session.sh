@@ -66,6 +66,7 @@ pipeline() {
     fi
     echo "== model assembled"
     stage smoke 300 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
+    stage sdpa 300 python3 benchmarks/sdpa_backends.py --questions $q --category rag --limit 6
     stage bench-rag 480 "${NG[@]}" bench -q $q --category rag --limit 20 -n 256 --markdown $RES/bench-rag.md --json-out $RES/bench-rag.json
     stage bench-summarization 480 "${NG[@]}" bench -q $q --category summarization --limit 20 -n 256 \
         --markdown $RES/bench-summarization.md --json-out $RES/bench-summarization.json

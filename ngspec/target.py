@@ -32,14 +32,29 @@ def select_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, 
     return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
+def decode_attention(device: torch.device) -> None:
+    """On a GPU, keep PyTorch's SDPA off its cuDNN backend (unless ``NGSPEC_CUDNN_ATTENTION=1``).
+
+    PyTorch 2.10+ prefers cuDNN attention on Hopper and newer, and cuDNN builds an execution plan
+    per shape: decoding grows the key length by one or more every step, so every step pays a plan
+    build. On the first H100 run (BENCHMARKS.md section 10) unmasked bf16 steps took about 80 ms
+    against 28 ms in float32 (where cuDNN is not used) and against 49 ms for masked tree steps
+    (which cuDNN does not take). This process-wide switch applies to every forward in the process,
+    transformers' own `generate` in `bench` included, so both sides run the same kernels."""
+    if device.type == "cuda" and os.environ.get("NGSPEC_CUDNN_ATTENTION") != "1":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def prepare_model(model: PreTrainedModel) -> tuple[PreTrainedModel, torch.device, torch.dtype, int]:
     """The model in eval mode, its device, dtype and context window. On CPU, let SDPA handle
     grouped-query attention under a custom mask instead of materialising repeated K/V every layer
     (same logits; faster trees at long context), and give float32 linear layers the fastest
-    product for each row count on this CPU (`ngspec.cpu_linear`)."""
+    product for each row count on this CPU (`ngspec.cpu_linear`); on a GPU, keep attention off
+    cuDNN (`decode_attention`)."""
     param = next(model.parameters())
     if param.device.type == "cpu":
         os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    decode_attention(param.device)
     tune_linears(model)
     return model.eval(), param.device, param.dtype, int(getattr(model.config, "max_position_embeddings", 1 << 30))
 

@@ -184,3 +184,20 @@ def test_unrolled_training_learns_the_deeper_depth(tmp_path, model):
     assert sum(e["top1_last"] for e in log[-3:]) > sum(e["top1_last"] for e in log[:3])
     with pytest.raises(Exception, match="--unroll"):
         TrainOptions(unroll=0)
+
+
+def test_training_and_drafting_on_a_bfloat16_model(tmp_path):
+    """On a GPU the target runs in bfloat16 while the head trains in float32 (a crash found on the
+    first GPU run); the CPU's bfloat16 kernels reproduce it."""
+    from ngspec.eagle.train import evaluate
+    from ngspec.engine import Engine
+    from ngspec.models import LoadedModel
+
+    model = tiny_model("llama", seed=11).to(torch.bfloat16)
+    data = examples(seed=5)
+    head, log = train_head(model, data[:-1], target_features(model, data[:-1]), tmp_path, TrainOptions(epochs=2, batch_tokens=70, unroll=2))
+    assert len(log) > 0 and all(torch.isfinite(torch.tensor(e["reg"])) for e in log)
+    engine = Engine(LoadedModel(model, None, "tiny-bf16"), calibrate=False)
+    report = evaluate(engine, head, data[-1:], 8, EagleOptions(top_k=3, depth=3, total_tokens=8))
+    assert report["prompts"] == 1 and report["tokens_per_call"] >= 1.0
+    assert load_head(tmp_path, model).fc.weight.dtype == torch.bfloat16

@@ -50,3 +50,22 @@ def test_sibling_rejection_sampling_matches_target_distribution():
     tv = 0.5 * (counts / draws - probs).abs().sum().item()
     assert tv < 0.015
     assert counts[4] == 0
+
+
+def test_gpu_decoding_keeps_attention_off_cudnn_unless_asked(monkeypatch):
+    """cuDNN attention builds a plan per key length, so every decoding step paid one on the H100
+    (BENCHMARKS.md section 10); on CPU nothing is touched."""
+    import torch
+
+    from ngspec.target import decode_attention
+
+    calls = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    monkeypatch.delenv("NGSPEC_CUDNN_ATTENTION", raising=False)
+    decode_attention(torch.device("cpu"))
+    assert calls == []
+    decode_attention(torch.device("cuda"))
+    assert calls == [False]
+    monkeypatch.setenv("NGSPEC_CUDNN_ATTENTION", "1")
+    decode_attention(torch.device("cuda"))
+    assert calls == [False]

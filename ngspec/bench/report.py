@@ -127,6 +127,7 @@ def environment(engine, settings: dict) -> dict:
         "torch_threads": torch.get_num_threads(),
         "dtype": str(engine.target.dtype).removeprefix("torch."),
         "torch": torch.__version__,
+        **({"cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled()} if device.type == "cuda" else {}),
         **settings,
     }
 

@@ -17,6 +17,8 @@ head's cache (a length change).
 
 from __future__ import annotations
 
+import copy
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,6 +289,9 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
     ``opts.draft_vocab`` > 0 and the LM head has no bias."""
     embed = target_model.get_input_embeddings()
     lm_head = target_model.get_output_embeddings()
+    dtype = lm_head.weight.dtype
+    if next(head.parameters()).dtype != dtype:  # a head fresh from float32 training, a bfloat16 target
+        head = copy.deepcopy(head).to(dtype).eval()
     if getattr(lm_head, "bias", None) is not None:
         vocab = None
     target_params = sum(p.numel() for p in target_model.parameters())

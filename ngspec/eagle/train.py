@@ -162,9 +162,9 @@ def example_loss(head: EagleHead, model, ex: Example, feats: torch.Tensor, opts:
     inp = f[:-1]
     if opts.noise:
         inp = inp + (torch.rand_like(inp) * 2 - 1) * opts.noise
-    with torch.no_grad():
-        embeds = model.get_input_embeddings()(ids[1:])
-    weight = model.get_output_embeddings().weight if weight is None else weight
+    with torch.no_grad():  # the head trains in float32 whatever the target's dtype (bfloat16 on a GPU)
+        embeds = model.get_input_embeddings()(ids[1:]).float()
+    weight = (model.get_output_embeddings().weight if weight is None else weight).float()
     start = max(ex.prompt_len - 2, 0)  # the first feature any depth predicts; its distribution:
     with torch.no_grad():
         p_all = torch.softmax(f[start + 1 :] @ weight.T, dim=-1)  # shared by the depths (row i: f[start + 1 + i])
@@ -227,7 +227,7 @@ def train_head(
     for p in model.parameters():
         p.requires_grad_(False)
     optimiser = torch.optim.AdamW(head.parameters(), lr=opts.lr, weight_decay=0.0)
-    weight = output_weight(model, train, opts.ce_vocab)
+    weight = output_weight(model, train, opts.ce_vocab).float()
     plans = []
     for epoch in range(opts.epochs):
         order = list(range(len(train)))
