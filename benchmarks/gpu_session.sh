@@ -68,7 +68,7 @@ pipeline() {
     stage smoke 300 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
     stage sdpa 300 python3 benchmarks/sdpa_backends.py --questions $q --category rag --limit 6
     stage bench-rag 480 "${NG[@]}" bench -q $q --category rag --limit 20 -n 256 --markdown $RES/bench-rag.md --json-out $RES/bench-rag.json
-    stage bench-summarization 480 "${NG[@]}" bench -q $q --category summarization --limit 20 -n 256 \
+    stage bench-summarization 540 "${NG[@]}" bench -q $q --category summarization --limit 20 -n 256 \
         --markdown $RES/bench-summarization.md --json-out $RES/bench-summarization.json
     # READER: a head trained here, on the model's own answers
     mkdir -p /tmp/corpus && cp corpora/*.jsonl /tmp/corpus/

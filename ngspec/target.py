@@ -35,12 +35,12 @@ def select_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, 
 def decode_attention(device: torch.device) -> None:
     """On a GPU, keep PyTorch's SDPA off its cuDNN backend (unless ``NGSPEC_CUDNN_ATTENTION=1``).
 
-    PyTorch 2.10+ prefers cuDNN attention on Hopper and newer, and cuDNN builds an execution plan
-    per shape: decoding grows the key length by one or more every step, so every step pays a plan
-    build. On the first H100 run (BENCHMARKS.md section 10) unmasked bf16 steps took about 80 ms
-    against 28 ms in float32 (where cuDNN is not used) and against 49 ms for masked tree steps
-    (which cuDNN does not take). This process-wide switch applies to every forward in the process,
-    transformers' own `generate` in `bench` included, so both sides run the same kernels."""
+    On the first H100 run (BENCHMARKS.md section 10) unmasked bf16 decoding steps took about 80 ms
+    against 28 ms in float32 and 49 ms for tree steps, which pass a custom mask. That fits PyTorch
+    2.10+ preferring cuDNN attention on Hopper for unmasked bf16 inputs, with cuDNN building an
+    execution plan per shape while decoding grows the key length every step. Unmeasured so far:
+    `benchmarks/sdpa_backends.py` compares both settings. The switch is process-wide, so
+    transformers' own `generate` in `bench` runs the same kernels as ngspec."""
     if device.type == "cuda" and os.environ.get("NGSPEC_CUDNN_ATTENTION") != "1":
         torch.backends.cuda.enable_cudnn_sdp(False)
 

@@ -18,7 +18,6 @@ head's cache (a length change).
 from __future__ import annotations
 
 import copy
-
 import json
 from dataclasses import dataclass
 from pathlib import Path
