@@ -6,6 +6,7 @@
 #   device run, carry .whl gpu/part1 gpu/data:              bash benchmarks/gpu_session.sh start
 #   device run, carry gpu/part2 gpu/head gpu/datastore:     bash benchmarks/gpu_session.sh collect 540
 #   device run, no carry, until it prints DONE:             bash benchmarks/gpu_session.sh collect 560
+#   one call alone, carry .whl gpu/rand gpu/data:           bash benchmarks/gpu_session.sh solo
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -14,7 +15,10 @@
 # so anyway). Once the model is whole, three lanes run side by side, each stage under a time limit,
 # because the visit is too short for them one after another: (A) the engine's bench, (B) READER at
 # batch size 1, (C) READER at batch sizes 8-32. Every speed ratio is taken inside one process with
-# its arms interleaved, so the lanes' contention for the GPU hits both sides of a ratio.
+# its arms interleaved, so the lanes' contention for the GPU hits both sides of a ratio (but not
+# alike: arms that synchronise with the GPU more often, EAGLE's, wait longer; see BENCHMARKS.md).
+# `solo` times vanilla against transformers alone on the machine, on a random-weight model of the
+# default model's shape (its config and tokenizer travel, no weights: enough for timing).
 set -u
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 RES=/tmp/res
@@ -46,7 +50,10 @@ prepare() {  # prepare HEAD DATASTORE
     .venv/bin/python -c "import sys, torch; from safetensors.torch import load_file, save_file
 save_file({k: v.to(torch.bfloat16) for k, v in load_file(sys.argv[1]).items()}, sys.argv[2])" "$1/model.safetensors" gpu/head/model.safetensors
     cp -r "$2" gpu/datastore
-    du -b -s .whl gpu/part1 gpu/data gpu/part2 gpu/head gpu/datastore
+    local model
+    model=$(.venv/bin/python -c "from ngspec.models import default_model_dir; print(default_model_dir())") || exit 1
+    mkdir -p gpu/rand && cp "$model"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} gpu/rand/
+    du -b -s .whl gpu/part1 gpu/data gpu/part2 gpu/head gpu/datastore gpu/rand
 }
 
 start() {
@@ -87,8 +94,8 @@ lane_single() {  # issue 7 at batch size 1
 
 lane_batched() {  # issue 7 at batch sizes 8, 16, 32
     stage tune-b8 240 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 64 --limit 6 --dtype float32 --json
-    ablation ablation-rag-b8-32 420 $RES/shape-b8.json --category rag --limit 32 --batch-sizes 8,16,32
-    ablation ablation-summarization-b8-32 420 $RES/shape-b8.json --category summarization --limit 32 --batch-sizes 8,16,32
+    ablation ablation-rag-b8-32 600 $RES/shape-b8.json --category rag --limit 32 --batch-sizes 8,16,32
+    ablation ablation-summarization-b8-32 600 $RES/shape-b8.json --category summarization --limit 32 --batch-sizes 8,16,32
 }
 
 pipeline() {
@@ -118,6 +125,16 @@ collect() {  # collect SECONDS: wait for the pipeline (at most SECONDS), packing
     done
     cat $RES/pipeline.log $RES/lane-*.log 2>/dev/null | grep '^=='
     [ -f $RES/DONE ] && echo DONE
+}
+
+solo() {  # vanilla vs transformers' greedy decoding, alone on the machine (random weights, bf16)
+    cd "$REPO" || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 1
+    python3 -c "import sys, torch, transformers as t
+torch.manual_seed(0); t.AutoModelForCausalLM.from_config(t.AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[2])
+t.AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])" gpu/rand /tmp/rand || exit 1
+    timeout 200 "${NG[@]}" bench --model /tmp/rand -q gpu/data/spec_bench/question.jsonl --category rag --limit 6 -n 192 -d prompt-lookup \
+        --markdown "$OUT/solo.md" --json-out "$OUT/solo.json"
 }
 
 "$@"
