@@ -38,9 +38,10 @@ def decode_attention(device: torch.device) -> None:
     On the first H100 run (BENCHMARKS.md section 10) unmasked bf16 decoding steps took about 80 ms
     against 28 ms in float32 and 49 ms for tree steps, which pass a custom mask. That fits PyTorch
     2.10+ preferring cuDNN attention on Hopper for unmasked bf16 inputs, with cuDNN building an
-    execution plan per shape while decoding grows the key length every step. Unmeasured so far:
-    `benchmarks/sdpa_backends.py` compares both settings. The switch is process-wide, so
-    transformers' own `generate` in `bench` runs the same kernels as ngspec."""
+    execution plan per shape while decoding grows the key length every step (inferred, not
+    profiled). Measured on the second visit (section 10b, `benchmarks/sdpa_backends.py`): plain
+    bf16 steps 3.1x faster with cuDNN off, transformers' `generate` 2.3x. The switch is
+    process-wide, so transformers' own `generate` in `bench` runs the same kernels as ngspec."""
     if device.type == "cuda" and os.environ.get("NGSPEC_CUDNN_ATTENTION") != "1":
         torch.backends.cuda.enable_cudnn_sdp(False)
 
