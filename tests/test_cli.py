@@ -15,6 +15,17 @@ def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
+def test_help_does_not_load_torch_or_transformers():
+    """`ngspec --help` and every command's --help stay quick: the command modules import the model
+    stack (torch, transformers: seconds) only when a command runs."""
+    import subprocess
+    import sys
+
+    code = "import sys, ngspec.cli.app; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.fixture
 def prompt_file(tmp_path):
     path = tmp_path / "p.txt"

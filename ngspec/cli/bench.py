@@ -9,16 +9,12 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, mismatch_notes, rows, summarise, to_json
-from ngspec.bench.grid import ablation, heatmaps, sweeps
-from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
 from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt
 from ngspec.drafters import check_drafter
 from ngspec.errors import NgspecError
-from ngspec.prompts import load_prompts
 
 
 @with_drafting_options
@@ -48,7 +44,11 @@ def bench_command(
 
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
     """
+    from ngspec.bench.grid import ablation, heatmaps, sweeps
+    from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, mismatch_notes, rows, summarise, to_json
+    from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
+    from ngspec.prompts import load_prompts
 
     cfg = decode_config(max_new_tokens, sampling_config(0.0, 1.0, 0, None), None)
     for name in drafters:

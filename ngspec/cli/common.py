@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ngspec.decode import DecodeConfig
 from ngspec.drafters import NEEDS_TABLES, ROW_DRAFTERS, DrafterOptions
-from ngspec.drafters.ngram_tables import NgramTables
-from ngspec.engine import Engine
 from ngspec.errors import NgspecError
-from ngspec.models import load_model
-from ngspec.perf.device_profile import DeviceProfile, load_profile
-from ngspec.verify import SamplingConfig
+
+if TYPE_CHECKING:  # torch and transformers load when a command runs, not for --help
+    from ngspec.decode import DecodeConfig
+    from ngspec.drafters.ngram_tables import NgramTables
+    from ngspec.engine import Engine
+    from ngspec.perf.device_profile import DeviceProfile
+    from ngspec.verify import SamplingConfig
 
 
 def sampling_config(temperature: float, top_p: float, top_k: int, seed: int | None) -> SamplingConfig:
+    from ngspec.verify import SamplingConfig
+
     try:
         return SamplingConfig(temperature, top_p, top_k, seed)
     except ValueError as exc:
@@ -23,6 +27,8 @@ def sampling_config(temperature: float, top_p: float, top_k: int, seed: int | No
 
 
 def decode_config(max_new_tokens: int, sampling: SamplingConfig, stop: list[str] | None, verify: str = "tree") -> DecodeConfig:
+    from ngspec.decode import DecodeConfig
+
     return DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling, stop_strings=tuple(stop or ()), verify=verify)
 
 
@@ -82,6 +88,9 @@ def load_engine(model: str, device: str, dtype: str, profile: Path | None = None
     built-in calibration of verify costs."""
     from ngspec.cli.render import info
     from ngspec.cpu_linear import tune_linears
+    from ngspec.engine import Engine
+    from ngspec.models import load_model
+    from ngspec.perf.device_profile import load_profile
 
     device_profile = load_profile(profile) if profile is not None else None  # bad files fail first
     info(f"loading model {model} ...")

@@ -16,7 +16,6 @@ from ngspec.datastore.build import BuildOptions, build_datastore
 from ngspec.datastore.corpus import FORMATS
 from ngspec.datastore.index import Datastore
 from ngspec.errors import NgspecError
-from ngspec.models import display_name, load_tokenizer
 
 TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="Tokenizer to use instead of --model's (a directory or a Hugging Face id).")]
 
@@ -46,6 +45,8 @@ def build_datastore_command(
 
     Example: ngspec build-datastore -c ../shared/data/magpie_sample/example_instructions_5res.json
     """
+    from ngspec.models import display_name, load_tokenizer  # torch and transformers: not for --help
+
     opts = BuildOptions(text=text, format=fmt, max_records=max_records, split=split)
     if num_proc is not None:
         if num_proc < 1:

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import platform
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ngspec.cli import render
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt
 from ngspec.errors import NgspecError
-from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
+
+if TYPE_CHECKING:  # torch loads when the command runs, not for --help
+    import torch
 
 GPU_GRID = ("1..32", "0..15", "25,100,500")
 CPU_GRID = ("1,2,4,8,16", "0,1,2,3,5,7", "25,100,500")
 
 
 def _device_name(device: torch.device) -> str:
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     model = platform.processor() or platform.machine()
@@ -82,12 +85,15 @@ def profile_bound_command(
 
     Example: ngspec profile-bound --shape llama-7b --dtype bfloat16 --save-profile llama7b.json
     """
+    import torch
+
     from ngspec.models import pick_device, pick_dtype
     from ngspec.perf.device_profile import build_profile, save_profile as write_profile
     from ngspec.perf.plots import heatmap
     from ngspec.perf.report import analyse, transitions, write_outputs
     from ngspec.perf.roofline import measure_peaks
     from ngspec.rows import full_attention_only
+    from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
     from ngspec.target import TargetModel
 
     layouts = list(LAYOUTS) if layout == "both" else [layout]

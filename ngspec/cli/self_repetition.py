@@ -17,7 +17,6 @@ from ngspec.datastore.index import Datastore
 from ngspec.errors import NgspecError
 from ngspec.metrics.pairs import record_pairs
 from ngspec.metrics.report import measure, tokenize_pairs
-from ngspec.models import load_tokenizer
 
 
 def _questions(path: Optional[Path]) -> dict[str, list[str]]:
@@ -51,6 +50,8 @@ def self_repetition_command(
         raise NgspecError("use either --datastore or --holdout, not both")
     if holdout < 0 or (limit is not None and limit < 1):
         raise NgspecError("--holdout must be >= 0 and --limit >= 1")
+    from ngspec.models import load_tokenizer  # torch and transformers: not for --help
+
     tok = load_tokenizer(tokenizer or model)
     store = Datastore.open(datastore, tok) if datastore is not None else None
     asked = _questions(questions)
