@@ -92,8 +92,8 @@ def profile_bound_command(
     from ngspec.perf.plots import heatmap
     from ngspec.perf.report import analyse, transitions, write_outputs
     from ngspec.perf.roofline import measure_peaks
-    from ngspec.rows import full_attention_only
     from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
+    from ngspec.rows import full_attention_only
     from ngspec.target import TargetModel
 
     layouts = list(LAYOUTS) if layout == "both" else [layout]
