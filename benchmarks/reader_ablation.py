@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--only", help="comma-separated arm labels to run (vanilla always runs)")
     ap.add_argument("--compare-rows-alone", action="store_true", help="at batch sizes > 1 also run every drafting arm with each row sizing its tree alone (the batch then pays for the widest row's tree), labelled '(rows alone)'")
+    ap.add_argument("--compare-head-row-by-row", action="store_true", help="at batch sizes > 1 also run every arm with an EAGLE head running it row by row (one head forward per row and tree level, as before the head ran for all rows together), labelled '(head row by row)'")
     ap.add_argument("--flat-cost", action="store_true", help="no verify-cost calibration: every drafter keeps its full (fixed) tree, as on a GPU far from its compute bound; tokens per call then shows the shapes themselves (timings are not meaningful)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
@@ -101,6 +102,8 @@ def main() -> None:
         chosen = [a for a in arms(args, eagle_opts, tuned if b == 1 else tuned_batch) if keep is None or a["label"] in keep]
         if b > 1 and args.compare_rows_alone:
             chosen = [dict(a, joint=j, label=a["label"] + ("" if j else " (rows alone)")) for a in chosen for j in (True, False) if j or a["drafter"] != "vanilla"]
+        if b > 1 and args.compare_head_row_by_row:
+            chosen = [dict(a, together=t, label=a["label"] + ("" if t else " (head row by row)")) for a in chosen for t in (True, False) if t or "eagle" in a["drafter"]]
         news = {}
         for arm in chosen:
             factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
@@ -118,7 +121,7 @@ def main() -> None:
                 gens, seconds = done[arm["label"]], spent[arm["label"]]
                 report = None
             else:
-                out, rep = engine.run_batch(ids, news[arm["label"]], cfg, BatchConfig(b, arm["rearrange"], arm.get("joint", True)))
+                out, rep = engine.run_batch(ids, news[arm["label"]], cfg, BatchConfig(b, arm["rearrange"], arm.get("joint", True), arm.get("together", True)))
                 gens, seconds, report = [r.generation for r in out], rep.seconds, rep.as_dict()
             tokens = [g.token_ids for g in gens]
             if reference is None:

@@ -20,6 +20,7 @@ import torch
 from ngspec.batch_target import BatchTarget
 from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
 from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token, check_prompt, out_of_room
+from ngspec.eagle.batched import propose_together
 from ngspec.errors import NgspecError
 from ngspec.tree import joint_width
 from ngspec.verify import accept_greedy, accept_sampled
@@ -30,6 +31,7 @@ class BatchConfig:
     batch_size: int = 4
     rearrange_every: int = 8  # steps between cache compactions (0 = never); measured best on CPU (BENCHMARKS.md)
     joint_sizing: bool = True  # size all rows' trees together (the batch pays for the widest); False: each row alone
+    heads_together: bool = True  # run every row's EAGLE head calls in one forward per level; False: row by row
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -158,14 +160,17 @@ def generate_batch(
         if any(r.reason is not None for r in rows):  # an admitted prompt already ended (EOS first)
             continue
 
-        trees, draft_s = [], []
+        # every row drafts; rows that draft with an EAGLE head run it together, one forward per level
+        t0 = time.perf_counter()
+        contexts = []
         for b, row in enumerate(rows):
-            t0 = time.perf_counter()
             features = target.take_features(b) if getattr(row.drafter, "needs_features", False) else None
             room = min(cfg.max_draft_nodes, target.max_length - target.lengths[b] - 1)
-            ctx = DraftContext(row.prompt + row.out, len(row.prompt), room, verify_cost(target.lengths[b]), features, batch.joint_sizing)
-            trees.append(row.drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=ctx.max_nodes))
-            draft_s.append(time.perf_counter() - t0)
+            contexts.append(DraftContext(row.prompt + row.out, len(row.prompt), room, verify_cost(target.lengths[b]), features, batch.joint_sizing))
+        drafters = [r.drafter for r in rows]
+        proposed = propose_together(drafters, contexts) if batch.heads_together else [d.propose(c) for d, c in zip(drafters, contexts)]
+        trees = [tree.truncated(ctx.max_nodes, max_depth=ctx.max_nodes) for tree, ctx in zip(proposed, contexts)]
+        draft_s = [(time.perf_counter() - t0) / len(rows)] * len(rows)  # drafting is shared: each row's share
         # one forward pays for the widest tree: size the rows' trees together
         width = joint_width(trees, verify_cost(max(target.lengths)))
         for b, row in enumerate(rows):

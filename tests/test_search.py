@@ -136,9 +136,10 @@ class FixedEagle:
     def defer(self, ctx):
         self.deferred += 1
 
-    def propose(self, ctx):
+    def drafting(self, ctx):  # a tree without head runs
         self.caps.append(ctx.max_nodes)
         return self.tree
+        yield
 
     def observe(self, new_tokens):
         pass

@@ -21,15 +21,15 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Generator, Sequence
 
 import torch
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.eagle.batched import Drafting, HeadCall, drive
 from ngspec.eagle.head import EagleHead
 from ngspec.errors import NgspecError
 from ngspec.kv import make_cache, truncate
-from ngspec.tree import additive_mask
 
 # a small EAGLE-1-style static tree: ranks of children along each path
 DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
@@ -156,20 +156,9 @@ class EagleDrafter:
     def observe(self, new_tokens: Sequence[int]) -> None:
         pass
 
-    def _mask(self, visible: torch.Tensor) -> torch.Tensor:
-        return additive_mask(visible.to(self.param.device), self.param.dtype)[None, None]
-
-    def _run(self, tokens: list[int], features: torch.Tensor, positions: list[int], visible: torch.Tensor) -> torch.Tensor:
-        dev = self.param.device
-        ids = torch.tensor([tokens], device=dev)
-        out = self.head(
-            self.embed(ids).to(self.param.dtype),
-            features[None].to(self.param.dtype),
-            torch.tensor([positions], device=dev),
-            self._mask(visible),
-            self.cache,
-        )
-        return out[0]
+    def _run(self, tokens: list[int], features: torch.Tensor, positions: list[int], visible: torch.Tensor) -> Generator[HeadCall, torch.Tensor, torch.Tensor]:
+        """The head's output for these pairs: asks whoever drives `drafting` to run it."""
+        return (yield HeadCall(self.head, self.embed, self.cache.layers[0], tokens, features, positions, visible))
 
     def defer(self, ctx: DraftContext) -> None:
         """Draft nothing this step: keep the newly committed pairs for the next `propose`, which
@@ -179,7 +168,7 @@ class EagleDrafter:
             raise NgspecError("the eagle drafter needs the target's features (the engine did not pass them)")
         self._pending.append(ctx.features.clone())
 
-    def _consume(self, ctx: DraftContext) -> torch.Tensor:
+    def _consume(self, ctx: DraftContext) -> Generator[HeadCall, torch.Tensor, torch.Tensor]:
         """Append the newly committed pairs (and any deferred ones); the head's prediction of the
         root's feature."""
         feats = ctx.features
@@ -193,13 +182,18 @@ class EagleDrafter:
         visible = torch.ones(m, self.length + m, dtype=torch.bool)
         visible[:, self.length :] = torch.ones(m, m, dtype=torch.bool).tril()
         feats = self.head.project(feats.to(self.param.dtype))
-        out = self._run(list(ctx.tokens[start + 1 : start + 1 + m]), feats, list(range(start, start + m)), visible)
+        out = yield from self._run(list(ctx.tokens[start + 1 : start + 1 + m]), feats, list(range(start, start + m)), visible)
         self.length += m
         return out[-1]
 
-    @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
-        root_feature = self._consume(ctx)
+        return drive(self.drafting(ctx))
+
+    @torch.inference_mode()
+    def drafting(self, ctx: DraftContext) -> Drafting:
+        """`propose` as a generator that yields each head run (`HeadCall`) and is sent its output,
+        so that a batch can run every row's calls in one forward (`propose_together`)."""
+        root_feature = yield from self._consume(ctx)
         base = self.length  # head cache length before the tree
         nodes: list[_Node] = []
         outputs: dict[int, torch.Tensor] = {-1: root_feature}  # node -> predicted feature below it
@@ -211,7 +205,7 @@ class EagleDrafter:
             ids = top.indices if self._ids is None else self._ids[top.indices]
             return [list(zip(i, v)) for i, v in zip(ids.tolist(), top.values.tolist())]
 
-        def expand(batch: list[int]) -> None:
+        def expand(batch: list[int]) -> Generator[HeadCall, torch.Tensor, None]:
             """Run the head on these nodes' pairs, recording each one's predicted feature."""
             if not batch:
                 return
@@ -228,7 +222,7 @@ class EagleDrafter:
                     a = nodes[a].parent
             feats = torch.stack([outputs[nodes[n].parent] for n in batch])
             positions = [base + nodes[n].depth - 1 for n in batch]
-            out = self._run([nodes[n].token for n in batch], feats, positions, visible)
+            out = yield from self._run([nodes[n].token for n in batch], feats, positions, visible)
             for row, n in enumerate(batch):
                 outputs[n] = out[row]
 
@@ -239,7 +233,7 @@ class EagleDrafter:
                 layer.append(len(nodes) - 1)
             for depth in range(2, self.opts.depth + 1):
                 chosen = sorted(layer, key=lambda n: -nodes[n].score)[: self.opts.top_k]
-                expand(chosen)
+                yield from expand(chosen)
                 layer = []
                 for n, kids in zip(chosen, children(chosen, self.opts.top_k)):
                     for tok, lp in kids:
@@ -252,7 +246,7 @@ class EagleDrafter:
             for depth in range(1, max(len(p) for p in self.opts.choices) + 1):
                 level = [p for p in self.opts.choices if len(p) == depth]
                 prefixes = sorted({p[:-1] for p in level})
-                expand([by_path[q] for q in prefixes if q])  # the root's feature is already known
+                yield from expand([by_path[q] for q in prefixes if q])  # the root's feature is already known
                 widest = max(p[-1] for p in level) + 1
                 for prefix, kids in zip(prefixes, children([by_path[q] for q in prefixes], widest)):
                     parent = by_path[prefix]

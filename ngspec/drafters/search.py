@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.drafters.trie import Calibration, NGramTrie, best_size
+from ngspec.eagle.batched import Drafting, drive
 from ngspec.tree import accepted_path
 
 if TYPE_CHECKING:
@@ -239,6 +240,10 @@ class EagleSearchDrafter:
         return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
+        return drive(self.drafting(ctx))
+
+    def drafting(self, ctx: DraftContext) -> Drafting:
+        """`propose` as a generator of the head's runs (see `EagleDrafter.drafting`)."""
         depth = min(self.search.depth, ctx.max_nodes)
         branches = 2 if self.deepen else 1
         costly = bool(ctx.verify_cost)
@@ -252,7 +257,7 @@ class EagleSearchDrafter:
             tree, scores = DraftTree(), []
         else:
             small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
-            tree = self.eagle.propose(small)
+            tree = yield from self.eagle.drafting(small)
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
         raw = [math.exp(s) for s in scores]

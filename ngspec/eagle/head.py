@@ -57,6 +57,7 @@ class EagleHead(nn.Module):
         position_ids: torch.Tensor,  # [B, T]
         attention_mask: torch.Tensor | None = None,  # additive [B, 1, T, past + T]
         cache=None,
+        **attention_kwargs,  # for the attention function (`ngspec.eagle.batched`)
     ) -> torch.Tensor:
         h = self.fc(torch.cat([embeds, features], dim=-1))
         h = self.layers[0](
@@ -66,6 +67,7 @@ class EagleHead(nn.Module):
             past_key_values=cache,
             use_cache=cache is not None,
             position_embeddings=self.rotary(h, position_ids),
+            **attention_kwargs,
         )
         return h
 

@@ -65,7 +65,7 @@ class Eagle3Head(nn.Module):
         """The fused low/mid/high target features, ready for `forward`."""
         return self.fc(features)
 
-    def forward(self, embeds, hidden, position_ids, attention_mask=None, cache=None) -> torch.Tensor:
+    def forward(self, embeds, hidden, position_ids, attention_mask=None, cache=None, **attention_kwargs) -> torch.Tensor:
         layer = self.midlayer
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
         attn, _ = layer.self_attn(
@@ -73,6 +73,7 @@ class Eagle3Head(nn.Module):
             position_embeddings=self.rotary(hidden, position_ids),
             attention_mask=attention_mask,
             past_key_values=cache,
+            **attention_kwargs,
         )
         h = hidden + attn
         return h + layer.mlp(layer.post_attention_layernorm(h))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.eagle.batched import Drafting, drive
 from ngspec.tree import accepted_path
 
 Choice = tuple[int, ...]
@@ -54,7 +55,10 @@ class AcceptanceRecorder:
         self._tree = None
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        self._tree = self.drafter.propose(ctx)
+        return drive(self.drafting(ctx))
+
+    def drafting(self, ctx: DraftContext) -> Drafting:
+        self._tree = yield from self.drafter.drafting(ctx)
         self._choices = self.drafter.last_choices
         return self._tree
 

@@ -1,0 +1,168 @@
+"""The EAGLE head run for several rows in one forward (`ngspec.eagle.batched`): the same outputs and
+the same draft trees as each row drafting alone."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ngspec.contracts import DraftContext, DraftTree
+from ngspec.drafters.eagle import EagleOptions, eagle_factory
+from ngspec.drafters.search import EagleSearchDrafter
+from ngspec.drafters.trie import TrieDrafter
+from ngspec.eagle.batched import HeadCall, propose_together, run_calls
+from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
+from ngspec.eagle.head3 import Eagle3Head, head3_config_for
+from ngspec.kv import make_cache
+from ngspec.models import tiny_model
+from ngspec.tree import additive_mask
+
+STEEP_COST = tuple(1.0 + 0.3 * n for n in range(65))
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama", seed=3)
+
+
+@pytest.fixture(scope="module")
+def head(llama):
+    """A head whose attention matters (`init_from_target` zeroes its output projection)."""
+    torch.manual_seed(0)
+    h = EagleHead(head_config_for(llama))
+    init_from_target(h, llama)
+    with torch.no_grad():
+        layer = h.layers[0]
+        layer.self_attn.o_proj.weight.normal_(0.0, 0.3)
+        layer.mlp.down_proj.weight.normal_(0.0, 0.3)
+    return h.eval()
+
+
+def _inputs(llama, seed, m):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, llama.config.vocab_size, (m,), generator=g).tolist()
+    return tokens, torch.randn(m, llama.config.hidden_size, generator=g)
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_row_attention_equals_the_head_over_its_own_cache(llama, head, kind):
+    """Oracle: the head with transformers' cache and attention over a past of 5 entries and a
+    block of 3 that sees a tree-shaped part of it."""
+    if kind == "eagle3":
+        torch.manual_seed(1)
+        head = Eagle3Head(head3_config_for(llama, llama.config.vocab_size), llama.config.hidden_size).eval()
+    embed = llama.get_input_embeddings()
+    past_tokens, past_feats = _inputs(llama, 1, 5)
+    tokens, feats = _inputs(llama, 2, 3)
+    visible = torch.ones(3, 8, dtype=torch.bool)
+    visible[:, 5:] = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # node 2 skips node 1
+
+    with torch.inference_mode():
+        cache = make_cache(head.config, capacity=16)
+        causal = additive_mask(torch.ones(5, 5, dtype=torch.bool).tril(), torch.float32)[None, None]
+        head(embed(torch.tensor([past_tokens])), past_feats[None], torch.arange(5)[None], causal, cache)
+        expected = head(embed(torch.tensor([tokens])), feats[None], torch.tensor([[5, 6, 6]]),
+                        additive_mask(visible, torch.float32)[None, None], cache)[0]
+
+        layer = make_cache(head.config, capacity=16).layers[0]
+        run_calls([HeadCall(head, embed, layer, past_tokens, past_feats, list(range(5)), torch.ones(5, 5, dtype=torch.bool).tril())])
+        got = run_calls([HeadCall(head, embed, layer, tokens, feats, [5, 6, 6], visible)])[0]
+    assert layer.keys.shape[-2] == 8
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_calls_of_several_rows_in_one_forward_equal_each_row_alone(llama, head):
+    embed = llama.get_input_embeddings()
+    rows = [_inputs(llama, 10 + r, m) for r, m in enumerate([4, 1, 7])]
+    outs = {}
+    for together in (False, True):
+        layers = [make_cache(head.config, capacity=16).layers[0] for _ in rows]
+        calls = [HeadCall(head, embed, layer, t, f, list(range(len(t))), torch.ones(len(t), len(t), dtype=torch.bool).tril())
+                 for layer, (t, f) in zip(layers, rows)]
+        outs[together] = run_calls(calls) if together else [run_calls([c])[0] for c in calls]
+        assert [layer.keys.shape[-2] for layer in layers] == [4, 1, 7]
+    for alone, batched in zip(outs[False], outs[True]):
+        torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
+
+
+class _Rows:
+    """Rows of a batch: contexts that grow by a few tokens per step, with fresh target features
+    for every newly committed position (the head reads them as it would the target's)."""
+
+    def __init__(self, llama, lengths, seed=0):
+        self.rng = random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.hidden = llama.config.hidden_size
+        self.vocab = llama.config.vocab_size
+        # each row: its prompt, then the root (the first generated token, not yet committed)
+        self.tokens = [[self.rng.randrange(self.vocab) for _ in range(n + 1)] for n in lengths]
+        self.prompt_lens = list(lengths)
+        self.fresh = [self._features(n) for n in lengths]  # the prompt's, from its prefill
+
+    def _features(self, n):
+        return torch.randn(n, self.hidden, generator=self.gen)
+
+    def contexts(self, cost):
+        return [DraftContext(list(t), p, 64, cost, f) for t, p, f in zip(self.tokens, self.prompt_lens, self.fresh)]
+
+    def commit(self, trees):
+        """Accept a random prefix of each tree's first branch plus a bonus token."""
+        new = []
+        for b, tree in enumerate(trees):
+            path, node = [], -1
+            while True:
+                kids = [i for i, p in enumerate(tree.parents) if p == node]
+                if not kids or self.rng.random() < 0.4:
+                    break
+                node = kids[0]
+                path.append(tree.tokens[node])
+            step = path + [self.rng.randrange(self.vocab)]
+            self.tokens[b] += step
+            self.fresh[b] = self._features(len(step))
+            new.append(step)
+        return new
+
+
+@pytest.mark.parametrize("drafter", ["eagle-dynamic", "eagle-static", "eagle+search", "mixed"])
+@pytest.mark.parametrize("cost", [(), STEEP_COST], ids=["flat-cost", "steep-cost"])
+def test_trees_drafted_together_equal_trees_drafted_row_by_row(llama, head, drafter, cost):
+    """Oracle: the same drafters, fed the same contexts and features, one row at a time."""
+    opts = EagleOptions(tree="static" if drafter == "eagle-static" else "dynamic", top_k=3, depth=3, total_tokens=10)
+    factory = eagle_factory(llama, head, opts)
+
+    def make(b):
+        if drafter == "eagle+search" or (drafter == "mixed" and b == 1):
+            return EagleSearchDrafter(factory(), None, depth=6, prefix_len=2)
+        if drafter == "mixed" and b == 2:
+            return TrieDrafter()
+        return factory()
+
+    lengths = [9, 3, 17, 5]
+    rows = _Rows(llama, lengths)
+    alone, together = [make(b) for b in range(4)], [make(b) for b in range(4)]
+    for b, t in enumerate(rows.tokens):
+        alone[b].start(t[: lengths[b]])
+        together[b].start(t[: lengths[b]])
+    drafted = 0
+    for _ in range(6):
+        ctxs = rows.contexts(cost)
+        expected = [d.propose(c) for d, c in zip(alone, ctxs)]
+        got = propose_together(together, ctxs)
+        assert got == expected
+        drafted += sum(t.size for t in got)
+        new = rows.commit(got)
+        for d_alone, d_together, step in zip(alone, together, new):
+            d_alone.observe(step)
+            d_together.observe(step)
+    assert drafted > 0
+
+
+def test_a_batch_without_head_drafters_proposes_as_usual():
+    rows = [TrieDrafter(), TrieDrafter()]
+    for d, p in zip(rows, ([1, 2, 3, 1, 2], [4, 5, 4, 5])):
+        d.start(p)
+    ctxs = [DraftContext([1, 2, 3, 1, 2], 5, 8), DraftContext([4, 5, 4, 5], 4, 8)]
+    trees = propose_together(rows, ctxs)
+    assert all(isinstance(t, DraftTree) for t in trees) and trees[0].tokens[:1] == (3,)
