@@ -98,6 +98,8 @@ lane_single() {  # issue 7 at batch size 1
 
 lane_batched() {  # issue 7 at batch sizes 8, 16, 32
     stage tune-b8 240 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 64 --limit 6 --dtype float32 --json
+    # the batched head against the head run row by row, side by side (arms with an EAGLE head only)
+    ablation heads-together-rag 300 none --category rag --limit 16 --batch-sizes 8,16 --only "EAGLE,+ search branch" --compare-head-row-by-row
     ablation ablation-rag-b8-32 600 $RES/shape-b8.json --category rag --limit 32 --batch-sizes 8,16,32
     ablation ablation-summarization-b8-32 600 $RES/shape-b8.json --category summarization --limit 32 --batch-sizes 8,16,32
 }
