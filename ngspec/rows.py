@@ -94,11 +94,12 @@ AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)
 
 
 @contextmanager
-def shared_prefix_attention_enabled(model: PreTrainedModel) -> Iterator[None]:
-    """Route the model's attention through `shared_prefix_attention` for one forward."""
-    config = model.config
+def attention_function(module: torch.nn.Module, name: str = ATTENTION_NAME) -> Iterator[None]:
+    """Route ``module``'s attention through the attention function registered as ``name`` (by
+    default `shared_prefix_attention`) for one forward."""
+    config = module.config
     saved = config._attn_implementation
-    config._attn_implementation = ATTENTION_NAME
+    config._attn_implementation = name
     try:
         yield
     finally:
@@ -115,7 +116,7 @@ def forward_rows(model: PreTrainedModel, prefix: Cache, ids: torch.Tensor, **kwa
     block = RowBlockCache(prefix, len(prefix.layers))
     dtype = next(model.parameters()).dtype
     unused_mask = torch.zeros(rows, 1, width, width, dtype=dtype, device=ids.device)
-    with shared_prefix_attention_enabled(model):
+    with attention_function(model):
         out = model(
             input_ids=ids,
             position_ids=positions,

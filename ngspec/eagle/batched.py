@@ -16,14 +16,14 @@ when the tree is drafted).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Generator, Iterator, Sequence
+from typing import Generator, Sequence
 
 import torch
 from transformers import AttentionInterface
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.rows import attention_function
 from ngspec.tree import additive_mask
 
 ATTENTION_NAME = "ngspec_head_rows"
@@ -73,17 +73,6 @@ def row_attention(module, query, key, value, attention_mask, scaling=None, dropo
 AttentionInterface.register(ATTENTION_NAME, row_attention)
 
 
-@contextmanager
-def _row_attention(head: torch.nn.Module) -> Iterator[None]:
-    config = head.config
-    saved = config._attn_implementation
-    config._attn_implementation = ATTENTION_NAME
-    try:
-        yield
-    finally:
-        config._attn_implementation = saved
-
-
 @torch.inference_mode()
 def run_calls(calls: Sequence[HeadCall]) -> list[torch.Tensor]:
     """One head forward for calls of the same head (one per row); each call's output ``[m, H]``."""
@@ -93,7 +82,7 @@ def run_calls(calls: Sequence[HeadCall]) -> list[torch.Tensor]:
     ids = torch.tensor([[t for c in calls for t in c.tokens]], device=dev)
     features = torch.cat([c.features.to(dev, param.dtype) for c in calls])[None]
     positions = torch.tensor([[p for c in calls for p in c.positions]], device=dev)
-    with _row_attention(head):
+    with attention_function(head, ATTENTION_NAME):
         out = head(embed(ids).to(param.dtype), features, positions, None, None, head_rows=list(calls))[0]
     return list(out.split([len(c.tokens) for c in calls]))
 
