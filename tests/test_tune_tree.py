@@ -99,3 +99,15 @@ def test_coarse_scan_then_golden_section_survives_a_misleading_middle():
     assert len(calls) == len(set(calls)) < 15
     peaked = {x: -abs(x - 11) for x in range(1, 65)}
     assert coarse_then_golden(lambda x: peaked[x], 1, 64) == 11
+
+
+def test_calibration_uses_every_question_of_your_own_file(tmp_path):
+    from ngspec.cli.tune import calibration_prompts
+
+    own = tmp_path / "calib.jsonl"
+    own.write_text("".join(json.dumps({"prompt": f"passage {i}"}) + "\n" for i in range(5)))
+    assert len(calibration_prompts(own, None, None)) == 5
+    assert len(calibration_prompts(own, None, 3)) == 3
+    default = calibration_prompts(None, None, None)
+    assert len(default) == 8 and len({p.category for p in default}) == 8
+    assert len(calibration_prompts(None, 2, None)) == 16

@@ -18,12 +18,22 @@ from ngspec.errors import NgspecError
 MT_BENCH = Path(__file__).resolve().parents[1] / "data" / "mt_bench.jsonl"
 
 
+def calibration_prompts(questions: Path | None, per_category: int | None, limit: int | None):
+    """The first question of each of the bundled MT-bench's categories unless told otherwise, and
+    every question of a file of your own (which may have no categories at all)."""
+    from ngspec.prompts import load_prompts
+
+    if questions is None:
+        return load_prompts(MT_BENCH, None, limit, per_category or 1)
+    return load_prompts(questions, None, limit, per_category)
+
+
 def tune_tree_command(
     eagle_head: Annotated[Path, typer.Option("--eagle-head", help="The EAGLE-1 head to tune a tree for (`ngspec train-eagle` makes one).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the tuned shape (JSON; load it with --tree static --tree-choices FILE).")],
     model: ModelOpt = "default",
     questions: Annotated[Optional[Path], typer.Option("--questions", "-q", help="Calibration questions (jsonl with 'turns' or 'prompt'); default: the bundled MT-bench questions.")] = None,
-    per_category: Annotated[Optional[int], typer.Option("--per-category", help="First N questions of every category.")] = 1,
+    per_category: Annotated[Optional[int], typer.Option("--per-category", help="First N questions of every category (default: 1 of each of the bundled MT-bench's eight; every question of your --questions).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="At most this many questions (after --per-category).")] = None,
     max_new_tokens: MaxNewTokensOpt = 128,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Tune for decoding this many prompts at once.")] = 1,
@@ -49,7 +59,7 @@ def tune_tree_command(
     from ngspec.drafters.eagle import EagleOptions, eagle_factory
     from ngspec.eagle.head import load_draft_vocab, load_head
     from ngspec.eagle.tune import AcceptanceRecorder, TuneResult, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, prune
-    from ngspec.prompts import encode, load_prompts
+    from ngspec.prompts import encode
 
     if not eagle_head.is_dir():
         raise NgspecError(f"no EAGLE head directory at {eagle_head}")
@@ -62,7 +72,7 @@ def tune_tree_command(
     if width < 1 or depth < 1:
         raise NgspecError("--width and --depth must be at least 1")
     batch = BatchConfig(batch_size)
-    prompts = load_prompts(questions or MT_BENCH, None, limit, per_category)
+    prompts = calibration_prompts(questions, per_category, limit)
     engine = load_engine(model, device, dtype)
     ids = [encode(engine.loaded.tokenizer, p.text, raw) for p in prompts]
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, max_draft_nodes=nodes)
