@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 from typing import Sequence
 
 import pytest
@@ -76,3 +78,14 @@ class OracleDrafter:
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         self.done += len(new_tokens)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def benchmark_script(name: str):
+    """A script under benchmarks/ loaded as a module (they are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

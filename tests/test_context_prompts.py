@@ -1,21 +1,18 @@
 """benchmarks/context_prompts.py: summarisation and passage-QA prompts for `synth-corpus --prompts`."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from conftest import BENCHMARKS, benchmark_script
 from ngspec.prompts import load_prompts
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "context_prompts.py"
+SCRIPT = BENCHMARKS / "context_prompts.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("context_prompts", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("context_prompts")
 
 
 def _passage(i: int) -> str:

@@ -1,20 +1,16 @@
 """benchmarks/word_problems.py: seeded arithmetic prompts for `synth-corpus --prompts`."""
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
+from conftest import BENCHMARKS, benchmark_script
 from ngspec.prompts import load_prompts
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "word_problems.py"
+SCRIPT = BENCHMARKS / "word_problems.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("word_problems", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("word_problems")
 
 
 def test_problems_are_seeded_distinct_questions():
