@@ -22,14 +22,15 @@ import random
 from pathlib import Path
 
 
-def _responses(record: dict) -> list[str]:
-    responses = record.get("responses", record.get("response"))
-    if isinstance(responses, str) and responses.lstrip().startswith("["):  # a list serialised as text
-        try:
-            responses = json.loads(responses)
-        except json.JSONDecodeError:
-            responses = ast.literal_eval(responses)
-    return [r for r in (responses if isinstance(responses, list) else [responses]) if isinstance(r, str)]
+def _listed_responses(record: dict) -> dict:
+    """Magpie's multi-response exports store the ``responses`` list as text; read it as a list."""
+    listed = record.get("responses")
+    if not (isinstance(listed, str) and listed.lstrip().startswith("[")):
+        return record
+    try:
+        return {**record, "responses": json.loads(listed)}
+    except json.JSONDecodeError:
+        return {**record, "responses": ast.literal_eval(listed)}
 
 
 def _readable(text: str, min_words: int, max_words: int) -> bool:
@@ -39,18 +40,20 @@ def _readable(text: str, min_words: int, max_words: int) -> bool:
 
 
 def passages(paths: list[Path], min_words: int = 60, max_words: int = 260) -> list[tuple[str, str]]:
-    """(instruction, response) pairs of Magpie-style records (.jsonl, or .json holding a list) from
-    files or folders of them, keeping responses that read as a passage."""
-    files = [f for p in paths for f in (sorted(p.glob("*.json*")) if p.is_dir() else [p])]
+    """(instruction, response) pairs of the records in files or folders of them (any format
+    `build-datastore` reads), keeping responses that read as a passage."""
+    from ngspec.datastore.corpus import iter_records
+    from ngspec.errors import NgspecError
+    from ngspec.metrics.pairs import record_pairs
+
     out = []
-    for f in files:
-        text = f.read_text()
-        records = json.loads(text) if f.suffix == ".json" else [json.loads(line) for line in text.splitlines() if line.strip()]
-        for record in records:
-            instruction = record.get("instruction")
-            if not isinstance(instruction, str) or not instruction.strip():
+    for path in paths:
+        for n, record in enumerate(iter_records(str(path))):
+            try:
+                pairs = record_pairs(_listed_responses(record), str(n), {}, None, None)
+            except NgspecError:  # no (instruction, response) fields: nothing to quote
                 continue
-            out += [(instruction.strip(), r.strip()) for r in _responses(record) if _readable(r, min_words, max_words)]
+            out += [(p.input.strip(), p.response.strip()) for p in pairs if p.input.strip() and _readable(p.response, min_words, max_words)]
     return out
 
 
@@ -73,7 +76,7 @@ def context_prompts(pairs: list[tuple[str, str]], n: int, seed: int = 0, passage
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("corpus", type=Path, nargs="+", help="Magpie-style .jsonl/.json files or folders of them")
+    ap.add_argument("corpus", type=Path, nargs="+", help="corpus files or folders of them, in any format build-datastore reads")
     ap.add_argument("--n", type=int, default=480)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--passages", type=int, default=2, help="passages before each question")
