@@ -16,21 +16,9 @@ to them are the training data. Each line is ``{"prompt": ...}``.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import random
 from pathlib import Path
-
-
-def _listed_responses(record: dict) -> dict:
-    """Magpie's multi-response exports store the ``responses`` list as text; read it as a list."""
-    listed = record.get("responses")
-    if not (isinstance(listed, str) and listed.lstrip().startswith("[")):
-        return record
-    try:
-        return {**record, "responses": json.loads(listed)}
-    except json.JSONDecodeError:
-        return {**record, "responses": ast.literal_eval(listed)}
 
 
 def _readable(text: str, min_words: int, max_words: int) -> bool:
@@ -50,7 +38,7 @@ def passages(paths: list[Path], min_words: int = 60, max_words: int = 260) -> li
     for path in paths:
         for n, record in enumerate(iter_records(str(path))):
             try:
-                pairs = record_pairs(_listed_responses(record), str(n), {}, None, None)
+                pairs = record_pairs(record, str(n), {}, None, None)
             except NgspecError:  # no (instruction, response) fields: nothing to quote
                 continue
             out += [(p.input.strip(), p.response.strip()) for p in pairs if p.input.strip() and _readable(p.response, min_words, max_words)]

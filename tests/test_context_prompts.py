@@ -24,8 +24,8 @@ def _corpus(tmp_path: Path) -> Path:
     records.append({"instruction": "Too short", "response": "yes"})
     records.append({"instruction": "Repeats", "response": "again " * 100})
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    # Magpie 5-response files hold a list serialised as text.
-    (tmp_path / "b.json").write_text(json.dumps([{"instruction": "Listed?", "responses": json.dumps([_passage(9)])}]))
+    # Magpie's 5-response exports: a .json array whose records hold a ``responses`` list.
+    (tmp_path / "b.json").write_text(json.dumps([{"instruction": "Listed?", "responses": [_passage(9), "too short"]}]))
     return tmp_path
 
 
