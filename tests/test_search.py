@@ -10,7 +10,7 @@ import torch
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.datastore.index import Datastore
-from ngspec.drafters.search import EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang
+from ngspec.drafters.search import SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang, path_probs
 from ngspec.tree import accepted_path
 from ngspec.drafters.trie import NGramTrie
 from ngspec.verify import accept_greedy
@@ -101,6 +101,36 @@ def test_search_drafter_drafts_a_chain_sized_by_cost():
     assert free.parents == (-1, 0, 1, 2, 3, 4)
     steep = drafter.propose(DraftContext([1, 2, 3, 4, 5, 6, 7, 1, 2], 9, 64, (1.0, 1.0) + (50.0,) * 10))
     assert steep.size == 1  # only the first token pays off when a second one costs 50 steps
+
+
+def test_a_datastore_branch_seen_once_grows_less_certain_with_every_token():
+    # one occurrence of "7 8" in the store, continued by ten tokens: every conditional frequency
+    # is 1, and smoothing each one (as the local trie does) makes the branch's chance decay
+    store = Datastore.from_documents([[7, 8, *range(10, 20)], [1, 2, 3]], 30)
+    search = SearchBranch(store, depth=10, prefix_len=3)
+    search.start([4, 5, 6])
+    source, tokens, conditionals = search.search([6, 7, 8])
+    assert (source, tokens) == ("datastore", list(range(10, 20)))
+    once = 1 / (1 + SMOOTHING)
+    assert conditionals == pytest.approx([once] * 10)
+    assert path_probs(conditionals)[-1] == pytest.approx(once**10)
+    # so where a second token costs a third of a step more, a single occurrence is not followed
+    # for long (a flat 0.67 per node once made a 16-token branch look worth 3.4 steps)
+    drafter = SearchDrafter(store, depth=10, prefix_len=3)
+    drafter.start([4, 5, 6])
+    cpu_like = (1.0, 1.02, 1.42, 1.42, 1.62, 1.91, 2.2, 2.36, 2.51, 2.71, 2.9)
+    assert drafter.propose(DraftContext([6, 7, 8], 3, 64, cpu_like)).size < 4
+
+
+def test_datastore_branch_conditionals_are_smoothed_by_the_occurrences_at_each_depth():
+    # "7 8" twice: once continued by 9 9, once by 9 5; at depth 1 both agree (2 of 2), at depth 2
+    # one of the two
+    store = Datastore.from_documents([[7, 8, 9, 9], [7, 8, 9, 5]], 20)
+    search = SearchBranch(store, depth=2, prefix_len=3)
+    search.start([1])
+    _, tokens, conditionals = search.search([6, 7, 8])
+    assert tokens[0] == 9
+    assert conditionals == pytest.approx([2 / (2 + SMOOTHING), 1 / (2 + SMOOTHING)])
 
 
 def test_hang_and_first_branch():

@@ -94,10 +94,15 @@ class SearchBranch:
 
 
 def _smoothed(probs: list[float], occurrences: int) -> list[float]:
-    """Scale the first conditional frequency as the trie's smoothing would (count / (n + s))."""
-    if not probs:
-        return probs
-    return [probs[0] * occurrences / (occurrences + SMOOTHING)] + probs[1:]
+    """Smooth every conditional frequency as the trie does (count / (n + s), n the occurrences
+    that reached that depth): a continuation seen once is far from certain at every token, so
+    its chance decays along the branch instead of staying at its first token's."""
+    out, reached = [], float(occurrences)
+    for p in probs:
+        count = p * reached
+        out.append(count / (reached + SMOOTHING))
+        reached = count
+    return out
 
 
 def path_probs(conditionals: list[float]) -> list[float]:
