@@ -5,7 +5,9 @@ Every arm decodes the same prompts; batch size 1 runs the single-sequence engine
 compacted every step by construction), every arm in turn on each prompt, larger batches the
 batched engine, one arm after another. Reports tokens per call
 (per row), total tokens/s, speedup vs vanilla at the same batch size, and the self-repetition
-ceiling of the vanilla outputs without and with the datastore. Exact match vs plain greedy
+ceiling of the vanilla outputs without and with the datastore. With ``--rounds R`` every batch
+size runs its arms R times, the order reversed every other round (A B C, C B A, ...), and reports
+the summed time and each round's, so that drift over a run hits every arm alike. Exact match vs plain greedy
 (single-sequence vanilla) is checked for every arm and printed, with the reference's top-2 logit
 margin where an output first differs (near-ties in bf16 on a GPU).
 
@@ -74,6 +76,7 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--rearrange-every", type=int, default=BatchConfig.rearrange_every)
     ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--rounds", type=int, default=1, help="run every arm this many times, reversing the order of the arms every other round (interleaving at batch sizes > 1, repeats at 1); times are summed")
     ap.add_argument("--only", help="comma-separated arm labels to run (vanilla always runs)")
     ap.add_argument("--compare-rows-alone", action="store_true", help="at batch sizes > 1 also run every drafting arm with each row sizing its tree alone (the batch then pays for the widest row's tree), labelled '(rows alone)'")
     ap.add_argument("--compare-head-row-by-row", action="store_true", help="at batch sizes > 1 also run every arm with an EAGLE head running it row by row (one head forward per row and tree level, as before the head ran for all rows together), labelled '(head row by row)'")
@@ -108,21 +111,30 @@ def main() -> None:
         for arm in chosen:
             factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
             news[arm["label"]] = lambda arm=arm, factory=factory: make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
-        if b == 1:  # arms interleaved per prompt, so that the machine's drift hits every arm alike
-            done = {arm["label"]: [] for arm in chosen}
-            spent = dict.fromkeys(done, 0.0)
-            for x in ids:
-                for arm in chosen:
-                    t0 = time.perf_counter()
-                    done[arm["label"]].append(engine.run(x, news[arm["label"]](), cfg))
-                    spent[arm["label"]] += time.perf_counter() - t0
-        for arm in chosen:
-            if b == 1:
-                gens, seconds = done[arm["label"]], spent[arm["label"]]
-                report = None
-            else:
+        done = {arm["label"]: None for arm in chosen}
+        spent: dict[str, list[float]] = {arm["label"]: [] for arm in chosen}
+        reports: dict[str, dict] = {}
+        for round_ in range(args.rounds):
+            order = chosen if round_ % 2 == 0 else chosen[::-1]
+            if b == 1:  # arms interleaved per prompt, so that the machine's drift hits every arm alike
+                gens = {arm["label"]: [] for arm in order}
+                took = dict.fromkeys(gens, 0.0)
+                for x in ids:
+                    for arm in order:
+                        t0 = time.perf_counter()
+                        gens[arm["label"]].append(engine.run(x, news[arm["label"]](), cfg))
+                        took[arm["label"]] += time.perf_counter() - t0
+                for label in gens:
+                    done[label] = gens[label]
+                    spent[label].append(took[label])
+                continue
+            for arm in order:
                 out, rep = engine.run_batch(ids, news[arm["label"]], cfg, BatchConfig(b, arm["rearrange"], arm.get("joint", True), arm.get("together", True)))
-                gens, seconds, report = [r.generation for r in out], rep.seconds, rep.as_dict()
+                done[arm["label"]] = [r.generation for r in out]
+                spent[arm["label"]].append(rep.seconds)
+                reports[arm["label"]] = rep.as_dict()
+        for arm in chosen:
+            gens, seconds, report = done[arm["label"]], sum(spent[arm["label"]]), reports.get(arm["label"])
             tokens = [g.token_ids for g in gens]
             if reference is None:
                 reference = tokens
@@ -130,11 +142,12 @@ def main() -> None:
             calls = sum(g.stats.verify_calls for g in gens)
             row = {
                 "batch_size": b, "arm": arm["label"], "drafter": arm["drafter"], "rearrange_every": arm["rearrange"] if b > 1 else None,
-                "new_tokens": sum(map(len, tokens)), "seconds": seconds, "tokens_per_second": sum(map(len, tokens)) / seconds,
+                "new_tokens": sum(map(len, tokens)), "seconds": seconds, "round_seconds": spent[arm["label"]],
+                "tokens_per_second": args.rounds * sum(map(len, tokens)) / seconds,
                 "tokens_per_call": sum(map(len, tokens)) / calls,
                 "exact_match": sum(t == r for t, r in zip(tokens, reference)) / len(tokens),
                 "mismatches": [{"prompt": i, "first_mismatch": c.first_mismatch, "near_tie_margin": c.margin} for i, c in enumerate(splits) if not c.exact_match],
-                "draft_share": sum(g.stats.draft_seconds for g in gens) / seconds,
+                "draft_share": sum(g.stats.draft_seconds for g in gens) / spent[arm["label"]][-1],
                 **({"cache": report} if report else {}),
             }
             results.append(row)
