@@ -7,9 +7,9 @@ batched engine, one arm after another. Reports tokens per call
 (per row), total tokens/s, speedup vs vanilla at the same batch size, and the self-repetition
 ceiling of the vanilla outputs without and with the datastore. With ``--rounds R`` every batch
 size runs its arms R times, the order reversed every other round (A B C, C B A, ...), and reports
-the summed time and each round's, so that drift over a run hits every arm alike. Exact match vs plain greedy
-(single-sequence vanilla) is checked for every arm and printed, with the reference's top-2 logit
-margin where an output first differs (near-ties in bf16 on a GPU).
+the summed time and each round's, so that drift over a run hits every arm alike. Exact match vs
+plain greedy (single-sequence vanilla) is checked for every arm and printed, with the reference's
+top-2 logit margin where an output first differs (near-ties in bf16 on a GPU).
 
     python benchmarks/reader_ablation.py --questions ../shared/data/spec_bench/question.jsonl \
         --category rag --limit 10 -n 128 --eagle-head heads/smollm2-v2 \
@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--flat-cost", action="store_true", help="no verify-cost calibration: every drafter keeps its full (fixed) tree, as on a GPU far from its compute bound; tokens per call then shows the shapes themselves (timings are not meaningful)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
 
     loaded = load_model(args.model, args.device, args.dtype)
     engine = Engine(loaded, calibrate=not args.flat_cost)
