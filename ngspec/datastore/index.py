@@ -147,11 +147,12 @@ class Datastore:
                 counts[tuple(follow)] += 1
         return counts.most_common(top)
 
-    def greedy_continuation(self, match: Match, depth: int, max_occurrences: int = 4096) -> tuple[list[int], list[float]]:
+    def greedy_continuation(self, match: Match, depth: int, smoothing: float = 0.0, max_occurrences: int = 4096) -> tuple[list[int], list[float]]:
         """The most frequent continuation of the matched occurrences, chosen token by token (at
         each depth the commonest next token among the occurrences that agreed so far), up to
         ``depth`` tokens and never past a document end; with each token's conditional frequency
-        (count of occurrences continuing with it / occurrences that reached that depth)."""
+        (count of occurrences continuing with it / (occurrences that reached that depth +
+        ``smoothing``), as `NGramTrie.greedy_path` smooths)."""
         sep = self.meta.separator
         starts = np.asarray(self.sa[match.lo : min(match.hi, match.lo + max_occurrences)], dtype=np.int64) + match.length
         where = starts[:, None] + np.arange(depth, dtype=np.int64)[None, :]
@@ -168,6 +169,6 @@ class Datastore:
             values, counts = np.unique(column, return_counts=True)
             best = int(counts.argmax())
             tokens.append(int(values[best]))
-            probs.append(float(counts[best]) / float(alive.sum()))
+            probs.append(float(counts[best]) / (float(alive.sum()) + smoothing))
             alive &= follow[:, d] == values[best]
         return tokens, probs

@@ -77,9 +77,9 @@ class SearchBranch:
         if self.datastore is not None and local_len < self.prefix_len:
             match = self.datastore.longest_suffix_match(context, MIN_MATCH, MAX_MATCH)
             if match is not None and (value is not None or match.length > local_len):
-                tokens, probs = self.datastore.greedy_continuation(match, depth)
+                tokens, probs = self.datastore.greedy_continuation(match, depth, SMOOTHING)
                 if tokens:
-                    found.append((("datastore", min(match.length, 8)), tokens, _smoothed(probs, match.count)))
+                    found.append((("datastore", min(match.length, 8)), tokens, probs))
         if node is not None and not (found and value is None):
             tokens, probs = self.trie.greedy_path(node, depth, SMOOTHING * self.prefix_len)
             found.append((("local", local_len), tokens, probs))
@@ -91,18 +91,6 @@ class SearchBranch:
 
     def count(self, source: str) -> None:
         self.found[source] += 1
-
-
-def _smoothed(probs: list[float], occurrences: int) -> list[float]:
-    """Smooth every conditional frequency as the trie does (count / (n + s), n the occurrences
-    that reached that depth): a continuation seen once is far from certain at every token, so
-    its chance decays along the branch instead of staying at its first token's."""
-    out, reached = [], float(occurrences)
-    for p in probs:
-        count = p * reached
-        out.append(count / (reached + SMOOTHING))
-        reached = count
-    return out
 
 
 def path_probs(conditionals: list[float]) -> list[float]:
