@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--search-depth", type=int, default=16)
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--rearrange-every", type=int, default=BatchConfig.rearrange_every)
+    ap.add_argument("--rearrange-min-share", type=float, default=BatchConfig.rearrange_min_share, help="compact only when that frees at least this share of the slots (0 = at every check)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--rounds", type=int, default=1, help="run every arm this many times, reversing the order of the arms every other round (interleaving at batch sizes > 1, repeats at 1); times are summed")
     ap.add_argument("--only", help="comma-separated arm labels to run (vanilla always runs)")
@@ -131,7 +132,7 @@ def main() -> None:
                     spent[label].append(took[label])
                 continue
             for arm in order:
-                out, rep = engine.run_batch(ids, news[arm["label"]], cfg, BatchConfig(b, arm["rearrange"], arm.get("joint", True), arm.get("together", True)))
+                out, rep = engine.run_batch(ids, news[arm["label"]], cfg, BatchConfig(b, arm["rearrange"], args.rearrange_min_share, arm.get("joint", True), arm.get("together", True)))
                 done[arm["label"]] = [r.generation for r in out]
                 spent[arm["label"]].append(rep.seconds)
                 reports[arm["label"]] = rep.as_dict()

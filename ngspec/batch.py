@@ -3,8 +3,9 @@
 The loop is `decode.generate` for B rows: every row proposes a tree, the trees get one width
 (`tree.joint_width`: one forward pays for the widest tree, padded, so a row's extra node costs
 every row), one forward verifies all of them (`BatchTarget.verify`), each row accepts along its
-own tree, the accepted entries are kept and the rest become holes, compacted every
-``rearrange_every`` steps. A finished row hands its slot to the next waiting prompt; a prompt that
+own tree, the accepted entries are kept and the rest become holes. Every ``rearrange_every`` steps
+the cache is compacted if that frees at least ``rearrange_min_share`` of its slots (compaction
+copies the whole cache, which costs more than a few steps' attention over a few holes). A finished row hands its slot to the next waiting prompt; a prompt that
 cannot run (longer than the context window) fails alone with a clear message. Every row's output
 equals its own plain decoding.
 """
@@ -29,7 +30,8 @@ from ngspec.verify import accept_greedy, accept_sampled
 @dataclass(frozen=True)
 class BatchConfig:
     batch_size: int = 4
-    rearrange_every: int = 8  # steps between cache compactions (0 = never); measured best on CPU (BENCHMARKS.md)
+    rearrange_every: int = 8  # steps between compaction checks (0 = never compact); measured on CPU (BENCHMARKS.md)
+    rearrange_min_share: float = 0.2  # compact only when that frees at least this share of the slots (BENCHMARKS.md)
     joint_sizing: bool = True  # size all rows' trees together (the batch pays for the widest); False: each row alone
     heads_together: bool = True  # run every row's EAGLE head calls in one forward per level; False: row by row
 
@@ -38,15 +40,20 @@ class BatchConfig:
             raise NgspecError(f"--batch-size must be at least 1 (got {self.batch_size})")
         if self.rearrange_every < 0:
             raise NgspecError("--rearrange-every must be >= 0 (0 = never compact)")
+        if not 0.0 <= self.rearrange_min_share < 1.0:
+            raise NgspecError(f"--rearrange-min-share must be in [0, 1) (got {self.rearrange_min_share})")
 
 
 @dataclass
 class BatchReport:
-    """What the batch did with its cache: steps, compactions and their cost, slots held."""
+    """What the batch did with its cache: steps, compactions, their cost and what they freed, slots
+    held."""
 
     steps: int = 0
     rearrangements: int = 0
+    rearrange_skipped: int = 0  # checks where compaction would have freed too little to pay
     rearrange_seconds: float = 0.0
+    freed_entries: int = 0  # cache entries (rows x slots) that compactions freed
     slot_steps: int = 0  # sum over steps of (rows x cache slots) attended
     live_steps: int = 0  # the same for live entries only: what a hole-free cache would hold
     peak_slots: int = 0
@@ -59,7 +66,8 @@ class BatchReport:
 
     def as_dict(self) -> dict:
         return {
-            "steps": self.steps, "rearrangements": self.rearrangements, "rearrange_seconds": self.rearrange_seconds,
+            "steps": self.steps, "rearrangements": self.rearrangements, "rearrange_skipped": self.rearrange_skipped,
+            "rearrange_seconds": self.rearrange_seconds, "freed_entries": self.freed_entries,
             "mean_hole_share": self.hole_share, "peak_cache_slots": self.peak_slots, "seconds": self.seconds,
             "new_tokens": self.new_tokens, "tokens_per_second": self.new_tokens / self.seconds if self.seconds else 0.0,
         }
@@ -200,10 +208,14 @@ def generate_batch(
             row.drafter.observe(new)
 
         if batch.rearrange_every and report.steps % batch.rearrange_every == 0:
-            t0 = time.perf_counter()
-            target.rearrange()
-            report.rearrangements += 1
-            report.rearrange_seconds += time.perf_counter() - t0
+            if target.freeable_share() < batch.rearrange_min_share:
+                report.rearrange_skipped += 1
+            else:
+                t0, before = time.perf_counter(), target.slots
+                target.rearrange()
+                report.rearrangements += 1
+                report.rearrange_seconds += time.perf_counter() - t0
+                report.freed_entries += (before - target.slots) * target.rows
 
     report.seconds = time.perf_counter() - began
     return [results[i] for i in range(len(prompts))], report

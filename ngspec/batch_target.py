@@ -7,7 +7,8 @@ root and accepted nodes: the other block slots become *holes*, masked out of tha
 RoPE) count its live entries only, so holes never shift anything.
 
 Holes cost memory and attention time, so `rearrange` compacts the cache (one gather per layer puts
-every row's live entries first); the loop calls it every N steps (`--rearrange-every`). A new
+every row's live entries first); the loop checks every N steps (`--rearrange-every`) and compacts
+when that frees enough (`--rearrange-min-share`). A new
 prompt is prefilled on its own and written into a free row; finished rows are dropped.
 """
 
@@ -60,6 +61,11 @@ class BatchTarget:
 
     def use(self) -> CacheUse:
         return CacheUse(self.slots, sum(self.lengths), self.rows)
+
+    def freeable_share(self) -> float:
+        """The share of slots `rearrange` would free: the cache keeps the longest row's live
+        entries, so the holes of shorter rows (a shorter prompt's padding) stay."""
+        return 1.0 - max(self.lengths) / self.slots if self.slots else 0.0
 
     # -- rows in and out ---------------------------------------------------------------------------
 

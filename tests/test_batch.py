@@ -30,7 +30,7 @@ def test_every_row_matches_its_own_plain_greedy(tiny, tiny_tables, tiny_eagle, t
     opts = DrafterOptions(k=3, w=3, search_depth=6, deepen=True)
     results, report = generate_batch(
         tiny, prompts, lambda: make_drafter(drafter, opts, tiny_tables, tiny_eagle, tiny_datastore),
-        DecodeConfig(max_new_tokens=30), BatchConfig(batch_size, rearrange), lambda: Stopper(frozenset()),
+        DecodeConfig(max_new_tokens=30), BatchConfig(batch_size, rearrange, 0.0), lambda: Stopper(frozenset()),
     )
     for i, (result, want) in enumerate(zip(results, expected)):
         assert result.error is None
@@ -132,6 +132,36 @@ def test_batch_size_and_rearrangement_are_validated():
         BatchConfig(0)
     with pytest.raises(NgspecError, match="--rearrange-every"):
         BatchConfig(2, -1)
+    for share in (-0.1, 1.0):
+        with pytest.raises(NgspecError, match="--rearrange-min-share"):
+            BatchConfig(2, 8, share)
+
+
+def test_compaction_runs_only_when_it_frees_the_minimum_share(tiny, tiny_datastore, prompts_and_expected, monkeypatch):
+    prompts, expected = prompts_and_expected
+    seen = []  # (share the check found, slots freed) of every compaction
+    original = BatchTarget.rearrange
+
+    def spy(self):
+        share, before = self.freeable_share(), self.slots
+        original(self)
+        seen.append((share, (before - self.slots) * self.rows))
+
+    monkeypatch.setattr(BatchTarget, "rearrange", spy)
+    reports = {}
+    for min_share in (0.0, 0.1):
+        seen.clear()
+        results, report = generate_batch(
+            tiny, prompts, lambda: make_drafter("search", DrafterOptions(search_depth=6), None, None, tiny_datastore),
+            DecodeConfig(max_new_tokens=30), BatchConfig(4, 2, min_share), lambda: Stopper(frozenset()),
+        )
+        assert [r.generation.token_ids for r in results] == expected
+        assert report.rearrangements + report.rearrange_skipped == report.steps // 2
+        assert report.rearrangements == len(seen) and all(share >= min_share for share, _ in seen)
+        assert report.freed_entries == sum(freed for _, freed in seen)
+        reports[min_share] = report
+    assert reports[0.0].rearrange_skipped == 0
+    assert 0 < reports[0.1].rearrangements < reports[0.0].rearrangements  # some checks freed too little
 
 
 def test_rearrange_keeps_live_entries_in_order_and_drops_holes(tiny):
@@ -144,8 +174,9 @@ def test_rearrange_keeps_live_entries_in_order_and_drops_holes(tiny):
     assert target.lengths == [8, 3]
     before = [layer.keys.clone() for layer in target.cache.layers]
     valid = target.valid.clone()
+    assert target.freeable_share() == pytest.approx(1 - 8 / 9)  # the longest row keeps 8 of 9 slots
     target.rearrange()
-    assert target.slots == 8
+    assert target.slots == 8 and target.freeable_share() == 0.0
     for old, layer in zip(before, target.cache.layers):
         for b, n in enumerate(target.lengths):
             live = valid[b].nonzero().flatten()

@@ -98,6 +98,7 @@ def test_bench_reports_every_arm(tmp_path):
         (["generate", "-p", "{prompt}", "--batch-size", "0"], "--batch-size must be at least 1"),
         (["generate", "-p", "{prompt}", "--batch-size", "2", "--check"], "without --check"),
         (["generate", "-p", "{prompt}", "--rearrange-every", "-1"], "--rearrange-every"),
+        (["generate", "-p", "{prompt}", "--rearrange-min-share", "1.5"], "--rearrange-min-share must be in [0, 1)"),
         (["generate", "-p", "{prompt}", "--tree-choices", "{prompt}"], "expected a JSON list"),
         (["tune-tree", "--eagle-head", "no/such/head", "--out", "x.json"], "no EAGLE head directory"),
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}"], "already exists"),
@@ -162,9 +163,12 @@ def test_batched_generate_matches_one_at_a_time_and_a_long_prompt_fails_alone(tm
     assert "context window" in by_id["long"]["error"]
     assert lines[-1]["batch"]["prompts"] == 3 and lines[-1]["batch"]["failed"] == 1
     assert lines[-1]["batch"]["joint_sizing"] is True
-    alone = invoke("generate", "-p", prompts, "-d", "trie", "-n", 16, "--batch-size", 2, "--json", "--size-rows-alone")
+    assert lines[-1]["batch"]["rearrange_min_share"] == 0.2 and lines[-1]["batch"]["freed_entries"] >= 0
+    alone = invoke("generate", "-p", prompts, "-d", "trie", "-n", 16, "--batch-size", 2, "--json", "--size-rows-alone", "--rearrange-every", 1, "--rearrange-min-share", 0)
     rows_alone = [json.loads(x) for x in alone.stdout.strip().splitlines()]
     assert rows_alone[-1]["batch"]["joint_sizing"] is False
+    assert rows_alone[-1]["batch"]["rearrange_min_share"] == 0.0
+    assert rows_alone[-1]["batch"]["rearrangements"] == rows_alone[-1]["batch"]["steps"]  # every step, whatever it frees
     assert {r["id"]: r.get("token_ids") for r in rows_alone if "id" in r} == {r["id"]: r.get("token_ids") for r in lines if "id" in r}
     for pid in ("a", "b"):
         single = tmp_path / f"{pid}.txt"
