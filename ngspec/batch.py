@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from ngspec.batch_target import BatchTarget
-from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
+from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats, table_cost
 from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token, check_prompt, out_of_room
 from ngspec.eagle.batched import propose_together
 from ngspec.errors import NgspecError
@@ -54,6 +54,7 @@ class BatchReport:
     rearrange_skipped: int = 0  # checks where compaction would have freed too little to pay
     rearrange_seconds: float = 0.0
     freed_entries: int = 0  # cache entries (rows x slots) that compactions freed
+    cost_units: float = 0.0  # the steps' summed cost in plain batched steps, by the measured table
     slot_steps: int = 0  # sum over steps of (rows x cache slots) attended
     live_steps: int = 0  # the same for live entries only: what a hole-free cache would hold
     peak_slots: int = 0
@@ -67,7 +68,7 @@ class BatchReport:
     def as_dict(self) -> dict:
         return {
             "steps": self.steps, "rearrangements": self.rearrangements, "rearrange_skipped": self.rearrange_skipped,
-            "rearrange_seconds": self.rearrange_seconds, "freed_entries": self.freed_entries,
+            "rearrange_seconds": self.rearrange_seconds, "freed_entries": self.freed_entries, "cost_units": self.cost_units,
             "mean_hole_share": self.hole_share, "peak_cache_slots": self.peak_slots, "seconds": self.seconds,
             "new_tokens": self.new_tokens, "tokens_per_second": self.new_tokens / self.seconds if self.seconds else 0.0,
         }
@@ -180,7 +181,8 @@ def generate_batch(
         trees = [tree.truncated(ctx.max_nodes, max_depth=ctx.max_nodes) for tree, ctx in zip(proposed, contexts)]
         draft_s = [(time.perf_counter() - t0) / len(rows)] * len(rows)  # drafting is shared: each row's share
         # one forward pays for the widest tree: size the rows' trees together
-        width = joint_width(trees, verify_cost(max(target.lengths)))
+        table = verify_cost(max(target.lengths))
+        width = joint_width(trees, table)
         for b, row in enumerate(rows):
             if trees[b].gains and trees[b].size > width:
                 trees[b] = trees[b].truncated(width, max_depth=width)
@@ -189,6 +191,7 @@ def generate_batch(
             budget = cfg.max_new_tokens - len(row.out)
             trees[b] = trees[b].truncated(trees[b].size, max_depth=budget - 1)
 
+        step_cost = table_cost(table, max(t.size for t in trees))
         logits = target.verify([r.out[-1] for r in rows], trees)
         verdicts = [
             accept_greedy(t, lg) if cfg.sampling.greedy else accept_sampled(t, lg.cpu(), cfg.sampling, gen)
@@ -196,6 +199,7 @@ def generate_batch(
         ]
         target.commit([v.path for v in verdicts])
         report.steps += 1
+        report.cost_units += step_cost
         use = target.use()
         report.slot_steps += use.slots * use.rows
         report.live_steps += use.live
@@ -203,7 +207,7 @@ def generate_batch(
 
         for row, tree, verdict, d in zip(rows, trees, verdicts, draft_s):
             new, row.reason = row.stopper.cut(row.out, verdict.tokens)
-            row.stats.steps.append(StepStats(tree.size, len(new), d))
+            row.stats.steps.append(StepStats(tree.size, len(new), d, step_cost))
             row.out.extend(new)
             row.drafter.observe(new)
 

@@ -130,9 +130,12 @@ class DraftContext:
 
     def cost(self, size: int) -> float:
         """Relative cost of verifying ``size`` nodes (1.0 everywhere when nothing was measured)."""
-        if not self.verify_cost:
-            return 1.0
-        return self.verify_cost[min(size, len(self.verify_cost) - 1)]
+        return table_cost(self.verify_cost, size)
+
+
+def table_cost(table: Sequence[float], size: int) -> float:
+    """A cost table's entry for ``size`` nodes (its last entry beyond it; 1.0 for no table)."""
+    return table[min(size, len(table) - 1)] if table else 1.0
 
 
 @runtime_checkable
@@ -161,6 +164,7 @@ class StepStats:
     tree_size: int
     accepted: int  # tokens emitted by this verification call, the bonus token included
     draft_seconds: float
+    verify_cost: float = 1.0  # this call's cost in plain steps, from the measured table (1.0 without one)
 
 
 @dataclass
@@ -177,3 +181,9 @@ class RunStats:
     @property
     def draft_seconds(self) -> float:
         return sum(s.draft_seconds for s in self.steps)
+
+    @property
+    def cost_units(self) -> float:
+        """The calls' summed cost in plain steps by the measured cost table: tokens per cost unit
+        is the speedup the table predicts, free of timing noise (drafting time left out)."""
+        return sum(s.verify_cost for s in self.steps)

@@ -150,7 +150,7 @@ def generate(
         target.commit(verdict.path)
 
         new, reason = stopper.cut(out, verdict.tokens)
-        stats.steps.append(StepStats(tree.size, len(new), draft_s))
+        stats.steps.append(StepStats(tree.size, len(new), draft_s, ctx.cost(tree.size)))
         out.extend(new)
         drafter.observe(new)
         emit(on_tokens, new)

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ngspec.contracts import DraftTree
+from ngspec.contracts import DraftTree, table_cost
 
 
 def depths(tree: DraftTree) -> list[int]:
@@ -131,4 +131,4 @@ def joint_width(trees: Sequence[DraftTree], cost: Sequence[float]) -> int:
     for t in trees:
         for i, g in enumerate(t.gains):
             drafted[i] += g
-    return most_paying(drafted, lambda width: cost[min(width, len(cost) - 1)], first=fixed, base=float(len(trees)))
+    return most_paying(drafted, lambda width: table_cost(cost, width), first=fixed, base=float(len(trees)))

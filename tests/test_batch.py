@@ -92,7 +92,7 @@ def test_one_width_for_the_batch_from_every_rows_gains(tiny, prompts_and_expecte
 
     # four rows: width 0 -> 4 / 1.0, 1 -> 7.6 / 1.1 = 6.9, 2 -> 10.0 / 1.4 = 7.1, 3 -> 11.2 / 1.5
     # = 7.5, 4 -> 11.6 / 1.7 = 6.8: three nodes each
-    results, _ = generate_batch(
+    results, report = generate_batch(
         tiny, prompts[:4], new_drafter, DecodeConfig(max_new_tokens=30), BatchConfig(4, 0), lambda: Stopper(frozenset()),
         verify_cost=lambda context: STEEP_BATCH_COST,
     )
@@ -100,6 +100,9 @@ def test_one_width_for_the_batch_from_every_rows_gains(tiny, prompts_and_expecte
     assert all(d.kept and set(d.kept) == {3} for d in drafters)
     first = [r.generation.stats.steps[1] for r in results]
     assert all(s.tree_size == 3 and s.accepted == 4 for s in first)
+    assert all(s.verify_cost == STEEP_BATCH_COST[3] for s in first)  # the batched step's cost, width 3
+    widths = [max(r.generation.stats.steps[i].tree_size for r in results if len(r.generation.stats.steps) > i) for i in range(1, report.steps + 1)]
+    assert report.cost_units == pytest.approx(sum(STEEP_BATCH_COST[w] for w in widths))
 
 
 def test_a_finished_row_hands_its_slot_to_the_next_prompt_and_stops_alone(tiny, prompts_and_expected):

@@ -44,3 +44,25 @@ def test_cost_table_is_cached_per_setting(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("NGSPEC_RECALIBRATE", "1")
     monkeypatch.setattr(costs_module, "measure_verify_costs", lambda *a, **k: (1.0,) * 7)
     assert costs_module.cached_verify_costs(target, "tiny", 6) == (1.0,) * 7
+
+
+def test_every_call_records_its_cost_by_the_table(tiny):
+    """What each verification cost by the measured table: tokens per cost unit is the speedup the
+    table predicts (the ablation's noise-free column); plain decoding costs one unit per call."""
+    import random
+
+    from conftest import repetitive_prompt
+    from ngspec.decode import DecodeConfig, generate
+    from ngspec.drafters import make_drafter
+
+    table = (1.0, 1.1, 1.4, 1.5)
+    target = TargetModel(tiny)
+    target.cost_tables = {0: table}
+    prompt = repetitive_prompt(random.Random(4), 96, 80)
+    got = generate(target, make_drafter("trie"), prompt, DecodeConfig(max_new_tokens=40))
+    drafted = got.stats.steps[1:]  # the first is the prefill: one plain step
+    assert any(s.tree_size >= 2 for s in drafted)  # the table's steep entries are exercised
+    assert [s.verify_cost for s in drafted] == [table[min(s.tree_size, 3)] for s in drafted]
+    assert got.stats.cost_units == 1.0 + sum(table[min(s.tree_size, 3)] for s in drafted)
+    plain = generate(target, make_drafter("vanilla"), prompt, DecodeConfig(max_new_tokens=40))
+    assert plain.stats.cost_units == plain.stats.verify_calls
