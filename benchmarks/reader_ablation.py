@@ -5,8 +5,8 @@ Every arm decodes the same prompts; batch size 1 runs the single-sequence engine
 compacted every step by construction), every arm in turn on each prompt, larger batches the
 batched engine, one arm after another. Reports tokens per call (per row), total tokens/s,
 speedup vs vanilla at the same batch size, the speedup the measured verify-cost table predicts
-from the trees actually verified (free of timing noise; drafting and compaction left out, a
-prefill counted as one plain step at batch 1 and not at all in a batch), and the self-repetition
+from the trees actually verified (free of timing noise; decoding steps only: prefills, drafting
+and compaction left out), and the self-repetition
 ceiling of the vanilla outputs without and with the datastore. With ``--rounds R`` every batch
 size runs its arms R times, the order reversed every other round (A B C, C B A, ...), and reports
 the summed time and each round's, so that drift over a run hits every arm alike. Exact match vs
@@ -155,7 +155,7 @@ def main() -> None:
             splits = [divergence(engine, x, r, t) for x, r, t in zip(ids, reference, tokens)]
             calls = sum(g.stats.verify_calls for g in gens)
             # the measured cost table's verdict, free of timing noise: batch 1 sums each call's
-            # cost (a prefill counts as one plain step), larger batches each batched step's
+            # cost, larger batches each batched step's (prefills left out)
             cost_units = report["cost_units"] if report else sum(g.stats.cost_units for g in gens)
             row = {
                 "batch_size": b, "arm": arm["label"], "drafter": arm["drafter"], "rearrange_every": arm["rearrange"] if b > 1 else None,

@@ -140,7 +140,7 @@ def generate_batch(
             row = _Row(index, prompt, drafter, new_stopper(), time.perf_counter())
             root = _first_token(target.admit(prompt, slot), cfg.sampling, gen)
             row.out, row.reason = row.stopper.cut([], [root])
-            row.stats.steps.append(StepStats(0, len(row.out), 0.0))
+            row.stats.steps.append(StepStats(0, len(row.out), 0.0, 0.0))  # the prefill
             drafter.start(prompt)
             drafter.observe(row.out)
             return row

@@ -164,7 +164,7 @@ class StepStats:
     tree_size: int
     accepted: int  # tokens emitted by this verification call, the bonus token included
     draft_seconds: float
-    verify_cost: float = 1.0  # this call's cost in plain steps, from the measured table (1.0 without one)
+    verify_cost: float = 1.0  # this call's cost in plain steps by the measured table (1.0 without one; 0 for the prefill)
 
 
 @dataclass
@@ -184,6 +184,6 @@ class RunStats:
 
     @property
     def cost_units(self) -> float:
-        """The calls' summed cost in plain steps by the measured cost table: tokens per cost unit
-        is the speedup the table predicts, free of timing noise (drafting time left out)."""
+        """The verification calls' summed cost in plain steps by the measured cost table (the
+        prefill left out): per token, what the table predicts, free of timing noise."""
         return sum(s.verify_cost for s in self.steps)

@@ -125,7 +125,7 @@ def generate(
     target.feature_layers = getattr(drafter, "feature_layers", None)  # EAGLE-3 reads three layers
     root = _first_token(target.prefill(prompt), cfg.sampling, gen)
     out, reason = stopper.cut([], [root])
-    stats.steps.append(StepStats(tree_size=0, accepted=len(out), draft_seconds=0.0))  # the prefill
+    stats.steps.append(StepStats(tree_size=0, accepted=len(out), draft_seconds=0.0, verify_cost=0.0))  # the prefill
     drafter.start(prompt)
     drafter.observe(out)
     emit(on_tokens, out)
