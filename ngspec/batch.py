@@ -5,9 +5,10 @@ The loop is `decode.generate` for B rows: every row proposes a tree, the trees g
 every row), one forward verifies all of them (`BatchTarget.verify`), each row accepts along its
 own tree, the accepted entries are kept and the rest become holes. Every ``rearrange_every`` steps
 the cache is compacted if that frees at least ``rearrange_min_share`` of its slots (compaction
-copies the whole cache, which costs more than a few steps' attention over a few holes). A finished row hands its slot to the next waiting prompt; a prompt that
-cannot run (longer than the context window) fails alone with a clear message. Every row's output
-equals its own plain decoding.
+copies the whole cache, which costs more than a few steps' attention over a few holes). A
+finished row hands its slot to the next waiting prompt; a prompt that cannot run (longer than the
+context window) fails alone with a clear message. Every row's output equals its own plain
+decoding.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ RoPE) count its live entries only, so holes never shift anything.
 
 Holes cost memory and attention time, so `rearrange` compacts the cache (one gather per layer puts
 every row's live entries first); the loop checks every N steps (`--rearrange-every`) and compacts
-when that frees enough (`--rearrange-min-share`). A new
-prompt is prefilled on its own and written into a free row; finished rows are dropped.
+when that frees enough (`--rearrange-min-share`). A new prompt is prefilled on its own and written
+into a free row; finished rows are dropped.
 """
 
 from __future__ import annotations
