@@ -117,6 +117,10 @@ def main() -> None:
         for arm in chosen:
             factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
             news[arm["label"]] = lambda arm=arm, factory=factory: make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
+
+        def batch_config(arm: dict) -> BatchConfig:
+            return BatchConfig(b, arm["rearrange"], args.rearrange_min_share, arm.get("joint", True), arm.get("together", True))
+
         # untimed warm-up, every arm once on the first prompts: first allocations and lazy setup
         # (the head's first forwards cost about a third more) land on no arm's clock
         warm = replace(cfg, max_new_tokens=min(16, cfg.max_new_tokens))
@@ -124,7 +128,7 @@ def main() -> None:
             if b == 1:
                 engine.run(ids[0], news[arm["label"]](), warm)
             else:
-                engine.run_batch(ids[:b], news[arm["label"]], warm, BatchConfig(b, arm["rearrange"], args.rearrange_min_share, arm.get("joint", True), arm.get("together", True)))
+                engine.run_batch(ids[:b], news[arm["label"]], warm, batch_config(arm))
         done = {arm["label"]: None for arm in chosen}
         spent: dict[str, list[float]] = {arm["label"]: [] for arm in chosen}
         reports: dict[str, dict] = {}
@@ -141,12 +145,12 @@ def main() -> None:
                 for label in gens:
                     done[label] = gens[label]
                     spent[label].append(took[label])
-                continue
-            for arm in order:
-                out, rep = engine.run_batch(ids, news[arm["label"]], cfg, BatchConfig(b, arm["rearrange"], args.rearrange_min_share, arm.get("joint", True), arm.get("together", True)))
-                done[arm["label"]] = [r.generation for r in out]
-                spent[arm["label"]].append(rep.seconds)
-                reports[arm["label"]] = rep.as_dict()
+            else:
+                for arm in order:
+                    out, rep = engine.run_batch(ids, news[arm["label"]], cfg, batch_config(arm))
+                    done[arm["label"]] = [r.generation for r in out]
+                    spent[arm["label"]].append(rep.seconds)
+                    reports[arm["label"]] = rep.as_dict()
         for arm in chosen:
             gens, seconds, report = done[arm["label"]], sum(spent[arm["label"]]), reports.get(arm["label"])
             tokens = [g.token_ids for g in gens]
