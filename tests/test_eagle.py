@@ -13,7 +13,7 @@ from ngspec.contracts import DraftTree
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import make_drafter
 from ngspec.drafters.eagle import EagleOptions, check_choices, eagle_factory, read_choices
-from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, load_draft_vocab, load_head, save_draft_vocab, save_head
+from ngspec.eagle.head import EagleHead, draft_vocab_counts, head_config_for, init_from_target, load_draft_vocab, load_head, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
 from ngspec.models import tiny_model
 from ngspec.target import TargetModel
@@ -136,9 +136,13 @@ def test_draft_vocabulary_drafts_only_its_tokens_and_stays_lossless(tiny, tree):
 def test_draft_vocab_file_round_trip_and_damage(tmp_path):
     save_draft_vocab(tmp_path, [[5, 5, 7], [7, 5, 9]])
     assert load_draft_vocab(tmp_path) == [5, 7, 9]
-    (tmp_path / "draft_vocab.json").write_text("{broken")
-    with pytest.raises(NgspecError, match="damaged"):
-        load_draft_vocab(tmp_path)
+    assert draft_vocab_counts(tmp_path) == {5: 3, 7: 2, 9: 1}
+    save_draft_vocab(tmp_path, [[9, 9]], prior={5: 3, 7: 2, 9: 1})  # a fine-tuned head's vocabulary: counts add up
+    assert draft_vocab_counts(tmp_path) == {9: 3, 5: 3, 7: 2}
+    for damage in ("{broken", '{"ids": [1, 2], "counts": [4]}', "[1, 2]"):
+        (tmp_path / "draft_vocab.json").write_text(damage)
+        with pytest.raises(NgspecError, match="damaged"):
+            load_draft_vocab(tmp_path)
     assert load_draft_vocab(tmp_path / "nothing") is None
 
 

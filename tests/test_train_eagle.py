@@ -101,6 +101,30 @@ def test_saved_head_drafts_like_the_trained_one(tmp_path, model):
     assert trees[0] == trees[1] and trees[0].size == 8
 
 
+def test_fine_tuning_starts_from_the_given_head_and_keeps_its_vocabulary(tmp_path, model):
+    from collections import Counter
+
+    from ngspec.eagle.head import draft_vocab_counts
+
+    first, second = examples(seed=6), examples(seed=7)
+    trained, _ = train_head(model, first, target_features(model, first), tmp_path / "a", TrainOptions(epochs=2, batch_tokens=70))
+    feats = target_features(model, second)
+    still, _ = train_head(model, second, feats, tmp_path / "b", TrainOptions(epochs=1, batch_tokens=70, lr=1e-12, init_head=str(tmp_path / "a")))
+    fresh, _ = train_head(model, second, feats, tmp_path / "c", TrainOptions(epochs=1, batch_tokens=70, lr=1e-12))
+    weights = trained.state_dict()
+    assert all(torch.allclose(v, weights[k], atol=1e-6) for k, v in still.state_dict().items())
+    assert not torch.allclose(fresh.fc.weight, trained.fc.weight, atol=1e-3)
+    responses = Counter(int(t) for ex in first + second for t in ex.ids[ex.prompt_len :])
+    assert draft_vocab_counts(tmp_path / "b") == dict(responses)
+
+
+def test_fine_tuning_a_missing_head_is_refused(model):
+    from ngspec.errors import NgspecError
+
+    with pytest.raises(NgspecError, match="no EAGLE head directory"):
+        train_module.initial_head(model, "no/such/head")
+
+
 runner = CliRunner()
 
 
@@ -115,6 +139,11 @@ def test_unroll_below_one_is_refused(tmp_path):
     result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path / "h"), "--unroll", "0"])
     assert result.exit_code == 1 and "--unroll >= 1" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "h").exists()
+
+
+def test_fine_tuning_into_its_own_directory_is_refused(tmp_path):
+    result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path), "--init-head", str(tmp_path)])
+    assert result.exit_code == 1 and "--out must differ from --init-head" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ def train_eagle_command(
     holdout: Annotated[int, typer.Option(help="Examples kept aside to measure acceptance after training.")] = 12,
     eval_tokens: Annotated[int, typer.Option(help="Tokens generated per held-out prompt for the evaluation.")] = 64,
     checkpoint_every: Annotated[int, typer.Option(help="Optimiser steps between checkpoints (a rerun resumes from the last).")] = 50,
+    init_head: Annotated[Optional[Path], typer.Option("--init-head", help="Fine-tune this trained EAGLE-1 head (e.g. a general head, on your own traffic) instead of starting from the target's weights; its draft vocabulary is kept and extended.")] = None,
     max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for initialisation, data order and the holdout split.")] = 0,
     device: DeviceOpt = "auto",
@@ -37,30 +38,36 @@ def train_eagle_command(
 ) -> None:
     """Train an EAGLE-1 draft head (feature regression + token cross-entropy on the model's own
     features) and save it in the public layout for `--drafter eagle --eagle-head DIR`. Interrupted
-    runs resume from the last checkpoint in --out.
+    runs resume from the last checkpoint in --out. With --init-head it fine-tunes a trained head
+    instead, e.g. a general head on your own prompts and the model's answers to them.
 
-    Example: ngspec train-eagle --corpus corpora/smollm2-self.jsonl --out heads/smollm2
+    Examples: ngspec train-eagle --corpus corpora/smollm2-self.jsonl --out heads/smollm2
+    ngspec train-eagle --corpus my-answers.jsonl --init-head heads/smollm2 --out heads/smollm2-mine --epochs 2
     """
     from itertools import islice
 
     from ngspec.datastore.corpus import iter_records
     from ngspec.drafters.eagle import EagleOptions
-    from ngspec.eagle.train import TrainOptions, evaluate, examples_from_records, target_features, train_head, write_report
+    from ngspec.eagle.train import TrainOptions, evaluate, examples_from_records, initial_head, target_features, train_head, write_report
     from ngspec.engine import Engine
     from ngspec.models import load_model
 
     opts = TrainOptions(epochs=epochs, lr=lr, batch_tokens=batch_tokens, max_len=max_len, noise=noise, unroll=unroll, ce_vocab=ce_vocab,
-                        holdout=holdout, checkpoint_every=checkpoint_every, seed=seed)
+                        holdout=holdout, checkpoint_every=checkpoint_every, seed=seed, init_head=str(init_head or ""))
     if max_records is not None and max_records < 1:
         raise NgspecError("--max-records must be at least 1")
     if out.exists() and not out.is_dir():
         raise NgspecError(f"--out {out} exists and is not a directory")
+    if init_head is not None and out.resolve() == init_head.resolve():
+        raise NgspecError("--out must differ from --init-head: the head being fine-tuned is read, not overwritten")
     out.mkdir(parents=True, exist_ok=True)
     records = iter_records(corpus)
     if max_records is not None:
         records = islice(records, max_records)
     render.info(f"loading model {model} ...")
     loaded = load_model(model, device, dtype)
+    if init_head is not None:
+        initial_head(loaded.model, opts.init_head)  # a wrong head fails now, not after the feature pass
     examples = examples_from_records(records, loaded.tokenizer, max_len)
     if len(examples) <= holdout:
         raise NgspecError(f"{corpus} gave {len(examples)} usable (instruction, response) examples; need more than --holdout {holdout}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -142,31 +142,45 @@ def save_head(head: EagleHead, directory: Path) -> None:
 DRAFT_VOCAB = "draft_vocab.json"
 
 
-def ranked_tokens(responses: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
-    """(token, count) over ``responses``, most frequent first (ties by first appearance)."""
-    return Counter(int(t) for r in responses for t in r).most_common()
+def ranked_tokens(responses: Iterable[Sequence[int]], prior: Mapping[int, int] | None = None) -> list[tuple[int, int]]:
+    """(token, count) over ``responses`` plus ``prior`` counts (a head being fine-tuned keeps the
+    vocabulary of its first corpus), most frequent first (ties by first appearance)."""
+    counts = Counter(int(t) for r in responses for t in r)
+    counts.update(prior or {})
+    return counts.most_common()
 
 
-def save_draft_vocab(directory: Path, responses: Iterable[Sequence[int]]) -> None:
+def save_draft_vocab(directory: Path, responses: Iterable[Sequence[int]], prior: Mapping[int, int] | None = None) -> None:
     """Write the tokens of the training responses, most frequent first, with their counts: the
     drafter can restrict the LM head to the top ones (``--draft-vocab N``), which on a CPU is most
     of EAGLE's drafting time (every depth reads the whole LM-head matrix otherwise)."""
-    ranked = ranked_tokens(responses)
+    ranked = ranked_tokens(responses, prior)
     tmp = directory / f".{DRAFT_VOCAB}.tmp"
     tmp.write_text(json.dumps({"ids": [t for t, _ in ranked], "counts": [c for _, c in ranked]}))
     tmp.replace(directory / DRAFT_VOCAB)
 
 
-def load_draft_vocab(directory: Path) -> list[int] | None:
-    """Token ids of the head's draft vocabulary, most frequent first (None when it has none)."""
+def draft_vocab_counts(directory: Path) -> dict[int, int] | None:
+    """The head's draft vocabulary as {token: count in its training responses}, most frequent
+    first (None when it has none)."""
     path = Path(directory) / DRAFT_VOCAB
     if not path.is_file():
         return None
     try:
-        ids = [int(t) for t in json.loads(path.read_text())["ids"]]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        raw = json.loads(path.read_text())
+        ids = [int(t) for t in raw["ids"]]
+        counts = [int(c) for c in raw.get("counts", [1] * len(ids))]
+        if len(counts) != len(ids):
+            raise ValueError(f"{len(ids)} ids but {len(counts)} counts")
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError) as exc:
         raise NgspecError(f"{path} is damaged ({exc}); delete it to draft over the whole vocabulary") from None
-    return ids
+    return dict(zip(ids, counts))
+
+
+def load_draft_vocab(directory: Path) -> list[int] | None:
+    """Token ids of the head's draft vocabulary, most frequent first (None when it has none)."""
+    counts = draft_vocab_counts(directory)
+    return None if counts is None else list(counts)
 
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:

@@ -13,6 +13,10 @@ prediction, and the query attends to the true-feature entries of positions 0..j 
 predicted entries, exactly the cache a depth-s draft node sees. Each depth's loss is added with the
 same weight; a step costs about k times as much.
 
+With ``init_head`` training starts from a trained EAGLE-1 head instead of the target's weights
+(fine-tuning a general head on one's own traffic); the new head's draft vocabulary is the union of
+the old one and the new responses' tokens, ranked by their counts in both corpora.
+
 The target runs once over the corpus (its features are kept in memory as bfloat16, about 1 KB per
 token for the default model); then the head trains for ``epochs`` passes with AdamW, a warm-up and
 cosine decay. A checkpoint (head, optimiser, position in the data) is written atomically every
@@ -34,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, ranked_tokens, save_draft_vocab, save_head
+from ngspec.eagle.head import EagleHead, draft_vocab_counts, head_config_for, init_from_target, load_head, ranked_tokens, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
 from ngspec.tree import additive_mask
 
@@ -55,6 +59,7 @@ class TrainOptions:
     holdout: int = 12  # examples kept aside to measure acceptance
     checkpoint_every: int = 50
     seed: int = 0
+    init_head: str = ""  # a trained EAGLE-1 head to start from (fine-tuning); "" = initialise from the target
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_tokens < 1 or self.max_len < 8 or self.lr <= 0:
@@ -106,16 +111,16 @@ def target_features(model, examples: list[Example], progress: Callable[[int], No
     return out
 
 
-def output_weight(model, train: list[Example], ce_vocab: int) -> torch.Tensor:
+def output_weight(model, train: list[Example], ce_vocab: int, prior: dict[int, int] | None = None) -> torch.Tensor:
     """The LM-head rows the cross-entropy is computed over: the ``ce_vocab`` tokens most frequent
-    in the training responses (what the drafter drafts over with ``--draft-vocab``), or the whole
+    in the training responses, plus ``prior`` counts (what the drafter drafts over with ``--draft-vocab``), or the whole
     matrix (``ce_vocab`` 0, or an LM head with a bias). On a CPU the two full-vocabulary products
     per position are most of a training step (the default model: 8,192 rows make a step 6.9x
     faster and hold 94% of the model's probability on its own answers, BENCHMARKS.md section 8)."""
     lm_head = model.get_output_embeddings()
     if not ce_vocab or getattr(lm_head, "bias", None) is not None:
         return lm_head.weight
-    ids = [t for t, _ in ranked_tokens(ex.ids[ex.prompt_len :].tolist() for ex in train)[:ce_vocab]]
+    ids = [t for t, _ in ranked_tokens((ex.ids[ex.prompt_len :].tolist() for ex in train), prior)[:ce_vocab]]
     return lm_head.weight.index_select(0, torch.tensor(sorted(ids), device=lm_head.weight.device))
 
 
@@ -211,6 +216,22 @@ def _batches(order: list[int], examples: list[Example], batch_tokens: int) -> li
     return batches
 
 
+def initial_head(model, init_head: str) -> tuple[EagleHead, dict[int, int] | None]:
+    """The head training starts from, float32, with the draft-vocabulary counts it brings: a fresh
+    head initialised from the target, or a copy of the trained EAGLE-1 head at ``init_head``
+    (fine-tuning a general head on your own traffic), whose vocabulary the new one keeps."""
+    if not init_head:
+        head = EagleHead(head_config_for(model))
+        init_from_target(head, model)
+        return head, None
+    head = load_head(Path(init_head), model)
+    if not isinstance(head, EagleHead):
+        raise NgspecError(f"--init-head {init_head} is an EAGLE-3 head; train-eagle trains and fine-tunes EAGLE-1 heads")
+    for p in head.parameters():
+        p.requires_grad_(True)
+    return head.float(), draft_vocab_counts(Path(init_head))
+
+
 def train_head(
     model,
     train: list[Example],
@@ -221,13 +242,12 @@ def train_head(
 ) -> tuple[EagleHead, list[dict]]:
     """Train (or resume) a head; returns it and the per-step log."""
     torch.manual_seed(opts.seed)
-    head = EagleHead(head_config_for(model))
-    init_from_target(head, model)
+    head, prior = initial_head(model, opts.init_head)
     head.to(next(model.parameters()).device).train()
     for p in model.parameters():
         p.requires_grad_(False)
     optimiser = torch.optim.AdamW(head.parameters(), lr=opts.lr, weight_decay=0.0)
-    weight = output_weight(model, train, opts.ce_vocab).float()
+    weight = output_weight(model, train, opts.ce_vocab, prior).float()
     plans = []
     for epoch in range(opts.epochs):
         order = list(range(len(train)))
@@ -283,7 +303,7 @@ def train_head(
         raise
     head.eval()
     save_head(head, out)
-    save_draft_vocab(out, (ex.ids[ex.prompt_len :].tolist() for ex in train))
+    save_draft_vocab(out, (ex.ids[ex.prompt_len :].tolist() for ex in train), prior)
     ckpt.unlink(missing_ok=True)
     return head, log
 
