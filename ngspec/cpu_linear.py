@@ -253,6 +253,28 @@ def tune_linears(model: nn.Module, notify: Callable[[str], None] | None = None) 
     return plan
 
 
+def share_plan(model: nn.Module, other: nn.Module) -> KernelPlan | None:
+    """Give ``other``, a small module run between ``model``'s forwards (an EAGLE head), ``model``'s
+    plan; returns it. Tuning ``other`` alone would leave it untouched (under ``MIN_TUNED_BYTES``)
+    or time it with its weights in cache, but each target forward evicts them, so it reads them
+    from memory as the target does: on the AMD EPYC the default model's head layers take 0.97 ms
+    for one row with ``transposed`` against 1.52 ms with ``linear`` (BENCHMARKS.md section 9)."""
+    plan = tune_linears(model)
+    if plan is not None and current_plan(other) is None:
+        use_plan(other, plan)
+    return plan
+
+
+def planned_product(x: torch.Tensor, weight: torch.Tensor, plan: KernelPlan | None) -> torch.Tensor:
+    """``x @ weight.T`` (any leading dimensions) with the kernel ``plan`` names for its rows, for a
+    weight made on the fly (rows picked from a layer) that has no packed copy: where the plan
+    names ``packed``, and without a plan, the ordinary product."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if plan is None or not rows or x.dtype != torch.float32 or plan.for_rows(rows) != "transposed":
+        return x @ weight.T
+    return _transposed(x.reshape(rows, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
+
+
 @contextmanager
 def stock_linears(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` with its tuned layers working as plain `nn.Linear` inside the block (the plan and

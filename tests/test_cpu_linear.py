@@ -151,3 +151,36 @@ def test_measurement_reads_a_budget_of_layers_and_every_shape():
     assert {tuple(m.weight.shape) for m in chosen} == {tuple(m.weight.shape) for m in layers}
     assert len(chosen) < len(layers)
     assert cpu_linear.timed_layers(model, budget=1 << 40) == layers
+
+
+@pytest.mark.parametrize("kernel", [None, *AVAILABLE])
+def test_planned_product_is_the_product_with_the_plans_kernel(kernel):
+    from ngspec.cpu_linear import planned_product
+
+    torch.manual_seed(1)
+    weight = torch.randn(70, 24)
+    plan = KernelPlan.uniform(kernel) if kernel else None
+    for shape in ((1, 24), (3, 24), (2, 5, 24), (40, 24)):
+        x = torch.randn(shape)
+        got = planned_product(x, weight, plan)
+        assert got.shape == (*shape[:-1], 70)
+        if kernel == "transposed":
+            assert torch.allclose(got.double(), x.double() @ weight.double().T, atol=1e-4, rtol=1e-5)
+        else:  # no plan, linear, and packed (the weight has no packed copy): the ordinary product
+            assert torch.equal(got, x @ weight.T)
+
+
+def test_an_eagle_head_runs_the_targets_kernel_plan(monkeypatch):
+    from ngspec.drafters.eagle import EagleOptions, eagle_factory
+    from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
+
+    target = tiny_model("llama", seed=3)
+    head = EagleHead(head_config_for(target))
+    init_from_target(head, target)
+    monkeypatch.delenv("NGSPEC_CPU_KERNELS", raising=False)
+    assert eagle_factory(target, head, EagleOptions())().plan is None  # a tiny target keeps ordinary layers
+    assert current_plan(head) is None
+    monkeypatch.setenv("NGSPEC_CPU_KERNELS", "transposed")
+    drafter = eagle_factory(target, head, EagleOptions())()
+    assert drafter.plan is current_plan(target) is current_plan(head)
+    assert all(isinstance(m, TunedLinear) for m in head.modules() if isinstance(m, nn.Linear))

@@ -26,6 +26,7 @@ from typing import Generator, Sequence
 import torch
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.cpu_linear import KernelPlan, planned_product, share_plan
 from ngspec.eagle.batched import Drafting, HeadCall, drive
 from ngspec.eagle.head import EagleHead
 from ngspec.errors import NgspecError
@@ -118,9 +119,10 @@ class EagleDrafter:
 
     def __init__(
         self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None = None,
-        target_params: int = 0,
+        target_params: int = 0, plan: KernelPlan | None = None,
     ) -> None:
         self.head, self.embed, self.lm_head, self.opts = head, embed, lm_head, opts
+        self.plan = plan  # the target's CPU kernel plan, for the draft-vocabulary product
         self.target_params = target_params
         self.head_cost = 0.0  # one head step relative to a target step (weights read), see `start`
         self.param = next(head.parameters())
@@ -151,7 +153,7 @@ class EagleDrafter:
             return self.head.draft_logits(features)
         if self._weight is None:
             return self.lm_head(features)
-        return features @ self._weight.T  # over the draft vocabulary only
+        return planned_product(features, self._weight, self.plan)  # over the draft vocabulary only
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         pass
@@ -279,7 +281,8 @@ def _tree(nodes: list[_Node], order: list[int]) -> DraftTree:
 def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequence[int] | None = None):
     """A drafter factory over one loaded head and the target's embedding and LM head; ``vocab``
     (the head's draft vocabulary, most frequent first; None for heads that have none) is used when
-    ``opts.draft_vocab`` > 0 and the LM head has no bias."""
+    ``opts.draft_vocab`` > 0 and the LM head has no bias. On a CPU the head's layers and the
+    draft-vocabulary product run the target's kernel plan (`ngspec.cpu_linear.share_plan`)."""
     embed = target_model.get_input_embeddings()
     lm_head = target_model.get_output_embeddings()
     dtype = lm_head.weight.dtype
@@ -288,4 +291,5 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
     if getattr(lm_head, "bias", None) is not None:
         vocab = None
     target_params = sum(p.numel() for p in target_model.parameters())
-    return lambda: EagleDrafter(head, embed, lm_head, opts, vocab, target_params)
+    plan = share_plan(target_model, head)
+    return lambda: EagleDrafter(head, embed, lm_head, opts, vocab, target_params, plan)
