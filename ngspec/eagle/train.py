@@ -113,8 +113,8 @@ def target_features(model, examples: list[Example], progress: Callable[[int], No
 
 def output_weight(model, train: list[Example], ce_vocab: int, prior: dict[int, int] | None = None) -> torch.Tensor:
     """The LM-head rows the cross-entropy is computed over: the ``ce_vocab`` tokens most frequent
-    in the training responses, plus ``prior`` counts (what the drafter drafts over with ``--draft-vocab``), or the whole
-    matrix (``ce_vocab`` 0, or an LM head with a bias). On a CPU the two full-vocabulary products
+    in the training responses plus ``prior`` counts (what the drafter drafts over with
+    ``--draft-vocab``), or the whole matrix (``ce_vocab`` 0, or an LM head with a bias). On a CPU the two full-vocabulary products
     per position are most of a training step (the default model: 8,192 rows make a step 6.9x
     faster and hold 94% of the model's probability on its own answers, BENCHMARKS.md section 8)."""
     lm_head = model.get_output_embeddings()
