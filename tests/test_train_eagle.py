@@ -157,6 +157,26 @@ def test_train_eagle_command_on_the_default_model(tmp_path):
     assert (out / "config.json").is_file() and (out / "train_report.json").is_file()
 
 
+@pytest.mark.slow
+def test_train_eagle_command_fine_tunes_a_head_of_the_default_model(tmp_path):
+    from ngspec.eagle.head import EagleHead, draft_vocab_counts, head_config_for, save_draft_vocab, save_head
+    from ngspec.models import load_model
+
+    target = load_model("default", "cpu", "float32").model
+    start = tmp_path / "start"
+    start.mkdir()
+    save_head(EagleHead(head_config_for(target)), start)
+    save_draft_vocab(start, [[7, 7, 8]])
+    out = tmp_path / "tuned"
+    result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(out), "--init-head", str(start),
+                                 "--max-records", "4", "--epochs", "1", "--holdout", "1", "--eval-tokens", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["options"]["init_head"] == str(start) and report["evaluation"]["identical_to_greedy"] == 1
+    counts = draft_vocab_counts(out)
+    assert counts.get(7, 0) >= 2 and counts.get(8, 0) >= 1  # the first head's vocabulary is kept
+
+
 def test_cross_entropy_vocabulary_is_the_most_frequent_response_tokens(model):
     from ngspec.eagle.train import example_loss, output_weight
 
