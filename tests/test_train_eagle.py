@@ -146,6 +146,12 @@ def test_fine_tuning_into_its_own_directory_is_refused(tmp_path):
     assert result.exit_code == 1 and "--out must differ from --init-head" in result.output and "Traceback" not in result.output
 
 
+def test_fine_tuning_a_missing_head_fails_before_the_feature_pass(tmp_path):
+    result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path / "h"), "--init-head", str(tmp_path / "none")])
+    assert result.exit_code == 1 and "no EAGLE head directory" in result.output and "Traceback" not in result.output
+    assert not any((tmp_path / "h").iterdir())
+
+
 @pytest.mark.slow
 def test_train_eagle_command_on_the_default_model(tmp_path):
     out = tmp_path / "head"

@@ -227,8 +227,6 @@ def initial_head(model, init_head: str) -> tuple[EagleHead, dict[int, int] | Non
     head = load_head(Path(init_head), model)
     if not isinstance(head, EagleHead):
         raise NgspecError(f"--init-head {init_head} is an EAGLE-3 head; train-eagle trains and fine-tunes EAGLE-1 heads")
-    for p in head.parameters():
-        p.requires_grad_(True)
     return head.float(), draft_vocab_counts(Path(init_head))
 
 
