@@ -1,6 +1,11 @@
 """READER's ablation on one machine, in one process: EAGLE alone, + search branch, + deepening,
 + KV rearrangement, + tuned tree, next to vanilla and trie, at several batch sizes.
 
+"EAGLE" is the `eagle` drafter, whose tree is sized by the measured verify cost like every
+`eagle+search` arm's (so "+ search branch" adds the branch and nothing else); "EAGLE, whole tree"
+verifies the head's whole tree every step, as the paper's EAGLE alone does on a GPU (with
+``--flat-cost`` the two are the same).
+
 Every arm decodes the same prompts; batch size 1 runs the single-sequence engine (its cache is
 compacted every step by construction), every arm in turn on each prompt, larger batches the
 batched engine, one arm after another. Reports tokens per call (per row), total tokens/s,
@@ -41,6 +46,9 @@ from ngspec.models import load_model
 from ngspec.prompts import encode, load_prompts
 
 
+WHOLE_TREE = "eagle (whole tree)"  # the head's whole tree, verified even where nodes cost (the paper's EAGLE alone)
+
+
 def arms(args, eagle_opts: EagleOptions, tuned: EagleOptions | None) -> list[dict]:
     """(label, drafter, options, eagle options, rearrange-every) of every arm, in ablation order."""
     base = DrafterOptions(search_depth=args.search_depth)
@@ -49,6 +57,7 @@ def arms(args, eagle_opts: EagleOptions, tuned: EagleOptions | None) -> list[dic
         {"label": "trie", "drafter": "trie", "opts": base, "eagle": eagle_opts, "rearrange": args.rearrange_every},
         {"label": "search", "drafter": "search", "opts": base, "eagle": eagle_opts, "rearrange": args.rearrange_every},
         {"label": "EAGLE", "drafter": "eagle", "opts": base, "eagle": eagle_opts, "rearrange": 0},
+        {"label": "EAGLE, whole tree", "drafter": WHOLE_TREE, "opts": base, "eagle": eagle_opts, "rearrange": 0},
         {"label": "+ search branch", "drafter": "eagle+search", "opts": base, "eagle": eagle_opts, "rearrange": 0},
         {"label": "+ deepening", "drafter": "eagle+search", "opts": replace(base, deepen=True), "eagle": eagle_opts, "rearrange": 0},
         {"label": "+ KV rearrangement", "drafter": "eagle+search", "opts": replace(base, deepen=True), "eagle": eagle_opts, "rearrange": args.rearrange_every},
@@ -116,7 +125,7 @@ def main() -> None:
         news = {}
         for arm in chosen:
             factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
-            news[arm["label"]] = lambda arm=arm, factory=factory: make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
+            news[arm["label"]] = lambda arm=arm, factory=factory: factory() if arm["drafter"] == WHOLE_TREE else make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
 
         def batch_config(arm: dict) -> BatchConfig:
             return BatchConfig(b, arm["rearrange"], args.rearrange_min_share, arm.get("joint", True), arm.get("together", True))

@@ -44,7 +44,7 @@ STEEP_BATCH_COST = (1.0, 1.1, 1.4, 1.5, 1.7, 1.9) + (2.5,) * 60
 
 
 @pytest.mark.parametrize("joint", [True, False], ids=["joint-sizing", "rows-alone"])
-@pytest.mark.parametrize("drafter", ["trie", "search", "eagle+search"])
+@pytest.mark.parametrize("drafter", ["trie", "search", "eagle", "eagle+search"])
 def test_rows_sized_together_still_match_their_own_plain_greedy(tiny, tiny_eagle, tiny_datastore, prompts_and_expected, drafter, joint):
     prompts, expected = prompts_and_expected
     opts = DrafterOptions(search_depth=6, deepen=True)

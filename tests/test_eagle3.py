@@ -9,7 +9,7 @@ import torch
 
 from conftest import hf_greedy, repetitive_prompt
 from ngspec.decode import DecodeConfig, generate
-from ngspec.drafters import make_drafter
+from ngspec.drafters import DrafterOptions, make_drafter
 from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.eagle.head import load_head
 from ngspec.eagle.head3 import Eagle3Head, feature_layers, head3_config_for, save_head3
@@ -70,15 +70,18 @@ def test_drafts_are_mapped_through_d2t(tiny):
     assert all(t % 2 == 1 for t in tree.tokens)  # only odd ids are in the draft vocabulary
 
 
+@pytest.mark.parametrize("cost", [(), (1.0, 1.01, 1.05, 1.6) + (2.5,) * 30], ids=["flat-cost", "steep-cost"])
+@pytest.mark.parametrize("name", ["eagle", "eagle+search"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
-def test_eagle3_drafts_match_plain_greedy(tiny, tree):
+def test_eagle3_drafts_match_plain_greedy(tiny, tree, name, cost):
     head = random_head3(tiny, seed=1)
     head.feature_layers = feature_layers(tiny.config.num_hidden_layers)
     rng = random.Random(8)
     target = TargetModel(tiny)
+    target.cost_tables = {0: cost}
     for case in range(4):
         prompt = repetitive_prompt(rng, 96, rng.randrange(4, 60))
-        drafter = make_drafter("eagle", eagle=eagle_factory(tiny, head, EagleOptions(tree=tree, top_k=3, depth=3, total_tokens=10)))
+        drafter = make_drafter(name, DrafterOptions(search_depth=6, deepen=True), eagle=eagle_factory(tiny, head, EagleOptions(tree=tree, top_k=3, depth=3, total_tokens=10)))
         got = generate(target, drafter, prompt, DecodeConfig(max_new_tokens=24))
         assert got.token_ids == hf_greedy(tiny, prompt, 24), f"case {case}"
 

@@ -246,6 +246,41 @@ def test_eagle_search_runs_the_head_only_when_it_pays():
     assert eagle.deferred == 1 and len(eagle.caps) == 2
 
 
+def test_eagle_alone_is_sized_like_eagle_search_without_a_branch():
+    history = [1, 2, 3, 4, 5, 6] * 4
+    eagle_tree = DraftTree((3, 9, 4, 7), (-1, -1, 0, 2))
+    scores = [math.log(0.9), math.log(0.01), math.log(0.5), math.log(0.001)]
+    ctx = DraftContext(history + [1, 2], len(history), 20)
+    free = EagleSearchDrafter.alone(ScoredEagle(eagle_tree, scores))
+    free.start(history)
+    assert free.name == "eagle"
+    assert free.propose(ctx) == eagle_tree  # flat cost: EAGLE's whole tree, no branch ("3 4 5" is there to find)
+    assert free.eagle.caps == [20]  # no nodes reserved for a branch
+    steep = EagleSearchDrafter.alone(ScoredEagle(eagle_tree, scores))
+    steep.start(history)
+    cost = (1.0, 1.0, 1.0, 1.5) + (3.0,) * 20  # two nodes are free, a third costs half a step
+    tree = steep.propose(DraftContext(ctx.tokens, ctx.prompt_len, 20, cost))
+    assert tree.tokens == (3, 4) and tree.parents == (-1, 0)  # the two most likely, still a tree
+    steep.observe([3, 4, 8])
+    assert steep.calibration._totals["eagle"] == (2, pytest.approx(0.9 + 0.5))
+    assert steep.stats() == {"head_skipped": 0}
+
+
+def test_eagle_alone_drafts_nothing_when_its_top_guess_does_not_pay():
+    history = [1, 2, 3, 4, 5, 6] * 4
+    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.3)
+    drafter = EagleSearchDrafter.alone(eagle)
+    drafter.start(history)
+    cost = (1.0, 1.1) + (2.0,) * 20
+    for step in range(8):  # its guesses are always wrong: the rate falls from the prior's half
+        ctx = DraftContext(history + [50] * step, len(history), 20, cost)
+        tree = drafter.propose(ctx)
+        drafter.observe([50])
+    # (accepted + 1) / (tried + 2) below the head's cost plus a node's: the step drafts nothing
+    assert tree.size == 0 and eagle.deferred >= 1
+    assert drafter.stats()["head_skipped"] == eagle.deferred
+
+
 def test_accepted_path_takes_the_longest_matching_path():
     tree = DraftTree((4, 4, 5, 6), (-1, -1, 1, 2))
     assert accepted_path(tree, [4, 5, 6]) == [1, 2, 3]

@@ -109,7 +109,9 @@ def _mixed(opts: DrafterOptions, res: Resources) -> Drafter:
 
 
 def _eagle(opts: DrafterOptions, res: Resources) -> Drafter:
-    return res.eagle()
+    from ngspec.drafters.search import EagleSearchDrafter
+
+    return EagleSearchDrafter.alone(res.eagle())
 
 
 def _search(opts: DrafterOptions, res: Resources) -> Drafter:

@@ -51,11 +51,13 @@ class SearchBranch:
         self.last_key: tuple[str, int] = ("none", 0)  # the last branch's source and match length
 
     def start(self, prompt: Sequence[int]) -> None:
-        self.trie = NGramTrie(self.prefix_len + self.depth, self.prefix_len)
-        self.trie.extend(prompt)
+        self.trie = NGramTrie(self.prefix_len + self.depth, self.prefix_len) if self.depth > 0 else None
+        if self.trie is not None:
+            self.trie.extend(prompt)
 
     def extend(self, tokens: Sequence[int]) -> None:
-        self.trie.extend(tokens)
+        if self.trie is not None:
+            self.trie.extend(tokens)
 
     def search(self, context: Sequence[int], depth: int | None = None, value: Callable[[tuple[str, int], list[float]], float] | None = None) -> tuple[str, list[int], list[float]]:
         """(source, tokens, conditional frequencies) of the branch continuing ``context``;
@@ -205,6 +207,9 @@ class EagleSearchDrafter:
       most likely nodes that maximises expected tokens per unit of verify cost (in a batch,
       ``DraftContext.engine_sizes``: all nodes, most likely first, and the batch picks how many,
       `keep`). A child is never more likely than its parent, so the kept nodes always form a tree.
+
+    `alone` is the `eagle` drafter: the same with no search branch, so that EAGLE's tree is sized
+    by the same rule (on a flat cost it is EAGLE's whole tree, unchanged).
     """
 
     name = "eagle+search"
@@ -212,10 +217,20 @@ class EagleSearchDrafter:
 
     def __init__(self, eagle: "EagleDrafter", datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3, deepen: bool = False) -> None:
         self.eagle = eagle
+        self.feature_layers = getattr(eagle, "feature_layers", None)  # EAGLE-3: the target layers its head reads
         self.search = SearchBranch(datastore, depth, prefix_len)
         self.deepen = deepen
         self.deepened = 0
         self.skipped = 0  # steps drafted without running the head
+
+    @classmethod
+    def alone(cls, eagle: "EagleDrafter") -> "EagleSearchDrafter":
+        """`eagle`: EAGLE's tree alone, sized like eagle+search's where verification costs (the
+        head runs when its top guess pays for itself and a node; the most likely nodes that pay
+        are kept); with a flat cost, EAGLE's whole tree."""
+        drafter = cls(eagle, None, depth=0)
+        drafter.name = "eagle"
+        return drafter
 
     def start(self, prompt: Sequence[int]) -> None:
         self.eagle.start(prompt)
@@ -318,6 +333,8 @@ class EagleSearchDrafter:
             self._last = None
 
     def stats(self) -> dict:
+        if self.search.depth == 0:  # `alone`
+            return {"head_skipped": self.skipped}
         return {"search_branch_from": dict(self.search.found), "deepened": self.deepened, "head_skipped": self.skipped}
 
 
