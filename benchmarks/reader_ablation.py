@@ -2,7 +2,7 @@
 + KV rearrangement, + tuned tree, next to vanilla and trie, at several batch sizes.
 
 "EAGLE" is the `eagle` drafter, whose tree is sized by the measured verify cost like every
-`eagle+search` arm's (so "+ search branch" adds the branch and nothing else); "EAGLE, whole tree"
+`eagle+search` arm's (so "+ search branch" adds the branch and nothing else); "EAGLE (whole tree)"
 verifies the head's whole tree every step, as the paper's EAGLE alone does on a GPU (with
 ``--flat-cost`` the two are the same).
 
@@ -57,7 +57,7 @@ def arms(args, eagle_opts: EagleOptions, tuned: EagleOptions | None) -> list[dic
         {"label": "trie", "drafter": "trie", "opts": base, "eagle": eagle_opts, "rearrange": args.rearrange_every},
         {"label": "search", "drafter": "search", "opts": base, "eagle": eagle_opts, "rearrange": args.rearrange_every},
         {"label": "EAGLE", "drafter": "eagle", "opts": base, "eagle": eagle_opts, "rearrange": 0},
-        {"label": "EAGLE, whole tree", "drafter": WHOLE_TREE, "opts": base, "eagle": eagle_opts, "rearrange": 0},
+        {"label": "EAGLE (whole tree)", "drafter": WHOLE_TREE, "opts": base, "eagle": eagle_opts, "rearrange": 0},
         {"label": "+ search branch", "drafter": "eagle+search", "opts": base, "eagle": eagle_opts, "rearrange": 0},
         {"label": "+ deepening", "drafter": "eagle+search", "opts": replace(base, deepen=True), "eagle": eagle_opts, "rearrange": 0},
         {"label": "+ KV rearrangement", "drafter": "eagle+search", "opts": replace(base, deepen=True), "eagle": eagle_opts, "rearrange": args.rearrange_every},
