@@ -13,6 +13,10 @@ head's cache (a length change).
   best-scoring nodes form the tree (prefix-closed, since a child never scores above its parent).
 * static (EAGLE-1): a fixed list of choice paths (``[0]``, ``[0, 1]``, ... = ranks of the
   children at each depth) picks the same positions of the head's top-k every step.
+
+`EagleDrafter` drafts the head's whole tree; the registry's `eagle` drafter wraps it in
+`ngspec.drafters.search.EagleSearchDrafter.alone`, which sizes that tree by the verify cost where
+verification is not free (and `tune-tree` and `train-eagle`'s evaluation use the whole tree).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`search` and `eagle+search`: READER's statistical search branch.
+"""`search` and `eagle+search`: READER's statistical search branch (and `eagle`, which is
+`eagle+search` without the branch, so that EAGLE's tree is sized the same way).
 
 Each step the last generated tokens are looked up in two places:
 
