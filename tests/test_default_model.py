@@ -38,12 +38,14 @@ def default_tables(default_model):
 
 @pytest.fixture(scope="module")
 def default_eagle(default_model):
-    """An untrained head started from the model's last layer: real drafts, some accepted."""
+    """An untrained head started from the model's last layer: real drafts, some accepted. A
+    16-node tree of depth 5 (the default is 32 nodes): verifying 33-token blocks, or their ~20
+    root-to-leaf rows, made the EAGLE tests a third of the suite's time."""
     model = default_model.model
     torch.manual_seed(0)
     head = EagleHead(head_config_for(model))
     init_from_target(head, model)
-    return eagle_factory(model, head.eval(), EagleOptions())
+    return eagle_factory(model, head.eval(), EagleOptions(top_k=4, depth=5, total_tokens=16))
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def test_default_model_lossless(default_model, default_tables, default_eagle, de
     target = TargetModel(default_model.model)
     eos = eos_ids(default_model)
     for case, (ids, expected) in enumerate(expected_outputs):
-        opts = DrafterOptions(trie_update=True, k=6, w=5, deepen=case % 2 == 1)
+        opts = DrafterOptions(trie_update=True, k=4, w=4, search_depth=8, deepen=case % 2 == 1)
         cfg = DecodeConfig(max_new_tokens=64, eos_ids=eos, verify=layout)
         got = generate(target, make_drafter(drafter, opts, default_tables, default_eagle, default_datastore), ids, cfg)
         assert got.token_ids == expected
