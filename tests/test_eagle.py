@@ -12,6 +12,7 @@ from conftest import hf_greedy, repetitive_prompt
 from ngspec.contracts import DraftTree
 from ngspec.decode import DecodeConfig, generate
 from ngspec.drafters import make_drafter
+from ngspec.eagle.batched import drive
 from ngspec.drafters.eagle import EagleOptions, check_choices, eagle_factory, read_choices
 from ngspec.eagle.head import EagleHead, draft_vocab_counts, head_config_for, init_from_target, load_draft_vocab, load_head, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
@@ -158,6 +159,54 @@ def test_choices_files(tmp_path):
         read_choices(path)
     with pytest.raises(NgspecError):
         check_choices([(0, -1)])
+
+
+def _depth(tree: DraftTree) -> int:
+    depths: list[int] = []
+    for p in tree.parents:
+        depths.append(1 + (depths[p] if p >= 0 else 0))
+    return max(depths, default=0)
+
+
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+def test_a_caller_can_stop_the_head_below_a_level(tiny, tree):
+    """``drafting(ctx, deeper)``: asked before each level below the root's children with the tree
+    so far, its scores, the best score about to be expanded and the levels left; False stops the
+    tree there. Always True drafts the same trees as no caller; stopped trees stay lossless."""
+    head = make_head(tiny)
+    opts = EagleOptions(tree=tree, top_k=3, depth=4, total_tokens=12)
+    prompt = repetitive_prompt(random.Random(5), 96, 30)
+    target = TargetModel(tiny)
+
+    class Asking:
+        name, needs_features = "eagle", True
+
+        def __init__(self, stop_below: int | None) -> None:
+            self.inner, self.stop_below, self.trees, self.asked = eagle_factory(tiny, head, opts)(), stop_below, [], []
+
+        def start(self, p):
+            self.inner.start(p)
+
+        def deeper(self, tree_, scores, frontier, levels):
+            assert frontier in scores and len(scores) == tree_.size
+            self.asked.append((_depth(tree_), levels))
+            return self.stop_below is None or _depth(tree_) < self.stop_below
+
+        def propose(self, ctx):
+            self.trees.append(drive(self.inner.drafting(ctx, self.deeper if self.stop_below != 0 else None)))
+            return self.trees[-1]
+
+        def observe(self, new):
+            self.inner.observe(new)
+
+    plain, always, stopped = Asking(0), Asking(None), Asking(2)
+    for drafter in (plain, always, stopped):
+        got = generate(target, drafter, prompt, DecodeConfig(max_new_tokens=24))
+        assert got.token_ids == hf_greedy(tiny, prompt, 24)
+    assert always.trees == plain.trees and plain.asked == []
+    last = 4 if tree == "dynamic" else 5  # the default static choices go five deep
+    assert set(always.asked) == {(d, last - d) for d in range(1, last)}  # every level, levels left
+    assert max(map(_depth, stopped.trees)) == 2 and set(stopped.asked) == {(1, last - 1), (2, last - 2)}
 
 
 def test_deferred_steps_are_caught_up_exactly(tiny):

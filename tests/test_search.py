@@ -158,7 +158,7 @@ class FixedEagle:
     name = "eagle"
 
     def __init__(self, tree: DraftTree, head_cost: float = 0.0) -> None:
-        self.tree, self.caps, self.deferred, self.head_cost = tree, [], 0, head_cost
+        self.tree, self.caps, self.deferred, self.head_cost, self.deeper = tree, [], 0, head_cost, []
 
     def start(self, prompt):
         pass
@@ -166,8 +166,9 @@ class FixedEagle:
     def defer(self, ctx):
         self.deferred += 1
 
-    def drafting(self, ctx):  # a tree without head runs
+    def drafting(self, ctx, deeper=None):  # a tree without head runs
         self.caps.append(ctx.max_nodes)
+        self.deeper.append(deeper)
         return self.tree
         yield
 
@@ -244,6 +245,26 @@ def test_eagle_search_runs_the_head_only_when_it_pays():
     drafter.observe([3, 99])
     drafter.propose(DraftContext(history + [1, 2], len(history), 20))
     assert eagle.deferred == 1 and len(eagle.caps) == 2
+
+
+def test_the_head_goes_deeper_only_when_the_chain_expected_below_would_pay():
+    history = [1, 2, 3, 4, 5, 6] * 4
+    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)])
+    drafter = EagleSearchDrafter.alone(eagle)
+    drafter.start(history)
+    cpu = (1.0, 1.02, 1.42, 1.42, 1.62) + (1.9,) * 20  # a second node costs 40% of a step
+    drafter.propose(DraftContext(history + [7], len(history), 20, cpu))
+    deeper = eagle.deeper[-1]
+    top = DraftTree((3, 9), (-1, -1))
+    scores = [math.log(0.9), math.log(0.05)]
+    # the head's prior top-guess rate (a half): 0.45 and 0.225 below the 0.9 node do not pay for 40%
+    assert not deeper(top, scores, math.log(0.9), 2)
+    drafter._top1 = [9.0, 10.0]  # its top guesses have held 90% of the time: 0.81 and 0.73 do
+    drafter.propose(DraftContext(history + [7], len(history), 20, cpu))
+    assert eagle.deeper[-1](top, scores, math.log(0.9), 2)
+    assert not eagle.deeper[-1](top, scores, math.log(0.2), 2)  # but not below a 0.2 node
+    drafter.propose(DraftContext(history + [7], len(history), 20))
+    assert eagle.deeper[-1] is None  # a flat cost: EAGLE's whole tree, every level
 
 
 def test_eagle_alone_is_sized_like_eagle_search_without_a_branch():

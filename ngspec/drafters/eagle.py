@@ -25,7 +25,7 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generator, Sequence
+from typing import Callable, Generator, Sequence
 
 import torch
 
@@ -196,9 +196,15 @@ class EagleDrafter:
         return drive(self.drafting(ctx))
 
     @torch.inference_mode()
-    def drafting(self, ctx: DraftContext) -> Drafting:
+    def drafting(self, ctx: DraftContext, deeper: "Deeper | None" = None) -> Drafting:
         """`propose` as a generator that yields each head run (`HeadCall`) and is sent its output,
-        so that a batch can run every row's calls in one forward (`propose_together`)."""
+        so that a batch can run every row's calls in one forward (`propose_together`).
+
+        ``deeper`` (optional) is asked before each level below the root's children is expanded,
+        with the tree so far, its nodes' scores, the best score among the nodes about to be
+        expanded and the number of levels left; when it answers False the tree stops there (a
+        caller that keeps only the nodes that pay for their verification, and needs no deeper
+        ones)."""
         root_feature = yield from self._consume(ctx)
         base = self.length  # head cache length before the tree
         nodes: list[_Node] = []
@@ -239,6 +245,8 @@ class EagleDrafter:
                 layer.append(len(nodes) - 1)
             for depth in range(2, self.opts.depth + 1):
                 chosen = sorted(layer, key=lambda n: -nodes[n].score)[: self.opts.top_k]
+                if deeper is not None and not _wanted(deeper, nodes, nodes[chosen[0]].score, self.opts.depth - depth + 1):
+                    break
                 yield from expand(chosen)
                 layer = []
                 for n, kids in zip(chosen, children(chosen, self.opts.top_k)):
@@ -249,9 +257,12 @@ class EagleDrafter:
             keep = set(order[: min(self.opts.total_tokens, ctx.max_nodes)])
         else:
             by_path: dict[tuple[int, ...], int] = {(): -1}
-            for depth in range(1, max(len(p) for p in self.opts.choices) + 1):
+            last = max(len(p) for p in self.opts.choices)
+            for depth in range(1, last + 1):
                 level = [p for p in self.opts.choices if len(p) == depth]
                 prefixes = sorted({p[:-1] for p in level})
+                if depth > 1 and deeper is not None and not _wanted(deeper, nodes, max(nodes[by_path[q]].score for q in prefixes), last - depth + 1):
+                    break
                 yield from expand([by_path[q] for q in prefixes if q])  # the root's feature is already known
                 widest = max(p[-1] for p in level) + 1
                 for prefix, kids in zip(prefixes, children([by_path[q] for q in prefixes], widest)):
@@ -268,6 +279,15 @@ class EagleDrafter:
         self.last_choices = [nodes[n].choice for n in order]  # static: each node's rank path (tune-tree)
         self.last_scores = [nodes[n].score for n in order]  # log-probability of each node's path
         return _tree(nodes, order)
+
+
+# asked before each deeper level: (tree so far, its scores, best score to expand, levels left)
+Deeper = Callable[[DraftTree, list[float], float, int], bool]
+
+
+def _wanted(deeper: Deeper, nodes: list[_Node], frontier: float, levels: int) -> bool:
+    """``deeper``'s answer for the tree so far (nodes are created level by level, parents first)."""
+    return deeper(_tree(nodes, list(range(len(nodes)))), [n.score for n in nodes], frontier, levels)
 
 
 def _tree(nodes: list[_Node], order: list[int]) -> DraftTree:

@@ -34,7 +34,7 @@ from ngspec.tree import accepted_path
 
 if TYPE_CHECKING:
     from ngspec.datastore.index import Datastore
-    from ngspec.drafters.eagle import EagleDrafter
+    from ngspec.drafters.eagle import Deeper, EagleDrafter
 
 MIN_MATCH = 2  # shortest datastore match worth following (one token says little in a large store)
 MAX_MATCH = 32
@@ -201,6 +201,8 @@ class EagleSearchDrafter:
       would add (its top guess's acceptance rate so far, times the chance the branch's first token
       is wrong) are worth less than the head's own cost (`EagleDrafter.head_cost`) plus a node,
       the step drafts the branch alone and the head catches up on the skipped positions next time;
+      when it runs, it expands a level deeper only when the chain expected there would pay
+      (`_deeper`), so on a CPU, where trees are a node or two, it mostly runs one level;
     * the branch is merged into the EAGLE nodes it repeats, each node gets an estimated chance of
       acceptance (the head's path probability, or the branch's running product of continuation
       frequencies, each scaled by how well that kind of estimate matched real acceptance so far:
@@ -248,6 +250,23 @@ class EagleSearchDrafter:
         head = getattr(self.eagle, "head_cost", 0.0)
         return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
+    def _deeper(self, found: tuple[str, list[int], list[float]], key: tuple[str, int], ctx: DraftContext) -> "Deeper":
+        """Where nodes cost: whether the head's next level is worth running. It is when the
+        chain it is expected to add below its best node to expand (that node's chance times the
+        head's top-guess rate so far, per level left) would be among the nodes that pay, next to
+        the tree so far merged with the search branch; otherwise the head stops there."""
+        rate = self._top1[0] / self._top1[1]
+
+        def deeper(tree: DraftTree, scores: list[float], frontier: float, levels: int) -> bool:
+            draft = _Draft(tree, scores, self.calibration)
+            draft.add(-1, found[1], found[2], key, merge=True)
+            now = sorted(draft.probs, reverse=True)
+            chance = self.calibration.scaled("eagle", [math.exp(frontier)])[0]
+            below = [chance * rate**i for i in range(1, levels + 1)]
+            return _rate(sorted(now + below, reverse=True), ctx) > _rate(now, ctx)
+
+        return deeper
+
     def propose(self, ctx: DraftContext) -> DraftTree:
         return drive(self.drafting(ctx))
 
@@ -266,36 +285,14 @@ class EagleSearchDrafter:
             tree, scores = DraftTree(), []
         else:
             small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
-            tree = yield from self.eagle.drafting(small)
+            tree = yield from self.eagle.drafting(small, self._deeper(found, root_key, ctx) if costly else None)
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
-        raw = [math.exp(s) for s in scores]
-        probs = self.calibration.scaled("eagle", raw)
-        keys: list = ["eagle"] * tree.size
+        draft = _Draft(tree, scores, self.calibration)
 
         def add(parent: int, source: str, tokens: list[int], conditionals: list[float], key: tuple[str, int]) -> bool:
-            nonlocal tree
             self.search.count(source)
-            if not tokens:
-                return False
-            above, above_raw = (probs[parent], raw[parent]) if parent >= 0 else (1.0, 1.0)
-            reach = path_probs(conditionals)
-            branch = [above * p for p in self.calibration.scaled(key, reach)]
-            reach = [above_raw * p for p in reach]
-            if costly:
-                # where nodes are paid for, a branch token that an EAGLE child already drafts is
-                # that node (with the higher of the two estimates), not a second copy of it
-                while tokens:
-                    kid = next((i for i, (t, p) in enumerate(zip(tree.tokens, tree.parents)) if p == parent and t == tokens[0]), None)
-                    if kid is None:
-                        break
-                    probs[kid] = max(probs[kid], branch[0])
-                    parent, tokens, branch, reach = kid, tokens[1:], branch[1:], reach[1:]
-            tree = hang(tree, parent, tokens)
-            probs.extend(branch)
-            raw.extend(reach)
-            keys.extend([key] * len(tokens))
-            return True
+            return draft.add(parent, tokens, conditionals, key, merge=costly)
 
         add(-1, *found, root_key)
         if self.deepen and scores:
@@ -305,6 +302,7 @@ class EagleSearchDrafter:
                 if add(branch[j - 1], *found, self.search.last_key):
                     self.deepened += 1
                     break
+        tree, probs, keys, raw = draft.tree, draft.probs, draft.keys, draft.raw
         if costly:
             # the most likely nodes: as many as pay, or, for the batch to size, all best first
             keep = _by_likelihood(probs) if ctx.engine_sizes else _most_likely(tree, probs, ctx)
@@ -337,6 +335,47 @@ class EagleSearchDrafter:
         if self.search.depth == 0:  # `alone`
             return {"head_skipped": self.skipped}
         return {"search_branch_from": dict(self.search.found), "deepened": self.deepened, "head_skipped": self.skipped}
+
+
+class _Draft:
+    """A tree being assembled from the head's nodes and search branches: each node's calibrated
+    chance of acceptance (``probs``), its unscaled estimate (``raw``, what calibration records)
+    and the kind of estimate it is (``keys``: "eagle", or the search's source and match length)."""
+
+    def __init__(self, tree: DraftTree, scores: list[float], calibration: Calibration) -> None:
+        self.tree, self.calibration = tree, calibration
+        self.raw = [math.exp(s) for s in scores]
+        self.probs = calibration.scaled("eagle", self.raw)
+        self.keys: list = ["eagle"] * tree.size
+
+    def add(self, parent: int, tokens: list[int], conditionals: list[float], key: tuple[str, int], merge: bool) -> bool:
+        """Hang a branch below ``parent`` (-1 = the root); False when it is empty. With ``merge``
+        (where nodes are paid for), a branch token that a child already drafts is that node (with
+        the higher of the two estimates), not a second copy of it."""
+        if not tokens:
+            return False
+        above, above_raw = (self.probs[parent], self.raw[parent]) if parent >= 0 else (1.0, 1.0)
+        reach = path_probs(conditionals)
+        branch = [above * p for p in self.calibration.scaled(key, reach)]
+        reach = [above_raw * p for p in reach]
+        tree = self.tree
+        while merge and tokens:
+            kid = next((i for i, (t, p) in enumerate(zip(tree.tokens, tree.parents)) if p == parent and t == tokens[0]), None)
+            if kid is None:
+                break
+            self.probs[kid] = max(self.probs[kid], branch[0])
+            parent, tokens, branch, reach = kid, tokens[1:], branch[1:], reach[1:]
+        self.tree = hang(tree, parent, tokens)
+        self.probs.extend(branch)
+        self.raw.extend(reach)
+        self.keys.extend([key] * len(tokens))
+        return True
+
+
+def _rate(probs: list[float], ctx: DraftContext) -> float:
+    """Expected tokens per unit of verify cost of the best number of leading nodes."""
+    n = best_size(probs, ctx)
+    return (1.0 + sum(probs[:n])) / ctx.cost(n)
 
 
 def _by_likelihood(probs: list[float]) -> list[int]:
