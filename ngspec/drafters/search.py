@@ -161,8 +161,7 @@ def branch_value(calibration: Calibration, ctx: DraftContext) -> Callable[[tuple
     best length (with a flat cost, its calibrated expected tokens)."""
 
     def value(key: tuple[str, int], conditionals: list[float]) -> float:
-        reach, n = sized_branch(calibration, key, conditionals, ctx)
-        return (1.0 + sum(reach[:n])) / ctx.cost(n)
+        return _rate(calibration.scaled(key, path_probs(conditionals)), ctx)
 
     return value
 
@@ -243,10 +242,14 @@ class EagleSearchDrafter:
         self._last: tuple[DraftTree, list, list[float]] | None = None  # tree, keys, unscaled estimates
         self._eagle_top: int | None = None
 
+    def _top1_rate(self) -> float:
+        """How often EAGLE's top guess has been accepted so far (from a prior of one in two)."""
+        return self._top1[0] / self._top1[1]
+
     def _head_pays(self, conditionals: list[float], key: tuple[str, int], ctx: DraftContext) -> bool:
         reach, n = sized_branch(self.calibration, key, conditionals, ctx)  # what the branch alone would draft
         expected = 1.0 + sum(reach[:n])
-        gain = self._top1[0] / self._top1[1] * (1.0 - (reach[0] if n else 0.0))
+        gain = self._top1_rate() * (1.0 - (reach[0] if n else 0.0))
         head = getattr(self.eagle, "head_cost", 0.0)
         return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
@@ -255,7 +258,7 @@ class EagleSearchDrafter:
         chain it is expected to add below its best node to expand (that node's chance times the
         head's top-guess rate so far, per level left) would be among the nodes that pay, next to
         the tree so far merged with the search branch; otherwise the head stops there."""
-        rate = self._top1[0] / self._top1[1]
+        rate = self._top1_rate()
 
         def deeper(tree: DraftTree, scores: list[float], frontier: float, levels: int) -> bool:
             draft = _Draft(tree, scores, self.calibration)
@@ -296,7 +299,7 @@ class EagleSearchDrafter:
 
         add(-1, *found, root_key)
         if self.deepen and scores:
-            branch = first_branch(DraftTree(tree.tokens[: len(scores)], tree.parents[: len(scores)]))
+            branch = first_branch(tree)  # EAGLE's own tree: branches are hung on `draft.tree`
             for j in range(len(branch), 0, -1):
                 found = self.search.search(list(ctx.tokens) + [tree.tokens[i] for i in branch[:j]], depth, value)
                 if add(branch[j - 1], *found, self.search.last_key):
