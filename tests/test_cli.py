@@ -195,3 +195,13 @@ def test_bench_with_a_datastore_reports_both_ceilings(tmp_path):
     assert report["self_repetition_token_weighted_with_datastore"] >= report["self_repetition_token_weighted"]
     assert {a["arm"]: a for a in report["arms"]}["search"]["exact_match"] == 1.0
     assert "with the datastore" in md.read_text()
+
+
+def test_generate_summarises_the_search_branch_and_the_head():
+    from ngspec.cli.generate import _search_summary
+
+    rows = dict(_search_summary({"search_branch_from": {"local": 5, "datastore": 2, "none": 1}, "deepened": 3, "head_skipped": 4, "head_top_guess": [2, 8]}))
+    assert rows["search branch from local / datastore / none"] == "5 / 2 / 1"
+    assert rows["steps without the head"] == "4" and rows["head's top guess right (drafted + caught up)"] == "2 / 8 (25%)"
+    assert dict(_search_summary({"head_skipped": 0, "head_top_guess": [0, 0]}))["head's top guess right (drafted + caught up)"] == "0 / 0"
+    assert _search_summary(None) == [] and _search_summary({"rows_allocated": {}}) == []

@@ -251,3 +251,55 @@ def test_deferred_steps_are_caught_up_exactly(tiny):
         assert a == b and skipping.last_scores == pytest.approx(every.last_scores, abs=1e-4)
         caught_up += step > 0
     assert caught_up >= 3
+
+
+def test_the_head_scores_its_guesses_on_the_positions_it_catches_up_on():
+    """`caught_up`: every pair the head consumes, except the newest of each run (whose guess is
+    drafted), has a known next token; the head's top guess there is scored. A drafter that skips
+    the head on some steps therefore learns, over the same positions, exactly what one that runs
+    it every step learns from its drafted guesses plus its own caught-up ones."""
+    tiny = tiny_model("llama", seed=0)  # its greedy output repeats: the untrained head is often right
+    head = make_head(tiny)
+    opts = EagleOptions(top_k=3, depth=3, total_tokens=8)
+    prompt = repetitive_prompt(random.Random(9), 96, 40)
+    contexts = []
+
+    class Recorder:
+        name, needs_features = "eagle", True
+
+        def __init__(self):
+            self.inner = eagle_factory(tiny, head, opts)()
+
+        def start(self, p):
+            self.inner.start(p)
+
+        def propose(self, ctx):
+            contexts.append(ctx)
+            return self.inner.propose(ctx)
+
+        def observe(self, new):
+            self.inner.observe(new)
+
+    got = generate(TargetModel(tiny), Recorder(), prompt, DecodeConfig(max_new_tokens=40))
+    seq = prompt + got.token_ids
+    runs = [i for i in range(len(contexts)) if i % 4 == 0 or i == len(contexts) - 1]  # skip 3 of 4
+    learned = {}
+    for name, run_at in (("every", range(len(contexts))), ("skipping", runs)):
+        drafter = eagle_factory(tiny, head, opts)()
+        drafter.start(prompt)
+        right = scored = 0
+        for i, ctx in enumerate(contexts):
+            if i not in run_at:
+                drafter.defer(ctx)
+                continue
+            guess, at = drafter.propose(ctx).tokens[0], len(ctx.tokens)  # the root's top child
+            if at < len(seq):
+                right, scored = right + (guess == seq[at]), scored + 1
+        learned[name] = (right, scored, *drafter.caught_up)
+    r_every, s_every, cr_every, cs_every = learned["every"]
+    r_skip, s_skip, cr_skip, cs_skip = learned["skipping"]
+    # both saw every generated position up to the last guess once: drafted or caught up
+    assert s_every + cs_every == s_skip + cs_skip == len(contexts[-1].tokens) - len(prompt) + (len(contexts[-1].tokens) < len(seq))
+    assert cs_skip > cs_every and s_skip < s_every
+    assert r_every + cr_every == r_skip + cr_skip
+    assert r_every + cr_every > 0  # the head is right somewhere, so the counts can disagree

@@ -10,7 +10,7 @@ import torch
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.datastore.index import Datastore
-from ngspec.drafters.search import SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang, path_probs
+from ngspec.drafters.search import PROBE_EVERY, SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang, path_probs
 from ngspec.tree import accepted_path
 from ngspec.drafters.trie import NGramTrie
 from ngspec.verify import accept_greedy
@@ -284,7 +284,7 @@ def test_eagle_alone_is_sized_like_eagle_search_without_a_branch():
     assert tree.tokens == (3, 4) and tree.parents == (-1, 0)  # the two most likely, still a tree
     steep.observe([3, 4, 8])
     assert steep.calibration._totals["eagle"] == (2, pytest.approx(0.9 + 0.5))
-    assert steep.stats() == {"head_skipped": 0}
+    assert steep.stats() == {"head_skipped": 0, "head_top_guess": [1, 1]}  # its top guess, 3, was right
 
 
 def test_eagle_alone_drafts_nothing_when_its_top_guess_does_not_pay():
@@ -300,6 +300,27 @@ def test_eagle_alone_drafts_nothing_when_its_top_guess_does_not_pay():
     # (accepted + 1) / (tried + 2) below the head's cost plus a node's: the step drafts nothing
     assert tree.size == 0 and eagle.deferred >= 1
     assert drafter.stats()["head_skipped"] == eagle.deferred
+
+
+def test_a_closed_head_gate_still_probes_and_reopens_on_caught_up_guesses():
+    history = [1, 2, 3, 4, 5, 6] * 4
+    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.3)
+    drafter = EagleSearchDrafter.alone(eagle)
+    drafter.start(history)
+    cost = (1.0, 1.1) + (2.0,) * 20
+    ran = []
+    for step in range(40):  # wrong every time it drafts, and nothing learned in between
+        runs = len(eagle.caps)
+        drafter.propose(DraftContext(history + [50] * step, len(history), 20, cost))
+        ran.append(len(eagle.caps) > runs)
+        drafter.observe([50])
+    first_skip = ran.index(False)
+    # closed, the head still runs every PROBE_EVERY-th step (and would catch up on the rest)
+    assert [i for i in range(first_skip, 40) if ran[i]] == list(range(first_skip + PROBE_EVERY, 40, PROBE_EVERY + 1))
+    eagle.caught_up = [30, 30]  # the probe's catch-up: its guesses at 30 skipped positions held
+    drafter.propose(DraftContext(history + [50] * 40, len(history), 20, cost))
+    assert ran[-1] is False and len(eagle.caps) == sum(ran) + 1  # the gate is open again
+    assert drafter.stats()["head_top_guess"] == [30, sum(ran) + 30]
 
 
 def test_accepted_path_takes_the_longest_matching_path():

@@ -68,13 +68,18 @@ def _rows_summary(stats: dict | None, opts: DrafterOptions | None) -> list[tuple
 
 
 def _search_summary(stats: dict | None) -> list[tuple[str, str]]:
-    """search / eagle+search: where the search branch came from, step by step."""
-    if not stats or "search_branch_from" not in stats:
-        return []
-    found = stats["search_branch_from"]
-    rows = [("search branch from local / datastore / none", f"{found['local']} / {found['datastore']} / {found['none']}")]
-    if "deepened" in stats:
-        rows.append(("deepened branches", str(stats["deepened"])))
+    """search / eagle / eagle+search: where the search branch came from, step by step, and how
+    the head fared."""
+    rows: list[tuple[str, str]] = []
+    if stats and "search_branch_from" in stats:
+        found = stats["search_branch_from"]
+        rows.append(("search branch from local / datastore / none", f"{found['local']} / {found['datastore']} / {found['none']}"))
+        if "deepened" in stats:
+            rows.append(("deepened branches", str(stats["deepened"])))
+    if stats and "head_top_guess" in stats:
+        right, scored = stats["head_top_guess"]
+        rows.append(("steps without the head", str(stats["head_skipped"])))
+        rows.append(("head's top guess right (drafted + caught up)", f"{right} / {scored}" + (f" ({right / scored:.0%})" if scored else "")))
     return rows
 
 

@@ -36,6 +36,8 @@ from ngspec.eagle.head import EagleHead
 from ngspec.errors import NgspecError
 from ngspec.kv import make_cache, truncate
 
+MAX_SCORED = 32  # caught-up pairs scored per head run (bounds the extra LM-head rows)
+
 # a small EAGLE-1-style static tree: ranks of children along each path
 DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
     (0,), (1,), (2,), (3,),
@@ -139,6 +141,9 @@ class EagleDrafter:
         self.cache = make_cache(self.head.config, capacity=len(prompt) + 512)
         self.length = 0  # committed pairs in the head cache
         self._pending: list[torch.Tensor] = []  # features of committed pairs not yet in the cache
+        # the head's top guess, teacher-forced, at generated positions it caught up on (all but
+        # the newest pair of each run: see `_consume`): [right, scored], for callers that gate it
+        self.caught_up = [0, 0]
         self._ids = self._weight = None
         if self.head.own_lm_head:
             self._ids = self.head.draft_to_target()
@@ -174,9 +179,14 @@ class EagleDrafter:
             raise NgspecError("the eagle drafter needs the target's features (the engine did not pass them)")
         self._pending.append(ctx.features.clone())
 
-    def _consume(self, ctx: DraftContext) -> Generator[HeadCall, torch.Tensor, torch.Tensor]:
-        """Append the newly committed pairs (and any deferred ones); the head's prediction of the
-        root's feature."""
+    def _consume(self, ctx: DraftContext) -> Generator[HeadCall, torch.Tensor, tuple[torch.Tensor, torch.Tensor | None, list[int]]]:
+        """Append the newly committed pairs (and any deferred ones). Returns the head's prediction
+        of the root's feature, and the predicted features and true next tokens at the earlier
+        pairs whose next token is generated text (at most ``MAX_SCORED``), for `caught_up`.
+
+        Pair i (feature at position p, token at p + 1) predicts the token at p + 2. Only the
+        newest pair's prediction is a guess drafted this step; every earlier pair's next token is
+        known, so the head's top guess there is scored for free in the root's LM-head product."""
         feats = ctx.features
         if feats is None or len(feats) == 0:
             raise NgspecError("the eagle drafter needs the target's features (the engine did not pass them)")
@@ -190,7 +200,9 @@ class EagleDrafter:
         feats = self.head.project(feats.to(self.param.dtype))
         out = yield from self._run(list(ctx.tokens[start + 1 : start + 1 + m]), feats, list(range(start, start + m)), visible)
         self.length += m
-        return out[-1]
+        first = max(ctx.prompt_len - start - 2, m - 1 - MAX_SCORED, 0)  # pairs whose next token is generated
+        truth = list(ctx.tokens[start + first + 2 : start + m + 1])
+        return out[-1], (out[first : m - 1] if truth else None), truth
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         return drive(self.drafting(ctx))
@@ -205,17 +217,26 @@ class EagleDrafter:
         expanded and the number of levels left; when it answers False the tree stops there (a
         caller that keeps only the nodes that pay for their verification, and needs no deeper
         ones)."""
-        root_feature = yield from self._consume(ctx)
+        root_feature, scored, truth = yield from self._consume(ctx)
         base = self.length  # head cache length before the tree
         nodes: list[_Node] = []
         outputs: dict[int, torch.Tensor] = {-1: root_feature}  # node -> predicted feature below it
 
         def children(parents: list[int], k: int) -> list[list[tuple[int, float]]]:
-            """Top-k next tokens and log-probs below each parent (one LM-head product for all)."""
-            logp = torch.log_softmax(self._logits(torch.stack([outputs[p] for p in parents])).float(), dim=-1)
+            """Top-k next tokens and log-probs below each parent (one LM-head product for all; the
+            first one also scores the caught-up pairs' guesses)."""
+            nonlocal scored
+            feats = torch.stack([outputs[p] for p in parents])
+            extra = 0 if scored is None else len(scored)
+            if scored is not None:
+                feats, scored = torch.cat([scored, feats]), None
+            logp = torch.log_softmax(self._logits(feats).float(), dim=-1)
             top = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
             ids = top.indices if self._ids is None else self._ids[top.indices]
-            return [list(zip(i, v)) for i, v in zip(ids.tolist(), top.values.tolist())]
+            if extra:
+                self.caught_up[0] += sum(int(g == t) for g, t in zip(ids[:extra, 0].tolist(), truth))
+                self.caught_up[1] += extra
+            return [list(zip(i, v)) for i, v in zip(ids[extra:].tolist(), top.values[extra:].tolist())]
 
         def expand(batch: list[int]) -> Generator[HeadCall, torch.Tensor, None]:
             """Run the head on these nodes' pairs, recording each one's predicted feature."""

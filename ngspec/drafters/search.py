@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 MIN_MATCH = 2  # shortest datastore match worth following (one token says little in a large store)
 MAX_MATCH = 32
 SMOOTHING = 0.5  # half an occurrence: a continuation seen once is far from certain
+# where the head's gate keeps it off, it still runs every PROBE_EVERY-th step: catching up scores
+# its guesses on the skipped positions (`EagleDrafter.caught_up`), so a head that started badly
+# can win its place back (about head_cost / PROBE_EVERY of the time, a fraction of a percent)
+PROBE_EVERY = 16
 
 
 class SearchBranch:
@@ -199,8 +203,9 @@ class EagleSearchDrafter:
     * the head runs only when it pays: the search branch is found first, and when the tokens EAGLE
       would add (its top guess's acceptance rate so far, times the chance the branch's first token
       is wrong) are worth less than the head's own cost (`EagleDrafter.head_cost`) plus a node,
-      the step drafts the branch alone and the head catches up on the skipped positions next time;
-      when it runs, it expands a level deeper only when the chain expected there would pay
+      the step drafts the branch alone and the head catches up on the skipped positions next time
+      (where its guesses are scored, teacher-forced, so the rate keeps learning; and it runs at
+      least every ``PROBE_EVERY``-th step, so a closed gate can open again); when it runs, it expands a level deeper only when the chain expected there would pay
       (`_deeper`), so on a CPU, where trees are a node or two, it mostly runs one level;
     * the branch is merged into the EAGLE nodes it repeats, each node gets an estimated chance of
       acceptance (the head's path probability, or the branch's running product of continuation
@@ -239,12 +244,16 @@ class EagleSearchDrafter:
         self.search.start(prompt)
         self.calibration = Calibration()  # keys: "eagle", and the search's (source, match length)
         self._top1 = [1.0, 2.0]  # EAGLE's top guess: accepted, tried (prior: half the time)
+        self._since_head = 0  # steps skipped since the head last ran
         self._last: tuple[DraftTree, list, list[float]] | None = None  # tree, keys, unscaled estimates
         self._eagle_top: int | None = None
 
     def _top1_rate(self) -> float:
-        """How often EAGLE's top guess has been accepted so far (from a prior of one in two)."""
-        return self._top1[0] / self._top1[1]
+        """How often EAGLE's top guess has been right so far (from a prior of one in two): the
+        guesses it drafted, and, teacher-forced, those at the positions it caught up on (skipped
+        steps, and accepted tokens after a step's first; `EagleDrafter.caught_up`)."""
+        right, scored = getattr(self.eagle, "caught_up", (0, 0))
+        return (self._top1[0] + right) / (self._top1[1] + scored)
 
     def _head_pays(self, conditionals: list[float], key: tuple[str, int], ctx: DraftContext) -> bool:
         reach, n = sized_branch(self.calibration, key, conditionals, ctx)  # what the branch alone would draft
@@ -282,11 +291,13 @@ class EagleSearchDrafter:
         found = self.search.search(ctx.tokens, depth, value)
         root_key = self.search.last_key
         self._eagle_top = None
-        if costly and not self._head_pays(found[2], root_key, ctx):
+        if costly and self._since_head < PROBE_EVERY and not self._head_pays(found[2], root_key, ctx):
             self.eagle.defer(ctx)
             self.skipped += 1
+            self._since_head += 1
             tree, scores = DraftTree(), []
         else:
+            self._since_head = 0
             small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
             tree = yield from self.eagle.drafting(small, self._deeper(found, root_key, ctx) if costly else None)
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
@@ -335,9 +346,12 @@ class EagleSearchDrafter:
             self._last = None
 
     def stats(self) -> dict:
+        right, scored = getattr(self.eagle, "caught_up", (0, 0))
+        # the head's top guesses, drafted and caught up on: [right, scored] (without the prior)
+        head = {"head_skipped": self.skipped, "head_top_guess": [int(self._top1[0] - 1 + right), int(self._top1[1] - 2 + scored)]}
         if self.search.depth == 0:  # `alone`
-            return {"head_skipped": self.skipped}
-        return {"search_branch_from": dict(self.search.found), "deepened": self.deepened, "head_skipped": self.skipped}
+            return head
+        return {"search_branch_from": dict(self.search.found), "deepened": self.deepened, **head}
 
 
 class _Draft:
