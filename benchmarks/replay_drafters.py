@@ -8,8 +8,9 @@ instead of minutes; `ngspec bench` then confirms the best ones with real runs.
     python benchmarks/replay_drafters.py --questions ../shared/data/spec_bench/question.jsonl \
         --category rag --limit 10 --cache bench-out/ref-rag.json
 
-`--datastore DIR` gives the search drafters (`search`) a datastore; drafters that need a model
-(EAGLE heads, the model n-gram tables) cannot be replayed.
+`--datastore DIR` gives the search drafters (`search`) a datastore, `--tables` the model-derived
+drafters (unigram, bigram, mixed) their n-gram tables; EAGLE heads need the model's features and
+cannot be replayed.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def main() -> None:
     ap.add_argument("--cache")
     ap.add_argument("--configs", default="prompt-lookup;trie")
     ap.add_argument("--datastore", help="Datastore directory for the search drafters")
+    ap.add_argument("--tables", action="store_true", help="Load (or build once and cache) the model's n-gram tables, for the unigram/bigram/mixed drafters")
     ap.add_argument("--flat-cost", action="store_true", help="Let drafters assume verification is free (GPU-like): shows what the drafter can find; speedups then assume that cost")
     args = ap.parse_args()
     engine = Engine(load_model(), calibrate=not args.flat_cost, max_draft_nodes=64)
@@ -86,12 +88,13 @@ def main() -> None:
         store = Datastore.open(args.datastore, engine.loaded.tokenizer)
     cost = (1.0,) * 65 if args.flat_cost else engine.target.verify_cost(512)
     print("relative verify cost by tree size:", [round(c, 2) for c in cost])
+    tables = engine.ngram_tables() if args.tables else None
     for spec in args.configs.split(";"):
         name, *kv = spec.split(",")
         opts = DrafterOptions(**{k: (v == "True") if v in ("True", "False") else int(v) for k, v in (x.split("=") for x in kv)})
         speedups, tpcs = [], []
         for ref in refs:
-            tokens, calls, total = replay(ref, make_drafter(name, opts, datastore=store), cost)
+            tokens, calls, total = replay(ref, make_drafter(name, opts, tables, datastore=store), cost)
             speedups.append(tokens / total)
             tpcs.append(tokens / calls)
         print(f"{spec:60s} tokens/call median {statistics.median(tpcs):.2f}  predicted speedup median {statistics.median(speedups):.2f}x mean {statistics.fmean(speedups):.2f}x")
