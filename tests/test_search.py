@@ -328,3 +328,19 @@ def test_accepted_path_takes_the_longest_matching_path():
     assert accepted_path(tree, [4, 5, 6]) == [1, 2, 3]
     assert accepted_path(tree, [4, 9]) == [0]
     assert accepted_path(tree, [8]) == []
+
+
+def test_where_nodes_cost_the_local_tries_second_guesses_join_the_draft():
+    history = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 7, 8]  # "1 2" went on as "3 4" twice, as "7 8" once
+    ctx_tokens = history + [1, 2]
+    eagle = ScoredEagle(DraftTree((9,), (-1,)), [math.log(0.05)])
+    drafter = EagleSearchDrafter(eagle, None, depth=4, prefix_len=2)
+    drafter.start(history)
+    three_free = (1.0, 1.0, 1.0, 1.0) + (5.0,) * 30
+    tree = drafter.propose(DraftContext(ctx_tokens, len(history), 20, three_free))
+    # 3 (0.5) and 4 (0.33) from the branch, then the trie's second guess 7 (0.25) beats the
+    # branch's third token 1 (0.22) and EAGLE's 9 (0.05)
+    assert tree.tokens == (3, 4, 7) and tree.parents == (-1, 0, -1)
+    flat = EagleSearchDrafter(ScoredEagle(DraftTree((9,), (-1,)), [math.log(0.05)]), None, depth=4, prefix_len=2)
+    flat.start(history)
+    assert 7 not in flat.propose(DraftContext(ctx_tokens, len(history), 20)).tokens  # the fixed shape: one branch

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.drafters.trie import Calibration, NGramTrie, best_size
 from ngspec.eagle.batched import Drafting, drive
-from ngspec.tree import accepted_path
+from ngspec.tree import accepted_path, root_to_leaf_paths
 
 if TYPE_CHECKING:
     from ngspec.datastore.index import Datastore
@@ -43,6 +43,7 @@ SMOOTHING = 0.5  # half an occurrence: a continuation seen once is far from cert
 # its guesses on the skipped positions (`EagleDrafter.caught_up`), so a head that started badly
 # can win its place back (about head_cost / PROBE_EVERY of the time, a fraction of a percent)
 PROBE_EVERY = 16
+LOCAL_TREE_NODES = 8  # where nodes cost, the local trie's best nodes merged in as well (the trie drafter's tree)
 
 
 class SearchBranch:
@@ -205,9 +206,12 @@ class EagleSearchDrafter:
       is wrong) are worth less than the head's own cost (`EagleDrafter.head_cost`) plus a node,
       the step drafts the branch alone and the head catches up on the skipped positions next time
       (where its guesses are scored, teacher-forced, so the rate keeps learning; and it runs at
-      least every ``PROBE_EVERY``-th step, so a closed gate can open again); when it runs, it expands a level deeper only when the chain expected there would pay
-      (`_deeper`), so on a CPU, where trees are a node or two, it mostly runs one level;
-    * the branch is merged into the EAGLE nodes it repeats, each node gets an estimated chance of
+      least every ``PROBE_EVERY``-th step, so a closed gate can open again); when it runs, it
+      expands a level deeper only when the chain expected there would pay (`_deeper`), so on a
+      CPU, where trees are a node or two, it mostly runs one level;
+    * the branch is merged into the EAGLE nodes it repeats, and so are the local trie's
+      ``LOCAL_TREE_NODES`` most likely continuations (the `trie` drafter's tree: its second
+      guesses at a fork), each node gets an estimated chance of
       acceptance (the head's path probability, or the branch's running product of continuation
       frequencies, each scaled by how well that kind of estimate matched real acceptance so far:
       EAGLE's, and the search's per source and match length), and the tree keeps the number of
@@ -309,6 +313,8 @@ class EagleSearchDrafter:
             return draft.add(parent, tokens, conditionals, key, merge=costly)
 
         add(-1, *found, root_key)
+        if costly:
+            self._add_local_tree(draft, ctx)
         if self.deepen and scores:
             branch = first_branch(tree)  # EAGLE's own tree: branches are hung on `draft.tree`
             for j in range(len(branch), 0, -1):
@@ -324,6 +330,23 @@ class EagleSearchDrafter:
             keys, raw = [keys[i] for i in keep], [raw[i] for i in keep]
         self._last = (tree, keys, raw)
         return tree
+
+    def _add_local_tree(self, draft: "_Draft", ctx: DraftContext) -> None:
+        """Where nodes cost: the local trie's most likely continuations as a small tree (what the
+        `trie` drafter offers), merged into the draft like the branch, so that a step never has
+        fewer good candidates than the trie alone; the sizing keeps those that pay. (The search
+        branch is one chain; on a CPU where a second and third node are cheap, the trie's second
+        guesses at a fork were worth more than the chain's tail.)"""
+        trie = self.search.trie
+        node = trie.match(ctx.tokens) if trie is not None else None
+        if node is None:
+            return
+        tree, reach = trie.top_subtree(node, LOCAL_TREE_NODES, SMOOTHING * self.search.prefix_len)
+        key = ("local", trie.depth(node))
+        for path in root_to_leaf_paths(tree):
+            probs = [reach[i] for i in path]
+            conditionals = [p / q for p, q in zip(probs, [1.0] + probs[:-1])]
+            draft.add(-1, [tree.tokens[i] for i in path], conditionals, key, merge=True)
 
     def keep(self, size: int) -> None:
         """The engine verifies only the first ``size`` nodes of the last tree offered."""
