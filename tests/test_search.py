@@ -259,7 +259,7 @@ def test_the_head_goes_deeper_only_when_the_chain_expected_below_would_pay():
     scores = [math.log(0.9), math.log(0.05)]
     # the head's prior top-guess rate (a half): 0.45 and 0.225 below the 0.9 node do not pay for 40%
     assert not deeper(top, scores, math.log(0.9), 2)
-    drafter._top1 = [9.0, 10.0]  # its top guesses have held 90% of the time: 0.81 and 0.73 do
+    drafter._top1 = [8, 8]  # its top guesses have all held: with the prior, 90% (0.81 and 0.73 do)
     drafter.propose(DraftContext(history + [7], len(history), 20, cpu))
     assert eagle.deeper[-1](top, scores, math.log(0.9), 2)
     assert not eagle.deeper[-1](top, scores, math.log(0.2), 2)  # but not below a 0.2 node

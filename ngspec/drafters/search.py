@@ -247,7 +247,7 @@ class EagleSearchDrafter:
         self.eagle.start(prompt)
         self.search.start(prompt)
         self.calibration = Calibration()  # keys: "eagle", and the search's (source, match length)
-        self._top1 = [1.0, 2.0]  # EAGLE's top guess: accepted, tried (prior: half the time)
+        self._top1 = [0, 0]  # EAGLE's drafted top guesses: right, scored
         self._since_head = 0  # steps skipped since the head last ran
         self._last: tuple[DraftTree, list, list[float]] | None = None  # tree, keys, unscaled estimates
         self._eagle_top: int | None = None
@@ -256,8 +256,8 @@ class EagleSearchDrafter:
         """How often EAGLE's top guess has been right so far (from a prior of one in two): the
         guesses it drafted, and, teacher-forced, those at the positions it caught up on (skipped
         steps, and accepted tokens after a step's first; `EagleDrafter.caught_up`)."""
-        right, scored = getattr(self.eagle, "caught_up", (0, 0))
-        return (self._top1[0] + right) / (self._top1[1] + scored)
+        right, scored = self._top_guesses()
+        return (1 + right) / (2 + scored)
 
     def _head_pays(self, conditionals: list[float], key: tuple[str, int], ctx: DraftContext) -> bool:
         reach, n = sized_branch(self.calibration, key, conditionals, ctx)  # what the branch alone would draft
@@ -358,7 +358,7 @@ class EagleSearchDrafter:
         self.eagle.observe(new_tokens)
         self.search.extend(new_tokens)
         if self._eagle_top is not None:
-            self._top1[0] += new_tokens[0] == self._eagle_top
+            self._top1[0] += int(new_tokens[0] == self._eagle_top)
             self._top1[1] += 1
             self._eagle_top = None
         if self._last is not None:
@@ -368,10 +368,13 @@ class EagleSearchDrafter:
                 self.calibration.record(key, node in accepted, p)
             self._last = None
 
-    def stats(self) -> dict:
+    def _top_guesses(self) -> tuple[int, int]:
+        """EAGLE's top guesses so far, drafted and caught up on: (right, scored)."""
         right, scored = getattr(self.eagle, "caught_up", (0, 0))
-        # the head's top guesses, drafted and caught up on: [right, scored] (without the prior)
-        head = {"head_skipped": self.skipped, "head_top_guess": [int(self._top1[0] - 1 + right), int(self._top1[1] - 2 + scored)]}
+        return self._top1[0] + right, self._top1[1] + scored
+
+    def stats(self) -> dict:
+        head = {"head_skipped": self.skipped, "head_top_guess": list(self._top_guesses())}
         if self.search.depth == 0:  # `alone`
             return head
         return {"search_branch_from": dict(self.search.found), "deepened": self.deepened, **head}
