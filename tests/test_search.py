@@ -287,12 +287,20 @@ def test_eagle_alone_is_sized_like_eagle_search_without_a_branch():
     assert steep.stats() == {"head_skipped": 0, "head_top_guess": [1, 1]}  # its top guess, 3, was right
 
 
-def test_eagle_alone_drafts_nothing_when_its_top_guess_does_not_pay():
-    history = [1, 2, 3, 4, 5, 6] * 4
+def costly_head_alone():
+    """`eagle` with a sure-looking head that costs 30% of a step, where a node costs 10%."""
     eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.3)
     drafter = EagleSearchDrafter.alone(eagle)
-    drafter.start(history)
-    cost = (1.0, 1.1) + (2.0,) * 20
+    drafter.start(HISTORY)
+    return eagle, drafter, (1.0, 1.1) + (2.0,) * 20
+
+
+HISTORY = [1, 2, 3, 4, 5, 6] * 4
+
+
+def test_eagle_alone_drafts_nothing_when_its_top_guess_does_not_pay():
+    history = HISTORY
+    eagle, drafter, cost = costly_head_alone()
     for step in range(8):  # its guesses are always wrong: the rate falls from the prior's half
         ctx = DraftContext(history + [50] * step, len(history), 20, cost)
         tree = drafter.propose(ctx)
@@ -303,11 +311,8 @@ def test_eagle_alone_drafts_nothing_when_its_top_guess_does_not_pay():
 
 
 def test_a_closed_head_gate_still_probes_and_reopens_on_caught_up_guesses():
-    history = [1, 2, 3, 4, 5, 6] * 4
-    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.3)
-    drafter = EagleSearchDrafter.alone(eagle)
-    drafter.start(history)
-    cost = (1.0, 1.1) + (2.0,) * 20
+    history = HISTORY
+    eagle, drafter, cost = costly_head_alone()
     ran = []
     for step in range(40):  # wrong every time it drafts, and nothing learned in between
         runs = len(eagle.caps)
