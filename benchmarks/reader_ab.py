@@ -1,0 +1,107 @@
+"""Side-by-side A/B of the whole READER method against the trie at batch 1, in one process: the
+arms run on every prompt in turn (order reversed every other prompt and round), so the noise of a
+shared machine hits them alike. Besides `trie` and the whole method (`eagle+search`, deepening,
+a tuned static tree), two arms re-create earlier versions of it by overriding one method each:
+
+* ``branch only``: no local-trie tree merged in where nodes cost (before `_add_local_tree`);
+* ``old gate``: the head's top-guess rate from its drafted guesses only, and no probe steps
+  (before `EagleDrafter.caught_up` and `PROBE_EVERY`).
+
+    python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
+        --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
+
+Prints per arm: tokens per verify call (prefill excluded), speed against the trie per round and
+in total, drafting share, exact match against plain greedy, steps without the head and the
+head's top guesses right / scored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import ngspec.drafters.search as search
+from ngspec.datastore.index import Datastore
+from ngspec.decode import DecodeConfig
+from ngspec.drafters import make_drafter
+from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
+from ngspec.eagle.head import load_draft_vocab, load_head
+from ngspec.engine import Engine
+from ngspec.models import load_model
+from ngspec.prompts import encode, load_prompts
+
+
+class BranchOnly(search.EagleSearchDrafter):
+    def _add_local_tree(self, draft, ctx) -> None:
+        pass
+
+
+class OldGate(search.EagleSearchDrafter):
+    def _top1_rate(self) -> float:
+        return (1 + self._top1[0]) / (2 + self._top1[1])
+
+    def drafting(self, ctx):
+        self._since_head = -(10**9)  # never probes
+        return (yield from super().drafting(ctx))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument("--category", required=True)
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--eagle-head", required=True)
+    ap.add_argument("--datastore")
+    ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
+    ap.add_argument("--arms", default="trie,whole,branch only,old gate")
+    args = ap.parse_args()
+
+    loaded = load_model()
+    engine = Engine(loaded)
+    head_dir = Path(args.eagle_head)
+    store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
+    tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192)
+    factory = eagle_factory(loaded.model, load_head(head_dir, loaded.model), tuned, load_draft_vocab(head_dir))
+    every = {
+        "trie": lambda: make_drafter("trie"),
+        "whole": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
+        "branch only": lambda: BranchOnly(factory(), store, deepen=True),
+        "old gate": lambda: OldGate(factory(), store, deepen=True),
+    }
+    arms = {name: every[name] for name in args.arms.split(",")}
+    ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
+    for new in arms.values():  # warm-up, untimed
+        engine.run(ids[0], new(), DecodeConfig(max_new_tokens=16, max_draft_nodes=96))
+    reference = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
+    res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0]} for a in arms}
+    for r in range(args.rounds):
+        for i, x in enumerate(ids):
+            for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
+                gen = engine.run(x, arms[a](), cfg)
+                s = res[a]
+                s["seconds"][r] += gen.seconds
+                s["tokens"] += len(gen.token_ids)
+                s["calls"] += len(gen.stats.steps) - 1  # the first step is the prefill
+                s["draft"] += gen.stats.draft_seconds
+                s["exact"] += gen.token_ids == reference[i]
+                stats = gen.drafter_stats or {}
+                s["skipped"] += stats.get("head_skipped", 0)
+                s["top_guess"] = [a_ + b_ for a_, b_ in zip(s["top_guess"], stats.get("head_top_guess", (0, 0)))]
+    base = res[next(iter(arms))]["seconds"]
+    for a, s in res.items():
+        print(
+            f"{args.category} {a:12s} tokens/call {s['tokens'] / s['calls']:.3f}  vs {next(iter(arms))} per round "
+            f"{[round(b / t, 3) for b, t in zip(base, s['seconds'])]}  total {sum(base) / sum(s['seconds']):.3f}x  "
+            f"drafting {s['draft'] / sum(s['seconds']):.3f}  exact {s['exact']}/{len(ids) * args.rounds}  "
+            f"head skipped {s['skipped']}  top guess {s['top_guess']}",
+            flush=True,
+        )
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
