@@ -1,0 +1,45 @@
+"""benchmarks/reader_ab.py: its two re-created earlier versions of the whole method differ from
+it in exactly what they claim (the A/B itself is a benchmark, see BENCHMARKS.md)."""
+
+import math
+
+from conftest import benchmark_script
+from test_search import ScoredEagle
+
+from ngspec.contracts import DraftContext, DraftTree
+
+ab = benchmark_script("reader_ab")
+HISTORY = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 7, 8]  # "1 2" went on as "3 4" twice, as "7 8" once
+THREE_FREE = (1.0, 1.0, 1.0, 1.0) + (5.0,) * 30
+
+
+def drafter(cls):
+    d = cls(ScoredEagle(DraftTree((9,), (-1,)), [math.log(0.05)]), None, depth=4, prefix_len=2)
+    d.start(HISTORY)
+    return d
+
+
+def test_branch_only_leaves_out_the_local_tree():
+    ctx = DraftContext(HISTORY + [1, 2], len(HISTORY), 20, THREE_FREE)
+    assert 7 in drafter(ab.search.EagleSearchDrafter).propose(ctx).tokens
+    assert 7 not in drafter(ab.BranchOnly).propose(ctx).tokens
+
+
+def head_runs(cls) -> int:
+    """Steps on which a costly head, wrong every time, ran over 40 steps."""
+    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.3)
+    d = cls.alone(eagle)
+    d.start(HISTORY)
+    for step in range(40):
+        d.propose(DraftContext(HISTORY + [50] * step, len(HISTORY), 20, (1.0, 1.1) + (2.0,) * 20))
+        d.observe([50])
+    return len(eagle.caps)
+
+
+def test_the_old_gate_ignores_caught_up_guesses_and_never_probes():
+    new, old = drafter(ab.search.EagleSearchDrafter), drafter(ab.OldGate)
+    for d in (new, old):
+        d.eagle.caught_up = [30, 30]
+    assert new._top1_rate() == 31 / 32 and old._top1_rate() == 1 / 2
+    # once closed, the new gate lets the head run every PROBE_EVERY-th step; the old one never
+    assert head_runs(ab.search.EagleSearchDrafter) >= head_runs(ab.OldGate) + 40 // (ab.search.PROBE_EVERY + 1) - 1 > head_runs(ab.OldGate)
