@@ -226,10 +226,9 @@ class EagleDrafter:
             """Top-k next tokens and log-probs below each parent (one LM-head product for all; the
             first one also scores the caught-up pairs' guesses)."""
             nonlocal scored
-            feats = torch.stack([outputs[p] for p in parents])
-            extra = 0 if scored is None else len(scored)
+            feats, extra = torch.stack([outputs[p] for p in parents]), 0
             if scored is not None:
-                feats, scored = torch.cat([scored, feats]), None
+                feats, extra, scored = torch.cat([scored, feats]), len(scored), None
             logp = torch.log_softmax(self._logits(feats).float(), dim=-1)
             top = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
             ids = top.indices if self._ids is None else self._ids[top.indices]
