@@ -5,7 +5,10 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 
 * ``branch only``: no local-trie tree merged in where nodes cost (before `_add_local_tree`);
 * ``old gate``: the head's top-guess rate from its drafted guesses only, and no probe steps
-  (before `EagleDrafter.caught_up` and `PROBE_EVERY`).
+  (before `EagleDrafter.caught_up` and `PROBE_EVERY`);
+* ``no carry`` and ``trie, no carry``: each prompt's drafter calibrates from scratch (before
+  `Calibration.next_prompt`; every other arm carries its calibration from prompt to prompt within
+  a round, as `generate` and `bench` do).
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -25,6 +28,7 @@ import ngspec.drafters.search as search
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
+from ngspec.drafters.trie import Calibration
 from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
 from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.engine import Engine
@@ -65,11 +69,14 @@ def main() -> None:
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
     tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192)
     factory = eagle_factory(loaded.model, load_head(head_dir, loaded.model), tuned, load_draft_vocab(head_dir))
+    carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
     every = {
-        "trie": lambda: make_drafter("trie"),
-        "whole": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
-        "branch only": lambda: BranchOnly(factory(), store, deepen=True),
-        "old gate": lambda: OldGate(factory(), store, deepen=True),
+        "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
+        "whole": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole")),
+        "branch only": lambda: BranchOnly(factory(), store, deepen=True, calibration=carried.get("branch only")),
+        "old gate": lambda: OldGate(factory(), store, deepen=True, calibration=carried.get("old gate")),
+        "no carry": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
+        "trie, no carry": lambda: make_drafter("trie"),
     }
     arms = {name: every[name] for name in args.arms.split(",")}
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
@@ -79,6 +86,7 @@ def main() -> None:
     reference = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
     res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0]} for a in arms}
     for r in range(args.rounds):
+        carried.update({a: Calibration() for a in arms})  # not the warm-up's, nor the last round's
         for i, x in enumerate(ids):
             for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
                 gen = engine.run(x, arms[a](), cfg)

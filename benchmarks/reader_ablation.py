@@ -38,6 +38,7 @@ from ngspec.check import divergence
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import DrafterOptions, make_drafter
+from ngspec.drafters.trie import Calibration
 from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
 from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.engine import Engine
@@ -123,9 +124,10 @@ def main() -> None:
         if b > 1 and args.compare_head_row_by_row:
             chosen = [dict(a, together=t, label=a["label"] + ("" if t else " (head row by row)")) for a in chosen for t in (True, False) if t or "eagle" in a["drafter"]]
         news = {}
+        carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
         for arm in chosen:
             factory = eagle_factory(loaded.model, head, arm["eagle"], vocab)
-            news[arm["label"]] = lambda arm=arm, factory=factory: factory() if arm["drafter"] == WHOLE_TREE else make_drafter(arm["drafter"], arm["opts"], None, factory, store)  # noqa: E731
+            news[arm["label"]] = lambda arm=arm, factory=factory: factory() if arm["drafter"] == WHOLE_TREE else make_drafter(arm["drafter"], arm["opts"], None, factory, store, carried.get(arm["label"]))  # noqa: E731
 
         def batch_config(arm: dict) -> BatchConfig:
             return BatchConfig(b, arm["rearrange"], args.rearrange_min_share, arm.get("joint", True), arm.get("together", True))
@@ -143,6 +145,7 @@ def main() -> None:
         reports: dict[str, dict] = {}
         for round_ in range(args.rounds):
             order = chosen if round_ % 2 == 0 else chosen[::-1]
+            carried.update({arm["label"]: Calibration() for arm in chosen})  # not the warm-up's, nor the last round's
             if b == 1:  # arms interleaved per prompt, so that the machine's drift hits every arm alike
                 gens = {arm["label"]: [] for arm in order}
                 took = dict.fromkeys(gens, 0.0)

@@ -23,6 +23,7 @@ from pathlib import Path
 from ngspec.contracts import DraftContext
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import DrafterOptions, make_drafter
+from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.models import load_model
 from ngspec.prompts import encode, load_prompts
@@ -78,6 +79,7 @@ def main() -> None:
     ap.add_argument("--datastore", help="Datastore directory for the search drafters")
     ap.add_argument("--tables", action="store_true", help="Load (or build once and cache) the model's n-gram tables, for the unigram/bigram/mixed drafters")
     ap.add_argument("--flat-cost", action="store_true", help="Let drafters assume verification is free (GPU-like): shows what the drafter can find; speedups then assume that cost")
+    ap.add_argument("--no-carry", action="store_true", help="Calibrate each prompt's drafter from scratch (default: carried from prompt to prompt, as generate and bench do)")
     args = ap.parse_args()
     engine = Engine(load_model(), calibrate=not args.flat_cost, max_draft_nodes=64)
     refs = references(engine, args)
@@ -93,8 +95,9 @@ def main() -> None:
         name, *kv = spec.split(",")
         opts = DrafterOptions(**{k: (v == "True") if v in ("True", "False") else int(v) for k, v in (x.split("=") for x in kv)})
         speedups, tpcs = [], []
+        carried = None if args.no_carry else Calibration()
         for ref in refs:
-            tokens, calls, total = replay(ref, make_drafter(name, opts, tables, datastore=store), cost)
+            tokens, calls, total = replay(ref, make_drafter(name, opts, tables, datastore=store, calibration=carried), cost)
             speedups.append(tokens / total)
             tpcs.append(tokens / calls)
         print(f"{spec:60s} tokens/call median {statistics.median(tpcs):.2f}  predicted speedup median {statistics.median(speedups):.2f}x mean {statistics.fmean(speedups):.2f}x")

@@ -205,3 +205,35 @@ def test_generate_summarises_the_search_branch_and_the_head():
     assert rows["steps without the head"] == "4" and rows["head's top guess right (drafted + caught up)"] == "2 / 8 (25%)"
     assert dict(_search_summary({"head_skipped": 0, "head_top_guess": [0, 0]}))["head's top guess right (drafted + caught up)"] == "0 / 0"
     assert _search_summary(None) == [] and _search_summary({"rows_allocated": {}}) == []
+
+
+@pytest.mark.slow
+def test_a_run_carries_each_drafters_calibration_from_prompt_to_prompt(tmp_path, monkeypatch):
+    """generate (one at a time and batched) gives every prompt's drafter the run's calibration;
+    bench gives each arm its own, across the prompts."""
+    import ngspec.bench.runner as runner
+    import ngspec.cli.generate as generate
+    from ngspec.drafters import make_drafter
+
+    seen = []
+
+    def recording(name, *args, **kwargs):
+        drafter = make_drafter(name, *args, **kwargs)
+        seen.append((name, getattr(drafter, "calibration", None)))
+        return drafter
+
+    monkeypatch.setattr(generate, "make_drafter", recording)
+    monkeypatch.setattr(runner, "make_drafter", recording)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate([PROMPT, "Count from one to ten.", PROMPT])))
+    for extra in ([], ["--batch-size", 2]):
+        seen.clear()
+        assert invoke("generate", "-p", prompts, "-d", "trie", "-n", 6, "--json", *extra).exit_code == 0
+        assert len(seen) == 3 and seen[0][1] is not None and all(c is seen[0][1] for _, c in seen)
+    seen.clear()
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "rag", "turns": [PROMPT]}) + "\n" for i in range(2)))
+    assert invoke("bench", "-q", questions, "-n", 6, "-d", "trie", "-d", "search", "--json").exit_code == 0
+    by_arm = {name: {id(c) for n, c in seen if n == name} for name in ("trie", "search")}
+    assert [len(s) for s in by_arm.values()] == [1, 1] and by_arm["trie"] != by_arm["search"]
+    assert sum(n in by_arm for n, _ in seen) == 4  # two prompts each

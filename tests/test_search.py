@@ -349,3 +349,14 @@ def test_where_nodes_cost_the_local_tries_second_guesses_join_the_draft():
     flat = EagleSearchDrafter(ScoredEagle(DraftTree((9,), (-1,)), [math.log(0.05)]), None, depth=4, prefix_len=2)
     flat.start(history)
     assert 7 not in flat.propose(DraftContext(ctx_tokens, len(history), 20)).tokens  # the fixed shape: one branch
+
+
+@pytest.mark.parametrize("name", ["trie", "search", "eagle", "eagle+search"])
+def test_the_registry_hands_a_runs_calibration_to_every_calibrating_drafter(name):
+    from ngspec.drafters import make_drafter
+    from ngspec.drafters.trie import Calibration
+
+    shared = Calibration()
+    drafter = make_drafter(name, eagle=lambda: ScoredEagle(DraftTree(), []), calibration=shared)
+    assert drafter.calibration is shared
+    assert make_drafter(name, eagle=lambda: ScoredEagle(DraftTree(), [])).calibration is not shared

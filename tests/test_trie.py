@@ -159,3 +159,33 @@ def test_trie_scaled_estimates_never_exceed_one():
     ctx = DraftContext([1, 2, 3, 4, 1, 2], 6, 8, (1.0,) * 9, engine_sizes=True)
     tree = cal_up.propose(ctx)
     assert tree.size and all(0 < g <= 1.0 for g in tree.gains)
+
+
+def test_a_new_prompt_weighs_what_earlier_prompts_showed_at_half():
+    cal = Calibration()
+    cal.record(2, accepted=0, predicted=4)
+    cal.next_prompt()
+    assert cal._totals == {2: (0, 2), (): (0, 2)}
+    # (0 + prior) / (2 + 1), the prior being every kind's (0 + 1) / (2 + 1)
+    assert cal.scale(2) == pytest.approx(1 / 9)
+    Calibration().next_prompt()  # nothing to carry: a no-op
+
+
+def test_trie_drafters_sharing_a_calibration_carry_it_from_prompt_to_prompt():
+    """A drafter whose trees kept failing on one prompt hands the next prompt's drafter its
+    distrust: that one drafts a smaller tree at first than a drafter starting from scratch."""
+    text = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]
+    ctx = DraftContext(text, len(text), 10, (1.0, 1.02, 1.04, 1.06) + (1.5,) * 10)
+    shared = Calibration()
+    first = TrieDrafter(n=5, prefix_len=2, num_draft=6, calibration=shared)
+    first.start(text)
+    assert first.propose(ctx).size
+    first.observe([99])  # nothing accepted
+    for _ in range(5):
+        first.propose(ctx)
+        first.observe([99])
+    second, fresh = (TrieDrafter(n=5, prefix_len=2, num_draft=6, calibration=c) for c in (shared, None))
+    for d in (second, fresh):
+        d.start(text)
+    assert second.calibration is shared and fresh.calibration is not shared
+    assert second.propose(ctx).size < fresh.propose(ctx).size

@@ -14,6 +14,7 @@ from typing import Callable
 from ngspec.check import GreedyCheck, divergence
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, Resources, make_drafter
+from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
 from ngspec.prompts import Prompt, encode
@@ -78,14 +79,15 @@ class BenchRecord:
     with_datastore: SelfRepetition | None = None  # the same, also searching --datastore
 
 
-def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Resources, pid: str) -> ArmRun:
+def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Resources, pid: str, calibration: Calibration | None = None) -> ArmRun:
+    """``calibration``: the arm's drafter estimates carried from its earlier prompts."""
     if arm.drafter in HF_ARMS:
         tokens, seconds = engine.hf_generate(ids, cfg.max_new_tokens, lookup=arm.drafter == "hf-prompt-lookup")
         calls = len(tokens) if arm.drafter == "hf-greedy" else None
         return ArmRun(pid, tokens, seconds, calls, [1] * len(tokens) if calls else [])
     cap = arm.opts.k * arm.opts.w if arm.drafter in ROW_DRAFTERS else 0
     arm_cfg = replace(cfg, verify=arm.verify, max_draft_nodes=max(cfg.max_draft_nodes, cap))
-    gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore), arm_cfg)
+    gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore, calibration), arm_cfg)
     steps = gen.stats.steps
     return ArmRun(
         pid, gen.token_ids, gen.seconds, len(steps), [s.accepted for s in steps], gen.stats.draft_seconds, gen.drafter_stats
@@ -103,11 +105,12 @@ def run_bench(
 ) -> list[BenchRecord]:
     """Run ``arms`` (hf-greedy first, as the reference) on every prompt."""
     records = []
+    carried = {arm.label: Calibration() for arm in arms}  # each arm's estimates, from prompt to prompt
     for prompt in prompts:
         ids = encode(engine.loaded.tokenizer, prompt.text, raw)
         runs = {}
         for arm in arms:
-            runs[arm.label] = run_arm(engine, arm, ids, cfg, res, prompt.id)
+            runs[arm.label] = run_arm(engine, arm, ids, cfg, res, prompt.id, carried[arm.label])
             if on_progress:
                 on_progress(arm.label)
         reference = runs["hf-greedy"].token_ids

@@ -14,6 +14,7 @@ from ngspec.cli.options import (
     StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt,
 )
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, check_drafter, make_drafter
+from ngspec.drafters.trie import Calibration
 from ngspec.errors import NgspecError
 from ngspec.prompts import encode, load_prompts
 
@@ -186,10 +187,11 @@ def generate_command(
     engine = load_engine(model, device, dtype, profile)
     res = drafting.resources(engine, [drafter])
     tokenizer = engine.loaded.tokenizer
+    calibration = Calibration()  # the drafters' estimates, carried from prompt to prompt (and row to row)
     if batch_size > 1:
         ids = [encode(tokenizer, p.text, raw) for p in prompts]
         opts = rows_options(opts, k, w, engine.profile, max(map(len, ids)), engine.target.device.type)
-        _run_batch(engine, prompts, ids, lambda: make_drafter(drafter, opts, res.tables, res.eagle, res.datastore), fit_rows(cfg, drafter, opts), batch, drafter, json_out)
+        _run_batch(engine, prompts, ids, lambda: make_drafter(drafter, opts, res.tables, res.eagle, res.datastore, calibration), fit_rows(cfg, drafter, opts), batch, drafter, json_out)
         return
     for prompt in prompts:
         ids = encode(tokenizer, prompt.text, raw)
@@ -197,7 +199,7 @@ def generate_command(
         if stream is not None and len(prompts) > 1:
             render.console.rule(f"prompt {prompt.id}")
         prompt_opts = rows_options(opts, k, w, engine.profile, len(ids), engine.target.device.type)
-        gen = engine.run(ids, make_drafter(drafter, prompt_opts, res.tables, res.eagle, res.datastore), fit_rows(cfg, drafter, prompt_opts), on_tokens=stream)
+        gen = engine.run(ids, make_drafter(drafter, prompt_opts, res.tables, res.eagle, res.datastore, calibration), fit_rows(cfg, drafter, prompt_opts), on_tokens=stream)
         record = result_record(prompt.id, len(ids), engine.detokenize(gen.token_ids), gen, drafter)
         if check:
             record["greedy_check"] = check_against_greedy(engine, ids, gen.token_ids, cfg).as_dict()

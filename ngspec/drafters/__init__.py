@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ngspec.datastore.index import Datastore
     from ngspec.drafters.eagle import EagleDrafter
     from ngspec.drafters.ngram_tables import NgramTables
+    from ngspec.drafters.trie import Calibration
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,13 @@ class DrafterOptions:
 class Resources:
     """What some drafters need beyond options: the model's n-gram tables (unigram, bigram,
     mixed), a ready EAGLE drafter factory (eagle, eagle+search) and a datastore (search,
-    eagle+search; optional)."""
+    eagle+search; optional), and the calibration of a drafter's estimates carried across the
+    prompts of a run (trie, search, eagle, eagle+search; see `Calibration`)."""
 
     tables: Optional["NgramTables"] = None
     eagle: Optional[Callable[[], "EagleDrafter"]] = None
     datastore: Optional["Datastore"] = None
+    calibration: Optional["Calibration"] = None
 
 
 def _vanilla(opts: DrafterOptions, res: Resources) -> Drafter:
@@ -81,6 +84,7 @@ def _trie(opts: DrafterOptions, res: Resources) -> Drafter:
         prefix_len=opts.prefix_len,
         num_draft=opts.num_draft,
         update=opts.trie_update,
+        calibration=res.calibration,
     )
 
 
@@ -111,19 +115,19 @@ def _mixed(opts: DrafterOptions, res: Resources) -> Drafter:
 def _eagle(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.search import EagleSearchDrafter
 
-    return EagleSearchDrafter.alone(res.eagle())
+    return EagleSearchDrafter.alone(res.eagle(), res.calibration)
 
 
 def _search(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.search import SearchDrafter
 
-    return SearchDrafter(res.datastore, opts.search_depth, opts.prefix_len)
+    return SearchDrafter(res.datastore, opts.search_depth, opts.prefix_len, res.calibration)
 
 
 def _eagle_search(opts: DrafterOptions, res: Resources) -> Drafter:
     from ngspec.drafters.search import EagleSearchDrafter
 
-    return EagleSearchDrafter(res.eagle(), res.datastore, opts.search_depth, opts.prefix_len, opts.deepen)
+    return EagleSearchDrafter(res.eagle(), res.datastore, opts.search_depth, opts.prefix_len, opts.deepen, res.calibration)
 
 
 REGISTRY: dict[str, Callable[[DrafterOptions, Resources], Drafter]] = {
@@ -155,13 +159,15 @@ def make_drafter(
     tables: "NgramTables | None" = None,
     eagle: Callable | None = None,
     datastore: "Datastore | None" = None,
+    calibration: "Calibration | None" = None,
 ) -> Drafter:
     """A fresh drafter; ``tables`` (from `ngram_tables.cached_tables`) for the model-derived ones,
     ``eagle`` (a factory holding a loaded head) for eagle and eagle+search, ``datastore`` for the
-    search drafters."""
+    search drafters; ``calibration`` carried from the drafters of a run's earlier prompts (give the
+    drafters of one run the same one; drafters that do not calibrate ignore it)."""
     check_drafter(name)
     if name in NEEDS_TABLES and tables is None:
         raise NgspecError(f"the {name} drafter needs the model's n-gram tables")
     if name in NEEDS_HEAD and eagle is None:
         raise NgspecError(f"the {name} drafter needs an EAGLE head (--eagle-head DIR; `ngspec train-eagle` makes one)")
-    return REGISTRY[name](opts or DrafterOptions(), Resources(tables, eagle, datastore))
+    return REGISTRY[name](opts or DrafterOptions(), Resources(tables, eagle, datastore, calibration))

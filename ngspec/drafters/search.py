@@ -116,16 +116,18 @@ class SearchDrafter:
     its estimates scaled per source and match length by how well they matched so far (a datastore
     match of two tokens in a large store is often wrong; a long local match rarely is). In a
     batch (``DraftContext.engine_sizes``) the whole branch is offered with those estimates and the
-    batch picks the length (`keep`)."""
+    batch picks the length (`keep`). ``calibration`` may be shared by the drafters of a run's
+    prompts (see `Calibration`)."""
 
     name = "search"
 
-    def __init__(self, datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3) -> None:
+    def __init__(self, datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3, calibration: Calibration | None = None) -> None:
         self.search = SearchBranch(datastore, depth, prefix_len)
+        self.calibration = calibration if calibration is not None else Calibration()
 
     def start(self, prompt: Sequence[int]) -> None:
         self.search.start(prompt)
-        self.calibration = Calibration()
+        self.calibration.next_prompt()
         self._predicted: tuple[tuple[str, int], float] | None = None
         self._raw: list[float] = []  # unscaled chance of reaching each node of the last branch
 
@@ -226,8 +228,13 @@ class EagleSearchDrafter:
     name = "eagle+search"
     needs_features = True
 
-    def __init__(self, eagle: "EagleDrafter", datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3, deepen: bool = False) -> None:
+    def __init__(
+        self, eagle: "EagleDrafter", datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3, deepen: bool = False,
+        calibration: Calibration | None = None,
+    ) -> None:
         self.eagle = eagle
+        # keys: "eagle", and the search's (source, match length); may be shared by a run's prompts
+        self.calibration = calibration if calibration is not None else Calibration()
         self.feature_layers = getattr(eagle, "feature_layers", None)  # EAGLE-3: the target layers its head reads
         self.search = SearchBranch(datastore, depth, prefix_len)
         self.deepen = deepen
@@ -235,18 +242,18 @@ class EagleSearchDrafter:
         self.skipped = 0  # steps drafted without running the head
 
     @classmethod
-    def alone(cls, eagle: "EagleDrafter") -> "EagleSearchDrafter":
+    def alone(cls, eagle: "EagleDrafter", calibration: Calibration | None = None) -> "EagleSearchDrafter":
         """`eagle`: EAGLE's tree alone, sized like eagle+search's where verification costs (the
         head runs when its top guess pays for itself and a node; the most likely nodes that pay
         are kept); with a flat cost, EAGLE's whole tree."""
-        drafter = cls(eagle, None, depth=0)
+        drafter = cls(eagle, None, depth=0, calibration=calibration)
         drafter.name = "eagle"
         return drafter
 
     def start(self, prompt: Sequence[int]) -> None:
         self.eagle.start(prompt)
         self.search.start(prompt)
-        self.calibration = Calibration()  # keys: "eagle", and the search's (source, match length)
+        self.calibration.next_prompt()
         self._top1 = [0, 0]  # EAGLE's drafted top guesses: right, scored
         self._since_head = 0  # steps skipped since the head last ran
         self._last: tuple[DraftTree, list, list[float]] | None = None  # tree, keys, unscaled estimates

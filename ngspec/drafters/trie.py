@@ -147,9 +147,15 @@ class Calibration:
     length of a source that has kept failing starts from that source's record, not from trust.
     Scales above 1 are allowed because the smoothed frequencies under-estimate copies (a path seen
     once in the prompt is accepted far more often than its 0.4). Record the unscaled estimates, or
-    the scale feeds on itself."""
+    the scale feeds on itself.
+
+    One calibration may serve several prompts of a run (pass it to the drafter of each): at every
+    new prompt (`next_prompt`) the evidence so far is weighed by ``CARRY``, so a prompt starts from
+    what the run has shown (a datastore whose short matches kept failing on earlier answers is not
+    trusted again at first) and its own steps soon outweigh it."""
 
     MAX_SCALE = 4.0
+    CARRY = 0.5  # replay over Spec-Bench rag: 0.1-1.0 all give +3% tokens per unit of verify cost
 
     def __init__(self) -> None:
         self._totals: dict = {}  # kind -> (accepted, predicted)
@@ -176,6 +182,10 @@ class Calibration:
             a, p = self._totals.get(kind, (0.0, 0.0))
             self._totals[kind] = (a + accepted, p + predicted)
 
+    def next_prompt(self) -> None:
+        """A new prompt starts: what earlier prompts showed counts ``CARRY`` times as much."""
+        self._totals = {kind: (a * self.CARRY, p * self.CARRY) for kind, (a, p) in self._totals.items()}
+
 
 def best_size(gains: list[float], ctx: DraftContext) -> int:
     """Number of leading nodes maximising expected tokens per unit of verify cost."""
@@ -192,25 +202,30 @@ class TrieDrafter:
     tokens per unit of measured verify cost (``DraftContext.cost``). With no cost table (a
     GPU-like flat cost) that is the whole ``num_draft`` budget. In a batch
     (``DraftContext.engine_sizes``) the whole tree is offered best first with those chances and
-    the batch picks the size (`keep`).
+    the batch picks the size (`keep`). ``calibration`` (per match length) may be shared by the
+    drafters of a run's prompts, so each prompt starts from what the earlier ones showed.
     """
 
     name = "trie"
 
-    def __init__(self, n: int = 13, prefix_len: int = 3, num_draft: int = 32, update: bool = True):
+    def __init__(self, n: int = 13, prefix_len: int = 3, num_draft: int = 32, update: bool = True, calibration: Calibration | None = None):
         self.n = n
         self.prefix_len = prefix_len
         self.num_draft = num_draft
         self.update = update
-        self.start([])
+        self.calibration = calibration if calibration is not None else Calibration()
+        self._reset([])
 
     def start(self, prompt: Sequence[int]) -> None:
+        self.calibration.next_prompt()
+        self._reset(prompt)
+
+    def _reset(self, prompt: Sequence[int]) -> None:
         self.trie = NGramTrie(self.n, self.prefix_len)
         self.trie.extend(prompt)
         self._predicted = 0.0  # expected accepted drafts of the last tree (unscaled)
         self._match_len = 0  # length of the match the last tree hangs from
         self._probs: list[float] = []  # unscaled estimates of the last tree offered best first
-        self.calibration = Calibration()  # per match length
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         self._predicted = 0.0
