@@ -6,7 +6,7 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``branch only``: no local-trie tree merged in where nodes cost (before `_add_local_tree`);
 * ``old gate``: the head's top-guess rate from its drafted guesses only, and no probe steps
   (before `EagleDrafter.caught_up` and `PROBE_EVERY`);
-* ``no carry`` and ``trie, no carry``: each prompt's drafter calibrates from scratch (before
+* ``no carry`` and ``trie no carry``: each prompt's drafter calibrates from scratch (before
   `Calibration.next_prompt`; every other arm carries its calibration from prompt to prompt within
   a round, as `generate` and `bench` do).
 
@@ -76,7 +76,7 @@ def main() -> None:
         "branch only": lambda: BranchOnly(factory(), store, deepen=True, calibration=carried.get("branch only")),
         "old gate": lambda: OldGate(factory(), store, deepen=True, calibration=carried.get("old gate")),
         "no carry": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
-        "trie, no carry": lambda: make_drafter("trie"),
+        "trie no carry": lambda: make_drafter("trie"),
     }
     arms = {name: every[name] for name in args.arms.split(",")}
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
