@@ -14,7 +14,6 @@ from ngspec.cli.options import (
     StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt,
 )
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, check_drafter, make_drafter
-from ngspec.drafters.trie import Calibration
 from ngspec.errors import NgspecError
 from ngspec.prompts import encode, load_prompts
 
@@ -169,6 +168,7 @@ def generate_command(
     """
     from ngspec.batch import BatchConfig
     from ngspec.check import check_against_greedy
+    from ngspec.drafters.trie import Calibration
 
     check_drafter(drafter)  # validate everything before loading anything
     drafting.check([drafter])
