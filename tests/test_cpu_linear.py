@@ -12,7 +12,7 @@ from ngspec.errors import NgspecError
 from ngspec.models import tiny_model
 from ngspec.target import TargetModel
 
-AVAILABLE = [k for k in KERNELS if k != "packed" or torch.backends.mkl.is_available()]
+AVAILABLE = [k for k in KERNELS if (k != "packed" or torch.backends.mkl.is_available()) and (k != "onednn" or cpu_linear._onednn_works())]
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE)
@@ -164,7 +164,7 @@ def test_planned_product_is_the_product_with_the_plans_kernel(kernel):
         x = torch.randn(shape)
         got = planned_product(x, weight, plan)
         assert got.shape == (*shape[:-1], 70)
-        if kernel == "transposed":
+        if kernel in ("transposed", "onednn"):
             assert torch.allclose(got.double(), x.double() @ weight.double().T, atol=1e-4, rtol=1e-5)
         else:  # no plan, linear, and packed (the weight has no packed copy): the ordinary product
             assert torch.equal(got, x @ weight.T)
