@@ -6,6 +6,7 @@ loop, so that `generate` and `bench` run exactly the same code path.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -55,6 +56,11 @@ class Engine:
             self.target.cost_tables = self.profile.cost_tables(self.max_draft_nodes)
         elif self.calibrate:
             self.target.cost_tables = {0: cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes)}
+        # what is alive now (the model's modules, the tokenizer, torch and transformers) lives as
+        # long as the process: keep it out of the cyclic collector's full passes, which the tries
+        # drafters build per prompt (20,000 nodes) set off; each scanned it all, 20 ms per prompt
+        # on the AMD EPYC, 0.7% of eagle+search's time (BENCHMARKS.md, "oneDNN")
+        gc.freeze()
 
     def ngram_tables(self, path=None, progress=None, notify=None) -> NgramTables:
         """The model-derived unigram/bigram tables (built once per model and cached on disk;

@@ -185,3 +185,14 @@ def test_an_eagle_head_runs_the_targets_kernel_plan(monkeypatch):
     drafter = eagle_factory(target, head, EagleOptions())()
     assert drafter.plan is current_plan(target) is current_plan(head)
     assert all(isinstance(m, TunedLinear) for m in head.modules() if isinstance(m, nn.Linear))
+
+
+def test_an_engine_keeps_what_lives_as_long_as_the_process_out_of_full_collections():
+    import gc
+
+    from ngspec.engine import Engine
+    from ngspec.models import LoadedModel
+
+    gc.unfreeze()
+    Engine(LoadedModel(tiny_model("llama"), None, "tiny"), calibrate=False)
+    assert gc.get_freeze_count() > 1000  # the model's modules and tensors among them
