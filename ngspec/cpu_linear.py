@@ -1,13 +1,14 @@
 """The fastest float32 matrix product for each row count, measured on this CPU.
 
 A CPU forward pass is mostly linear layers, and which product is fastest for them depends on the
-CPU, the BLAS build and how many rows (tokens) go through at once. Three kernels compute the
+CPU, the BLAS build and how many rows (tokens) go through at once. Four kernels compute the
 same product (up to float32 rounding):
 
 - ``linear``: ``torch.nn.functional.linear``, ``x @ W.T`` (what transformers runs);
-- ``transposed``: ``(W @ x.T).T``, one row padded to two and three to four; on the team's AMD EPYC (MKL) it
-  is 2.3-3.9x faster than ``linear`` for 1 to 4 rows and 1.4x at 8 (MKL's matrix-vector and
-  small-matrix paths are slow there), about as fast from 12 rows on, and costs no memory;
+- ``transposed``: ``(W @ x.T).T``, one row padded to two and three to four; on the team's AMD
+  EPYC (MKL) it is 2.3-3.9x faster than ``linear`` for 1 to 4 rows and 1.4x at 8 (MKL's
+  matrix-vector and small-matrix paths are slow there), about as fast from 12 rows on, and
+  costs no memory;
 - ``packed``: MKL's product with the weight packed once at load time
   (``torch.ops.mkl._mkl_linear``); on the Intel Xeon of earlier sessions, 4 to 32 rows cost
   1.3-1.8x a single row with it instead of 1.6-2.6x. It holds a second copy of the weights;
@@ -21,7 +22,8 @@ same product (up to float32 rounding):
 runs, for ``n`` rows, the kernel chosen at the largest measured row count ``<= n``. Models
 with under 32 MB of linear weights are left alone (the choice is noise there), as are non-CPU
 and non-float32 models. ``NGSPEC_CPU_KERNELS`` forces one kernel for every row count
-(``linear`` turns the tuning off). Results: BENCHMARKS.md section 1.
+(``linear`` turns the tuning off). Results: BENCHMARKS.md section 1 and, for ``onednn``,
+section 10b ("oneDNN").
 """
 
 from __future__ import annotations
@@ -262,7 +264,7 @@ def tune_linears(model: nn.Module, notify: Callable[[str], None] | None = None) 
             from ngspec.errors import NgspecError
 
             raise NgspecError(f"NGSPEC_CPU_KERNELS must be auto or one of {', '.join(KERNELS)} (got {forced!r})")
-        if forced == "packed" and not torch.backends.mkl.is_available():
+        if (forced == "packed" and not torch.backends.mkl.is_available()) or (forced == "onednn" and not _onednn_works()):
             return None
         plan = KernelPlan.uniform(forced)
     elif sum(m.weight.numel() * 4 for m in _linears(model)) < MIN_TUNED_BYTES:
