@@ -86,6 +86,9 @@ def test_small_models_keep_ordinary_layers_unless_a_kernel_is_forced(monkeypatch
     monkeypatch.setenv("NGSPEC_CPU_KERNELS", "linear")
     assert tune_linears(tiny_model("llama")) is None
     assert tune_linears(tiny_model("llama").to(torch.float64)) is None
+    monkeypatch.setenv("NGSPEC_CPU_KERNELS", "onednn")
+    monkeypatch.setattr(cpu_linear, "_onednn_works", lambda: False)  # a torch built without oneDNN
+    assert tune_linears(tiny_model("llama")) is None
     monkeypatch.setenv("NGSPEC_CPU_KERNELS", "fastest")
     with pytest.raises(NgspecError, match="NGSPEC_CPU_KERNELS"):
         tune_linears(tiny_model("llama"))
