@@ -142,6 +142,15 @@ def _onednn_works() -> bool:
     return True
 
 
+def runnable(kernel: str) -> bool:
+    """Whether this torch build has ``kernel``: ``packed`` needs MKL, ``onednn`` oneDNN."""
+    if kernel == "packed":
+        return torch.backends.mkl.is_available()
+    if kernel == "onednn":
+        return _onednn_works()
+    return True
+
+
 def _pack(layers: list[nn.Linear]) -> list[torch.Tensor]:
     return [torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), 64) for m in layers]
 
@@ -170,7 +179,7 @@ def measure_plan(model: nn.Module, rounds: int = 3) -> tuple[KernelPlan, dict[in
     ``ROW_LADDER`` (interleaved rounds, median) and keep the fastest; also returns the seconds
     measured."""
     layers = timed_layers(model)
-    kernels = [k for k in KERNELS if (k != "packed" or _packing_fits(model)) and (k != "onednn" or _onednn_works())]
+    kernels = [k for k in KERNELS if runnable(k) and (k != "packed" or _packing_fits(model))]
     packed = _pack(layers) if "packed" in kernels else [None] * len(layers)
     gen = torch.Generator().manual_seed(0)
     inputs = {rows: {m.in_features: torch.randn(rows, m.in_features, generator=gen) for m in layers} for rows in ROW_LADDER}
@@ -264,7 +273,7 @@ def tune_linears(model: nn.Module, notify: Callable[[str], None] | None = None) 
             from ngspec.errors import NgspecError
 
             raise NgspecError(f"NGSPEC_CPU_KERNELS must be auto or one of {', '.join(KERNELS)} (got {forced!r})")
-        if (forced == "packed" and not torch.backends.mkl.is_available()) or (forced == "onednn" and not _onednn_works()):
+        if not runnable(forced):
             return None
         plan = KernelPlan.uniform(forced)
     elif sum(m.weight.numel() * 4 for m in _linears(model)) < MIN_TUNED_BYTES:
@@ -292,9 +301,10 @@ def planned_product(x: torch.Tensor, weight: torch.Tensor, plan: KernelPlan | No
     weight made on the fly (rows picked from a layer) that has no packed copy: where the plan
     names ``packed``, and without a plan, the ordinary product."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if plan is None or not rows or x.dtype != torch.float32 or plan.for_rows(rows) not in ("transposed", "onednn"):
+    kernel = plan.for_rows(rows) if plan is not None and rows else "linear"
+    if kernel not in ("transposed", "onednn") or x.dtype != torch.float32:
         return x @ weight.T
-    return run_kernel(plan.for_rows(rows), x.reshape(rows, x.shape[-1]), weight, None).reshape(*x.shape[:-1], weight.shape[0])
+    return run_kernel(kernel, x.reshape(rows, x.shape[-1]), weight, None).reshape(*x.shape[:-1], weight.shape[0])
 
 
 @contextmanager

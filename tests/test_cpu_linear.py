@@ -12,7 +12,7 @@ from ngspec.errors import NgspecError
 from ngspec.models import tiny_model
 from ngspec.target import TargetModel
 
-AVAILABLE = [k for k in KERNELS if (k != "packed" or torch.backends.mkl.is_available()) and (k != "onednn" or cpu_linear._onednn_works())]
+AVAILABLE = [k for k in KERNELS if cpu_linear.runnable(k)]
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE)

@@ -70,7 +70,7 @@ def test_drafters_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_datasto
         assert sum(s.accepted for s in got.stats.steps) == len(got.token_ids)
 
 
-@pytest.mark.parametrize("kernel", [k for k in KERNELS if (k != "packed" or torch.backends.mkl.is_available()) and (k != "onednn" or cpu_linear._onednn_works())])
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if cpu_linear.runnable(k)])
 def test_tuned_cpu_kernels_match_plain_greedy(kernel):
     """The engine on each CPU kernel of `ngspec.cpu_linear` (every row count: the one-token steps,
     trees of every size and the prefill) against transformers on the stock layers."""
