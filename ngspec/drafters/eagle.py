@@ -167,9 +167,12 @@ class EagleDrafter:
     def observe(self, new_tokens: Sequence[int]) -> None:
         pass
 
-    def _run(self, tokens: list[int], features: torch.Tensor, positions: list[int], visible: torch.Tensor) -> Generator[HeadCall, torch.Tensor, torch.Tensor]:
-        """The head's output for these pairs: asks whoever drives `drafting` to run it."""
-        return (yield HeadCall(self.head, self.embed, self.cache.layers[0], tokens, features, positions, visible))
+    def _run(
+        self, tokens: list[int], features: torch.Tensor, positions: list[int], visible: torch.Tensor, keep_from: int = 0,
+    ) -> Generator[HeadCall, torch.Tensor, torch.Tensor]:
+        """The head's output for these pairs (from pair ``keep_from`` on): asks whoever drives
+        `drafting` to run it."""
+        return (yield HeadCall(self.head, self.embed, self.cache.layers[0], tokens, features, positions, visible, keep_from))
 
     def defer(self, ctx: DraftContext) -> None:
         """Draft nothing this step: keep the newly committed pairs for the next `propose`, which
@@ -198,11 +201,13 @@ class EagleDrafter:
         visible = torch.ones(m, self.length + m, dtype=torch.bool)
         visible[:, self.length :] = torch.ones(m, m, dtype=torch.bool).tril()
         feats = self.head.project(feats.to(self.param.dtype))
-        out = yield from self._run(list(ctx.tokens[start + 1 : start + 1 + m]), feats, list(range(start, start + m)), visible)
-        self.length += m
         first = max(ctx.prompt_len - start - 2, m - 1 - MAX_SCORED, 0)  # pairs whose next token is generated
         truth = list(ctx.tokens[start + first + 2 : start + m + 1])
-        return out[-1], (out[first : m - 1] if truth else None), truth
+        # only the predictions read here are computed: the newest pair's and the scored ones (a
+        # prompt's other pairs only give the head cache their keys and values)
+        out = yield from self._run(list(ctx.tokens[start + 1 : start + 1 + m]), feats, list(range(start, start + m)), visible, first if truth else m - 1)
+        self.length += m
+        return out[-1], (out[:-1] if truth else None), truth
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         return drive(self.drafting(ctx))

@@ -33,7 +33,8 @@ ATTENTION_NAME = "ngspec_head_rows"
 class HeadCall:
     """One row's request: the head over ``tokens`` paired with ``features`` ([m, H], already
     projected) at ``positions``, each seeing ``visible`` ([m, past + m]) of the row's ``cache``
-    layer: its first ``past`` entries, then the call's own."""
+    layer: its first ``past`` entries, then the call's own. Only the outputs of pairs ``keep_from``
+    onward are computed and returned (every pair's keys and values reach the cache)."""
 
     head: torch.nn.Module
     embed: torch.nn.Module
@@ -42,6 +43,7 @@ class HeadCall:
     features: torch.Tensor
     positions: list[int]
     visible: torch.Tensor
+    keep_from: int = 0
 
     @property
     def past(self) -> int:
@@ -75,16 +77,22 @@ AttentionInterface.register(ATTENTION_NAME, row_attention)
 
 @torch.inference_mode()
 def run_calls(calls: Sequence[HeadCall]) -> list[torch.Tensor]:
-    """One head forward for calls of the same head (one per row); each call's output ``[m, H]``."""
+    """One head forward for calls of the same head (one per row); each call's output
+    ``[m - keep_from, H]``."""
     head, embed = calls[0].head, calls[0].embed
     param = next(head.parameters())
     dev = param.device
     ids = torch.tensor([[t for c in calls for t in c.tokens]], device=dev)
     features = torch.cat([c.features.to(dev, param.dtype) for c in calls])[None]
     positions = torch.tensor([[p for c in calls for p in c.positions]], device=dev)
+    wanted, start = [], 0
+    for c in calls:
+        wanted.extend(range(start + c.keep_from, start + len(c.tokens)))
+        start += len(c.tokens)
+    rows = None if len(wanted) == start else torch.tensor(wanted, device=dev)
     with attention_function(head, ATTENTION_NAME):
-        out = head(embed(ids).to(param.dtype), features, positions, None, None, head_rows=list(calls))[0]
-    return list(out.split([len(c.tokens) for c in calls]))
+        out = head(embed(ids).to(param.dtype), features, positions, None, None, wanted=rows, head_rows=list(calls))[0]
+    return list(out.split([len(c.tokens) - c.keep_from for c in calls]))
 
 
 def drive(drafting: Drafting) -> DraftTree:

@@ -57,11 +57,18 @@ class EagleHead(nn.Module):
         position_ids: torch.Tensor,  # [B, T]
         attention_mask: torch.Tensor | None = None,  # additive [B, 1, T, past + T]
         cache=None,
+        wanted: torch.Tensor | None = None,  # [N] indices along T of the outputs to return; None = all
         **attention_kwargs,  # for the attention function (`ngspec.eagle.batched`)
     ) -> torch.Tensor:
+        """The predicted features [B, T, H] (or [B, N, H] at ``wanted``). The decoder layer is
+        written out (LlamaDecoderLayer's order, input norm left out) so that only the wanted
+        positions run its MLP: every position's keys and values reach the cache either way, and
+        a one-layer head needs no more from positions whose prediction nobody reads (a prompt's,
+        but for its last)."""
         h = self.fc(torch.cat([embeds, features], dim=-1))
-        h = self.layers[0](
-            h,
+        layer = self.layers[0]
+        attn, _ = layer.self_attn(
+            hidden_states=h,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=cache,
@@ -69,7 +76,10 @@ class EagleHead(nn.Module):
             position_embeddings=self.rotary(h, position_ids),
             **attention_kwargs,
         )
-        return h
+        h = h + attn
+        if wanted is not None:
+            h = h[:, wanted]
+        return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
 def head_config_for(target: PreTrainedModel) -> LlamaConfig:

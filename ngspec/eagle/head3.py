@@ -65,7 +65,8 @@ class Eagle3Head(nn.Module):
         """The fused low/mid/high target features, ready for `forward`."""
         return self.fc(features)
 
-    def forward(self, embeds, hidden, position_ids, attention_mask=None, cache=None, **attention_kwargs) -> torch.Tensor:
+    def forward(self, embeds, hidden, position_ids, attention_mask=None, cache=None, wanted=None, **attention_kwargs) -> torch.Tensor:
+        """Predicted features, at every position or at ``wanted`` only (as `EagleHead.forward`)."""
         layer = self.midlayer
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
         attn, _ = layer.self_attn(
@@ -76,6 +77,8 @@ class Eagle3Head(nn.Module):
             **attention_kwargs,
         )
         h = hidden + attn
+        if wanted is not None:
+            h = h[:, wanted]
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
