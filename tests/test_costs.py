@@ -1,6 +1,9 @@
+import pytest
+import torch
+
 from ngspec.contracts import DraftContext
 from ngspec.drafters.trie import TrieDrafter, best_size
-from ngspec.perf.costs import measure_verify_costs
+from ngspec.perf.costs import _relative_costs, measure_verify_costs
 from ngspec.target import TargetModel
 
 
@@ -8,6 +11,22 @@ def test_measured_costs_shape(tiny):
     costs = measure_verify_costs(TargetModel(tiny), max_nodes=10, context=16, repeats=1)
     assert len(costs) == 11 and costs[0] == 1.0
     assert all(b >= a for a, b in zip(costs, costs[1:]))
+
+
+def test_other_work_on_the_machine_does_not_skew_the_table():
+    """Oracle: a fake clock. Verifying n nodes takes 10 + n time units; other work adds 50 units
+    to two of the three samples of the baseline and of 2 nodes (a median would read 2 nodes as
+    cheaper than none, and 4 nodes as costing less than half as much again)."""
+    now = [0.0]
+    calls = {size: 0 for size in range(5)}
+
+    def verify(size):
+        calls[size] += 1
+        noisy = size in (0, 2) and calls[size] in (2, 3)  # the warm-up is call 1 of size 0
+        now[0] += 10 + size + (50 if noisy else 0)
+
+    table = _relative_costs(verify, torch.device("cpu"), 4, repeats=3, clock=lambda: now[0])
+    assert table == pytest.approx([1 + n / 10 for n in range(5)])
 
 
 def test_best_size_hand_worked():
