@@ -57,6 +57,17 @@ def test_datastore_greedy_continuation_matches_brute_force():
         assert probs == pytest.approx(want_probs)
 
 
+def test_a_sampled_continuation_reads_occurrences_across_the_match_not_its_first_ones():
+    """Oracle: the true frequencies. "5 6" goes on with 1 twice and with 2 six times; the suffix
+    array lists the two "5 6 1" first, so a sample of its first four occurrences would read 1 as
+    the commoner (a tie at a half, broken to the smaller id)."""
+    store = Datastore.from_documents([[5, 6, 1]] * 2 + [[5, 6, 2]] * 6, 8)
+    match = store.longest_suffix_match([5, 6], 2, 2)
+    assert match.count == 8
+    assert store.greedy_continuation(match, 1, max_occurrences=8) == ([2], [0.75])
+    assert store.greedy_continuation(match, 1, max_occurrences=4) == ([2], [0.75])
+
+
 def test_trie_greedy_path_follows_the_most_frequent_child():
     trie = NGramTrie(n=8, prefix_len=1)
     trie.extend([1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 5])

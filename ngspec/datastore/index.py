@@ -1,4 +1,4 @@
-"""Searching a datastore: longest suffix match of a token context and its top continuations.
+"""Searching a datastore: longest suffix match of a token context and its most frequent continuation.
 
 The suffix array orders suffixes by token values; big-endian fixed-width bytes of the tokens sort
 the same way, so each probe of the binary search is one C-level bytes comparison.
@@ -7,7 +7,6 @@ the same way, so each probe of the binary search is one C-level bytes comparison
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -132,29 +131,24 @@ class Datastore:
             return None
         return Match(found, found_lo, self._bounds(suffix(found), upper=True)[0])
 
-    def continuations(self, match: Match, depth: int, top: int, max_occurrences: int = 4096) -> list[tuple[tuple[int, ...], int]]:
-        """The ``top`` most frequent continuations (up to ``depth`` tokens, stopping at document
-        ends) of the matched occurrences, with their counts; ties go to the earlier suffix."""
-        sep = self.meta.separator
-        counts: Counter[tuple[int, ...]] = Counter()
-        hi = min(match.hi, match.lo + max_occurrences)
-        for start in self.sa[match.lo : hi]:
-            s = int(start) + match.length
-            follow = self.tokens[s : s + depth].tolist()
-            if sep in follow:
-                follow = follow[: follow.index(sep)]
-            if follow:
-                counts[tuple(follow)] += 1
-        return counts.most_common(top)
-
     def greedy_continuation(self, match: Match, depth: int, smoothing: float = 0.0, max_occurrences: int = 4096) -> tuple[list[int], list[float]]:
         """The most frequent continuation of the matched occurrences, chosen token by token (at
         each depth the commonest next token among the occurrences that agreed so far), up to
         ``depth`` tokens and never past a document end; with each token's conditional frequency
         (count of occurrences continuing with it / (occurrences that reached that depth +
-        ``smoothing``), as `NGramTrie.greedy_path` smooths)."""
+        ``smoothing``), as `NGramTrie.greedy_path` smooths).
+
+        Past ``max_occurrences`` an evenly spaced sample of them is read: the suffix array orders
+        occurrences by what follows them, so the first ones alone would all continue alike (in a
+        large store, a common phrase's first 4,096 occurrences may all go on with the same few
+        smallest token ids)."""
         sep = self.meta.separator
-        starts = np.asarray(self.sa[match.lo : min(match.hi, match.lo + max_occurrences)], dtype=np.int64) + match.length
+        found = match.hi - match.lo
+        if found > max_occurrences:
+            rows = match.lo + (np.arange(max_occurrences, dtype=np.int64) * found) // max_occurrences
+        else:
+            rows = slice(match.lo, match.hi)
+        starts = np.asarray(self.sa[rows], dtype=np.int64) + match.length
         where = starts[:, None] + np.arange(depth, dtype=np.int64)[None, :]
         follow = np.asarray(self.tokens[np.minimum(where, len(self.tokens) - 1)], dtype=np.int64)
         follow[where >= len(self.tokens)] = sep
