@@ -23,7 +23,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from ngspec.errors import NgspecError
 
@@ -57,18 +57,11 @@ class EagleHead(nn.Module):
         position_ids: torch.Tensor,  # [B, T]
         attention_mask: torch.Tensor | None = None,  # additive [B, 1, T, past + T]
         cache=None,
-        wanted: torch.Tensor | None = None,  # [N] indices along T of the outputs to return; None = all
         **attention_kwargs,  # for the attention function (`ngspec.eagle.batched`)
     ) -> torch.Tensor:
-        """The predicted features [B, T, H] (or [B, N, H] at ``wanted``). The decoder layer is
-        written out (LlamaDecoderLayer's order, input norm left out) so that only the wanted
-        positions run its MLP: every position's keys and values reach the cache either way, and
-        a one-layer head needs no more from positions whose prediction nobody reads (a prompt's,
-        but for its last)."""
         h = self.fc(torch.cat([embeds, features], dim=-1))
-        layer = self.layers[0]
-        attn, _ = layer.self_attn(
-            hidden_states=h,
+        h = self.layers[0](
+            h,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=cache,
@@ -76,10 +69,25 @@ class EagleHead(nn.Module):
             position_embeddings=self.rotary(h, position_ids),
             **attention_kwargs,
         )
-        h = h + attn
-        if wanted is not None:
-            h = h[:, wanted]
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h
+
+    def keys_values(self, embeds: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values ``forward`` would add to the cache for these pairs, and nothing
+        else (see `attention_keys_values`)."""
+        h = self.fc(torch.cat([embeds, features], dim=-1))
+        return attention_keys_values(self.layers[0].self_attn, h, self.rotary(h, position_ids))
+
+
+def attention_keys_values(attn: nn.Module, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys (rotated) and values ``[B, kv_heads, T, d]`` of a Llama attention layer's input ``x``,
+    as `LlamaAttention` caches them. A one-layer head's keys and values depend on its input alone,
+    so pairs whose prediction nobody reads (a prompt's, but for its last) need no more than this:
+    no queries, attention or MLP (`ngspec.eagle.batched.run_calls`)."""
+    shape = (*x.shape[:-1], -1, attn.head_dim)
+    keys = attn.k_proj(x).view(shape).transpose(1, 2)
+    values = attn.v_proj(x).view(shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    return apply_rotary_pos_emb(keys, keys, cos, sin)[1], values
 
 
 def head_config_for(target: PreTrainedModel) -> LlamaConfig:

@@ -27,6 +27,7 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from ngspec.eagle.head import attention_keys_values
 from ngspec.errors import NgspecError
 
 
@@ -65,8 +66,7 @@ class Eagle3Head(nn.Module):
         """The fused low/mid/high target features, ready for `forward`."""
         return self.fc(features)
 
-    def forward(self, embeds, hidden, position_ids, attention_mask=None, cache=None, wanted=None, **attention_kwargs) -> torch.Tensor:
-        """Predicted features, at every position or at ``wanted`` only (as `EagleHead.forward`)."""
+    def forward(self, embeds, hidden, position_ids, attention_mask=None, cache=None, **attention_kwargs) -> torch.Tensor:
         layer = self.midlayer
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
         attn, _ = layer.self_attn(
@@ -77,9 +77,13 @@ class Eagle3Head(nn.Module):
             **attention_kwargs,
         )
         h = hidden + attn
-        if wanted is not None:
-            h = h[:, wanted]
         return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def keys_values(self, embeds, hidden, position_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values ``forward`` would add to the cache for these pairs, and nothing else."""
+        layer = self.midlayer
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+        return attention_keys_values(layer.self_attn, x, self.rotary(hidden, position_ids))
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
