@@ -6,6 +6,8 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``branch only``: no local-trie tree merged in where nodes cost (before `_add_local_tree`);
 * ``old gate``: the head's top-guess rate from its drafted guesses only, and no probe steps
   (before `EagleDrafter.caught_up` and `PROBE_EVERY`);
+* ``no head``: the same drafter with a head that never runs (the search branch and, where nodes
+  cost, the local trie's tree): what the head is worth, net of its cost;
 * ``no carry`` and ``trie no carry``: each prompt's drafter calibrates from scratch (before
   `Calibration.next_prompt`; every other arm carries its calibration from prompt to prompt within
   a round, as `generate` and `bench` do).
@@ -25,6 +27,7 @@ import json
 from pathlib import Path
 
 import ngspec.drafters.search as search
+from ngspec.contracts import DraftTree
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
@@ -48,6 +51,33 @@ class OldGate(search.EagleSearchDrafter):
     def drafting(self, ctx):
         self._since_head = -(10**9)  # never probes
         return (yield from super().drafting(ctx))
+
+
+
+class _Headless:
+    """Stands in for the EAGLE drafter: drafts nothing and runs nothing."""
+
+    head_cost = 0.0
+    feature_layers = None
+
+    def start(self, prompt) -> None:
+        pass
+
+    def defer(self, ctx) -> None:
+        pass
+
+    def observe(self, new_tokens) -> None:
+        pass
+
+    def drafting(self, ctx, deeper=None):
+        self.last_scores = []
+        return DraftTree()
+        yield  # a generator (`EagleDrafter.drafting`) that asks for no head run
+
+
+class NoHead(search.EagleSearchDrafter):
+    def __init__(self, eagle, *args, **kwargs) -> None:
+        super().__init__(_Headless(), *args, **kwargs)
 
 
 def main() -> None:
@@ -77,6 +107,7 @@ def main() -> None:
         "old gate": lambda: OldGate(factory(), store, deepen=True, calibration=carried.get("old gate")),
         "no carry": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
         "trie no carry": lambda: make_drafter("trie"),
+        "no head": lambda: NoHead(factory(), store, deepen=True, calibration=carried.get("no head")),
     }
     arms = {name: every[name] for name in args.arms.split(",")}
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]

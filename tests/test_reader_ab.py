@@ -1,5 +1,5 @@
-"""benchmarks/reader_ab.py: its two re-created earlier versions of the whole method differ from
-it in exactly what they claim (the A/B itself is a benchmark, see BENCHMARKS.md)."""
+"""benchmarks/reader_ab.py: its re-created earlier versions of the whole method, and its version
+without a head, differ from it in exactly what they claim (the A/B itself is a benchmark, see BENCHMARKS.md)."""
 
 import math
 
@@ -43,3 +43,15 @@ def test_the_old_gate_ignores_caught_up_guesses_and_never_probes():
     assert new._top1_rate() == 31 / 32 and old._top1_rate() == 1 / 2
     # once closed, the new gate lets the head run every PROBE_EVERY-th step; the old one never
     assert head_runs(ab.search.EagleSearchDrafter) >= head_runs(ab.OldGate) + 40 // (ab.search.PROBE_EVERY + 1) - 1 > head_runs(ab.OldGate)
+
+
+def test_no_head_drafts_the_search_and_the_local_tree_and_never_the_heads_guess():
+    flat = DraftContext(HISTORY + [1, 2], len(HISTORY), 20)
+    assert 9 in drafter(ab.search.EagleSearchDrafter).propose(flat).tokens  # the head's guess
+    for cost in ((), THREE_FREE):
+        headless = drafter(ab.NoHead)
+        tree = headless.propose(DraftContext(flat.tokens, flat.prompt_len, 20, cost))
+        assert 9 not in tree.tokens and 3 in tree.tokens
+        assert (7 in tree.tokens) == bool(cost)  # where nodes cost, the local trie's second guess too
+        headless.observe([3, 4, 5])
+        assert headless.stats()["head_top_guess"] == [0, 0]
