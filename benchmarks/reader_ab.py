@@ -53,7 +53,6 @@ class OldGate(search.EagleSearchDrafter):
         return (yield from super().drafting(ctx))
 
 
-
 class _Headless:
     """Stands in for the EAGLE drafter: drafts nothing and runs nothing."""
 
