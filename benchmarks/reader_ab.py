@@ -75,7 +75,7 @@ class _Headless:
 
 
 class NoHead(search.EagleSearchDrafter):
-    def __init__(self, eagle, *args, **kwargs) -> None:
+    def __init__(self, eagle=None, *args, **kwargs) -> None:  # ``eagle`` is ignored: no head runs
         super().__init__(_Headless(), *args, **kwargs)
 
 
@@ -106,7 +106,7 @@ def main() -> None:
         "old gate": lambda: OldGate(factory(), store, deepen=True, calibration=carried.get("old gate")),
         "no carry": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
         "trie no carry": lambda: make_drafter("trie"),
-        "no head": lambda: NoHead(factory(), store, deepen=True, calibration=carried.get("no head")),
+        "no head": lambda: NoHead(None, store, deepen=True, calibration=carried.get("no head")),
     }
     arms = {name: every[name] for name in args.arms.split(",")}
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
