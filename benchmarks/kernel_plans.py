@@ -1,7 +1,8 @@
 """End-to-end A/B of CPU kernel plans (`ngspec.cpu_linear`): the plan the engine tunes against the
-best plan without one kernel (by default oneDNN's), on the same prompts in one process, arms
-interleaved per prompt. Both plans come from one kernel measurement, so they differ only where
-the left-out kernel won.
+best plan without some kernels (by default ``blocked``, oneDNN on its own weight layout), on the
+same prompts in one process, arms interleaved per prompt. Both plans come from one kernel
+measurement, so they differ only where a left-out kernel won; each plan's drafters size trees by
+that plan's own verify-cost table (measured once, cached).
 
     python benchmarks/kernel_plans.py --category summarization --limit 8 -n 128 --drafters vanilla,trie
 
@@ -15,12 +16,13 @@ import argparse
 import time
 from pathlib import Path
 
-from ngspec.cpu_linear import KERNELS, ROW_LADDER, KernelPlan, choose, measure_plan, use_plan
+from ngspec.cpu_linear import KERNELS, choose_plan, measure_plan, use_plan
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
 from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.models import load_model
+from ngspec.perf.costs import cached_verify_costs
 from ngspec.prompts import encode, load_prompts
 
 
@@ -31,17 +33,19 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
     ap.add_argument("--drafters", default="vanilla,trie")
-    ap.add_argument("--without", default="onednn", choices=KERNELS, help="the kernel the other plan leaves out")
+    ap.add_argument("--without", default="blocked", help=f"the kernels the other plan leaves out, comma-separated (of {', '.join(KERNELS)})")
     args = ap.parse_args()
 
     loaded = load_model("default", device="cpu", dtype="float32")
     tuned, seconds = measure_plan(loaded.model)
-    other = KernelPlan(tuple(choose({k: t for k, t in seconds[r].items() if k != args.without}) for r in ROW_LADDER))
+    left_out = set(args.without.split(","))
+    other = choose_plan({rows: {k: t for k, t in by.items() if k not in left_out} for rows, by in seconds.items()})
     plans = {"tuned": tuned, f"no {args.without}": other}
     for name, plan in plans.items():
         print(f"{name}: {plan.describe()}", flush=True)
-    use_plan(loaded.model, tuned)
-    engine = Engine(loaded)  # the cost table drafters size trees by: the tuned plan's
+    use_plan(loaded.model, tuned)  # the weight copies the tuned plan runs on (the other needs none of another kind)
+    assert other.copy_kernel in (None, tuned.copy_kernel), "the plans would need two copies of the weights"
+    engine = Engine(loaded, calibrate=False)
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens)
     arms = [(d, p) for d in args.drafters.split(",") for p in plans]
@@ -49,10 +53,18 @@ def main() -> None:
     res = {arm: {"seconds": 0.0, "tokens": 0, "outputs": []} for arm in arms}
     prefill = {plan: 0.0 for plan in plans}
 
-    def switch(plan: str) -> None:  # in place: neither plan needs packed copies
+    def switch(plan: str) -> None:  # in place, and the cost table drafters size trees by
         for layer in loaded.model.modules():
             if hasattr(layer, "plan"):
                 layer.plan = plans[plan]
+        engine.target.cost_tables = tables[plan]
+
+    tables = {}
+    for name in plans:
+        tables[name] = None
+        switch(name)
+        tables[name] = {0: cached_verify_costs(engine.target, loaded.name, engine.max_draft_nodes)}
+        print(f"{name}: verify cost of 1/2/4/8 nodes {', '.join(f'{tables[name][0][n]:.2f}' for n in (1, 2, 4, 8))}", flush=True)
 
     for i, x in enumerate(ids):
         for plan in plans if i % 2 == 0 else list(plans)[::-1]:

@@ -39,9 +39,11 @@ def test_plan_maps_row_counts_to_the_largest_measured_count_below():
     plan = KernelPlan(kernels)
     assert [plan.for_rows(n) for n in (1, 3, 4, 15, 16, 10_000)] == ["transposed", "transposed", "packed", "packed", "linear", "linear"]
     assert plan.describe() == "1-3 transposed, 4-15 packed, 16-512+ linear"
-    assert plan.needs_packing and not KernelPlan.uniform("transposed").needs_packing
+    assert plan.copy_kernel == "packed" and KernelPlan.uniform("transposed").copy_kernel is None
     with pytest.raises(ValueError):
         KernelPlan(("linear",))
+    with pytest.raises(ValueError):  # two copies of the weights
+        KernelPlan(("blocked",) * 3 + ("packed",) * (len(ROW_LADDER) - 3))
     with pytest.raises(ValueError):
         KernelPlan(("gpu",) * len(ROW_LADDER))
 
@@ -62,8 +64,7 @@ def test_measured_plan_names_an_available_kernel_per_row_count():
     model = tiny_model("qwen2")
     plan, seconds = measure_plan(model, rounds=1)
     assert len(plan.kernels) == len(ROW_LADDER) and set(plan.kernels) <= set(AVAILABLE)
-    for i, rows in enumerate(ROW_LADDER):  # the rule below applied to what was measured
-        assert plan.kernels[i] == cpu_linear.choose(seconds[rows])
+    assert plan.kernels == cpu_linear.choose_plan(seconds).kernels  # the rule below applied to what was measured
 
 
 def test_choice_takes_the_fastest_but_packs_only_for_a_clear_gain_and_prefers_the_stock_product():
@@ -73,6 +74,18 @@ def test_choice_takes_the_fastest_but_packs_only_for_a_clear_gain_and_prefers_th
     assert choose({"linear": 58.0, "transposed": 60.0, "packed": 57.4}) == "linear"  # packing buys 1%
     assert choose({"linear": 60.0, "transposed": 59.0, "packed": 70.0}) == "linear"  # a tie: stock
     assert choose({"linear": 60.0, "transposed": 50.0}) == "transposed"  # no MKL: no packed entry
+    assert choose({"linear": 50.0, "onednn": 40.0, "blocked": 38.5}) == "onednn"  # a copy for 4%: no
+    assert choose({"linear": 50.0, "onednn": 40.0, "blocked": 30.0, "packed": 35.0}) == "blocked"
+
+
+def test_a_plan_holds_at_most_one_copy_of_the_weights():
+    """Of the kernels that run on a copy, the plan keeps the one fastest over the ladder, even
+    where the other is faster at a few row counts."""
+    seconds = {rows: {"linear": 50.0, "transposed": 40.0, "packed": 20.0 if rows == 1 else 35.0, "blocked": 30.0} for rows in ROW_LADDER}
+    plan = cpu_linear.choose_plan(seconds)
+    assert plan.kernels == ("blocked",) * len(ROW_LADDER)
+    no_copies = {rows: {"linear": 50.0, "transposed": 40.0} for rows in ROW_LADDER}
+    assert cpu_linear.choose_plan(no_copies).kernels == ("transposed",) * len(ROW_LADDER)
 
 
 def test_small_models_keep_ordinary_layers_unless_a_kernel_is_forced(monkeypatch):
@@ -164,14 +177,17 @@ def test_planned_product_is_the_product_with_the_plans_kernel(kernel):
     torch.manual_seed(1)
     weight = torch.randn(70, 24)
     plan = KernelPlan.uniform(kernel) if kernel else None
+    copy = cpu_linear.weight_copy(kernel, weight)
     for shape in ((1, 24), (3, 24), (2, 5, 24), (40, 24)):
         x = torch.randn(shape)
-        got = planned_product(x, weight, plan)
+        got = planned_product(x, weight, plan, copy)
         assert got.shape == (*shape[:-1], 70)
-        if kernel in ("transposed", "onednn"):
+        if kernel not in (None, "linear"):
             assert torch.allclose(got.double(), x.double() @ weight.double().T, atol=1e-4, rtol=1e-5)
-        else:  # no plan, linear, and packed (the weight has no packed copy): the ordinary product
+        else:
             assert torch.equal(got, x @ weight.T)
+        if kernel in cpu_linear.COPIED:  # no copy given: the ordinary product
+            assert torch.equal(planned_product(x, weight, plan), x @ weight.T)
 
 
 def test_an_eagle_head_runs_the_targets_kernel_plan(monkeypatch):
