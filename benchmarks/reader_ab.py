@@ -10,7 +10,11 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   cost, the local trie's tree): what the head is worth, net of its cost;
 * ``no carry`` and ``trie no carry``: each prompt's drafter calibrates from scratch (before
   `Calibration.next_prompt`; every other arm carries its calibration from prompt to prompt within
-  a round, as `generate` and `bench` do).
+  a round, as `generate` and `bench` do);
+* ``whole local 32``: the local trie's 32 best nodes merged in, not 8 (the trie drafter's
+  budget: with the ``blocked`` kernel the trie's own trees reach 16 nodes);
+* ``whole table`` and ``trie table``: trees sized by the cost table as measured, not rescaled by
+  the run's own step times (before `ngspec.perf.online.StepTimes`).
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import ngspec.drafters.search as search
@@ -42,6 +47,10 @@ from ngspec.prompts import encode, load_prompts
 class BranchOnly(search.EagleSearchDrafter):
     def _add_local_tree(self, draft, ctx) -> None:
         pass
+
+
+class Local32(search.EagleSearchDrafter):
+    local_tree_nodes = 32
 
 
 class OldGate(search.EagleSearchDrafter):
@@ -107,10 +116,15 @@ def main() -> None:
         "no carry": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
         "trie no carry": lambda: make_drafter("trie"),
         "no head": lambda: NoHead(None, store, deepen=True, calibration=carried.get("no head")),
+        "whole local 32": lambda: Local32(factory(), store, deepen=True, calibration=carried.get("whole local 32")),
+        "trie table": lambda: make_drafter("trie", calibration=carried.get("trie table")),
+        "whole table": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole table")),
     }
     arms = {name: every[name] for name in args.arms.split(",")}
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
+    # the "... table" arms size trees by the cost table as measured (before `StepTimes`)
+    configs = {a: replace(cfg, learn_costs=not a.endswith(" table")) for a in arms}
     for new in arms.values():  # warm-up, untimed
         engine.run(ids[0], new(), DecodeConfig(max_new_tokens=16, max_draft_nodes=96))
     reference = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
@@ -119,7 +133,7 @@ def main() -> None:
         carried.update({a: Calibration() for a in arms})  # not the warm-up's, nor the last round's
         for i, x in enumerate(ids):
             for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
-                gen = engine.run(x, arms[a](), cfg)
+                gen = engine.run(x, arms[a](), configs[a])
                 s = res[a]
                 s["seconds"][r] += gen.seconds
                 s["tokens"] += len(gen.token_ids)

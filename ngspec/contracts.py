@@ -127,6 +127,10 @@ class DraftContext:
     # with their ``DraftTree.gains``, and the engine picks one width for all rows (`joint_width`)
     # and tells each drafter how many of its nodes it kept (``Drafter.keep``, optional)
     engine_sizes: bool = False
+    # seconds of a plain one-token verify step in this run so far (each call's time over its
+    # relative cost, smoothed; 0 before the first call, and where no loop measures it): what a
+    # drafter that times its own work compares it with
+    step_seconds: float = 0.0
 
     def cost(self, size: int) -> float:
         """Relative cost of verifying ``size`` nodes (1.0 everywhere when nothing was measured)."""

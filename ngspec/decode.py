@@ -12,8 +12,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
+from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats, table_cost
 from ngspec.errors import NgspecError
+from ngspec.perf.online import StepTimes
 from ngspec.target import TargetModel
 from ngspec.verify import SamplingConfig, accept_greedy, accept_sampled, sample_token, target_probs
 
@@ -26,6 +27,7 @@ class DecodeConfig:
     eos_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
     verify: str = "tree"  # "tree": one row under a tree mask; "rows": one batch row per leaf
+    learn_costs: bool = True  # rescale the cost table by the run's own step times (`StepTimes`)
 
     def __post_init__(self) -> None:
         if self.verify not in ("tree", "rows"):
@@ -129,6 +131,7 @@ def generate(
     drafter.start(prompt)
     drafter.observe(out)
     emit(on_tokens, out)
+    times = StepTimes()  # what this run's verify calls take
 
     while reason is None:
         reason = out_of_room(len(out), target.length, cfg.max_new_tokens, target.max_length)
@@ -138,9 +141,12 @@ def generate(
         window = target.max_length - target.length - 1  # tree nodes that fit after the root
         t0 = time.perf_counter()
         features = target.take_features() if target.keep_features else None
-        ctx = DraftContext(prompt + out, len(prompt), min(cfg.max_draft_nodes, window), target.verify_cost(), features)
+        table = target.verify_cost()
+        costs = times.corrected(table) if cfg.learn_costs else table
+        ctx = DraftContext(prompt + out, len(prompt), min(cfg.max_draft_nodes, window), costs, features, step_seconds=times.plain_seconds)
         tree = drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=budget - 1)
-        draft_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        draft_s = t1 - t0
 
         logits = target.verify(out[-1], tree, cfg.verify)
         if cfg.sampling.greedy:
@@ -148,9 +154,10 @@ def generate(
         else:
             verdict = accept_sampled(tree, logits.cpu(), cfg.sampling, gen)
         target.commit(verdict.path)
+        times.record(table, tree.size, time.perf_counter() - t1)  # the verdict read waited for the device
 
         new, reason = stopper.cut(out, verdict.tokens)
-        stats.steps.append(StepStats(tree.size, len(new), draft_s, ctx.cost(tree.size)))
+        stats.steps.append(StepStats(tree.size, len(new), draft_s, table_cost(table, tree.size)))  # by the measured table: no timing noise
         out.extend(new)
         drafter.observe(new)
         emit(on_tokens, new)

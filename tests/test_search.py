@@ -258,6 +258,56 @@ def test_eagle_search_runs_the_head_only_when_it_pays():
     assert eagle.deferred == 1 and len(eagle.caps) == 2
 
 
+def test_the_head_gate_weighs_the_heads_measured_time_against_the_loops_step():
+    """The weights say the head is free (head_cost 0); timed, a run takes 10 plain steps, and
+    from then on the gate keeps it off where nothing else would. The prompt's first run (the
+    head's prefill) is left out of the measurement."""
+    history = [1, 2, 3, 4, 5, 6] * 4
+    eagle = ScoredEagle(DraftTree((3, 9), (-1, -1)), [math.log(0.6), math.log(0.1)], head_cost=0.0)
+    drafter = EagleSearchDrafter(eagle, None, depth=3, prefix_len=2)
+    ticks = iter(range(0, 1000, 10))
+    drafter.clock = lambda: next(ticks)  # every run takes 10 seconds
+    drafter.start(history)
+    cost = (1.0, 1.0, 1.2) + (2.0,) * 20
+    nothing = history + [77]  # nothing to search from: a free head always pays
+    for _ in range(2):
+        drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0))
+        drafter.observe([3, 99])
+    assert len(eagle.caps) == 2 and drafter._head_seconds == 10
+    drafter.propose(DraftContext(nothing, len(history), 20, cost))  # no step measured yet: the weights' estimate
+    assert len(eagle.caps) == 3
+    drafter.observe([3, 99])
+    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0))
+    assert len(eagle.caps) == 3 and eagle.deferred == 1
+    drafter.observe([3, 99])
+    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=100.0))  # a slow target: 0.1 steps
+    assert len(eagle.caps) == 4
+
+
+def test_the_loop_tells_drafters_what_a_plain_step_takes(tiny):
+    from ngspec.decode import DecodeConfig, generate
+    from ngspec.target import TargetModel
+
+    seen = []
+
+    class Recording:
+        name = "recording"
+
+        def start(self, prompt):
+            pass
+
+        def propose(self, ctx):
+            seen.append(ctx.step_seconds)
+            return DraftTree()
+
+        def observe(self, new_tokens):
+            pass
+
+    target = TargetModel(tiny)
+    generate(target, Recording(), [5, 6, 7, 8], DecodeConfig(max_new_tokens=6))
+    assert seen[0] == 0.0 and all(s > 0 for s in seen[1:]) and len(seen) == 5
+
+
 def test_the_head_goes_deeper_only_when_the_chain_expected_below_would_pay():
     history = [1, 2, 3, 4, 5, 6] * 4
     eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)])

@@ -25,6 +25,7 @@ branch stays, so a wrong first EAGLE branch costs nothing but nodes.
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
@@ -43,7 +44,7 @@ SMOOTHING = 0.5  # half an occurrence: a continuation seen once is far from cert
 # its guesses on the skipped positions (`EagleDrafter.caught_up`), so a head that started badly
 # can win its place back (about head_cost / PROBE_EVERY of the time, a fraction of a percent)
 PROBE_EVERY = 16
-LOCAL_TREE_NODES = 8  # where nodes cost, the local trie's best nodes merged in as well (the trie drafter's tree)
+HEAD_SMOOTHING = 0.2  # weight of the newest head run in the running estimate of its seconds
 
 
 class SearchBranch:
@@ -205,14 +206,14 @@ class EagleSearchDrafter:
 
     * the head runs only when it pays: the search branch is found first, and when the tokens EAGLE
       would add (its top guess's acceptance rate so far, times the chance the branch's first token
-      is wrong) are worth less than the head's own cost (`EagleDrafter.head_cost`) plus a node,
+      is wrong) are worth less than the head's own cost (`_head_cost`, measured) plus a node,
       the step drafts the branch alone and the head catches up on the skipped positions next time
       (where its guesses are scored, teacher-forced, so the rate keeps learning; and it runs at
       least every ``PROBE_EVERY``-th step, so a closed gate can open again); when it runs, it
       expands a level deeper only when the chain expected there would pay (`_deeper`), so on a
       CPU, where trees are a node or two, it mostly runs one level;
     * the branch is merged into the EAGLE nodes it repeats, and so are the local trie's
-      ``LOCAL_TREE_NODES`` most likely continuations (the `trie` drafter's tree: its second
+      ``local_tree_nodes`` most likely continuations (the `trie` drafter's tree: its second
       guesses at a fork), each node gets an estimated chance of
       acceptance (the head's path probability, or the branch's running product of continuation
       frequencies, each scaled by how well that kind of estimate matched real acceptance so far:
@@ -227,6 +228,9 @@ class EagleSearchDrafter:
 
     name = "eagle+search"
     needs_features = True
+    clock: Callable[[], float] = staticmethod(time.perf_counter)  # times the head's runs
+    # where nodes cost, the local trie's best nodes merged in as well (the trie drafter's tree)
+    local_tree_nodes = 8
 
     def __init__(
         self, eagle: "EagleDrafter", datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3, deepen: bool = False,
@@ -258,6 +262,23 @@ class EagleSearchDrafter:
         self._since_head = 0  # steps skipped since the head last ran
         self._last: tuple[DraftTree, list, list[float]] | None = None  # tree, keys, unscaled estimates
         self._eagle_top: int | None = None
+        self._head_runs = 0
+        self._head_seconds = 0.0  # a head run's seconds, smoothed (the prompt's first run left out)
+
+    def _head_cost(self, ctx: DraftContext) -> float:
+        """A head run's cost relative to a plain target step: measured (its seconds over the loop's
+        `DraftContext.step_seconds`) once both are known, else `EagleDrafter.head_cost`, the weights
+        it reads. On the AMD VM a run took about 3.3 ms against a 28 ms step, 0.12 steps; the
+        weights say 0.07 (the rest is the Python and small products around the layers)."""
+        if self._head_seconds and ctx.step_seconds:
+            return self._head_seconds / ctx.step_seconds
+        return getattr(self.eagle, "head_cost", 0.0)
+
+    def _timed_head(self, seconds: float) -> None:
+        self._head_runs += 1
+        if self._head_runs == 1:  # the head's prefill of the prompt
+            return
+        self._head_seconds = seconds if not self._head_seconds else self._head_seconds + HEAD_SMOOTHING * (seconds - self._head_seconds)
 
     def _top1_rate(self) -> float:
         """How often EAGLE's top guess has been right so far (from a prior of one in two): the
@@ -270,7 +291,7 @@ class EagleSearchDrafter:
         reach, n = sized_branch(self.calibration, key, conditionals, ctx)  # what the branch alone would draft
         expected = 1.0 + sum(reach[:n])
         gain = self._top1_rate() * (1.0 - (reach[0] if n else 0.0))
-        head = getattr(self.eagle, "head_cost", 0.0)
+        head = self._head_cost(ctx)
         return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
     def _deeper(self, found: tuple[str, list[int], list[float]], key: tuple[str, int], ctx: DraftContext) -> "Deeper":
@@ -310,7 +331,9 @@ class EagleSearchDrafter:
         else:
             self._since_head = 0
             small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
+            started = self.clock()
             tree = yield from self.eagle.drafting(small, self._deeper(found, root_key, ctx) if costly else None)
+            self._timed_head(self.clock() - started)
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
         draft = _Draft(tree, scores, self.calibration)
@@ -348,7 +371,7 @@ class EagleSearchDrafter:
         node = trie.match(ctx.tokens) if trie is not None else None
         if node is None:
             return
-        tree, reach = trie.top_subtree(node, LOCAL_TREE_NODES, SMOOTHING * self.search.prefix_len)
+        tree, reach = trie.top_subtree(node, self.local_tree_nodes, SMOOTHING * self.search.prefix_len)
         key = ("local", trie.depth(node))
         for path in root_to_leaf_paths(tree):
             probs = [reach[i] for i in path]
