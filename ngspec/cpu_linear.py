@@ -19,10 +19,11 @@ same product (up to float32 rounding):
 - ``blocked``: the same oneDNN product on a copy of the weights reordered once, at load time,
   into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, as torch.compile's
   weight freezing does). On the AMD EPYC it is the fastest at every row count: the default
-  model's layers take 10.7 ms for one row (``transposed``: 12.8), 12.4 ms for five (22.3 with
-  the best of the others) and 14.1 ms for eight, so a tree of 7 nodes costs 1.3 one-token
-  steps' worth of products instead of 1.5-2. It holds a second copy of the weights, as
-  ``packed`` does.
+  model's timed layers take 8.3 ms for one row (``transposed``: 11.1), 9.5 ms for five (19.1
+  with the best of the others) and 11.2 ms for eight, so a tree of 7 nodes costs 1.35 one-token
+  steps' worth of products instead of 1.6-2.4 (BENCHMARKS.md section 10b, "The blocked
+  kernel"). It holds a second copy of the weights, as ``packed`` does, made again when the
+  weights change in place (training, ``load_state_dict``).
 
 A plan uses at most one of the kernels that run on a copy (``packed``, ``blocked``), so the
 weights are held at most twice.
@@ -129,16 +130,28 @@ class TunedLinear(nn.Linear):
 
     plan: KernelPlan
     copy: torch.Tensor | None  # the weights as the plan's `copy_kernel` reads them
+    copy_version: int  # the weight's version when the copy was made
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         kernel = self.plan.for_rows(rows) if rows else "linear"
         if kernel == "linear" or x.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return super().forward(x)
+        if kernel in COPIED and _version(self.weight) != self.copy_version:  # changed in place since
+            self.copy, self.copy_version = weight_copy(kernel, self.weight), _version(self.weight)
         out = run_kernel(kernel, x.reshape(rows, x.shape[-1]), self.weight, self.copy)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _version(weight: torch.Tensor) -> int:
+    """How often ``weight`` changed in place (-1 for tensors made in inference mode, which do not
+    count)."""
+    try:
+        return weight._version
+    except RuntimeError:
+        return -1
 
 
 def _linears(model: nn.Module) -> list[nn.Linear]:
@@ -294,7 +307,7 @@ def use_plan(model: nn.Module, plan: KernelPlan) -> int:
     layers = _linears(model)
     for layer in layers:
         layer.__class__ = TunedLinear
-        layer.plan, layer.copy = plan, weight_copy(plan.copy_kernel, layer.weight)
+        layer.plan, layer.copy, layer.copy_version = plan, weight_copy(plan.copy_kernel, layer.weight), _version(layer.weight)
     return len(layers)
 
 

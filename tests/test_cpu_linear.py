@@ -34,6 +34,26 @@ def test_every_kernel_computes_the_linear_product_at_every_row_count(kernel, bia
         assert torch.allclose(got.double(), exact, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", [k for k in AVAILABLE if k in cpu_linear.COPIED])
+def test_a_copy_of_the_weights_follows_them_when_they_change_in_place(kernel):
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 80, bias=False)
+    use_plan(layer, KernelPlan.uniform(kernel))
+    x = torch.randn(5, 48)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # an optimizer step, say
+    with torch.inference_mode():
+        got = layer(x)
+    assert torch.allclose(got, x @ layer.weight.detach().t(), atol=1e-4, rtol=1e-5)
+    layer.load_state_dict({"weight": torch.ones(80, 48)})
+    with torch.inference_mode():
+        assert torch.allclose(layer(x), x @ torch.ones(48, 80), atol=1e-4, rtol=1e-5)
+    with torch.inference_mode():  # weights made in inference mode keep no version: still usable
+        made = nn.Linear(48, 80, bias=False)
+        use_plan(made, KernelPlan.uniform(kernel))
+        assert torch.allclose(made(x), x @ made.weight.t(), atol=1e-4, rtol=1e-5)
+
+
 def test_plan_maps_row_counts_to_the_largest_measured_count_below():
     kernels = ("transposed",) * 3 + ("packed",) * 5 + ("linear",) * (len(ROW_LADDER) - 8)
     plan = KernelPlan(kernels)
