@@ -127,9 +127,9 @@ class DraftContext:
     # with their ``DraftTree.gains``, and the engine picks one width for all rows (`joint_width`)
     # and tells each drafter how many of its nodes it kept (``Drafter.keep``, optional)
     engine_sizes: bool = False
-    # seconds of a plain one-token verify step in this run so far (each call's time over its
-    # relative cost, smoothed; 0 before the first call, and where no loop measures it): what a
-    # drafter that times its own work compares it with
+    # seconds of a plain one-token verify step in this run so far, as the loop's fit of its calls'
+    # times finds it (`ngspec.perf.online.StepTimes`; 0 before the first call, and in batches,
+    # where no loop measures it): what a drafter that times its own work compares it with
     step_seconds: float = 0.0
 
     def cost(self, size: int) -> float:
