@@ -30,7 +30,7 @@ from typing import Callable, Generator, Sequence
 import torch
 
 from ngspec.contracts import DraftContext, DraftTree
-from ngspec.cpu_linear import KernelPlan, planned_product, share_plan, weight_copy
+from ngspec.cpu_linear import KernelPlan, planned_product, share_plan
 from ngspec.eagle.batched import Drafting, HeadCall, drive
 from ngspec.eagle.head import EagleHead
 from ngspec.errors import NgspecError
@@ -144,15 +144,13 @@ class EagleDrafter:
         # the head's top guess, teacher-forced, at generated positions it caught up on (all but
         # the newest pair of each run: see `_consume`): [right, scored], for callers that gate it
         self.caught_up = [0, 0]
-        self._ids = self._weight = self._copy = None
+        self._ids = self._weight = None
         if self.head.own_lm_head:
             self._ids = self.head.draft_to_target()
         elif self.vocab is not None:
             # the draft vocabulary: the head's frequent tokens and every token of the prompt
             ids = torch.tensor(sorted(set(self.vocab) | set(int(t) for t in prompt)), device=self.param.device)
             self._ids, self._weight = ids, self.lm_head.weight.index_select(0, ids)
-            if self.plan is not None:  # the copy the plan's kernel runs on (`COPIED`), if it needs one
-                self._copy = weight_copy(self.plan.copy_kernel, self._weight)
         if self.target_params:
             # a drafting step at batch 1 reads the head and its LM-head rows as a target step reads
             # the whole model: the ratio of the two is what the head costs where weights dominate
@@ -164,7 +162,7 @@ class EagleDrafter:
             return self.head.draft_logits(features)
         if self._weight is None:
             return self.lm_head(features)
-        return planned_product(features, self._weight, self.plan, self._copy)  # over the draft vocabulary only
+        return planned_product(features, self._weight, self.plan)  # over the draft vocabulary only
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         pass
