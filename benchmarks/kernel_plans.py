@@ -53,15 +53,14 @@ def main() -> None:
     res = {arm: {"seconds": 0.0, "tokens": 0, "outputs": []} for arm in arms}
     prefill = {plan: 0.0 for plan in plans}
 
-    def switch(plan: str) -> None:  # in place, and the cost table drafters size trees by
+    def switch(plan: str) -> None:  # in place, and the cost table drafters size trees by (once measured)
         for layer in loaded.model.modules():
             if hasattr(layer, "plan"):
                 layer.plan = plans[plan]
-        engine.target.cost_tables = tables[plan]
+        engine.target.cost_tables = tables.get(plan, {})
 
-    tables = {}
+    tables: dict[str, dict[int, tuple[float, ...]]] = {}
     for name in plans:
-        tables[name] = None
         switch(name)
         tables[name] = {0: cached_verify_costs(engine.target, loaded.name, engine.max_draft_nodes)}
         print(f"{name}: verify cost of 1/2/4/8 nodes {', '.join(f'{tables[name][0][n]:.2f}' for n in (1, 2, 4, 8))}", flush=True)

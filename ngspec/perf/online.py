@@ -3,8 +3,9 @@
 A cost table (`ngspec.perf.costs`) is measured once, at one context length, on a machine that
 may have been quieter or busier then; on the team's AMD VM a cached table read 8 nodes at 1.23
 plain steps while the steps of a Spec-Bench rag run (contexts of 800-1,000 tokens) took 1.44,
-and a table measured again minutes later read 1.41 at 512 tokens and 1.49 at 1,024 (BENCHMARKS.md,
-section 10b, ninth session). Trees sized by a table that is too cheap are too large.
+a table measured again minutes later read 1.41 at 512 tokens and 1.49 at 1,024, and tables
+measured twenty minutes after that 1.20-1.23 at 512 again (BENCHMARKS.md, section 10b, ninth
+session). Trees sized by a table that is too cheap are too large.
 
 `StepTimes` fits each verify call's seconds to ``a + b * (table[n] - 1)`` for its tree of ``n``
 nodes (least squares, older steps weighing less): ``a`` is a plain step's seconds now, and
@@ -16,6 +17,8 @@ seen vary enough in size to tell the slope, the table is used as measured.
 from __future__ import annotations
 
 from typing import Sequence
+
+from ngspec.contracts import table_cost
 
 DECAY = 0.97  # each older step weighs this much less (about the last 30 steps count)
 MIN_STEPS = 12  # steps before the fit is trusted
@@ -33,7 +36,7 @@ class StepTimes:
     def record(self, table: Sequence[float], size: int, seconds: float) -> None:
         """One verify call of ``size`` nodes took ``seconds``; ``table`` is the cost table it was
         sized by (relative costs by size)."""
-        x = _extra(table, size)
+        x = table_cost(table, size) - 1.0  # the table's extra cost above a plain step
         self.steps += 1
         self._w, self._x, self._y, self._xx, self._xy = (
             DECAY * self._w + 1.0, DECAY * self._x + x, DECAY * self._y + seconds, DECAY * self._xx + x * x, DECAY * self._xy + x * seconds,
@@ -55,7 +58,3 @@ class StepTimes:
         if self.scale == 1.0 or not table:
             return tuple(table)
         return tuple(1.0 + self.scale * (c - 1.0) for c in table)
-
-
-def _extra(table: Sequence[float], size: int) -> float:
-    return (table[min(size, len(table) - 1)] - 1.0) if table else 0.0
