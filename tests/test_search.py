@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.datastore import index
 from ngspec.datastore.index import Datastore
 from ngspec.drafters.search import PROBE_EVERY, SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang, path_probs
 from ngspec.tree import accepted_path
@@ -16,7 +17,7 @@ from ngspec.drafters.trie import NGramTrie
 from ngspec.verify import accept_greedy
 
 
-def brute_greedy(followers: list[list[int]], depth: int) -> tuple[list[int], list[float]]:
+def brute_greedy(followers: list[list[int]], depth: int, smoothing: float = 0.0) -> tuple[list[int], list[float]]:
     """Token by token, the commonest next token among continuations agreeing so far (ties: the
     smallest id, as the datastore's numpy search picks)."""
     alive = followers
@@ -26,13 +27,16 @@ def brute_greedy(followers: list[list[int]], depth: int) -> tuple[list[int], lis
         if not nxt:
             break
         best = max(sorted(nxt), key=lambda t: nxt[t])
-        probs.append(nxt[best] / len(alive))
+        probs.append(nxt[best] / (len(alive) + smoothing))
         tokens.append(best)
         alive = [f for f in alive if len(f) > d and f[d] == best]
     return tokens, probs
 
 
-def test_datastore_greedy_continuation_matches_brute_force():
+@pytest.mark.parametrize("few", [0, 10**9], ids=["numpy", "python"])
+def test_datastore_greedy_continuation_matches_brute_force(few, monkeypatch):
+    """Both ways of reading the continuations: numpy over many occurrences, lists over a few."""
+    monkeypatch.setattr(index, "FEW", few)
     rng = random.Random(0)
     for case in range(300):
         vocab = rng.randrange(2, 6)
@@ -51,8 +55,9 @@ def test_datastore_greedy_continuation_matches_brute_force():
         ]
         assert len(followers) == match.count
         depth = rng.randrange(1, 8)
-        tokens, probs = store.greedy_continuation(match, depth)
-        want_tokens, want_probs = brute_greedy(followers, depth)
+        smoothing = rng.choice([0.0, SMOOTHING])
+        tokens, probs = store.greedy_continuation(match, depth, smoothing)
+        want_tokens, want_probs = brute_greedy(followers, depth, smoothing)
         assert tokens == want_tokens, f"case {case}"
         assert probs == pytest.approx(want_probs)
 

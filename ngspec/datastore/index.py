@@ -7,6 +7,7 @@ the same way, so each probe of the binary search is one C-level bytes comparison
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -18,6 +19,10 @@ from ngspec.datastore.format import (
 )
 from ngspec.datastore.suffix import suffix_array
 from ngspec.errors import NgspecError
+
+# up to this many occurrences a continuation is read in plain Python: numpy's setup (a memory-map
+# gather, a unique per depth) costs 0.2-0.3 ms a call, more than reading a few rows one by one
+FEW = 64
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,13 @@ class Datastore:
         smallest token ids)."""
         sep = self.meta.separator
         found = match.hi - match.lo
+        if found <= FEW:
+            rows = []
+            for i in range(match.lo, match.hi):
+                start = self._sa_items[i] + match.length
+                row = self.tokens[start : start + depth].tolist()
+                rows.append(row[: row.index(sep)] if sep in row else row)
+            return _greedy_rows(rows, depth, smoothing)
         if found > max_occurrences:
             rows = match.lo + (np.arange(max_occurrences, dtype=np.int64) * found) // max_occurrences
         else:
@@ -165,4 +177,33 @@ class Datastore:
             tokens.append(int(values[best]))
             probs.append(float(counts[best]) / (float(alive.sum()) + smoothing))
             alive &= follow[:, d] == values[best]
+            if counts[best] == 1:  # one occurrence left: the rest is its own text, read at once
+                rest = follow[alive][0, d + 1 :].tolist()
+                rest = rest[: rest.index(sep)] if sep in rest else rest
+                tokens.extend(rest)
+                probs.extend([1.0 / (1.0 + smoothing)] * len(rest))
+                break
         return tokens, probs
+
+
+def _greedy_rows(rows: list[list[int]], depth: int, smoothing: float) -> tuple[list[int], list[float]]:
+    """`Datastore.greedy_continuation` over a few continuations read as lists (each cut at its
+    document's end): the same choice, ties to the smallest token id as numpy's unique and argmax
+    make them."""
+    tokens: list[int] = []
+    probs: list[float] = []
+    alive = rows
+    for d in range(depth):
+        counts = Counter(r[d] for r in alive if len(r) > d)
+        if not counts:
+            break
+        best = min(counts, key=lambda t: (-counts[t], t))
+        tokens.append(best)
+        probs.append(counts[best] / (len(alive) + smoothing))
+        alive = [r for r in alive if len(r) > d and r[d] == best]
+        if len(alive) == 1:  # one occurrence left: the rest is its own text
+            rest = alive[0][d + 1 :]
+            tokens.extend(rest)
+            probs.extend([1.0 / (1.0 + smoothing)] * len(rest))
+            break
+    return tokens, probs
