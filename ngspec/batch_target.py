@@ -22,7 +22,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
 from ngspec.kv import make_cache, truncate
-from ngspec.target import prepare_model, select_features
+from ngspec.target import hidden_states_request, prepare_model, select_features
 from ngspec.tree import additive_mask, depths, visibility
 
 
@@ -76,7 +76,7 @@ class BatchTarget:
         own = make_cache(self.model.config, capacity=len(prompt))
         out = self.model(
             input_ids=torch.tensor([list(prompt)], device=self.device), past_key_values=own, use_cache=True,
-            logits_to_keep=1, output_hidden_states=self.keep_features,
+            logits_to_keep=1, output_hidden_states=hidden_states_request(self.keep_features, self.feature_layers),
         )
         n = len(prompt)
         if self.cache is None:
@@ -169,7 +169,7 @@ class BatchTarget:
         mask = additive_mask(visible[:, None], self.dtype)
         out = self.model(
             input_ids=ids.to(self.device), position_ids=positions.to(self.device), attention_mask=mask.to(self.device),
-            past_key_values=self.cache, use_cache=True, output_hidden_states=self.keep_features,
+            past_key_values=self.cache, use_cache=True, output_hidden_states=hidden_states_request(self.keep_features, self.feature_layers),
         )
         self.valid = torch.cat([self.valid, torch.zeros(rows, width, dtype=torch.bool)], dim=1)
         self._block = (start, width, select_features(out.hidden_states, self.feature_layers) if self.keep_features else None)

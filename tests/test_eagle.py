@@ -17,7 +17,7 @@ from ngspec.drafters.eagle import EagleOptions, check_choices, eagle_factory, re
 from ngspec.eagle.head import EagleHead, draft_vocab_counts, head_config_for, init_from_target, load_draft_vocab, load_head, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
 from ngspec.models import tiny_model
-from ngspec.target import TargetModel
+from ngspec.target import TargetModel, hidden_states_request, select_features
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +303,20 @@ def test_the_head_scores_its_guesses_on_the_positions_it_catches_up_on():
     assert cs_skip > cs_every and s_skip < s_every
     assert r_every + cr_every == r_skip + cr_skip
     assert r_every + cr_every > 0  # the head is right somewhere, so the counts can disagree
+
+
+@pytest.mark.parametrize("layers", [None, (1, 2, -1)], ids=["eagle-1", "eagle-3"])
+def test_the_target_keeps_only_the_hidden_states_the_head_reads(tiny, layers):
+    """Oracle: the features selected from every layer's hidden state, as transformers gives them
+    when asked for all."""
+    ids = torch.tensor([[3, 5, 7, 9, 11]])
+    everything = tiny(input_ids=ids, output_hidden_states=True).hidden_states
+    some = tiny(input_ids=ids, output_hidden_states=hidden_states_request(True, layers)).hidden_states
+    assert torch.equal(select_features(some, layers), select_features(everything, layers))
+    wanted = {i % len(everything) for i in (layers or (-1,))}
+    assert [i for i, h in enumerate(some) if h is not None] == sorted(wanted)
+    assert hidden_states_request(False, layers) is False
+    target = TargetModel(tiny)
+    target.keep_features, target.feature_layers = True, layers
+    target.prefill([3, 5, 7, 9, 11])
+    assert torch.equal(target.take_features(), select_features(everything, layers)[0])

@@ -104,7 +104,7 @@ def target_features(model, examples: list[Example], progress: Callable[[int], No
     device = next(model.parameters()).device
     out = []
     for ex in examples:
-        hidden = model(input_ids=ex.ids[None].to(device), output_hidden_states=True, logits_to_keep=1).hidden_states[-1][0]
+        hidden = model(input_ids=ex.ids[None].to(device), output_hidden_states=[-1], logits_to_keep=1).hidden_states[-1][0]
         out.append(hidden.to(torch.bfloat16).cpu())
         if progress:
             progress(len(ex.ids))
