@@ -22,7 +22,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
 from ngspec.kv import make_cache, truncate
-from ngspec.target import hidden_states_request, prepare_model, select_features
+from ngspec.target import forward_with_features, prepare_model
 from ngspec.tree import additive_mask, depths, visibility
 
 
@@ -74,9 +74,11 @@ class BatchTarget:
         """Prefill ``prompt`` on its own and place it in ``row`` (a finished row's slot) or a new
         last row; returns the next-token logits after the prompt."""
         own = make_cache(self.model.config, capacity=len(prompt))
-        out = self.model(
-            input_ids=torch.tensor([list(prompt)], device=self.device), past_key_values=own, use_cache=True,
-            logits_to_keep=1, output_hidden_states=hidden_states_request(self.keep_features, self.feature_layers),
+        out, features = forward_with_features(
+            lambda **extra: self.model(
+                input_ids=torch.tensor([list(prompt)], device=self.device), past_key_values=own, use_cache=True, logits_to_keep=1, **extra,
+            ),
+            self.model, self.keep_features, self.feature_layers,
         )
         n = len(prompt)
         if self.cache is None:
@@ -99,8 +101,8 @@ class BatchTarget:
             self.valid[row, :n] = True
             self.lengths[row] = n
             self.pending[row] = []
-        if self.keep_features:
-            self.pending[row] = [select_features(out.hidden_states, self.feature_layers)[0]]
+        if features is not None:
+            self.pending[row] = [features[0]]
         return out.logits[0, -1]
 
     def _grow(self, extra: int) -> None:
@@ -167,12 +169,15 @@ class BatchTarget:
             visible[b, pad, start] = True
             visible[b, pad, start + pad] = True
         mask = additive_mask(visible[:, None], self.dtype)
-        out = self.model(
-            input_ids=ids.to(self.device), position_ids=positions.to(self.device), attention_mask=mask.to(self.device),
-            past_key_values=self.cache, use_cache=True, output_hidden_states=hidden_states_request(self.keep_features, self.feature_layers),
+        out, features = forward_with_features(
+            lambda **extra: self.model(
+                input_ids=ids.to(self.device), position_ids=positions.to(self.device), attention_mask=mask.to(self.device),
+                past_key_values=self.cache, use_cache=True, **extra,
+            ),
+            self.model, self.keep_features, self.feature_layers,
         )
         self.valid = torch.cat([self.valid, torch.zeros(rows, width, dtype=torch.bool)], dim=1)
-        self._block = (start, width, select_features(out.hidden_states, self.feature_layers) if self.keep_features else None)
+        self._block = (start, width, features)
         return [out.logits[b, : 1 + t.size] for b, t in enumerate(trees)]
 
     def discard(self) -> None:

@@ -11,7 +11,7 @@ else.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -24,14 +24,28 @@ from ngspec.rows import RowBlockCache, forward_rows, full_attention_only
 from ngspec.tree import attention_mask, position_ids, root_to_leaf_paths
 
 
-def hidden_states_request(keep: bool, layers: tuple[int, ...] | None) -> bool | list[int]:
-    """``output_hidden_states`` for a forward whose features are (``keep``) or are not kept: only
-    the hidden states `select_features` reads. Asked for all of them, transformers keeps every
-    layer's (31 for the default model: 50 MB for a 700-token prompt, 2-6% of a prefill's time on
-    the AMD VM); asked for some, it keeps those and puts None in the others' places."""
+def forward_with_features(call: Callable[..., Any], model: PreTrainedModel, keep: bool, layers: tuple[int, ...] | None) -> tuple[Any, torch.Tensor | None]:
+    """Run ``call`` (a forward of ``model``, taking extra keyword arguments) and return its output
+    and, when ``keep``, the features an EAGLE head reads, ``[B, T, F]`` (`select_features`).
+
+    EAGLE-1's last hidden state (the LM head's input) is read from the base model's output by one
+    hook, removed afterwards. Asking transformers for hidden states instead installs a capturing
+    hook on every decoder layer and attention module for good, which made every later forward of
+    the default model 0.3 ms (1.3%) slower on the AMD VM, drafters without a head included; and,
+    asked for all of them, it keeps every layer's (a 1,187-token prefill took 17% longer). EAGLE-3
+    reads several layers, so it asks transformers for those (``output_hidden_states`` by index)."""
     if not keep:
-        return False
-    return [-1] if layers is None else list(layers)
+        return call(), None
+    if layers is not None:
+        out = call(output_hidden_states=list(layers))
+        return out, select_features(out.hidden_states, layers)
+    seen: list[torch.Tensor] = []
+    hook = model.get_decoder().register_forward_hook(lambda module, args, out: seen.append(out.last_hidden_state))
+    try:
+        out = call()
+    finally:
+        hook.remove()
+    return out, seen[-1]
 
 
 def select_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...] | None) -> torch.Tensor:
@@ -106,11 +120,11 @@ class TargetModel:
         return features
 
     def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
-        out = self.model(
-            input_ids=ids.to(self.device), past_key_values=self.cache, use_cache=True,
-            output_hidden_states=hidden_states_request(self.keep_features, self.feature_layers), **kwargs,
+        out, features = forward_with_features(
+            lambda **extra: self.model(input_ids=ids.to(self.device), past_key_values=self.cache, use_cache=True, **kwargs, **extra),
+            self.model, self.keep_features, self.feature_layers,
         )
-        self._block_hidden = select_features(out.hidden_states, self.feature_layers)[0] if self.keep_features else None
+        self._block_hidden = features[0] if features is not None else None
         return out.logits[0]
 
     @torch.inference_mode()
@@ -176,10 +190,10 @@ class TargetModel:
             raise NgspecError("row verification needs a model whose layers all use full attention; use tree verification")
         width = max((len(r) for r in rows), default=0)
         ids = torch.tensor([[root, *r, *[root] * (width - len(r))] for r in rows], dtype=torch.long)
-        out, self._row_block = forward_rows(
-            self.model, self.cache, ids.to(self.device), output_hidden_states=hidden_states_request(self.keep_features, self.feature_layers),
+        (out, self._row_block), self._rows_hidden = forward_with_features(
+            lambda **extra: forward_rows(self.model, self.cache, ids.to(self.device), **extra),
+            self.model, self.keep_features, self.feature_layers,
         )
-        self._rows_hidden = select_features(out.hidden_states, self.feature_layers) if self.keep_features else None
         return out.logits
 
     @torch.inference_mode()

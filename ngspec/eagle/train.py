@@ -40,6 +40,7 @@ from transformers import DynamicCache
 
 from ngspec.eagle.head import EagleHead, draft_vocab_counts, head_config_for, init_from_target, load_head, ranked_tokens, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
+from ngspec.target import forward_with_features
 from ngspec.tree import additive_mask
 
 CHECKPOINT = "checkpoint.pt"
@@ -104,7 +105,8 @@ def target_features(model, examples: list[Example], progress: Callable[[int], No
     device = next(model.parameters()).device
     out = []
     for ex in examples:
-        hidden = model(input_ids=ex.ids[None].to(device), output_hidden_states=[-1], logits_to_keep=1).hidden_states[-1][0]
+        _, hidden = forward_with_features(lambda **extra: model(input_ids=ex.ids[None].to(device), logits_to_keep=1, **extra), model, True, None)
+        hidden = hidden[0]
         out.append(hidden.to(torch.bfloat16).cpu())
         if progress:
             progress(len(ex.ids))
