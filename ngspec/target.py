@@ -31,7 +31,7 @@ def forward_with_features(call: Callable[..., Any], model: PreTrainedModel, keep
     EAGLE-1's last hidden state (the LM head's input) is read from the base model's output by one
     hook, removed afterwards. Asking transformers for hidden states instead installs a capturing
     hook on every decoder layer and attention module for good, which made every later forward of
-    the default model 0.3 ms (1.3%) slower on the AMD VM, drafters without a head included; and,
+    the default model 0.3 ms (1.2-1.6%) slower on the AMD VM, drafters without a head included; and,
     asked for all of them, it keeps every layer's (a 1,187-token prefill took 17% longer). EAGLE-3
     reads several layers, so it asks transformers for those (``output_hidden_states`` by index)."""
     if not keep:
