@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Generator, Sequence
 
 import torch
+from torch import nn
 from transformers import AttentionInterface
 
 from ngspec.contracts import DraftContext, DraftTree
@@ -81,14 +82,22 @@ def run_calls(calls: Sequence[HeadCall]) -> list[torch.Tensor]:
     ``[m - keep_from, H]``."""
     head, embed = calls[0].head, calls[0].embed
     param = next(head.parameters())
-    dev = param.device
     calls = [_cache_unread(c, param) for c in calls]
-    ids = torch.tensor([[t for c in calls for t in c.tokens]], device=dev)
-    features = torch.cat([c.features.to(dev, param.dtype) for c in calls])[None]
-    positions = torch.tensor([[p for c in calls for p in c.positions]], device=dev)
+    embeds, features, positions = _pair_inputs(
+        embed, [t for c in calls for t in c.tokens], torch.cat([c.features.to(param.device, param.dtype) for c in calls]),
+        [p for c in calls for p in c.positions], param,
+    )
     with attention_function(head, ATTENTION_NAME):
-        out = head(embed(ids).to(param.dtype), features, positions, None, None, head_rows=calls)[0]
+        out = head(embeds, features, positions, None, None, head_rows=calls)[0]
     return list(out.split([len(c.tokens) for c in calls]))
+
+
+def _pair_inputs(embed: nn.Module, tokens: Sequence[int], features: torch.Tensor, positions: Sequence[int], param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pairs as the head takes them, ``[1, T, ...]`` on its device and in its dtype: the tokens
+    embedded, their features and their positions."""
+    dev = param.device
+    embeds = embed(torch.tensor([list(tokens)], device=dev)).to(param.dtype)
+    return embeds, features.to(dev, param.dtype)[None], torch.tensor([list(positions)], device=dev)
 
 
 def _cache_unread(call: HeadCall, param: torch.Tensor) -> HeadCall:
@@ -99,10 +108,7 @@ def _cache_unread(call: HeadCall, param: torch.Tensor) -> HeadCall:
     k = call.keep_from
     if k == 0:
         return call
-    ids = torch.tensor([call.tokens[:k]], device=param.device)
-    positions = torch.tensor([call.positions[:k]], device=param.device)
-    features = call.features[:k].to(param.device, param.dtype)[None]
-    call.cache.update(*call.head.keys_values(call.embed(ids).to(param.dtype), features, positions))
+    call.cache.update(*call.head.keys_values(*_pair_inputs(call.embed, call.tokens[:k], call.features[:k], call.positions[:k], param)))
     return HeadCall(call.head, call.embed, call.cache, call.tokens[k:], call.features[k:], call.positions[k:], call.visible[k:])
 
 

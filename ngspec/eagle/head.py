@@ -60,7 +60,7 @@ class EagleHead(nn.Module):
         **attention_kwargs,  # for the attention function (`ngspec.eagle.batched`)
     ) -> torch.Tensor:
         h = self.fc(torch.cat([embeds, features], dim=-1))
-        h = self.layers[0](
+        return self.layers[0](
             h,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -69,7 +69,6 @@ class EagleHead(nn.Module):
             position_embeddings=self.rotary(h, position_ids),
             **attention_kwargs,
         )
-        return h
 
     def keys_values(self, embeds: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values ``forward`` would add to the cache for these pairs, and nothing
