@@ -14,7 +14,10 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``whole local 32``: the local trie's 32 best nodes merged in, not 8 (the trie drafter's
   budget: with the ``blocked`` kernel the trie's own trees reach 16 nodes);
 * ``whole table`` and ``trie table``: trees sized by the cost table as measured, not rescaled by
-  the run's own step times (before `ngspec.perf.online.StepTimes`).
+  the run's own step times (before `ngspec.perf.online.StepTimes`);
+* ``whole alt`` and ``no head alt``: ``whole`` and ``no head`` searching ``--alt-datastore``
+  instead of ``--datastore`` (which datastore pays);
+* ``eagle``: EAGLE alone, its tree sized by the verify cost.
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -97,6 +100,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--eagle-head", required=True)
     ap.add_argument("--datastore")
+    ap.add_argument("--alt-datastore", help="the datastore of the '... alt' arms")
     ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
     args = ap.parse_args()
@@ -105,6 +109,7 @@ def main() -> None:
     engine = Engine(loaded)
     head_dir = Path(args.eagle_head)
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
+    alt = Datastore.open(args.alt_datastore, loaded.tokenizer) if args.alt_datastore else None
     tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192)
     factory = eagle_factory(loaded.model, load_head(head_dir, loaded.model), tuned, load_draft_vocab(head_dir))
     carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
@@ -119,6 +124,9 @@ def main() -> None:
         "whole local 32": lambda: Local32(factory(), store, deepen=True, calibration=carried.get("whole local 32")),
         "trie table": lambda: make_drafter("trie", calibration=carried.get("trie table")),
         "whole table": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole table")),
+        "eagle": lambda: make_drafter("eagle", eagle=factory, calibration=carried.get("eagle")),
+        "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
+        "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
     }
     arms = {name: every[name] for name in args.arms.split(",")}
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
