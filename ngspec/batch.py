@@ -5,7 +5,9 @@ The loop is `decode.generate` for B rows: every row proposes a tree, the trees g
 every row), one forward verifies all of them (`BatchTarget.verify`), each row accepts along its
 own tree, the accepted entries are kept and the rest become holes. Every ``rearrange_every`` steps
 the cache is compacted if that frees at least ``rearrange_min_share`` of its slots (compaction
-copies the whole cache, which costs more than a few steps' attention over a few holes). A
+copies the whole cache, which costs more than a few steps' attention over a few holes). Trees
+are sized by the verify costs measured at this batch size, rescaled by what the batch's own
+steps take (`ngspec.perf.online.StepTimes`, as at batch size 1). A
 finished row hands its slot to the next waiting prompt; a prompt that cannot run (longer than the
 context window) fails alone with a clear message. Every row's output equals its own plain
 decoding.
@@ -24,6 +26,7 @@ from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats, table_c
 from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token, check_prompt, out_of_room
 from ngspec.eagle.batched import propose_together
 from ngspec.errors import NgspecError
+from ngspec.perf.online import StepTimes
 from ngspec.tree import joint_width
 from ngspec.verify import accept_greedy, accept_sampled
 
@@ -113,6 +116,11 @@ def generate_batch(
     report = BatchReport()
     waiting = list(range(len(prompts)))
     rows: list[_Row] = []
+    times = StepTimes()  # what this batch's verify calls take: rescales the cost table, as at batch 1
+
+    def learned(table: tuple[float, ...]) -> tuple[float, ...]:
+        return times.corrected(table) if cfg.learn_costs else table
+
     began = time.perf_counter()
 
     def finish(row: _Row) -> None:
@@ -176,14 +184,14 @@ def generate_batch(
         for b, row in enumerate(rows):
             features = target.take_features(b) if getattr(row.drafter, "needs_features", False) else None
             room = min(cfg.max_draft_nodes, target.max_length - target.lengths[b] - 1)
-            contexts.append(DraftContext(row.prompt + row.out, len(row.prompt), room, verify_cost(target.lengths[b]), features, batch.joint_sizing))
+            contexts.append(DraftContext(row.prompt + row.out, len(row.prompt), room, learned(verify_cost(target.lengths[b])), features, batch.joint_sizing))
         drafters = [r.drafter for r in rows]
         proposed = propose_together(drafters, contexts) if batch.heads_together else [d.propose(c) for d, c in zip(drafters, contexts)]
         trees = [tree.truncated(ctx.max_nodes, max_depth=ctx.max_nodes) for tree, ctx in zip(proposed, contexts)]
         draft_s = [(time.perf_counter() - t0) / len(rows)] * len(rows)  # drafting is shared: each row's share
         # one forward pays for the widest tree: size the rows' trees together
         table = verify_cost(max(target.lengths))
-        width = joint_width(trees, table)
+        width = joint_width(trees, learned(table))
         for b, row in enumerate(rows):
             if trees[b].gains and trees[b].size > width:
                 trees[b] = trees[b].truncated(width, max_depth=width)
@@ -192,13 +200,16 @@ def generate_batch(
             budget = cfg.max_new_tokens - len(row.out)
             trees[b] = trees[b].truncated(trees[b].size, max_depth=budget - 1)
 
-        step_cost = table_cost(table, max(t.size for t in trees))
+        widest = max(t.size for t in trees)
+        step_cost = table_cost(table, widest)  # by the measured table: no timing noise
+        t1 = time.perf_counter()
         logits = target.verify([r.out[-1] for r in rows], trees)
         verdicts = [
             accept_greedy(t, lg) if cfg.sampling.greedy else accept_sampled(t, lg.cpu(), cfg.sampling, gen)
             for t, lg in zip(trees, logits)
         ]
         target.commit([v.path for v in verdicts])
+        times.record(table, widest, time.perf_counter() - t1)  # the verdicts read waited for the device
         report.steps += 1
         report.cost_units += step_cost
         use = target.use()

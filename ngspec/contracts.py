@@ -129,7 +129,8 @@ class DraftContext:
     engine_sizes: bool = False
     # seconds of a plain one-token verify step in this run so far, as the loop's fit of its calls'
     # times finds it (`ngspec.perf.online.StepTimes`; 0 before the first call, and in batches,
-    # where no loop measures it): what a drafter that times its own work compares it with
+    # where a row's drafting cannot be timed apart from the others'): what a drafter that times
+    # its own work compares it with
     step_seconds: float = 0.0
 
     def cost(self, size: int) -> float:

@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from conftest import hf_greedy, repetitive_prompt
+import ngspec.batch as batch_module
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.batch_target import BatchTarget
 from ngspec.contracts import DraftTree
 from ngspec.decode import DecodeConfig, Stopper
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
 from ngspec.errors import NgspecError
+from ngspec.perf.online import StepTimes
 from test_lossless import VOCAB, tiny_datastore, tiny_eagle, tiny_tables  # noqa: F401 (fixtures)
 
 
@@ -103,6 +105,57 @@ def test_one_width_for_the_batch_from_every_rows_gains(tiny, prompts_and_expecte
     assert all(s.verify_cost == STEEP_BATCH_COST[3] for s in first)  # the batched step's cost, width 3
     widths = [max(r.generation.stats.steps[i].tree_size for r in results if len(r.generation.stats.steps) > i) for i in range(1, report.steps + 1)]
     assert report.cost_units == pytest.approx(sum(STEEP_BATCH_COST[w] for w in widths))
+
+
+class SteeperSteps(StepTimes):
+    """Stands in for a batch's learned step times: its steps showed three times the table's extra
+    cost. Records what it was told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale, self.recorded = 3.0, []
+        made.append(self)
+
+    def record(self, table, size, seconds):
+        self.recorded.append((tuple(table), size, seconds))
+
+
+made: list[SteeperSteps] = []
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learned", "table"])
+def test_the_batch_sizes_trees_by_its_own_step_times(tiny, prompts_and_expected, monkeypatch, learn):
+    prompts, expected = prompts_and_expected
+    truth = {tuple(p): e for p, e in zip(prompts, expected)}
+    drafters, seen = [], []
+
+    class Recording(OracleDrafter):
+        def propose(self, ctx):
+            seen.append(ctx.verify_cost)
+            return super().propose(ctx)
+
+    def new_drafter():
+        drafters.append(Recording(truth, [0.9, 0.6, 0.3, 0.1]))
+        return drafters[-1]
+
+    made.clear()
+    monkeypatch.setattr(batch_module, "StepTimes", SteeperSteps)
+    # learned, extra cost x3: 1.0, 1.3, 2.2, 2.5, 3.1; four rows: width 0 -> 4 / 1.0, 1 -> 7.6 /
+    # 1.3 = 5.8, 2 -> 10.0 / 2.2 = 4.5, 3 -> 11.2 / 2.5 = 4.5: one node each (the table: three)
+    results, report = generate_batch(
+        tiny, prompts[:4], new_drafter, DecodeConfig(max_new_tokens=30, learn_costs=learn), BatchConfig(4, 0),
+        lambda: Stopper(frozenset()), verify_cost=lambda context: STEEP_BATCH_COST,
+    )
+    assert [r.generation.token_ids for r in results] == expected[:4]
+    width = 1 if learn else 3
+    assert all(d.kept and set(d.kept) == {width} for d in drafters)
+    corrected = tuple(1.0 + 3.0 * (c - 1.0) for c in STEEP_BATCH_COST)
+    assert all(c == (corrected if learn else STEEP_BATCH_COST) for c in seen)
+    (times,) = made
+    assert len(times.recorded) == report.steps
+    assert all(t == STEEP_BATCH_COST and s > 0 for t, _, s in times.recorded)  # the measured table and the time
+    assert times.recorded[0][1] == width
+    assert results[0].generation.stats.steps[1].verify_cost == STEEP_BATCH_COST[width]  # reports use the measured table
 
 
 def test_a_finished_row_hands_its_slot_to_the_next_prompt_and_stops_alone(tiny, prompts_and_expected):

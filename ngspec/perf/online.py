@@ -11,7 +11,9 @@ session). Trees sized by a table that is too cheap are too large.
 nodes (least squares, older steps weighing less): ``a`` is a plain step's seconds now, and
 ``b / a`` rescales the table's extra cost above a plain step (`corrected`). The table keeps its
 shape (where its steps are, which sizes cost alike); only its slope is learned. Until the steps
-seen vary enough in size to tell the slope, the table is used as measured.
+seen vary enough in size to tell the slope, the table is used as measured. The single-sequence
+loop (`ngspec.decode`) and the batched one (`ngspec.batch`, by the widest tree of each step) both
+learn it.
 """
 
 from __future__ import annotations
