@@ -17,7 +17,9 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   the run's own step times (before `ngspec.perf.online.StepTimes`);
 * ``whole alt`` and ``no head alt``: ``whole`` and ``no head`` searching ``--alt-datastore``
   instead of ``--datastore`` (which datastore pays);
-* ``eagle``: EAGLE alone, its tree sized by the verify cost.
+* ``eagle``: EAGLE alone, its tree sized by the verify cost;
+* ``whole dv`` and ``eagle dv``: ``whole`` and ``eagle`` drafting over ``--alt-draft-vocab``
+  tokens instead of 8,192.
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -101,6 +103,7 @@ def main() -> None:
     ap.add_argument("--eagle-head", required=True)
     ap.add_argument("--datastore")
     ap.add_argument("--alt-datastore", help="the datastore of the '... alt' arms")
+    ap.add_argument("--alt-draft-vocab", type=int, default=4096, help="the draft vocabulary of the '... dv' arms")
     ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
     args = ap.parse_args()
@@ -112,6 +115,7 @@ def main() -> None:
     alt = Datastore.open(args.alt_datastore, loaded.tokenizer) if args.alt_datastore else None
     tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192)
     factory = eagle_factory(loaded.model, load_head(head_dir, loaded.model), tuned, load_draft_vocab(head_dir))
+    factory_dv = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, draft_vocab=args.alt_draft_vocab), load_draft_vocab(head_dir))
     carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
     every = {
         "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
@@ -125,6 +129,8 @@ def main() -> None:
         "trie table": lambda: make_drafter("trie", calibration=carried.get("trie table")),
         "whole table": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole table")),
         "eagle": lambda: make_drafter("eagle", eagle=factory, calibration=carried.get("eagle")),
+        "whole dv": lambda: search.EagleSearchDrafter(factory_dv(), store, deepen=True, calibration=carried.get("whole dv")),
+        "eagle dv": lambda: make_drafter("eagle", eagle=factory_dv, calibration=carried.get("eagle dv")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
     }
