@@ -33,9 +33,10 @@ def brute_greedy(followers: list[list[int]], depth: int, smoothing: float = 0.0)
     return tokens, probs
 
 
-@pytest.mark.parametrize("few", [0, 10**9], ids=["numpy", "python"])
+@pytest.mark.parametrize("few", [0, 2, 10**9], ids=["numpy", "numpy-then-python", "python"])
 def test_datastore_greedy_continuation_matches_brute_force(few, monkeypatch):
-    """Both ways of reading the continuations: numpy over many occurrences, lists over a few."""
+    """Both ways of reading the continuations: numpy over many occurrences, lists over a few, and
+    numpy handing the occurrences still agreeing over to lists once they are few."""
     monkeypatch.setattr(index, "FEW", few)
     rng = random.Random(0)
     for case in range(300):

@@ -21,7 +21,8 @@ from ngspec.datastore.suffix import suffix_array
 from ngspec.errors import NgspecError
 
 # up to this many occurrences a continuation is read in plain Python: numpy's setup (a memory-map
-# gather, a unique per depth) costs 0.2-0.3 ms a call, more than reading a few rows one by one
+# gather, a unique per depth) costs 0.2-0.3 ms a call, more than reading a few rows one by one;
+# numpy hands over to Python too once the occurrences still agreeing are this few
 FEW = 64
 
 
@@ -150,12 +151,8 @@ class Datastore:
         sep = self.meta.separator
         found = match.hi - match.lo
         if found <= FEW:
-            rows = []
-            for i in range(match.lo, match.hi):
-                start = self._sa_items[i] + match.length
-                row = self.tokens[start : start + depth].tolist()
-                rows.append(row[: row.index(sep)] if sep in row else row)
-            return _greedy_rows(rows, depth, smoothing)
+            starts = (self._sa_items[i] + match.length for i in range(match.lo, match.hi))
+            return _greedy_rows([_until(self.tokens[s : s + depth].tolist(), sep) for s in starts], depth, smoothing)
         if found > max_occurrences:
             rows = match.lo + (np.arange(max_occurrences, dtype=np.int64) * found) // max_occurrences
         else:
@@ -177,13 +174,17 @@ class Datastore:
             tokens.append(int(values[best]))
             probs.append(float(counts[best]) / (float(alive.sum()) + smoothing))
             alive &= follow[:, d] == values[best]
-            if counts[best] == 1:  # one occurrence left: the rest is its own text, read at once
-                rest = follow[alive][0, d + 1 :].tolist()
-                rest = rest[: rest.index(sep)] if sep in rest else rest
-                tokens.extend(rest)
-                probs.extend([1.0 / (1.0 + smoothing)] * len(rest))
+            if counts[best] <= FEW:  # a few occurrences left: the rest of their text as lists
+                more, more_probs = _greedy_rows([_until(r, sep) for r in follow[alive, d + 1 :].tolist()], depth - d - 1, smoothing)
+                tokens.extend(more)
+                probs.extend(more_probs)
                 break
         return tokens, probs
+
+
+def _until(row: list[int], sep: int) -> list[int]:
+    """``row`` up to its document's end (the separator)."""
+    return row[: row.index(sep)] if sep in row else row
 
 
 def _greedy_rows(rows: list[list[int]], depth: int, smoothing: float) -> tuple[list[int], list[float]]:
