@@ -115,7 +115,9 @@ def main() -> None:
     alt = Datastore.open(args.alt_datastore, loaded.tokenizer) if args.alt_datastore else None
     tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192)
     factory = eagle_factory(loaded.model, load_head(head_dir, loaded.model), tuned, load_draft_vocab(head_dir))
-    factory_dv = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, draft_vocab=args.alt_draft_vocab), load_draft_vocab(head_dir))
+    factory_dv = None  # the '... dv' arms' head, loaded only for them
+    if any(a.endswith(" dv") for a in args.arms.split(",")):
+        factory_dv = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, draft_vocab=args.alt_draft_vocab), load_draft_vocab(head_dir))
     carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
     every = {
         "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
