@@ -17,6 +17,8 @@
 # batch size 1, (C) READER at batch sizes 8-32. Every speed ratio is taken inside one process with
 # its arms interleaved, so the lanes' contention for the GPU hits both sides of a ratio (but not
 # alike: arms that synchronise with the GPU more often, EAGLE's, wait longer; see BENCHMARKS.md).
+# LANES (default "bench single batched") picks the lanes, e.g. LANES="single batched" bash ... start
+# leaves the engine's bench out so that issue 7's rows share the GPU with one lane instead of two.
 # `solo` times vanilla against transformers alone on the machine, on a random-weight model of the
 # default model's shape (its config and tokenizer travel, no weights: enough for timing).
 set -u
@@ -117,9 +119,10 @@ pipeline() {
     fi
     echo "== model assembled"
     stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
-    lane_bench >$RES/lane-bench.log 2>&1 &
-    lane_single >$RES/lane-single.log 2>&1 &
-    lane_batched >$RES/lane-batched.log 2>&1 &
+    local lane
+    for lane in ${LANES:-bench single batched}; do
+        "lane_$lane" >"$RES/lane-$lane.log" 2>&1 &
+    done
     wait
     touch $RES/DONE
 }
