@@ -215,11 +215,11 @@ def test_an_eagle_head_runs_the_targets_kernel_plan(monkeypatch):
     head = EagleHead(head_config_for(target))
     init_from_target(head, target)
     monkeypatch.delenv("NGSPEC_CPU_KERNELS", raising=False)
-    assert eagle_factory(target, head, EagleOptions())().plan is None  # a tiny target keeps ordinary layers
-    assert current_plan(head) is None
+    eagle_factory(target, head, EagleOptions())()
+    assert current_plan(head) is None  # a tiny target keeps ordinary layers
     monkeypatch.setenv("NGSPEC_CPU_KERNELS", "transposed")
-    drafter = eagle_factory(target, head, EagleOptions())()
-    assert drafter.plan is current_plan(target) is current_plan(head)
+    eagle_factory(target, head, EagleOptions())()
+    assert current_plan(target) is not None and current_plan(head) is current_plan(target)
     assert all(isinstance(m, TunedLinear) for m in head.modules() if isinstance(m, nn.Linear))
 
 

@@ -15,6 +15,7 @@ from ngspec.drafters.trie import TrieDrafter
 from ngspec.eagle.batched import HeadCall, propose_together, run_calls
 from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 from ngspec.eagle.head3 import Eagle3Head, head3_config_for
+from ngspec.eagle.vocab import SharedVocab, TopCall, top_children
 from ngspec.kv import make_cache
 from ngspec.models import tiny_model
 from ngspec.tree import additive_mask
@@ -153,10 +154,13 @@ class _Rows:
 
 @pytest.mark.parametrize("drafter", ["eagle-dynamic", "eagle-static", "eagle+search", "mixed"])
 @pytest.mark.parametrize("cost", [(), STEEP_COST], ids=["flat-cost", "steep-cost"])
-def test_trees_drafted_together_equal_trees_drafted_row_by_row(llama, head, drafter, cost):
-    """Oracle: the same drafters, fed the same contexts and features, one row at a time."""
-    opts = EagleOptions(tree="static" if drafter == "eagle-static" else "dynamic", top_k=3, depth=3, total_tokens=10)
-    factory = eagle_factory(llama, head, opts)
+@pytest.mark.parametrize("draft_vocab", [0, 12], ids=["whole-vocab", "draft-vocab"])
+def test_trees_drafted_together_equal_trees_drafted_row_by_row(llama, head, drafter, cost, draft_vocab):
+    """Oracle: the same drafters, fed the same contexts and features, one row at a time. With a
+    draft vocabulary every row's prompt adds its own tokens to it, so the rows' top-k requests
+    answered together differ in their columns."""
+    opts = EagleOptions(tree="static" if drafter == "eagle-static" else "dynamic", top_k=3, depth=3, total_tokens=10, draft_vocab=draft_vocab)
+    factory = eagle_factory(llama, head, opts, list(range(0, llama.config.vocab_size, 3)))
 
     def make(b):
         if drafter == "eagle+search" or (drafter == "mixed" and b == 1):
@@ -192,3 +196,38 @@ def test_a_batch_without_head_drafters_proposes_as_usual():
     ctxs = [DraftContext([1, 2, 3, 1, 2], 5, 8), DraftContext([4, 5, 4, 5], 4, 8)]
     trees = propose_together(rows, ctxs)
     assert all(isinstance(t, DraftTree) for t in trees) and trees[0].tokens[:1] == (3,)
+
+
+def test_top_k_requests_answered_together_equal_each_row_alone(llama, head):
+    """Oracle: each row's request answered alone. The rows' prompts bring different extra tokens
+    (one none at all), one row asks for more tokens than its vocabulary holds. The same token ids,
+    only the row's own, and the same log-probabilities up to float rounding (a product over more
+    rows or columns rounds differently on CPU BLAS)."""
+    lm_head = llama.get_output_embeddings()
+    frequent = list(range(0, 40, 2))
+    shared = SharedVocab.build(head, lm_head, frequent, lambda x, w: x @ w.T)
+    prompts = [[1, 3, 5, 2], [], [77, 3, 91, 91], list(range(41, 49))]
+    g = torch.Generator().manual_seed(5)
+    calls = [TopCall(shared.for_prompt(p), torch.randn(m, llama.config.hidden_size, generator=g), k)
+             for p, m, k in zip(prompts, [2, 1, 3, 4], [3, 5, 4, 30])]
+    alone = [top_children([c])[0] for c in calls]
+    _same_answers(top_children(calls), alone)
+    _same_answers(top_children(calls[::-1]), alone[::-1])  # the layout cached for the first order is not reused
+    for p, (ids, values) in zip(prompts, alone):
+        allowed = set(frequent) | set(p)
+        assert all(set(row) <= allowed and len(row) == len(set(row)) for row in ids)
+        assert all(v == sorted(v, reverse=True) for v in values)
+    assert len(alone[3][0][0]) == 28  # 20 shared tokens and its 8 own: never a padding column
+
+
+def test_top_k_over_the_whole_vocabulary_answered_together(llama, head):
+    shared = SharedVocab.build(head, llama.get_output_embeddings(), None, lambda x, w: x @ w.T)
+    g = torch.Generator().manual_seed(6)
+    calls = [TopCall(shared.for_prompt([1, 2]), torch.randn(m, llama.config.hidden_size, generator=g), 4) for m in (1, 3)]
+    _same_answers(top_children(calls), [top_children([c])[0] for c in calls])
+
+
+def _same_answers(got, expected):
+    for (ids, values), (ids0, values0) in zip(got, expected, strict=True):
+        assert ids == ids0
+        torch.testing.assert_close(torch.tensor(values), torch.tensor(values0), rtol=1e-5, atol=1e-6)

@@ -33,6 +33,7 @@ from ngspec.contracts import DraftContext, DraftTree
 from ngspec.cpu_linear import KernelPlan, planned_product, share_plan
 from ngspec.eagle.batched import Drafting, HeadCall, drive
 from ngspec.eagle.head import EagleHead
+from ngspec.eagle.vocab import SharedVocab, Top, TopCall
 from ngspec.errors import NgspecError
 from ngspec.kv import make_cache, truncate
 
@@ -125,17 +126,20 @@ class EagleDrafter:
 
     def __init__(
         self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None = None,
-        target_params: int = 0, plan: KernelPlan | None = None,
+        target_params: int = 0, plan: KernelPlan | None = None, shared: SharedVocab | None = None,
     ) -> None:
+        """``vocab``: the head's draft vocabulary, most frequent first (its first
+        ``opts.draft_vocab`` are used); ``plan``: the target's CPU kernel plan, for the product over
+        it; ``shared``: what the rows of one factory share, built from those when not given."""
         self.head, self.embed, self.lm_head, self.opts = head, embed, lm_head, opts
-        self.plan = plan  # the target's CPU kernel plan, for the draft-vocabulary product
         self.target_params = target_params
         self.head_cost = 0.0  # one head step relative to a target step (weights read), see `start`
         self.param = next(head.parameters())
-        self.vocab = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
         self.feature_layers = head.feature_layers  # EAGLE-3: the target layers it reads
-        if head.own_lm_head:  # EAGLE-3: its own LM head over a reduced vocabulary
-            self.vocab = None
+        if shared is None:
+            draft = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
+            shared = SharedVocab.build(head, lm_head, draft, lambda x, w: planned_product(x, w, plan))
+        self.shared = shared
 
     def start(self, prompt: Sequence[int]) -> None:
         self.cache = make_cache(self.head.config, capacity=len(prompt) + 512)
@@ -144,25 +148,12 @@ class EagleDrafter:
         # the head's top guess, teacher-forced, at generated positions it caught up on (all but
         # the newest pair of each run: see `_consume`): [right, scored], for callers that gate it
         self.caught_up = [0, 0]
-        self._ids = self._weight = None
-        if self.head.own_lm_head:
-            self._ids = self.head.draft_to_target()
-        elif self.vocab is not None:
-            # the draft vocabulary: the head's frequent tokens and every token of the prompt
-            ids = torch.tensor(sorted(set(self.vocab) | set(int(t) for t in prompt)), device=self.param.device)
-            self._ids, self._weight = ids, self.lm_head.weight.index_select(0, ids)
+        self.vocab = self.shared.for_prompt(prompt)  # the draft vocabulary and the prompt's other tokens
         if self.target_params:
             # a drafting step at batch 1 reads the head and its LM-head rows as a target step reads
             # the whole model: the ratio of the two is what the head costs where weights dominate
-            rows = 0 if self.head.own_lm_head else (self._weight if self._weight is not None else self.lm_head.weight).numel()
+            rows = 0 if self.head.own_lm_head else self.vocab.size * self.lm_head.weight.shape[1]
             self.head_cost = (sum(p.numel() for p in self.head.parameters()) + rows) / self.target_params
-
-    def _logits(self, features: torch.Tensor) -> torch.Tensor:
-        if self.head.own_lm_head:
-            return self.head.draft_logits(features)
-        if self._weight is None:
-            return self.lm_head(features)
-        return planned_product(features, self._weight, self.plan)  # over the draft vocabulary only
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         pass
@@ -227,20 +218,19 @@ class EagleDrafter:
         nodes: list[_Node] = []
         outputs: dict[int, torch.Tensor] = {-1: root_feature}  # node -> predicted feature below it
 
-        def children(parents: list[int], k: int) -> list[list[tuple[int, float]]]:
-            """Top-k next tokens and log-probs below each parent (one LM-head product for all; the
-            first one also scores the caught-up pairs' guesses)."""
+        def children(parents: list[int], k: int) -> Generator[TopCall, Top, list[list[tuple[int, float]]]]:
+            """Top-k next tokens and log-probs below each parent (one LM-head product for all,
+            asked of whoever drives `drafting`; the first one also scores the caught-up pairs'
+            guesses)."""
             nonlocal scored
             feats, extra = torch.stack([outputs[p] for p in parents]), 0
             if scored is not None:
                 feats, extra, scored = torch.cat([scored, feats]), len(scored), None
-            logp = torch.log_softmax(self._logits(feats).float(), dim=-1)
-            top = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
-            ids = top.indices if self._ids is None else self._ids[top.indices]
+            ids, values = yield TopCall(self.vocab, feats, k)
             if extra:
-                self.caught_up[0] += sum(int(g == t) for g, t in zip(ids[:extra, 0].tolist(), truth))
+                self.caught_up[0] += sum(int(g[0] == t) for g, t in zip(ids[:extra], truth))
                 self.caught_up[1] += extra
-            return [list(zip(i, v)) for i, v in zip(ids[extra:].tolist(), top.values[extra:].tolist())]
+            return [list(zip(i, v)) for i, v in zip(ids[extra:], values[extra:])]
 
         def expand(batch: list[int]) -> Generator[HeadCall, torch.Tensor, None]:
             """Run the head on these nodes' pairs, recording each one's predicted feature."""
@@ -265,7 +255,7 @@ class EagleDrafter:
 
         if self.opts.tree == "dynamic":
             layer = []
-            for tok, lp in children([-1], self.opts.top_k)[0]:
+            for tok, lp in (yield from children([-1], self.opts.top_k))[0]:
                 nodes.append(_Node(tok, -1, 1, lp))
                 layer.append(len(nodes) - 1)
             for depth in range(2, self.opts.depth + 1):
@@ -274,7 +264,7 @@ class EagleDrafter:
                     break
                 yield from expand(chosen)
                 layer = []
-                for n, kids in zip(chosen, children(chosen, self.opts.top_k)):
+                for n, kids in zip(chosen, (yield from children(chosen, self.opts.top_k))):
                     for tok, lp in kids:
                         nodes.append(_Node(tok, n, depth, nodes[n].score + lp))
                         layer.append(len(nodes) - 1)
@@ -290,7 +280,7 @@ class EagleDrafter:
                     break
                 yield from expand([by_path[q] for q in prefixes if q])  # the root's feature is already known
                 widest = max(p[-1] for p in level) + 1
-                for prefix, kids in zip(prefixes, children([by_path[q] for q in prefixes], widest)):
+                for prefix, kids in zip(prefixes, (yield from children([by_path[q] for q in prefixes], widest))):
                     parent = by_path[prefix]
                     ranks = sorted(p[-1] for p in level if p[:-1] == prefix)
                     for r in ranks:
@@ -341,4 +331,7 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
         vocab = None
     target_params = sum(p.numel() for p in target_model.parameters())
     plan = share_plan(target_model, head)
-    return lambda: EagleDrafter(head, embed, lm_head, opts, vocab, target_params, plan)
+    # the draft vocabulary's LM-head rows, gathered once for every drafter (row) of this factory
+    draft = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
+    shared = SharedVocab.build(head, lm_head, draft, lambda x, w: planned_product(x, w, plan))
+    return lambda: EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared)

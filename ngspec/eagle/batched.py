@@ -24,6 +24,7 @@ from torch import nn
 from transformers import AttentionInterface
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.eagle.vocab import TopCall, top_children
 from ngspec.rows import attention_function
 from ngspec.tree import additive_mask
 
@@ -51,7 +52,9 @@ class HeadCall:
         return self.visible.shape[1] - len(self.tokens)
 
 
-Drafting = Generator[HeadCall, torch.Tensor, DraftTree]
+# a drafter's tree, asked for as head runs (answered with their outputs) and top-k requests over
+# its draft vocabulary (answered with token ids and log-probabilities)
+Drafting = Generator["HeadCall | TopCall", object, DraftTree]
 
 
 def row_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -112,19 +115,32 @@ def _cache_unread(call: HeadCall, param: torch.Tensor) -> HeadCall:
     return HeadCall(call.head, call.embed, call.cache, call.tokens[k:], call.features[k:], call.positions[k:], call.visible[k:])
 
 
+def answer(calls: Sequence) -> list:
+    """Calls of one kind and one head (or vocabulary), answered together."""
+    return run_calls(calls) if isinstance(calls[0], HeadCall) else top_children(calls)
+
+
+def _together(call) -> tuple:
+    """Which calls can be answered together: head runs of one head, top-k requests over one
+    shared vocabulary."""
+    return (HeadCall, id(call.head)) if isinstance(call, HeadCall) else (TopCall, id(call.vocab.shared))
+
+
 def drive(drafting: Drafting) -> DraftTree:
-    """A drafter's tree, running each of its head calls alone."""
+    """A drafter's tree, answering each of its calls alone."""
     try:
         call = next(drafting)
         while True:
-            call = drafting.send(run_calls([call])[0])
+            call = drafting.send(answer([call])[0])
     except StopIteration as done:
         return done.value
 
 
 def propose_together(drafters: Sequence, contexts: Sequence[DraftContext]) -> list[DraftTree]:
     """Every row's tree; drafters that draft with a head (a ``drafting`` method) run their head
-    calls together, one forward per head and round, the others `propose` as usual."""
+    calls together, one forward per head and round, and their top-k requests likewise, one
+    product, softmax, top-k and copy to the host per vocabulary and round; the others `propose`
+    as usual."""
     trees: dict[int, DraftTree] = {}
     running: dict[int, Drafting] = {}
     waiting: dict[int, HeadCall] = {}
@@ -143,11 +159,11 @@ def propose_together(drafters: Sequence, contexts: Sequence[DraftContext]) -> li
         else:
             trees[row] = drafter.propose(ctx)
     while waiting:
-        by_head: dict[int, list[int]] = {}
+        groups: dict[tuple, list[int]] = {}
         for row, call in waiting.items():
-            by_head.setdefault(id(call.head), []).append(row)
+            groups.setdefault(_together(call), []).append(row)
         calls, waiting = waiting, {}
-        for rows in by_head.values():
-            for row, out in zip(rows, run_calls([calls[r] for r in rows])):
+        for rows in groups.values():
+            for row, out in zip(rows, answer([calls[r] for r in rows])):
                 advance(row, out)
     return [trees[row] for row in range(len(drafters))]

@@ -1,0 +1,146 @@
+"""What an EAGLE head's predicted features are scored over, and scoring several rows at once.
+
+An EAGLE-1 head predicts a feature and the target's LM head turns it into next-token
+log-probabilities. Over the whole vocabulary (49,152 rows for the default model) that product is
+most of a drafting step on a CPU, so drafters score over a draft vocabulary: the head's most
+frequent tokens, the same for every row (`SharedVocab`), plus the tokens of the row's own prompt
+that are not among them (`RowVocab.extra`). An EAGLE-3 head brings its own LM head over its own
+reduced vocabulary, and a head without a draft vocabulary scores over the whole one: both shared
+by every row, with no extras.
+
+`top_children` answers one or several rows' requests (`TopCall`): one product over the shared
+columns for all rows, one over the union of their extra tokens, then one log-softmax, one top-k
+and one copy to the host for all of them. In a batch on a GPU, where every operation is paid in
+the host's time, that replaces one product, softmax, top-k and synchronisation per row and tree
+level (BENCHMARKS.md, section 10c). Each row's log-probabilities come out as if it were scored
+alone: its logits sit in the same columns (shared, then its own extras), and the columns only
+other rows need are -inf (up to float rounding: CPU BLAS rounds a product over more rows or
+columns differently; drafts are only proposals, so this never changes an output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+
+@dataclass
+class SharedVocab:
+    """The columns every row of one head scores: ``logits`` of features over them, the token id of
+    each (``ids``; None: the column is the token id) and the LM-head weight that rows' extra tokens
+    are read from (None: rows have no extras)."""
+
+    logits: Callable[[torch.Tensor], torch.Tensor]
+    ids: torch.Tensor | None
+    lm_weight: torch.Tensor | None = None
+    # the last batch's rows and their layout of extra columns (`_layout`): rows change only when
+    # a prompt is admitted, so every level of every step until then reuses it
+    batch_layout: tuple | None = field(default=None, repr=False)
+
+    @staticmethod
+    def build(head, lm_head: torch.nn.Module, vocab: Sequence[int] | None, product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> "SharedVocab":
+        """An EAGLE-3 head's own vocabulary; else ``vocab`` (the draft vocabulary's tokens) read
+        from the target's LM head with ``product`` (``x @ weight.T``); else the whole vocabulary."""
+        if head.own_lm_head:
+            return SharedVocab(head.draft_logits, head.draft_to_target())
+        if not vocab:
+            return SharedVocab(lm_head, None)
+        ids = torch.tensor(sorted(set(int(t) for t in vocab)), device=lm_head.weight.device)
+        weight = lm_head.weight.index_select(0, ids)
+        return SharedVocab(lambda x: product(x, weight), ids, lm_head.weight)
+
+    def for_prompt(self, prompt: Sequence[int]) -> "RowVocab":
+        """A row's vocabulary: the shared columns and the prompt's tokens outside them."""
+        if self.lm_weight is None:
+            return RowVocab(self, torch.zeros(0, dtype=torch.long), None)
+        extra = sorted(set(int(t) for t in prompt) - set(self.ids.tolist()))
+        ids = torch.tensor(extra, dtype=torch.long, device=self.lm_weight.device)
+        return RowVocab(self, ids, self.lm_weight.index_select(0, ids))
+
+    @property
+    def size(self) -> int:
+        return len(self.ids) if self.ids is not None else self.logits.weight.shape[0]
+
+
+@dataclass
+class RowVocab:
+    shared: SharedVocab
+    extra: torch.Tensor  # token ids of the row's extra columns, after the shared ones
+    extra_weight: torch.Tensor | None  # their LM-head rows
+
+    @property
+    def size(self) -> int:
+        return self.shared.size + len(self.extra)
+
+
+@dataclass
+class TopCall:
+    """One row's request: the ``k`` most likely next tokens after each of ``features`` ([m, H],
+    the head's predicted features), over ``vocab``."""
+
+    vocab: RowVocab
+    features: torch.Tensor
+    k: int
+
+
+# per feature row: the k best token ids and their log-probabilities, best first
+Top = tuple[list[list[int]], list[list[float]]]
+
+
+@torch.inference_mode()
+def top_children(calls: Sequence[TopCall]) -> list[Top]:
+    """Every call's answer; the calls share one `SharedVocab`."""
+    shared = calls[0].vocab.shared
+    sizes = [len(c.features) for c in calls]
+    features = torch.cat([c.features for c in calls]) if len(calls) > 1 else calls[0].features
+    logits = shared.logits(features)
+    ids = shared.ids if shared.ids is not None else torch.arange(logits.shape[-1], device=logits.device)
+    if any(len(c.vocab.extra) for c in calls):
+        if len(calls) == 1:
+            logits = torch.cat([logits, features @ calls[0].vocab.extra_weight.T], dim=-1)
+            ids = torch.cat([ids, calls[0].vocab.extra])
+        else:
+            logits, ids = _with_extras(logits, features, calls, sizes)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logp, min(max(c.k for c in calls), logp.shape[-1]), dim=-1)
+    chosen = ids.gather(1, top.indices) if ids.dim() == 2 else ids[top.indices]
+    token_ids, values = chosen.tolist(), top.values.tolist()
+    out, start = [], 0
+    for call, m in zip(calls, sizes):
+        k = min(call.k, call.vocab.size)  # a row never gets a column it does not have
+        out.append(([t[:k] for t in token_ids[start : start + m]], [v[:k] for v in values[start : start + m]]))
+        start += m
+    return out
+
+
+def _with_extras(logits: torch.Tensor, features: torch.Tensor, calls: Sequence[TopCall], sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [M, shared + widest extras]: each feature row's shared columns, then its own row's
+    extras, then -inf; and the token id of each of those columns, per feature row."""
+    shared = calls[0].vocab.shared
+    vocabs = tuple(c.vocab for c in calls)
+    last = shared.batch_layout
+    if last is None or len(last[0]) != len(vocabs) or any(a is not b for a, b in zip(last[0], vocabs)):
+        shared.batch_layout = last = (vocabs, *_layout(shared, vocabs, logits.shape[-1]))
+    _, union_weight, columns, column_ids = last
+    combined = torch.cat([logits, features @ union_weight.T, logits.new_full((len(features), 1), float("-inf"))], dim=-1)
+    per_row = columns.repeat_interleave(torch.tensor(sizes, device=columns.device), dim=0)
+    return combined.gather(1, per_row), column_ids[per_row]
+
+
+def _layout(shared: SharedVocab, vocabs: Sequence[RowVocab], n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For rows with these vocabularies: the LM-head rows of the union of their extra tokens; for
+    each row, which column of [shared | union | -inf] each of its own columns is; the token id of
+    every column of [shared | union | -inf] (-1 for -inf)."""
+    extras = [v.extra.tolist() for v in vocabs]
+    union = sorted(set().union(*extras))
+    where = {t: n + i for i, t in enumerate(union)}
+    columns = torch.full((len(vocabs), n + max(map(len, extras))), n + len(union), dtype=torch.long)
+    columns[:, :n] = torch.arange(n)
+    for r, extra in enumerate(extras):
+        columns[r, n : n + len(extra)] = torch.tensor([where[t] for t in extra], dtype=torch.long)
+    device = shared.ids.device
+    union_ids = torch.tensor(union, dtype=torch.long, device=device)
+    column_ids = torch.cat([shared.ids, union_ids, shared.ids.new_full((1,), -1)])
+    return shared.lm_weight.index_select(0, union_ids), columns.to(device), column_ids
