@@ -99,10 +99,13 @@ lane_single() {  # issue 7 at batch size 1
     ablation ablation-summarization-b1 380 $RES/shape-b1.json --category summarization --limit 8 --batch-sizes 1
 }
 
+lane_heads() {  # the rows' head runs and top-k requests answered together against row by row, side by side
+    ablation heads-together-rag 300 none --category rag --limit 16 --batch-sizes 8,16 --only "EAGLE,+ search branch" --compare-head-row-by-row
+}
+
 lane_batched() {  # issue 7 at batch sizes 8, 16, 32
     stage tune-b8 240 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 64 --limit 6 --dtype float32 --json
-    # the batched head against the head run row by row, side by side (arms with an EAGLE head only)
-    ablation heads-together-rag 300 none --category rag --limit 16 --batch-sizes 8,16 --only "EAGLE,+ search branch" --compare-head-row-by-row
+    lane_heads
     # without "EAGLE (whole tree)": at 8-32 rows it ran at 0.2-0.4x vanilla (section 10b) and would eat the time limit
     local arms="trie,search,EAGLE,+ search branch,+ deepening,+ KV rearrangement,+ tuned tree"
     ablation ablation-rag-b8-32 600 $RES/shape-b8.json --category rag --limit 32 --batch-sizes 8,16,32 --only "$arms"
