@@ -101,6 +101,9 @@ lane_single() {  # issue 7 at batch size 1
 
 lane_heads() {  # the rows' head runs and top-k requests answered together against row by row, side by side
     ablation heads-together-rag 300 none --category rag --limit 16 --batch-sizes 8,16 --only "EAGLE,+ search branch" --compare-head-row-by-row
+    # where batch 8's drafting time goes on the host, by function
+    stage draft-profile 200 python3 benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head \
+        -b 8 -n 48 --json-out $RES/draft-profile.json
 }
 
 lane_batched() {  # issue 7 at batch sizes 8, 16, 32
