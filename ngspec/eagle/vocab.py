@@ -8,9 +8,10 @@ that are not among them (`RowVocab.extra`). An EAGLE-3 head brings its own LM he
 reduced vocabulary, and a head without a draft vocabulary scores over the whole one: both shared
 by every row, with no extras.
 
-`top_children` answers one or several rows' requests (`TopCall`): one product over the shared
-columns for all rows, one over the union of their extra tokens, then one log-softmax, one top-k
-and one copy to the host for all of them. In a batch on a GPU, where every operation is paid in
+`top_children` answers one or several rows' requests (`TopCall`). A row alone gets one product
+over its own rows of the LM head (shared and extra, gathered on its first request). Several rows
+get one product over the shared columns for all of them, one over the union of their extra
+tokens, then one log-softmax, one top-k and one copy to the host for all of them. In a batch on a GPU, where every operation is paid in
 the host's time, that replaces one product, softmax, top-k and synchronisation per row and tree
 level (BENCHMARKS.md, section 10c). Each row's log-probabilities come out as if it were scored
 alone: its logits sit in the same columns (shared, then its own extras), and the columns only
@@ -29,12 +30,15 @@ import torch
 @dataclass
 class SharedVocab:
     """The columns every row of one head scores: ``logits`` of features over them, the token id of
-    each (``ids``; None: the column is the token id) and the LM-head weight that rows' extra tokens
-    are read from (None: rows have no extras)."""
+    each (``ids``; None: the column is the token id), and for a draft vocabulary the LM-head weight
+    that rows' extra tokens are read from (``lm_weight``; None: rows have no extras), the shared
+    columns' rows of it (``weight``) and the product (``x @ weight.T``) they are run with."""
 
     logits: Callable[[torch.Tensor], torch.Tensor]
     ids: torch.Tensor | None
     lm_weight: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+    product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     # the last batch's rows and their layout of extra columns (`_layout`): rows change only when
     # a prompt is admitted, so every level of every step until then reuses it
     batch_layout: tuple | None = field(default=None, repr=False)
@@ -49,15 +53,14 @@ class SharedVocab:
             return SharedVocab(lm_head, None)
         ids = torch.tensor(sorted(set(int(t) for t in vocab)), device=lm_head.weight.device)
         weight = lm_head.weight.index_select(0, ids)
-        return SharedVocab(lambda x: product(x, weight), ids, lm_head.weight)
+        return SharedVocab(lambda x: product(x, weight), ids, lm_head.weight, weight, product)
 
     def for_prompt(self, prompt: Sequence[int]) -> "RowVocab":
         """A row's vocabulary: the shared columns and the prompt's tokens outside them."""
         if self.lm_weight is None:
-            return RowVocab(self, torch.zeros(0, dtype=torch.long), None)
+            return RowVocab(self, torch.zeros(0, dtype=torch.long))
         extra = sorted(set(int(t) for t in prompt) - set(self.ids.tolist()))
-        ids = torch.tensor(extra, dtype=torch.long, device=self.lm_weight.device)
-        return RowVocab(self, ids, self.lm_weight.index_select(0, ids))
+        return RowVocab(self, torch.tensor(extra, dtype=torch.long, device=self.lm_weight.device))
 
     @property
     def size(self) -> int:
@@ -68,11 +71,20 @@ class SharedVocab:
 class RowVocab:
     shared: SharedVocab
     extra: torch.Tensor  # token ids of the row's extra columns, after the shared ones
-    extra_weight: torch.Tensor | None  # their LM-head rows
+    _own: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
         return self.shared.size + len(self.extra)
+
+    def alone(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits over the row's columns in one product, and their token ids (a row with extras,
+        scored alone: its LM-head rows are gathered on the first call)."""
+        if self._own is None:
+            extra_rows = self.shared.lm_weight.index_select(0, self.extra)
+            self._own = torch.cat([self.shared.weight, extra_rows]), torch.cat([self.shared.ids, self.extra])
+        weight, ids = self._own
+        return self.shared.product(features, weight), ids
 
 
 @dataclass
@@ -95,13 +107,12 @@ def top_children(calls: Sequence[TopCall]) -> list[Top]:
     shared = calls[0].vocab.shared
     sizes = [len(c.features) for c in calls]
     features = torch.cat([c.features for c in calls]) if len(calls) > 1 else calls[0].features
-    logits = shared.logits(features)
-    ids = shared.ids if shared.ids is not None else torch.arange(logits.shape[-1], device=logits.device)
-    if any(len(c.vocab.extra) for c in calls):
-        if len(calls) == 1:
-            logits = torch.cat([logits, features @ calls[0].vocab.extra_weight.T], dim=-1)
-            ids = torch.cat([ids, calls[0].vocab.extra])
-        else:
+    if len(calls) == 1 and len(calls[0].vocab.extra):
+        logits, ids = calls[0].vocab.alone(features)
+    else:
+        logits = shared.logits(features)
+        ids = shared.ids if shared.ids is not None else torch.arange(logits.shape[-1], device=logits.device)
+        if any(len(c.vocab.extra) for c in calls):
             logits, ids = _with_extras(logits, features, calls, sizes)
     logp = torch.log_softmax(logits.float(), dim=-1)
     top = torch.topk(logp, min(max(c.k for c in calls), logp.shape[-1]), dim=-1)
