@@ -11,8 +11,8 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``no carry`` and ``trie no carry``: each prompt's drafter calibrates from scratch (before
   `Calibration.next_prompt`; every other arm carries its calibration from prompt to prompt within
   a round, as `generate` and `bench` do);
-* ``whole local 32``: the local trie's 32 best nodes merged in, not 8 (the trie drafter's
-  budget: with the ``blocked`` kernel the trie's own trees reach 16 nodes);
+* ``whole local 8``: the local trie's 8 best nodes always merged in (before the local tree was
+  sized like the trie drafter's tree: its best nodes, up to 32, that pay under the verify cost);
 * ``whole table`` and ``trie table``: trees sized by the cost table as measured, not rescaled by
   the run's own step times (before `ngspec.perf.online.StepTimes`);
 * ``whole alt`` and ``no head alt``: ``whole`` and ``no head`` searching ``--alt-datastore``
@@ -54,8 +54,17 @@ class BranchOnly(search.EagleSearchDrafter):
         pass
 
 
-class Local32(search.EagleSearchDrafter):
-    local_tree_nodes = 32
+class Local8(search.EagleSearchDrafter):
+    def _add_local_tree(self, draft, ctx) -> None:
+        trie = self.search.trie
+        node = trie.match(ctx.tokens) if trie is not None else None
+        if node is None:
+            return
+        tree, reach = trie.top_subtree(node, 8, search.SMOOTHING * self.search.prefix_len)
+        key = ("local", trie.depth(node))
+        for path in search.root_to_leaf_paths(tree):
+            probs = [reach[i] for i in path]
+            draft.add(-1, [tree.tokens[i] for i in path], [p / q for p, q in zip(probs, [1.0] + probs[:-1])], key, merge=True)
 
 
 class OldGate(search.EagleSearchDrafter):
@@ -127,7 +136,7 @@ def main() -> None:
         "no carry": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
         "trie no carry": lambda: make_drafter("trie"),
         "no head": lambda: NoHead(None, store, deepen=True, calibration=carried.get("no head")),
-        "whole local 32": lambda: Local32(factory(), store, deepen=True, calibration=carried.get("whole local 32")),
+        "whole local 8": lambda: Local8(factory(), store, deepen=True, calibration=carried.get("whole local 8")),
         "trie table": lambda: make_drafter("trie", calibration=carried.get("trie table")),
         "whole table": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole table")),
         "eagle": lambda: make_drafter("eagle", eagle=factory, calibration=carried.get("eagle")),

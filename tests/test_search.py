@@ -13,7 +13,7 @@ from ngspec.datastore import index
 from ngspec.datastore.index import Datastore
 from ngspec.drafters.search import PROBE_EVERY, SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang, path_probs
 from ngspec.tree import accepted_path
-from ngspec.drafters.trie import NGramTrie
+from ngspec.drafters.trie import NGramTrie, TrieDrafter
 from ngspec.verify import accept_greedy
 
 
@@ -416,6 +416,38 @@ def test_where_nodes_cost_the_local_tries_second_guesses_join_the_draft():
     flat = EagleSearchDrafter(ScoredEagle(DraftTree((9,), (-1,)), [math.log(0.05)]), None, depth=4, prefix_len=2)
     flat.start(history)
     assert 7 not in flat.propose(DraftContext(ctx_tokens, len(history), 20)).tokens  # the fixed shape: one branch
+
+
+def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    """Every node's path of tokens from the root."""
+    out = set()
+    for i in range(tree.size):
+        path, node = [], i
+        while node != -1:
+            path.append(tree.tokens[node])
+            node = tree.parents[node]
+        out.add(tuple(reversed(path)))
+    return out
+
+
+@pytest.mark.parametrize("slope", [0.001, 0.4], ids=["near-flat", "steep"])
+def test_the_local_tree_is_the_trie_drafters_tree(slope):
+    """Oracle: the `trie` drafter on the same context and cost. "1 2" went on twelve ways, so on a
+    near-flat cost (a GPU) its tree has more than 8 nodes, and every one of them is in the whole
+    method's tree too (a fixed 8-node local tree had left it drafting less than the trie there);
+    on a steep one both keep a few."""
+    history = []
+    for k in range(12):
+        history += [1, 2, 20 + k, 40 + k] * (12 - k)  # continuation k seen 12 - k times
+    ctx = DraftContext(history + [1, 2], len(history), 40, tuple(1.0 + slope * n for n in range(41)))
+    trie = TrieDrafter(prefix_len=2)
+    trie.start(history)
+    expected = trie.propose(ctx)
+    drafter = EagleSearchDrafter(ScoredEagle(DraftTree(), []), None, depth=11, prefix_len=2)  # a trie of order 13, as the trie drafter's
+    drafter.start(history)
+    got = drafter.propose(ctx)
+    assert _paths(expected) <= _paths(got)
+    assert (expected.size > 8) == (slope < 0.01)
 
 
 @pytest.mark.parametrize("name", ["trie", "search", "eagle", "eagle+search"])

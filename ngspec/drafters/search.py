@@ -212,10 +212,9 @@ class EagleSearchDrafter:
       least every ``PROBE_EVERY``-th step, so a closed gate can open again); when it runs, it
       expands a level deeper only when the chain expected there would pay (`_deeper`), so on a
       CPU, where trees are a node or two, it mostly runs one level;
-    * the branch is merged into the EAGLE nodes it repeats, and so are the local trie's
-      ``local_tree_nodes`` most likely continuations (the `trie` drafter's tree: its second
-      guesses at a fork), each node gets an estimated chance of
-      acceptance (the head's path probability, or the branch's running product of continuation
+    * the branch is merged into the EAGLE nodes it repeats, and so is the local trie's tree, sized
+      as the `trie` drafter sizes its own (its second guesses at a fork); each node gets an
+      estimated chance of acceptance (the head's path probability, or the branch's running product of continuation
       frequencies, each scaled by how well that kind of estimate matched real acceptance so far:
       EAGLE's, and the search's per source and match length), and the tree keeps the number of
       most likely nodes that maximises expected tokens per unit of verify cost (in a batch,
@@ -229,8 +228,9 @@ class EagleSearchDrafter:
     name = "eagle+search"
     needs_features = True
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # times the head's runs
-    # where nodes cost, the local trie's best nodes merged in as well (the trie drafter's tree)
-    local_tree_nodes = 8
+    # where nodes cost, the local trie's best nodes merged in as well: at most this many (the
+    # trie drafter's default budget), of which those that pay under the verify cost
+    local_tree_nodes = 32
 
     def __init__(
         self, eagle: "EagleDrafter", datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3, deepen: bool = False,
@@ -362,17 +362,22 @@ class EagleSearchDrafter:
         return tree
 
     def _add_local_tree(self, draft: "_Draft", ctx: DraftContext) -> None:
-        """Where nodes cost: the local trie's most likely continuations as a small tree (what the
-        `trie` drafter offers), merged into the draft like the branch, so that a step never has
-        fewer good candidates than the trie alone; the sizing keeps those that pay. (The search
-        branch is one chain; on a CPU where a second and third node are cheap, the trie's second
-        guesses at a fork were worth more than the chain's tail.)"""
+        """Where nodes cost: the local trie's most likely continuations, as many as pay under the
+        verify cost on their own (what the `trie` drafter offers: on two CPU cores a few nodes, on
+        a GPU's near-flat cost up to its 32), merged into the draft like the branch, so that a step
+        never has fewer good candidates than the trie alone; the sizing of the whole draft keeps
+        those that pay beside the others. (The search branch is one chain; on a CPU where a second
+        and third node are cheap, the trie's second guesses at a fork were worth more than the
+        chain's tail. A fixed 8 nodes had left the whole method drafting fewer tokens per call
+        than the trie on a GPU: BENCHMARKS.md section 10c.)"""
         trie = self.search.trie
         node = trie.match(ctx.tokens) if trie is not None else None
         if node is None:
             return
-        tree, reach = trie.top_subtree(node, self.local_tree_nodes, SMOOTHING * self.search.prefix_len)
+        tree, reach = trie.top_subtree(node, min(self.local_tree_nodes, ctx.max_nodes), SMOOTHING * self.search.prefix_len)
         key = ("local", trie.depth(node))
+        size = best_size(self.calibration.scaled(key, reach), ctx)  # nodes come best first: every prefix is a tree
+        tree, reach = tree.truncated(size, max_depth=size), reach[:size]
         for path in root_to_leaf_paths(tree):
             probs = [reach[i] for i in path]
             conditionals = [p / q for p, q in zip(probs, [1.0] + probs[:-1])]

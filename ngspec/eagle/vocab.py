@@ -11,9 +11,9 @@ by every row, with no extras.
 `top_children` answers one or several rows' requests (`TopCall`). A row alone gets one product
 over its own rows of the LM head (shared and extra, gathered on its first request). Several rows
 get one product over the shared columns for all of them, one over the union of their extra
-tokens, then one log-softmax, one top-k and one copy to the host for all of them. In a batch on a GPU, where every operation is paid in
-the host's time, that replaces one product, softmax, top-k and synchronisation per row and tree
-level (BENCHMARKS.md, section 10c). Each row's log-probabilities come out as if it were scored
+tokens, then one log-softmax, one top-k and one copy to the host for all of them: in a batch
+that replaces one of each per row and tree level (on a CPU batch-8 drafting took 25% less time;
+on a GPU the change was within noise, BENCHMARKS.md section 10c). Each row's log-probabilities come out as if it were scored
 alone: its logits sit in the same columns (shared, then its own extras), and the columns only
 other rows need are -inf (up to float rounding: CPU BLAS rounds a product over more rows or
 columns differently; drafts are only proposals, so this never changes an output).
@@ -42,6 +42,11 @@ class SharedVocab:
     # the last batch's rows and their layout of extra columns (`_layout`): rows change only when
     # a prompt is admitted, so every level of every step until then reuses it
     batch_layout: tuple | None = field(default=None, repr=False)
+    known: frozenset[int] = field(default=frozenset(), repr=False)  # the shared columns' token ids
+
+    def __post_init__(self) -> None:
+        if self.lm_weight is not None:
+            self.known = frozenset(self.ids.tolist())
 
     @staticmethod
     def build(head, lm_head: torch.nn.Module, vocab: Sequence[int] | None, product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> "SharedVocab":
@@ -59,7 +64,7 @@ class SharedVocab:
         """A row's vocabulary: the shared columns and the prompt's tokens outside them."""
         if self.lm_weight is None:
             return RowVocab(self, torch.zeros(0, dtype=torch.long))
-        extra = sorted(set(int(t) for t in prompt) - set(self.ids.tolist()))
+        extra = sorted(set(int(t) for t in prompt) - self.known)
         return RowVocab(self, torch.tensor(extra, dtype=torch.long, device=self.lm_weight.device))
 
     @property
