@@ -1,6 +1,8 @@
 """Where a batch's drafting time goes, by function: the step and drafting times of one batched run
 with the rows' head runs and top-k requests answered together and one answering them row by row,
-and a cProfile of the drafting phase (`propose_together`) of the first.
+and a cProfile of the drafting phase (`propose_together`) of the first (``--whole-step``: of the
+whole batched loop, verification and commits included, e.g. for ``--drafter trie``, whose steps at
+batch size 32 cost 2.2x a plain batched step on the H100 with trivial arithmetic: host work).
 
 On a GPU a 135M model is host-bound, so the host's time per call is what a step costs; this is how
 BENCHMARKS.md section 10c found that the head's per-row attention, not its LM-head product, is the
@@ -14,7 +16,8 @@ product: a CPU mixes dispatch and arithmetic). cProfile inflates Python's share 
 
 ``--drafter whole-tree`` (default) drafts EAGLE's whole tree every step, the same work whatever the
 acceptance (and so also on random weights); ``eagle+search`` the whole method (with
-``--datastore``). No verify-cost calibration: trees are used whole, as on a GPU.
+``--datastore``); ``trie`` and ``vanilla`` need no head. No verify-cost calibration: trees are used
+whole, as on a GPU.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ from ngspec.prompts import encode, load_prompts
 OURS = "batched.py|vocab.py|eagle.py|search.py|kv.py|trie.py|index.py"  # ngspec's own drafting code
 
 
-def profile_batch(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConfig, batch_size: int, top: int = 30) -> dict:
-    """Times of the run with rows together and row by row, their outputs, and the profile text."""
+def profile_batch(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConfig, batch_size: int, top: int = 30, whole_step: bool = False) -> dict:
+    """Times of the run with rows together and row by row, their outputs, and the profile text (of
+    the drafting phase, or with ``whole_step`` of the whole loop, prefills included)."""
     engine.run_batch(ids, new_drafter, DecodeConfig(max_new_tokens=8, max_draft_nodes=cfg.max_draft_nodes), BatchConfig(batch_size))  # warm-up
     out: dict = {}
     for together in (True, False):
@@ -59,10 +63,14 @@ def profile_batch(engine: Engine, ids: list[list[int]], new_drafter, cfg: Decode
             finally:
                 prof.disable()
 
-        batch_module.propose_together = profiled
+        if not whole_step:
+            batch_module.propose_together = profiled
         try:
             t0 = time.perf_counter()
+            if whole_step:
+                prof.enable()
             results, report = engine.run_batch(ids, new_drafter, cfg, BatchConfig(batch_size, heads_together=together))
+            prof.disable()
             wall = time.perf_counter() - t0
         finally:
             batch_module.propose_together = original
@@ -101,8 +109,9 @@ def main() -> None:
     ap.add_argument("--random-weights", action="store_true", help="the model's config and tokenizer with random weights (timing only)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--eagle-head", required=True)
-    ap.add_argument("--drafter", default="whole-tree", choices=["whole-tree", "eagle+search"])
+    ap.add_argument("--eagle-head", help="the EAGLE head (for whole-tree and eagle+search)")
+    ap.add_argument("--drafter", default="whole-tree", choices=["whole-tree", "eagle+search", "trie", "vanilla"])
+    ap.add_argument("--whole-step", action="store_true", help="profile the whole batched loop (verification, commits, prefills), not only drafting")
     ap.add_argument("--datastore", help="for eagle+search")
     ap.add_argument("-b", "--batch-size", type=int, default=8)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=48)
@@ -115,18 +124,23 @@ def main() -> None:
         model = str(random_copy(default_model_dir() if model == "default" else model))
     loaded = load_model(model, args.device, args.dtype)
     engine = Engine(loaded, calibrate=False)
-    head = load_head(Path(args.eagle_head), loaded.model)
-    factory = eagle_factory(loaded.model, head, EagleOptions("dynamic", 4, 4, 16), load_draft_vocab(Path(args.eagle_head)))
-    if args.drafter == "whole-tree":
-        new_drafter = factory
+    if args.drafter in ("trie", "vanilla"):
+        new_drafter = lambda: make_drafter(args.drafter)  # noqa: E731
     else:
-        store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
-        new_drafter = lambda: make_drafter("eagle+search", DrafterOptions(search_depth=16), None, factory, store)  # noqa: E731
+        if not args.eagle_head:
+            ap.error(f"--drafter {args.drafter} needs --eagle-head")
+        head = load_head(Path(args.eagle_head), loaded.model)
+        factory = eagle_factory(loaded.model, head, EagleOptions("dynamic", 4, 4, 16), load_draft_vocab(Path(args.eagle_head)))
+        if args.drafter == "whole-tree":
+            new_drafter = factory
+        else:
+            store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
+            new_drafter = lambda: make_drafter("eagle+search", DrafterOptions(search_depth=16), None, factory, store)  # noqa: E731
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.batch_size)]
-    res = profile_batch(engine, ids, new_drafter, DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96), args.batch_size, args.top)
+    res = profile_batch(engine, ids, new_drafter, DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96), args.batch_size, args.top, args.whole_step)
     for key in ("together", "row_by_row"):
         r = res[key]
-        print(f"{key}: {r['steps']} steps, {r['new_tokens']} tokens, {r['ms_per_step']:.1f} ms a step, "
+        print(f"{key}: {r['steps']} steps, {r['new_tokens']} tokens, {r['ms_per_step']:.1f} ms a step (prefills included), "
               f"drafting {r['drafting_ms_per_step']:.1f} ms a step ({r['drafting_share']:.0%})")
     print(f"same outputs together and row by row: {res['together']['tokens'] == res['row_by_row']['tokens']}")
     print(res["profile"])

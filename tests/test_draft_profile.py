@@ -30,3 +30,14 @@ def test_profile_of_a_batch_with_rows_together_and_row_by_row():
     assert res["together"]["tokens"] == res["row_by_row"]["tokens"] == plain
     assert res["together"]["steps"] > 0 and res["together"]["drafting_ms_per_step"] > 0
     assert "run_calls" in res["profile"] and "top_children" in res["profile"]
+
+
+def test_a_whole_step_profile_of_a_drafter_without_a_head():
+    model = tiny_model("llama", seed=3)
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
+    rng = random.Random(3)
+    ids = [repetitive_prompt(rng, 96, n) for n in (12, 25)]
+    cfg = DecodeConfig(max_new_tokens=10)
+    res = profile.profile_batch(engine, ids, lambda: make_drafter("trie"), cfg, 2, whole_step=True)
+    assert res["together"]["tokens"] == [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
+    assert "verify" in res["profile"]  # the batch's verification is in the profile, not only drafting
