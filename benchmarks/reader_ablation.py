@@ -68,6 +68,15 @@ def arms(args, eagle_opts: EagleOptions, tuned: EagleOptions | None) -> list[dic
     return out
 
 
+def engine_for(loaded, flat_cost: bool, cost_slope: float | None, max_nodes: int) -> Engine:
+    """The engine: calibrated on this machine; with ``flat_cost`` none (trees whole); with
+    ``cost_slope`` S the table 1 + S*n for n nodes, at every batch size."""
+    engine = Engine(loaded, calibrate=not flat_cost and cost_slope is None)
+    if cost_slope is not None:
+        engine.target.cost_tables = {0: tuple(1.0 + cost_slope * n for n in range(max_nodes + 1))}
+    return engine
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", required=True)
@@ -95,13 +104,17 @@ def main() -> None:
     ap.add_argument("--compare-rows-alone", action="store_true", help="at batch sizes > 1 also run every drafting arm with each row sizing its tree alone (the batch then pays for the widest row's tree), labelled '(rows alone)'")
     ap.add_argument("--compare-head-row-by-row", action="store_true", help="at batch sizes > 1 also run every arm with an EAGLE head running it row by row (one head forward per row and tree level, as before the head ran for all rows together), labelled '(head row by row)'")
     ap.add_argument("--flat-cost", action="store_true", help="no verify-cost calibration: every drafter keeps its full (fixed) tree, as on a GPU far from its compute bound; tokens per call then shows the shapes themselves (timings are not meaningful)")
+    ap.add_argument("--cost-slope", type=float, help="hand every drafter the verify cost 1 + S*n for a tree of n nodes, not rescaled by the run's own step times: trees sized as on a machine with that cost (0.004: about the H100's for the default model, BENCHMARKS.md 10c); tokens per call exact, timings not meaningful")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.flat_cost and args.cost_slope is not None:
+        ap.error("--flat-cost and --cost-slope exclude each other")
 
     loaded = load_model(args.model, args.device, args.dtype)
-    engine = Engine(loaded, calibrate=not args.flat_cost)
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96, learn_costs=args.cost_slope is None)
+    engine = engine_for(loaded, args.flat_cost, args.cost_slope, cfg.max_draft_nodes)
     head = load_head(Path(args.eagle_head), loaded.model)
     vocab = load_draft_vocab(Path(args.eagle_head))
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
@@ -110,7 +123,6 @@ def main() -> None:
     tuned_batch = EagleOptions("static", choices=read_choices(Path(args.tuned_batch)), draft_vocab=args.draft_vocab) if args.tuned_batch else tuned
     prompts = load_prompts(Path(args.questions), args.category, args.limit)
     ids = [encode(loaded.tokenizer, p.text) for p in prompts]
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     keep = {"vanilla", *args.only.split(",")} if args.only else None
 
