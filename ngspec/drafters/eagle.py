@@ -136,10 +136,7 @@ class EagleDrafter:
         self.head_cost = 0.0  # one head step relative to a target step (weights read), see `start`
         self.param = next(head.parameters())
         self.feature_layers = head.feature_layers  # EAGLE-3: the target layers it reads
-        if shared is None:
-            draft = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
-            shared = SharedVocab.build(head, lm_head, draft, lambda x, w: planned_product(x, w, plan))
-        self.shared = shared
+        self.shared = shared if shared is not None else _shared_vocab(head, lm_head, opts, vocab, plan)
 
     def start(self, prompt: Sequence[int]) -> None:
         self.cache = make_cache(self.head.config, capacity=len(prompt) + 512)
@@ -331,7 +328,12 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
         vocab = None
     target_params = sum(p.numel() for p in target_model.parameters())
     plan = share_plan(target_model, head)
-    # the draft vocabulary's LM-head rows, gathered once for every drafter (row) of this factory
-    draft = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
-    shared = SharedVocab.build(head, lm_head, draft, lambda x, w: planned_product(x, w, plan))
+    shared = _shared_vocab(head, lm_head, opts, vocab, plan)  # gathered once for every drafter (row) of this factory
     return lambda: EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared)
+
+
+def _shared_vocab(head: EagleHead, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None, plan: KernelPlan | None) -> SharedVocab:
+    """What the drafters of one head score over: the first ``opts.draft_vocab`` tokens of
+    ``vocab``, read from the LM head with the target's kernel ``plan`` (see `SharedVocab.build`)."""
+    draft = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
+    return SharedVocab.build(head, lm_head, draft, lambda x, w: planned_product(x, w, plan))
