@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30, help="functions listed per ordering")
     ap.add_argument("--json-out")
     args = ap.parse_args()
+    if args.drafter not in ("trie", "vanilla") and not args.eagle_head:
+        ap.error(f"--drafter {args.drafter} needs --eagle-head")
 
     model = args.model
     if args.random_weights:
@@ -127,8 +129,6 @@ def main() -> None:
     if args.drafter in ("trie", "vanilla"):
         new_drafter = lambda: make_drafter(args.drafter)  # noqa: E731
     else:
-        if not args.eagle_head:
-            ap.error(f"--drafter {args.drafter} needs --eagle-head")
         head = load_head(Path(args.eagle_head), loaded.model)
         factory = eagle_factory(loaded.model, head, EagleOptions("dynamic", 4, 4, 16), load_draft_vocab(Path(args.eagle_head)))
         if args.drafter == "whole-tree":

@@ -41,3 +41,14 @@ def test_a_whole_step_profile_of_a_drafter_without_a_head():
     res = profile.profile_batch(engine, ids, lambda: make_drafter("trie"), cfg, 2, whole_step=True)
     assert res["together"]["tokens"] == [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
     assert "verify" in res["profile"]  # the batch's verification is in the profile, not only drafting
+
+
+def test_an_eagle_drafter_without_a_head_is_a_usage_error_before_anything_loads():
+    import subprocess
+    import sys
+
+    from conftest import BENCHMARKS
+
+    run = subprocess.run([sys.executable, str(BENCHMARKS / "draft_profile.py"), "--questions", "none.jsonl"], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "--drafter whole-tree needs --eagle-head" in run.stderr and "Traceback" not in run.stderr
