@@ -141,6 +141,45 @@ def test_unroll_below_one_is_refused(tmp_path):
     assert not (tmp_path / "h").exists()
 
 
+def test_loss_on_all_covers_the_instruction_positions(model):
+    """With the loss on every position, each pair the head reads is scored (T - 1 of a T-token
+    example); on the response alone, from the pair that predicts the first response token on."""
+    ex = examples()[0]
+    feats = target_features(model, [ex])[0]
+    head = train_module.EagleHead(train_module.head_config_for(model))
+    _, response = train_module.example_loss(head, model, ex, feats, TrainOptions(noise=0.0))
+    _, every = train_module.example_loss(head, model, ex, feats, TrainOptions(noise=0.0, loss_on="all"))
+    assert response["tokens"] == len(ex.ids) - ex.prompt_len + 1
+    assert every["tokens"] == len(ex.ids) - 1
+
+
+def test_loss_on_all_learns_what_only_the_instructions_hold(tmp_path, model):
+    """Instructions that repeat a phrase and responses of noise: trained on the instructions too,
+    the head predicts the phrase where it repeats; trained on the responses alone it cannot."""
+    gen = torch.Generator().manual_seed(5)
+    data = []
+    for _ in range(6):
+        phrase = torch.randint(3, 96, (5,), generator=gen)
+        prompt = phrase.repeat(6)
+        ids = torch.cat([prompt, torch.randint(3, 96, (6,), generator=gen)])
+        data.append(Example(ids, len(prompt), prompt.tolist()))
+    feats = target_features(model, data)
+    scores = {}
+    for loss_on in ("response", "all"):
+        opts = TrainOptions(epochs=12, batch_tokens=120, lr=3e-3, warmup=2, noise=0.0, ce_vocab=0, loss_on=loss_on)
+        head, _ = train_head(model, data, feats, tmp_path / loss_on, opts)
+        with torch.no_grad():  # top-1 agreement with the model over the instructions' later repeats
+            stats = [train_module.example_loss(head, model, Example(ex.ids[: ex.prompt_len], 15, ex.prompt), f[: ex.prompt_len], TrainOptions(noise=0.0))[1]
+                     for ex, f in zip(data, feats)]
+        scores[loss_on] = sum(s["top1"] * s["tokens"] for s in stats) / sum(s["tokens"] for s in stats)
+    assert scores["all"] > scores["response"] + 0.2, scores
+
+
+def test_loss_on_must_be_response_or_all(tmp_path):
+    result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path / "h"), "--loss-on", "prompt"])
+    assert result.exit_code == 1 and "--loss-on must be response or all" in result.output and "Traceback" not in result.output
+
+
 def test_fine_tuning_into_its_own_directory_is_refused(tmp_path):
     result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path), "--init-head", str(tmp_path)])
     assert result.exit_code == 1 and "--out must differ from --init-head" in result.output and "Traceback" not in result.output

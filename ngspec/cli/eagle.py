@@ -30,6 +30,7 @@ def train_eagle_command(
     eval_tokens: Annotated[int, typer.Option(help="Tokens generated per held-out prompt for the evaluation.")] = 64,
     checkpoint_every: Annotated[int, typer.Option(help="Optimiser steps between checkpoints (a rerun resumes from the last).")] = 50,
     init_head: Annotated[Optional[Path], typer.Option("--init-head", help="Fine-tune this trained EAGLE-1 head (e.g. a general head, on your own traffic) instead of starting from the target's weights; its draft vocabulary is kept and extended.")] = None,
+    loss_on: Annotated[str, typer.Option(help="Positions the loss covers: 'response' (the answers only) or 'all' (the instructions too, e.g. the passages of RAG prompts or the articles to summarise; the label is the model's own next-token distribution either way).")] = "response",
     max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for initialisation, data order and the holdout split.")] = 0,
     device: DeviceOpt = "auto",
@@ -53,7 +54,8 @@ def train_eagle_command(
     from ngspec.models import load_model
 
     opts = TrainOptions(epochs=epochs, lr=lr, batch_tokens=batch_tokens, max_len=max_len, noise=noise, unroll=unroll, ce_vocab=ce_vocab,
-                        holdout=holdout, checkpoint_every=checkpoint_every, seed=seed, init_head=str(init_head or ""))
+                        holdout=holdout, checkpoint_every=checkpoint_every, seed=seed, init_head=str(init_head or ""),
+                        loss_on=loss_on)
     if max_records is not None and max_records < 1:
         raise NgspecError("--max-records must be at least 1")
     if out.exists() and not out.is_dir():

@@ -4,7 +4,10 @@ The objective is EAGLE's: at every position i of a chat-formatted example the he
 target's feature ``f_i`` and the next token ``x_{i+1}`` and predicts ``f_{i+1}``; the loss is a
 smooth-L1 regression to the true feature plus 0.1 × the cross-entropy between the target's
 next-token distribution (its LM head on ``f_{i+1}``) and the LM head on the prediction, both over
-response positions only. Uniform noise on the input features (EAGLE's augmentation) makes the head
+response positions only, or with ``loss_on="all"`` over the instruction's positions too: the label
+is the target's own distribution wherever the text came from, so a corpus's documents (a RAG
+prompt's passages, an article to summarise) teach the head as well as the answers written about
+them. Uniform noise on the input features (EAGLE's augmentation) makes the head
 robust to its own errors when it drafts several tokens deep.
 
 With ``unroll`` k > 1 the head is also trained as it drafts at depths 2..k ("training-time test",
@@ -61,8 +64,11 @@ class TrainOptions:
     checkpoint_every: int = 50
     seed: int = 0
     init_head: str = ""  # a trained EAGLE-1 head to start from (fine-tuning); "" = initialise from the target
+    loss_on: str = "response"  # positions trained: "response" (the answers) or "all" (the instructions too)
 
     def __post_init__(self) -> None:
+        if self.loss_on not in ("response", "all"):
+            raise NgspecError(f"--loss-on must be response or all (got {self.loss_on!r})")
         if self.epochs < 1 or self.batch_tokens < 1 or self.max_len < 8 or self.lr <= 0:
             raise NgspecError("--epochs, --batch-tokens must be >= 1, --max-len >= 8 and --lr > 0")
         if self.holdout < 0 or self.checkpoint_every < 1 or self.ce_vocab < 0 or self.unroll < 1:
@@ -159,9 +165,10 @@ def unrolled_outputs(head: EagleHead, embeds: torch.Tensor, features: torch.Tens
 
 
 def example_loss(head: EagleHead, model, ex: Example, feats: torch.Tensor, opts: TrainOptions, weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """EAGLE loss on one example (over positions whose prediction is of a response token), summed
-    over the ``opts.unroll`` depths; the cross-entropy is over the rows of ``weight`` (default: the
-    whole LM head), the target's distribution renormalised to them. ``top1`` is depth 1's
+    """EAGLE loss on one example (over positions whose prediction is of a response token, or of
+    every token the head can predict with ``opts.loss_on == "all"``), summed over the
+    ``opts.unroll`` depths; the cross-entropy is over the rows of ``weight`` (default: the whole LM
+    head), the target's distribution renormalised to them. ``top1`` is depth 1's
     agreement with the model, ``top1_last`` the deepest depth's."""
     device = next(head.parameters()).device
     ids = ex.ids.to(device)
@@ -172,12 +179,13 @@ def example_loss(head: EagleHead, model, ex: Example, feats: torch.Tensor, opts:
     with torch.no_grad():  # the head trains in float32 whatever the target's dtype (bfloat16 on a GPU)
         embeds = model.get_input_embeddings()(ids[1:]).float()
     weight = (model.get_output_embeddings().weight if weight is None else weight).float()
-    start = max(ex.prompt_len - 2, 0)  # the first feature any depth predicts; its distribution:
+    trained = ex.prompt_len if opts.loss_on == "response" else 0  # the first token whose prediction is trained
+    start = max(trained - 2, 0)  # the first feature any depth predicts; its distribution:
     with torch.no_grad():
         p_all = torch.softmax(f[start + 1 :] @ weight.T, dim=-1)  # shared by the depths (row i: f[start + 1 + i])
     total, stats = 0.0, {}
     for s, out in enumerate(unrolled_outputs(head, embeds, inp, opts.unroll), start=1):
-        first = max(ex.prompt_len - 1 - s, 0)  # output j predicts f_{j+s}, which predicts token j+s+1
+        first = max(trained - 1 - s, 0)  # output j predicts f_{j+s}, which predicts token j+s+1
         pred, true = out[first:], f[s:][first:]
         reg = F.smooth_l1_loss(pred, true)
         p_target = p_all[first + s - start - 1 :]
