@@ -19,7 +19,9 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   instead of ``--datastore`` (which datastore pays);
 * ``eagle``: EAGLE alone, its tree sized by the verify cost;
 * ``whole dv`` and ``eagle dv``: ``whole`` and ``eagle`` drafting over ``--alt-draft-vocab``
-  tokens instead of 8,192.
+  tokens instead of 8,192;
+* ``whole ah`` and ``eagle ah``: ``whole`` and ``eagle`` with the head ``--alt-eagle-head``
+  (which head pays, e.g. one fine-tuned with ``train-eagle --loss-on all``; same tuned shape).
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -113,6 +115,7 @@ def main() -> None:
     ap.add_argument("--datastore")
     ap.add_argument("--alt-datastore", help="the datastore of the '... alt' arms")
     ap.add_argument("--alt-draft-vocab", type=int, default=4096, help="the draft vocabulary of the '... dv' arms")
+    ap.add_argument("--alt-eagle-head", help="the head of the '... ah' arms")
     ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
     args = ap.parse_args()
@@ -127,6 +130,12 @@ def main() -> None:
     factory_dv = None  # the '... dv' arms' head, loaded only for them
     if any(a.endswith(" dv") for a in args.arms.split(",")):
         factory_dv = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, draft_vocab=args.alt_draft_vocab), load_draft_vocab(head_dir))
+    factory_ah = None  # the '... ah' arms' head
+    if any(a.endswith(" ah") for a in args.arms.split(",")):
+        if not args.alt_eagle_head:
+            ap.error("the '... ah' arms need --alt-eagle-head")
+        alt_dir = Path(args.alt_eagle_head)
+        factory_ah = eagle_factory(loaded.model, load_head(alt_dir, loaded.model), tuned, load_draft_vocab(alt_dir))
     carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
     every = {
         "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
@@ -142,6 +151,8 @@ def main() -> None:
         "eagle": lambda: make_drafter("eagle", eagle=factory, calibration=carried.get("eagle")),
         "whole dv": lambda: search.EagleSearchDrafter(factory_dv(), store, deepen=True, calibration=carried.get("whole dv")),
         "eagle dv": lambda: make_drafter("eagle", eagle=factory_dv, calibration=carried.get("eagle dv")),
+        "whole ah": lambda: search.EagleSearchDrafter(factory_ah(), store, deepen=True, calibration=carried.get("whole ah")),
+        "eagle ah": lambda: make_drafter("eagle", eagle=factory_ah, calibration=carried.get("eagle ah")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
     }
