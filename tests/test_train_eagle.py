@@ -132,7 +132,7 @@ def test_corpus_without_pairs_is_refused(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"text": "no pairs here"}) + "\n")
     result = runner.invoke(app, ["train-eagle", "-c", str(corpus), "--out", str(tmp_path / "h")])
-    assert result.exit_code == 1 and "usable (instruction, response) examples" in result.output
+    assert result.exit_code == 1 and "usable (instruction, response) examples" in result.output and "--loss-on all" in result.output
 
 
 def test_unroll_below_one_is_refused(tmp_path):
@@ -175,6 +175,35 @@ def test_loss_on_all_learns_what_only_the_instructions_hold(tmp_path, model):
     assert scores["all"] > scores["response"] + 0.2, scores
 
 
+@pytest.mark.slow
+def test_records_without_a_response_are_documents_with_loss_on_all(default_model):
+    tokenizer = default_model.tokenizer
+    records = [
+        {"instruction": "Name a colour.", "response": "Blue is a colour that many people like."},
+        {"text": "A passage about rivers, which flow from the hills down to the sea, carrying silt."},
+        {"question_id": 1, "turns": ["Summarize: the council met on Tuesday and voted to repair the old bridge."]},
+        {"instruction": "Read this and answer later: the museum opens at nine and closes at five."},
+        {"text": "too short"},
+        {"title": "no text at all"},
+    ]
+    answered = train_module.examples_from_records(records, tokenizer, 256)
+    both = train_module.examples_from_records(records, tokenizer, 256, documents=True)
+    assert len(answered) == 1 and answered[0].prompt_len < len(answered[0].ids)
+    documents = both[1:]
+    assert len(both) == 4 and both[0].ids.tolist() == answered[0].ids.tolist()  # answered records are not documents too
+    assert all(ex.prompt_len == len(ex.ids) and ex.prompt == ex.ids.tolist() for ex in documents)
+    assert ["rivers" in tokenizer.decode(documents[0].ids), "bridge" in tokenizer.decode(documents[1].ids),
+            "museum" in tokenizer.decode(documents[2].ids)] == [True, True, True]
+    assert torch.equal(documents[0].taught, documents[0].ids) and torch.equal(both[0].taught, both[0].ids[both[0].prompt_len :])
+
+
+def test_a_head_trained_on_documents_alone_drafts_over_their_tokens(tmp_path, model):
+    data = [Example(ex.ids, len(ex.ids), ex.ids.tolist()) for ex in examples(n=4, seed=6)]
+    head, log = train_head(model, data, target_features(model, data), tmp_path, TrainOptions(epochs=2, batch_tokens=70, loss_on="all"))
+    vocab = load_draft_vocab(tmp_path)
+    assert log and set(vocab) == {int(t) for ex in data for t in ex.ids}
+
+
 def test_loss_on_must_be_response_or_all(tmp_path):
     result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path / "h"), "--loss-on", "prompt"])
     assert result.exit_code == 1 and "--loss-on must be response or all" in result.output and "Traceback" not in result.output
@@ -200,6 +229,24 @@ def test_train_eagle_command_on_the_default_model(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["evaluation"]["identical_to_greedy"] == 1
     assert (out / "config.json").is_file() and (out / "train_report.json").is_file()
+
+
+@pytest.mark.slow
+def test_train_eagle_command_trains_on_documents_alone(tmp_path):
+    """A file of texts without answers (as a question file or a folder of documents gives) trains a
+    head with --loss-on all; without it the file is refused with the hint."""
+    texts = [json.loads(line)["response"] for line in open("corpora/smollm2-self.jsonl")][:6]
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "head"
+    args = ["train-eagle", "-c", str(corpus), "--out", str(out), "--epochs", "1", "--holdout", "1", "--eval-tokens", "8", "--json"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 1 and "--loss-on all" in refused.output
+    result = runner.invoke(app, [*args, "--loss-on", "all"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["documents"] == report["examples"] == 5 and report["evaluation"]["identical_to_greedy"] == 1
+    assert load_draft_vocab(out)
 
 
 @pytest.mark.slow

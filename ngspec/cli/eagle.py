@@ -30,7 +30,7 @@ def train_eagle_command(
     eval_tokens: Annotated[int, typer.Option(help="Tokens generated per held-out prompt for the evaluation.")] = 64,
     checkpoint_every: Annotated[int, typer.Option(help="Optimiser steps between checkpoints (a rerun resumes from the last).")] = 50,
     init_head: Annotated[Optional[Path], typer.Option("--init-head", help="Fine-tune this trained EAGLE-1 head (e.g. a general head, on your own traffic) instead of starting from the target's weights; its draft vocabulary is kept and extended.")] = None,
-    loss_on: Annotated[str, typer.Option(help="Positions the loss covers: 'response' (the answers only) or 'all' (the instructions too, e.g. the passages of RAG prompts or the articles to summarise; the label is the model's own next-token distribution either way).")] = "response",
+    loss_on: Annotated[str, typer.Option(help="Positions the loss covers: 'response' (the answers only) or 'all' (the instructions too, e.g. the passages of RAG prompts or the articles to summarise; the label is the model's own next-token distribution either way). With 'all', records without a response (a 'text', 'instruction' or 'prompt' field, or 'turns' as in a question file) are trained on as documents: no answers need generating.")] = "response",
     max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for initialisation, data order and the holdout split.")] = 0,
     device: DeviceOpt = "auto",
@@ -44,6 +44,7 @@ def train_eagle_command(
 
     Examples: ngspec train-eagle --corpus corpora/smollm2-self.jsonl --out heads/smollm2
     ngspec train-eagle --corpus my-answers.jsonl --init-head heads/smollm2 --out heads/smollm2-mine --epochs 2
+    ngspec train-eagle --corpus my-prompts.jsonl --loss-on all --init-head heads/smollm2 --out heads/smollm2-docs --epochs 8
     """
     from itertools import islice
 
@@ -70,9 +71,11 @@ def train_eagle_command(
     loaded = load_model(model, device, dtype)
     if init_head is not None:
         initial_head(loaded.model, opts.init_head)  # a wrong head fails now, not after the feature pass
-    examples = examples_from_records(records, loaded.tokenizer, max_len)
+    examples = examples_from_records(records, loaded.tokenizer, max_len, documents=loss_on == "all")
     if len(examples) <= holdout:
-        raise NgspecError(f"{corpus} gave {len(examples)} usable (instruction, response) examples; need more than --holdout {holdout}")
+        kind = "examples (answered records and documents)" if loss_on == "all" else \
+            "(instruction, response) examples (with --loss-on all, records without a response are read as documents)"
+        raise NgspecError(f"{corpus} gave {len(examples)} usable {kind}; need more than --holdout {holdout}")
     random.Random(seed).shuffle(examples)
     held, train = examples[:holdout], examples[holdout:]
     start = time.perf_counter()
@@ -92,6 +95,7 @@ def train_eagle_command(
     train_seconds = time.perf_counter() - start
     report = {
         "model": loaded.name, "corpus": corpus, "out": str(out), "examples": len(train), "holdout": len(held),
+        "documents": sum(e.prompt_len == len(e.ids) for e in train),
         "train_tokens": sum(len(e.ids) for e in train), "options": opts.__dict__,
         "feature_seconds": feature_seconds, "train_seconds": train_seconds, "final": log[-1] if log else None,
     }
@@ -105,7 +109,8 @@ def train_eagle_command(
         return
     final = report["final"] or {}
     rows = [
-        ("training examples / tokens", f"{len(train)} / {report['train_tokens']:,}"),
+        ("training examples / tokens", f"{len(train)} / {report['train_tokens']:,}"
+         + (f" ({report['documents']} documents without a response)" if report["documents"] else "")),
         ("time (features + training)", f"{train_seconds / 60:.1f} min"),
         ("final loss: regression / cross-entropy", f"{final.get('reg', 0):.3f} / {final.get('ce', 0):.3f}"),
         ("final top-1 agreement with the model", f"{final.get('top1', 0):.2f}"

@@ -7,7 +7,8 @@ next-token distribution (its LM head on ``f_{i+1}``) and the LM head on the pred
 response positions only, or with ``loss_on="all"`` over the instruction's positions too: the label
 is the target's own distribution wherever the text came from, so a corpus's documents (a RAG
 prompt's passages, an article to summarise) teach the head as well as the answers written about
-them. Uniform noise on the input features (EAGLE's augmentation) makes the head
+them, and records without any answer (a file of prompts or documents) can be trained on as they
+are. Uniform noise on the input features (EAGLE's augmentation) makes the head
 robust to its own errors when it drafts several tokens deep.
 
 With ``unroll`` k > 1 the head is also trained as it drafts at depths 2..k ("training-time test",
@@ -78,12 +79,35 @@ class TrainOptions:
 @dataclass
 class Example:
     ids: torch.Tensor  # [T]
-    prompt_len: int  # tokens of the chat-formatted input; the rest is the response
+    prompt_len: int  # tokens of the chat-formatted input; the rest is the response (none for a document)
     prompt: list[int]
 
+    @property
+    def taught(self) -> torch.Tensor:
+        """The tokens whose counts rank the draft vocabulary: the response, or a document's whole text."""
+        return self.ids[self.prompt_len :] if self.prompt_len < len(self.ids) else self.ids
 
-def examples_from_records(records: Iterable[dict], tokenizer, max_len: int) -> list[Example]:
-    """Chat-formatted (input, response) examples; records without a usable pair are skipped."""
+
+DOCUMENT_FIELDS = ("text", "instruction", "prompt")  # where a record without a response keeps its text
+MIN_DOCUMENT = 8  # tokens of a document's own text (the chat template adds more)
+
+
+def document_text(record: dict) -> str | None:
+    """The text of a record that holds no response: its ``text``, ``instruction`` or ``prompt``
+    field, or the first of its ``turns`` (a question file such as Spec-Bench's)."""
+    for key in DOCUMENT_FIELDS:
+        if isinstance(record.get(key), str) and record[key].strip():
+            return record[key]
+    turns = record.get("turns")
+    if isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0].strip():
+        return turns[0]
+    return None
+
+
+def examples_from_records(records: Iterable[dict], tokenizer, max_len: int, documents: bool = False) -> list[Example]:
+    """Chat-formatted (input, response) examples; with ``documents`` a record that holds no
+    response becomes an example of its chat-formatted text alone (for the loss on every position,
+    ``loss_on="all"``); other records without a usable pair are skipped."""
     from ngspec.metrics.pairs import record_pairs
     from ngspec.prompts import encode
 
@@ -91,17 +115,19 @@ def examples_from_records(records: Iterable[dict], tokenizer, max_len: int) -> l
     eos = tokenizer.eos_token_id
     for n, record in enumerate(records):
         try:
-            pairs = record_pairs(record, str(n), {}, None, None)
+            pairs = [p for p in record_pairs(record, str(n), {}, None, None) if p.response.strip() and p.input.strip()]
         except NgspecError:
-            continue
+            pairs = []
         for pair in pairs:
-            if not pair.response.strip() or not pair.input.strip():
-                continue
             prompt = encode(tokenizer, pair.input)
             response = tokenizer.encode(pair.response, add_special_tokens=False) + ([eos] if eos is not None else [])
             ids = (prompt + response)[:max_len]
             if len(ids) - len(prompt) >= 4:
                 out.append(Example(torch.tensor(ids), len(prompt), prompt))
+        text = document_text(record) if documents and not pairs else None
+        if text is not None and len(tokenizer.encode(text, add_special_tokens=False)) >= MIN_DOCUMENT:
+            ids = encode(tokenizer, text)[:max_len]
+            out.append(Example(torch.tensor(ids), len(ids), ids))
     return out
 
 
@@ -121,14 +147,14 @@ def target_features(model, examples: list[Example], progress: Callable[[int], No
 
 def output_weight(model, train: list[Example], ce_vocab: int, prior: dict[int, int] | None = None) -> torch.Tensor:
     """The LM-head rows the cross-entropy is computed over: the ``ce_vocab`` tokens most frequent
-    in the training responses plus ``prior`` counts (what the drafter drafts over with
+    in the training responses (and documents, `Example.taught`) plus ``prior`` counts (what the drafter drafts over with
     ``--draft-vocab``), or the whole matrix (``ce_vocab`` 0, or an LM head with a bias). On a CPU the two full-vocabulary products
     per position are most of a training step (the default model: 8,192 rows make a step 6.9x
     faster and hold 94% of the model's probability on its own answers, BENCHMARKS.md section 8)."""
     lm_head = model.get_output_embeddings()
     if not ce_vocab or getattr(lm_head, "bias", None) is not None:
         return lm_head.weight
-    ids = [t for t, _ in ranked_tokens((ex.ids[ex.prompt_len :].tolist() for ex in train), prior)[:ce_vocab]]
+    ids = [t for t, _ in ranked_tokens((ex.taught.tolist() for ex in train), prior)[:ce_vocab]]
     return lm_head.weight.index_select(0, torch.tensor(sorted(ids), device=lm_head.weight.device))
 
 
@@ -311,7 +337,7 @@ def train_head(
         raise
     head.eval()
     save_head(head, out)
-    save_draft_vocab(out, (ex.ids[ex.prompt_len :].tolist() for ex in train), prior)
+    save_draft_vocab(out, (ex.taught.tolist() for ex in train), prior)
     ckpt.unlink(missing_ok=True)
     return head, log
 
