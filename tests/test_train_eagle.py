@@ -14,6 +14,7 @@ from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.eagle import train as train_module
 from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.eagle.train import Example, TrainOptions, target_features, train_head
+from ngspec.errors import NgspecError
 from ngspec.models import tiny_model
 from ngspec.target import TargetModel
 
@@ -77,7 +78,6 @@ def test_checkpoint_from_other_options_is_refused(tmp_path, model, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train_head(model, data, feats, tmp_path, TrainOptions(epochs=1, batch_tokens=70))
     monkeypatch.undo()
-    from ngspec.errors import NgspecError
 
     with pytest.raises(NgspecError, match="other options or data"):
         train_head(model, data, feats, tmp_path, TrainOptions(epochs=2, batch_tokens=70))
@@ -119,7 +119,6 @@ def test_fine_tuning_starts_from_the_given_head_and_keeps_its_vocabulary(tmp_pat
 
 
 def test_fine_tuning_a_missing_head_is_refused(model):
-    from ngspec.errors import NgspecError
 
     with pytest.raises(NgspecError, match="no EAGLE head directory"):
         train_module.initial_head(model, "no/such/head")
@@ -202,6 +201,8 @@ def test_a_head_trained_on_documents_alone_drafts_over_their_tokens(tmp_path, mo
     head, log = train_head(model, data, target_features(model, data), tmp_path, TrainOptions(epochs=2, batch_tokens=70, loss_on="all"))
     vocab = load_draft_vocab(tmp_path)
     assert log and set(vocab) == {int(t) for ex in data for t in ex.ids}
+    with pytest.raises(NgspecError, match="--loss-on all"):
+        train_head(model, data, target_features(model, data), tmp_path / "r", TrainOptions(epochs=1, batch_tokens=70))
 
 
 def test_loss_on_must_be_response_or_all(tmp_path):

@@ -147,9 +147,9 @@ def target_features(model, examples: list[Example], progress: Callable[[int], No
 
 def output_weight(model, train: list[Example], ce_vocab: int, prior: dict[int, int] | None = None) -> torch.Tensor:
     """The LM-head rows the cross-entropy is computed over: the ``ce_vocab`` tokens most frequent
-    in the training responses (and documents, `Example.taught`) plus ``prior`` counts (what the drafter drafts over with
-    ``--draft-vocab``), or the whole matrix (``ce_vocab`` 0, or an LM head with a bias). On a CPU the two full-vocabulary products
-    per position are most of a training step (the default model: 8,192 rows make a step 6.9x
+    in the training responses (and documents, `Example.taught`) plus ``prior`` counts (what the
+    drafter drafts over with ``--draft-vocab``), or the whole matrix (``ce_vocab`` 0, or an LM head
+    with a bias). On a CPU the two full-vocabulary products per position are most of a training step (the default model: 8,192 rows make a step 6.9x
     faster and hold 94% of the model's probability on its own answers, BENCHMARKS.md section 8)."""
     lm_head = model.get_output_embeddings()
     if not ce_vocab or getattr(lm_head, "bias", None) is not None:
@@ -275,6 +275,8 @@ def train_head(
     on_step: Callable[[int, int, dict], None] | None = None,
 ) -> tuple[EagleHead, list[dict]]:
     """Train (or resume) a head; returns it and the per-step log."""
+    if opts.loss_on == "response" and any(ex.prompt_len >= len(ex.ids) for ex in train):
+        raise NgspecError("examples without a response (documents) train only with the loss on every position (--loss-on all)")
     torch.manual_seed(opts.seed)
     head, prior = initial_head(model, opts.init_head)
     head.to(next(model.parameters()).device).train()
