@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
-from ngspec.drafters.trie import Calibration, NGramTrie, best_size
+from ngspec.drafters.trie import NUM_DRAFT, Calibration, NGramTrie, best_size
 from ngspec.eagle.batched import Drafting, drive
 from ngspec.tree import accepted_path, root_to_leaf_paths
 
@@ -230,7 +230,7 @@ class EagleSearchDrafter:
     clock: Callable[[], float] = staticmethod(time.perf_counter)  # times the head's runs
     # where nodes cost, the local trie's best nodes merged in as well: at most this many (the
     # trie drafter's default budget), of which those that pay under the verify cost
-    local_tree_nodes = 32
+    local_tree_nodes = NUM_DRAFT
 
     def __init__(
         self, eagle: "EagleDrafter", datastore: "Datastore | None", depth: int = 16, prefix_len: int = 3, deepen: bool = False,

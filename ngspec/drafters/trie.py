@@ -26,6 +26,8 @@ from typing import Sequence
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.tree import most_paying
 
+NUM_DRAFT = 32  # the trie's best nodes offered each step, of which the sizing keeps those that pay
+
 
 @dataclass
 class _Walker:
@@ -208,7 +210,7 @@ class TrieDrafter:
 
     name = "trie"
 
-    def __init__(self, n: int = 13, prefix_len: int = 3, num_draft: int = 32, update: bool = True, calibration: Calibration | None = None):
+    def __init__(self, n: int = 13, prefix_len: int = 3, num_draft: int = NUM_DRAFT, update: bool = True, calibration: Calibration | None = None):
         self.n = n
         self.prefix_len = prefix_len
         self.num_draft = num_draft
