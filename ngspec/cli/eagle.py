@@ -95,7 +95,7 @@ def train_eagle_command(
     train_seconds = time.perf_counter() - start
     report = {
         "model": loaded.name, "corpus": corpus, "out": str(out), "examples": len(train), "holdout": len(held),
-        "documents": sum(e.prompt_len == len(e.ids) for e in train),
+        "documents": sum(e.document for e in train),
         "train_tokens": sum(len(e.ids) for e in train), "options": opts.__dict__,
         "feature_seconds": feature_seconds, "train_seconds": train_seconds, "final": log[-1] if log else None,
     }

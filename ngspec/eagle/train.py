@@ -83,9 +83,14 @@ class Example:
     prompt: list[int]
 
     @property
+    def document(self) -> bool:
+        """A text without a response (trained with the loss on every position only)."""
+        return self.prompt_len >= len(self.ids)
+
+    @property
     def taught(self) -> torch.Tensor:
         """The tokens whose counts rank the draft vocabulary: the response, or a document's whole text."""
-        return self.ids[self.prompt_len :] if self.prompt_len < len(self.ids) else self.ids
+        return self.ids if self.document else self.ids[self.prompt_len :]
 
 
 DOCUMENT_FIELDS = ("text", "instruction", "prompt")  # where a record without a response keeps its text
@@ -275,7 +280,7 @@ def train_head(
     on_step: Callable[[int, int, dict], None] | None = None,
 ) -> tuple[EagleHead, list[dict]]:
     """Train (or resume) a head; returns it and the per-step log."""
-    if opts.loss_on == "response" and any(ex.prompt_len >= len(ex.ids) for ex in train):
+    if opts.loss_on == "response" and any(ex.document for ex in train):
         raise NgspecError("examples without a response (documents) train only with the loss on every position (--loss-on all)")
     torch.manual_seed(opts.seed)
     head, prior = initial_head(model, opts.init_head)
