@@ -92,6 +92,17 @@ class OracleDrafter:
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+def started_head(model, seed: int = 0):
+    """An untrained EAGLE-1 head for ``model``, started from its last layer as train-eagle starts
+    (seeded), in eval mode."""
+    from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
+
+    torch.manual_seed(seed)
+    head = EagleHead(head_config_for(model))
+    init_from_target(head, model)
+    return head.eval()
+
+
 def benchmark_script(name: str):
     """A script under benchmarks/ loaded as a module (they are not a package)."""
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")

@@ -3,13 +3,11 @@ profile covers the drafting phase (the timings themselves are a benchmark, BENCH
 
 import random
 
-import torch
-from conftest import benchmark_script, repetitive_prompt
+from conftest import benchmark_script, repetitive_prompt, started_head
 
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
 from ngspec.drafters.eagle import EagleOptions, eagle_factory
-from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 from ngspec.engine import Engine
 from ngspec.models import LoadedModel, tiny_model
 
@@ -18,14 +16,12 @@ profile = benchmark_script("draft_profile")
 
 def test_profile_of_a_batch_with_rows_together_and_row_by_row():
     model = tiny_model("llama", seed=3)
-    torch.manual_seed(0)
-    head = EagleHead(head_config_for(model))
-    init_from_target(head, model)
+    head = started_head(model)
     engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
     rng = random.Random(2)
     ids = [repetitive_prompt(rng, 96, n) for n in (9, 30, 17)]
     cfg = DecodeConfig(max_new_tokens=12)
-    res = profile.profile_batch(engine, ids, eagle_factory(model, head.eval(), EagleOptions(top_k=3, depth=3, total_tokens=8)), cfg, 3)
+    res = profile.profile_batch(engine, ids, eagle_factory(model, head, EagleOptions(top_k=3, depth=3, total_tokens=8)), cfg, 3)
     plain = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
     assert res["together"]["tokens"] == res["row_by_row"]["tokens"] == plain
     assert res["together"]["steps"] > 0 and res["together"]["drafting_ms_per_step"] > 0

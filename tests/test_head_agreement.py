@@ -3,12 +3,10 @@ counts every answer position once (the figures themselves are a benchmark, BENCH
 
 import random
 
-import torch
-from conftest import benchmark_script, repetitive_prompt
+from conftest import benchmark_script, repetitive_prompt, started_head
 
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
-from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 from ngspec.eagle.train import target_features
 from ngspec.engine import Engine
 from ngspec.models import LoadedModel, tiny_model
@@ -18,9 +16,7 @@ script = benchmark_script("head_agreement")
 
 def test_agreement_over_the_targets_own_answers():
     model = tiny_model("llama", seed=4)
-    torch.manual_seed(0)
-    head = EagleHead(head_config_for(model))
-    init_from_target(head, model)
+    head = started_head(model)
     engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
     rng = random.Random(5)
     prompts = [repetitive_prompt(rng, 96, n) for n in (10, 21)]
@@ -29,7 +25,7 @@ def test_agreement_over_the_targets_own_answers():
         greedy = engine.run(ids, make_drafter("vanilla"), DecodeConfig(max_new_tokens=9)).token_ids
         assert ex.prompt == ids and ex.ids.tolist() == ids + greedy
     feats = target_features(model, examples)
-    share, n = script.agreement(model, head.eval(), None, examples, feats)
+    share, n = script.agreement(model, head, None, examples, feats)
     assert n == sum(len(ex.ids) - ex.prompt_len + 1 for ex in examples) and 0.0 <= share <= 1.0
-    alone, m = script.agreement(model, head.eval(), [5], examples, feats)
+    alone, m = script.agreement(model, head, [5], examples, feats)
     assert m == n and alone == 1.0  # over a one-token vocabulary both argmaxes are that token
