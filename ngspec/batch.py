@@ -28,7 +28,7 @@ from ngspec.eagle.batched import propose_together
 from ngspec.errors import NgspecError
 from ngspec.perf.online import StepTimes
 from ngspec.tree import joint_width
-from ngspec.verify import accept_greedy, accept_sampled
+from ngspec.verify import accept_argmax, accept_sampled
 
 
 @dataclass(frozen=True)
@@ -204,10 +204,10 @@ def generate_batch(
         step_cost = table_cost(table, widest)  # by the measured table: no timing noise
         t1 = time.perf_counter()
         logits = target.verify([r.out[-1] for r in rows], trees)
-        verdicts = [
-            accept_greedy(t, lg) if cfg.sampling.greedy else accept_sampled(t, lg.cpu(), cfg.sampling, gen)
-            for t, lg in zip(trees, logits)
-        ]
+        if cfg.sampling.greedy:  # one argmax and one copy to the host for every row
+            verdicts = [accept_argmax(t, preds) for t, preds in zip(trees, logits.argmax(dim=-1).tolist())]
+        else:
+            verdicts = [accept_sampled(t, logits[b, : 1 + t.size].cpu(), cfg.sampling, gen) for b, t in enumerate(trees)]
         target.commit([v.path for v in verdicts])
         times.record(table, widest, time.perf_counter() - t1)  # the verdicts read waited for the device
         report.steps += 1

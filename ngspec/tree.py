@@ -30,18 +30,47 @@ def children(tree: DraftTree) -> list[list[int]]:
     return kids
 
 
-def visibility(tree: DraftTree) -> torch.Tensor:
-    """Bool ``[n+1, n+1]``: entry (i, j) is true when block index j is i itself or an ancestor."""
-    n = tree.size + 1
-    vis = torch.zeros(n, n, dtype=torch.bool)
-    vis[:, 0] = True
+def ancestors(tree: DraftTree) -> list[list[int]]:
+    """Block indices every block index sees: the root, its ancestors and itself, root first."""
+    seen = [[0]]
     for i, p in enumerate(tree.parents):
-        row = i + 1
-        if p >= 0:
-            vis[row] = vis[p + 1]
-        vis[row, row] = True
-    vis[0, 0] = True
-    return vis
+        seen.append(seen[p + 1] + [i + 1])
+    return seen
+
+
+def visibility(tree: DraftTree) -> torch.Tensor:
+    """Bool ``[n+1, n+1]``: entry (i, j) is true when block index j is i itself or an ancestor.
+    Built in Python and made a tensor once (a tensor write per node costs a host-bound GPU's
+    dispatch time each)."""
+    return torch.tensor(_marked(ancestors(tree), tree.size + 1), dtype=torch.bool)
+
+
+def _marked(seen: Sequence[Sequence[int]], width: int) -> list[list[bool]]:
+    """One row of ``width`` flags per list of ``seen`` indices, true at those indices."""
+    rows = []
+    for indices in seen:
+        row = [False] * width
+        for j in indices:
+            row[j] = True
+        rows.append(row)
+    return rows
+
+
+def batch_blocks(roots: Sequence[int], trees: Sequence[DraftTree], lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verification blocks of several rows, padded to the widest: token ids and positions
+    ``[rows, width]`` and block visibility ``[rows, width, width]``, for rows holding ``lengths``
+    committed tokens. A padding entry is a lone copy of the root at the next position, seeing the
+    root and itself and seen by nothing. Built as Python lists, one tensor each (a host-bound GPU
+    pays dispatch time per tensor operation, so per-row and per-node writes added up)."""
+    width = 1 + max(t.size for t in trees)
+    ids, positions, visible = [], [], []
+    for root, tree, length in zip(roots, trees, lengths):
+        n = 1 + tree.size
+        seen = ancestors(tree) + [[0, j] for j in range(n, width)]
+        ids.append([root, *tree.tokens] + [root] * (width - n))
+        positions.append([length + len(s) - 1 for s in seen[:n]] + [length + 1] * (width - n))
+        visible.append(_marked(seen, width))
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), torch.tensor(visible, dtype=torch.bool)
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -9,6 +9,7 @@ sibling is zeroed out, and if none is accepted the bonus token is drawn from wha
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -55,12 +56,17 @@ def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
-    """Follow the target's argmax from the root; ``logits`` is ``[n+1, vocab]`` in block order.
+    """Follow the target's argmax from the root; ``logits`` is ``[n+1, vocab]`` in block order."""
+    return accept_argmax(tree, logits.argmax(dim=-1).tolist())
+
+
+def accept_argmax(tree: DraftTree, preds: Sequence[int]) -> Verdict:
+    """`accept_greedy` from the target's argmax at every block index (``preds``, at least
+    ``n+1`` of them: a batch takes every row's argmax in one operation and one copy).
 
     Siblings may repeat a token (a search branch is appended to a tree without merging); every
     such sibling agrees with the target, so the one with the longest accepted run below it is
     taken (the first on a tie): the output is the same, only longer per call."""
-    preds = logits.argmax(dim=-1).tolist()
     kids = children(tree)
 
     def run(node: int) -> list[int]:

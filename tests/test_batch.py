@@ -255,3 +255,34 @@ def test_discard_forgets_the_block_and_batch_costs_are_a_table(tiny):
     table = measure_batch_costs(tiny, batch=3, max_nodes=6, context=16, repeats=1)
     assert len(table) == 7 and table[0] == 1.0
     assert all(b >= a for a, b in zip(table, table[1:]))
+
+
+def test_a_batched_step_keeps_what_each_row_alone_keeps(tiny):
+    """Oracle: each row verified and committed alone (`TargetModel`). The batch builds every row's
+    block, mask and positions at once and keeps the accepted entries and their features with one
+    write and one gather for all rows: the same logits, live slots and features per row."""
+    from ngspec.target import TargetModel
+
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    trees = [DraftTree((9, 9, 9), (-1, 0, 1)), DraftTree((8, 4), (-1, -1)), DraftTree()]
+    paths = [(0, 1), (1,), ()]
+    target = BatchTarget(tiny)
+    target.keep_features = True
+    for p in prompts:
+        target.admit(p)
+    for b in range(3):
+        target.take_features(b)
+    start = target.slots
+    logits = target.verify([p[-1] for p in prompts], trees)
+    target.commit(paths)
+    for b, (prompt, tree, path) in enumerate(zip(prompts, trees, paths)):
+        alone = TargetModel(tiny)
+        alone.keep_features = True
+        alone.prefill(prompt)
+        alone.take_features()
+        expected = alone.verify(prompt[-1], tree)
+        alone.commit(path)
+        assert torch.allclose(logits[b, : 1 + tree.size], expected, atol=1e-5)
+        assert target.lengths[b] == alone.length
+        assert target.valid[b, start:].nonzero().flatten().tolist() == [0, *(i + 1 for i in path)]
+        assert torch.allclose(target.take_features(b), alone.take_features(), atol=1e-5)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ngspec.contracts import DraftTree
-from ngspec.tree import attention_mask, children, depths, joint_width, position_ids, root_to_leaf_paths, visibility
+from ngspec.tree import attention_mask, batch_blocks, children, depths, joint_width, position_ids, root_to_leaf_paths, visibility
 
 # root -> a(0) -> b(1)
 #      -> a(0) -> c(2)
@@ -38,6 +38,21 @@ def test_mask_and_positions_with_past():
     assert torch.equal(visible, visibility(TREE))
     assert mask[0, 0, 2, 6].item() == torch.finfo(torch.float32).min
     assert position_ids(TREE, 3).tolist() == [[3, 4, 5, 5, 4]]
+
+
+def test_batch_blocks_pad_every_row_to_the_widest_tree():
+    chain = DraftTree.chain([7, 8])
+    ids, positions, visible = batch_blocks([5, 6, 9], [TREE, chain, DraftTree()], [3, 10, 1])
+    assert ids.tolist() == [[5, 10, 11, 12, 13], [6, 7, 8, 6, 6], [9, 9, 9, 9, 9]]
+    # each row's own block as a single row would verify it; padding one past the root
+    assert positions[0].tolist() == position_ids(TREE, 3)[0].tolist()
+    assert positions[1].tolist() == [10, 11, 12, 11, 11] and positions[2].tolist() == [1, 2, 2, 2, 2]
+    assert torch.equal(visible[0], visibility(TREE))
+    assert torch.equal(visible[1, :3, :3], visibility(chain)) and not visible[1, :3, 3:].any()
+    for b, n in ((1, 3), (2, 1)):  # a padding entry sees the root and itself; nothing sees it
+        for j in range(n, 5):
+            assert visible[b, j].nonzero().flatten().tolist() == [0, j]
+            assert visible[b, :, j].nonzero().flatten().tolist() == [j]
 
 
 def test_from_paths_merges_prefixes():
