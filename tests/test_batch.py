@@ -286,3 +286,32 @@ def test_a_batched_step_keeps_what_each_row_alone_keeps(tiny):
         assert target.lengths[b] == alone.length
         assert target.valid[b, start:].nonzero().flatten().tolist() == [0, *(i + 1 for i in path)]
         assert torch.allclose(target.take_features(b), alone.take_features(), atol=1e-5)
+
+
+def test_a_batched_verify_and_commit_cost_the_same_tensor_operations_for_any_rows_and_trees(tiny):
+    """On a GPU a small model's batched step is host work, paid per tensor operation: building the
+    blocks, the mask, acceptance and the commit must not add operations per row or per node."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    def step_ops(prompts, trees):
+        target = BatchTarget(tiny)
+        target.keep_features = True
+        for p in prompts:
+            target.admit(p)
+        Count.ops = 0
+        with Count():
+            logits = target.verify([p[-1] for p in prompts], trees)
+            preds = logits.argmax(dim=-1).tolist()
+            target.commit([(0,) if t.size and t.tokens[0] == preds[b][0] else () for b, t in enumerate(trees)])
+        return Count.ops
+
+    two = step_ops([[1, 2, 3], [4, 5]], [DraftTree(), DraftTree()])
+    many = step_ops([[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]], [DraftTree.chain([7, 8, 9]), DraftTree((3, 4, 5, 6), (-1, -1, 0, 2)), DraftTree(), DraftTree.chain([1])])
+    assert two == many
