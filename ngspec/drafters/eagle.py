@@ -186,8 +186,7 @@ class EagleDrafter:
         start = len(ctx.tokens) - 1 - len(feats)
         assert start == self.length, "the head cache and the committed context went out of step"
         m = len(feats)
-        visible = torch.ones(m, self.length + m, dtype=torch.bool)
-        visible[:, self.length :] = torch.ones(m, m, dtype=torch.bool).tril()
+        visible = torch.ones(m, self.length + m, dtype=torch.bool).tril(self.length)  # the cache, then causal
         feats = self.head.project(feats.to(self.param.dtype))
         first = max(ctx.prompt_len - start - 2, m - 1 - MAX_SCORED, 0)  # pairs whose next token is generated
         truth = list(ctx.tokens[start + first + 2 : start + m + 1])
