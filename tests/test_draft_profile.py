@@ -34,9 +34,9 @@ def test_a_whole_step_profile_of_a_drafter_without_a_head():
     rng = random.Random(3)
     ids = [repetitive_prompt(rng, 96, n) for n in (12, 25)]
     cfg = DecodeConfig(max_new_tokens=10)
-    res = profile.profile_batch(engine, ids, lambda: make_drafter("trie"), cfg, 2, whole_step=True)
+    res = profile.profile_batch(engine, ids, lambda: make_drafter("trie"), cfg, 2, top=1000, whole_step=True)
     assert res["together"]["tokens"] == [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
-    assert "verify" in res["profile"]  # the batch's verification is in the profile, not only drafting
+    assert "(verify)" in res["profile"] and "(commit)" in res["profile"]  # the batch's verification is in it, not only drafting
 
 
 def test_an_eagle_drafter_without_a_head_is_a_usage_error_before_anything_loads():
