@@ -68,7 +68,7 @@ def batch_blocks(roots: Sequence[int], trees: Sequence[DraftTree], lengths: Sequ
         n = 1 + tree.size
         seen = ancestors(tree) + [[0, j] for j in range(n, width)]
         ids.append([root, *tree.tokens] + [root] * (width - n))
-        positions.append([length + len(s) - 1 for s in seen[:n]] + [length + 1] * (width - n))
+        positions.append(block_positions(tree, length) + [length + 1] * (width - n))
         visible.append(_marked(seen, width))
     return torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), torch.tensor(visible, dtype=torch.bool)
 
@@ -92,9 +92,14 @@ def attention_mask(tree: DraftTree, past_len: int, dtype: torch.dtype) -> torch.
     return additive_mask(full, dtype)[None, None]
 
 
-def position_ids(tree: DraftTree, past_len: int) -> torch.Tensor:
+def block_positions(tree: DraftTree, past_len: int) -> list[int]:
     """Position of every block index: tokens already cached plus depth (root has depth 0)."""
-    return torch.tensor([[past_len] + [past_len + d for d in depths(tree)]], dtype=torch.long)
+    return [past_len] + [past_len + d for d in depths(tree)]
+
+
+def position_ids(tree: DraftTree, past_len: int) -> torch.Tensor:
+    """`block_positions` as a ``[1, n+1]`` tensor."""
+    return torch.tensor([block_positions(tree, past_len)], dtype=torch.long)
 
 
 def root_to_leaf_paths(tree: DraftTree) -> list[list[int]]:
