@@ -17,8 +17,8 @@ import torch
 from ngspec.cpu_linear import share_plan
 from ngspec.eagle.batched import HeadCall, run_calls
 from ngspec.eagle.head import load_head
+from ngspec.eagle.pool import HeadPool
 from ngspec.engine import Engine
-from ngspec.kv import make_cache
 from ngspec.models import load_model
 
 
@@ -39,14 +39,13 @@ def main() -> None:
     for m in (int(n) for n in args.lengths.split(",")):
         tokens = torch.randint(1, loaded.model.config.vocab_size, (m,), generator=gen).tolist()
         features = torch.randn(m, hidden, generator=gen)
-        causal = torch.ones(m, m, dtype=torch.bool).tril()
         took = {"every pair": [], "keys and values": []}
         for _ in range(args.repeats):
             for name, keep_from in (("every pair", 0), ("keys and values", m - 1)):
-                layer = make_cache(head.config, capacity=m + 512).layers[0]
+                layer = HeadPool().row()
                 start = time.perf_counter()
                 with torch.inference_mode():
-                    run_calls([HeadCall(head, embed, layer, tokens, features, list(range(m)), causal, keep_from)])
+                    run_calls([HeadCall(head, embed, layer, tokens, features, list(range(m)), 0, None, keep_from)])
                 took[name].append(time.perf_counter() - start)
         start = time.perf_counter()
         engine.target.prefill(tokens)

@@ -315,3 +315,25 @@ def test_a_batched_verify_and_commit_cost_the_same_tensor_operations_for_any_row
     two = step_ops([[1, 2, 3], [4, 5]], [DraftTree(), DraftTree()])
     many = step_ops([[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]], [DraftTree.chain([7, 8, 9]), DraftTree((3, 4, 5, 6), (-1, -1, 0, 2)), DraftTree(), DraftTree.chain([1])])
     assert two == many
+
+
+def test_a_batchs_head_drafters_share_one_pool_and_reuse_finished_rows(tiny, prompts_and_expected):
+    """9 prompts at batch size 2: the rows' head caches are rows of the factory's one pool, and a
+    finished row's drafter hands its row back once it is dropped, for a later prompt's (at most
+    twice the batch size: the last step's drafters are still held while the next are made)."""
+    from ngspec.drafters.eagle import EagleOptions, eagle_factory
+    from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
+
+    prompts, expected = prompts_and_expected
+    torch.manual_seed(0)
+    head = EagleHead(head_config_for(tiny))
+    init_from_target(head, tiny)
+    factory = eagle_factory(tiny, head.eval(), EagleOptions(top_k=2, depth=3, total_tokens=6))
+    pool = factory().pool  # not started: takes no row
+    results, _ = generate_batch(
+        tiny, prompts, lambda: make_drafter("eagle", DrafterOptions(), None, factory, None),
+        DecodeConfig(max_new_tokens=30), BatchConfig(2), lambda: Stopper(frozenset()),
+    )
+    assert [r.generation.token_ids for r in results] == expected
+    assert 2 <= pool.rows_made <= 4
+    assert pool.rows_in_use == 0

@@ -16,6 +16,7 @@ from ngspec.eagle.batched import HeadCall, propose_together, run_calls
 from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 from ngspec.eagle.head3 import Eagle3Head, head3_config_for
 from ngspec.eagle.vocab import SharedVocab, TopCall, top_children
+from ngspec.eagle.pool import HeadPool
 from ngspec.kv import make_cache
 from ngspec.models import tiny_model
 from ngspec.tree import additive_mask
@@ -59,6 +60,7 @@ def test_row_attention_equals_the_head_over_its_own_cache(llama, head, kind):
     tokens, feats = _inputs(llama, 2, 3)
     visible = torch.ones(3, 8, dtype=torch.bool)
     visible[:, 5:] = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # node 2 skips node 1
+    block = [[0], [0, 1], [0, 2]]  # the same, as the entries beyond the first 5
 
     with torch.inference_mode():
         cache = make_cache(head.config, capacity=16)
@@ -67,9 +69,9 @@ def test_row_attention_equals_the_head_over_its_own_cache(llama, head, kind):
         expected = head(embed(torch.tensor([tokens])), feats[None], torch.tensor([[5, 6, 6]]),
                         additive_mask(visible, torch.float32)[None, None], cache)[0]
 
-        layer = make_cache(head.config, capacity=16).layers[0]
-        run_calls([HeadCall(head, embed, layer, past_tokens, past_feats, list(range(5)), torch.ones(5, 5, dtype=torch.bool).tril())])
-        got = run_calls([HeadCall(head, embed, layer, tokens, feats, [5, 6, 6], visible)])[0]
+        layer = HeadPool().row()
+        run_calls([HeadCall(head, embed, layer, past_tokens, past_feats, list(range(5)), 0)])
+        got = run_calls([HeadCall(head, embed, layer, tokens, feats, [5, 6, 6], 5, block)])[0]
     assert layer.keys.shape[-2] == 8
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -79,9 +81,9 @@ def test_calls_of_several_rows_in_one_forward_equal_each_row_alone(llama, head):
     rows = [_inputs(llama, 10 + r, m) for r, m in enumerate([4, 1, 7])]
     outs = {}
     for together in (False, True):
-        layers = [make_cache(head.config, capacity=16).layers[0] for _ in rows]
-        calls = [HeadCall(head, embed, layer, t, f, list(range(len(t))), torch.ones(len(t), len(t), dtype=torch.bool).tril())
-                 for layer, (t, f) in zip(layers, rows)]
+        pool = HeadPool()
+        layers = [pool.row() for _ in rows]
+        calls = [HeadCall(head, embed, layer, t, f, list(range(len(t))), 0) for layer, (t, f) in zip(layers, rows)]
         outs[together] = run_calls(calls) if together else [run_calls([c])[0] for c in calls]
         assert [layer.keys.shape[-2] for layer in layers] == [4, 1, 7]
     for alone, batched in zip(outs[False], outs[True]):
@@ -101,8 +103,9 @@ def test_a_call_computes_only_the_outputs_it_keeps_and_caches_every_pair(llama, 
     keep_from = [5, 1, 0]
     runs = {}
     for keep in (False, True):
-        layers = [make_cache(head.config, capacity=16).layers[0] for _ in rows]
-        calls = [HeadCall(head, embed, layer, t, f, list(range(len(t))), torch.ones(len(t), len(t), dtype=torch.bool).tril(), k if keep else 0)
+        pool = HeadPool()
+        layers = [pool.row() for _ in rows]
+        calls = [HeadCall(head, embed, layer, t, f, list(range(len(t))), 0, None, k if keep else 0)
                  for layer, (t, f), k in zip(layers, rows, keep_from)]
         runs[keep] = run_calls(calls), layers
     (full, full_layers), (kept, kept_layers) = runs[False], runs[True]

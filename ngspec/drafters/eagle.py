@@ -33,9 +33,9 @@ from ngspec.contracts import DraftContext, DraftTree
 from ngspec.cpu_linear import KernelPlan, planned_product, share_plan
 from ngspec.eagle.batched import Drafting, HeadCall, drive
 from ngspec.eagle.head import EagleHead
+from ngspec.eagle.pool import HeadPool
 from ngspec.eagle.vocab import SharedVocab, Top, TopCall
 from ngspec.errors import NgspecError
-from ngspec.kv import make_cache, truncate
 
 MAX_SCORED = 32  # caught-up pairs scored per head run (bounds the extra LM-head rows)
 
@@ -126,20 +126,23 @@ class EagleDrafter:
 
     def __init__(
         self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None = None,
-        target_params: int = 0, plan: KernelPlan | None = None, shared: SharedVocab | None = None,
+        target_params: int = 0, plan: KernelPlan | None = None, shared: SharedVocab | None = None, pool: HeadPool | None = None,
     ) -> None:
         """``vocab``: the head's draft vocabulary, most frequent first (its first
         ``opts.draft_vocab`` are used); ``plan``: the target's CPU kernel plan, for the product over
-        it; ``shared``: what the rows of one factory share, built from those when not given."""
+        it; ``shared``: what the rows of one factory share, built from those when not given;
+        ``pool``: the head cache it takes a row of (the factory's, so that a batch's rows attend in
+        one call; a pool of its own when not given)."""
         self.head, self.embed, self.lm_head, self.opts = head, embed, lm_head, opts
         self.target_params = target_params
         self.head_cost = 0.0  # one head step relative to a target step (weights read), see `start`
         self.param = next(head.parameters())
         self.feature_layers = head.feature_layers  # EAGLE-3: the target layers it reads
         self.shared = shared if shared is not None else _shared_vocab(head, lm_head, opts, vocab, plan)
+        self.pool = pool if pool is not None else HeadPool()
 
     def start(self, prompt: Sequence[int]) -> None:
-        self.cache = make_cache(self.head.config, capacity=len(prompt) + 512)
+        self.cache = self.pool.row()
         self.length = 0  # committed pairs in the head cache
         self._pending: list[torch.Tensor] = []  # features of committed pairs not yet in the cache
         # the head's top guess, teacher-forced, at generated positions it caught up on (all but
@@ -156,11 +159,11 @@ class EagleDrafter:
         pass
 
     def _run(
-        self, tokens: list[int], features: torch.Tensor, positions: list[int], visible: torch.Tensor, keep_from: int = 0,
+        self, tokens: list[int], features: torch.Tensor, positions: list[int], seen: int, block: list[list[int]] | None, keep_from: int = 0,
     ) -> Generator[HeadCall, torch.Tensor, torch.Tensor]:
-        """The head's output for these pairs (from pair ``keep_from`` on): asks whoever drives
-        `drafting` to run it."""
-        return (yield HeadCall(self.head, self.embed, self.cache.layers[0], tokens, features, positions, visible, keep_from))
+        """The head's output for these pairs (from pair ``keep_from`` on; what each sees as in
+        `HeadCall`): asks whoever drives `drafting` to run it."""
+        return (yield HeadCall(self.head, self.embed, self.cache, tokens, features, positions, seen, block, keep_from))
 
     def defer(self, ctx: DraftContext) -> None:
         """Draft nothing this step: keep the newly committed pairs for the next `propose`, which
@@ -184,15 +187,14 @@ class EagleDrafter:
         if self._pending:
             feats, self._pending = torch.cat([*self._pending, feats.to(self._pending[0].dtype)]), []
         start = len(ctx.tokens) - 1 - len(feats)
-        assert start == self.length, "the head cache and the committed context went out of step"
+        assert start == self.length == self.cache.length, "the head cache and the committed context went out of step"
         m = len(feats)
-        visible = torch.ones(m, self.length + m, dtype=torch.bool).tril(self.length)  # the cache, then causal
         feats = self.head.project(feats.to(self.param.dtype))
         first = max(ctx.prompt_len - start - 2, m - 1 - MAX_SCORED, 0)  # pairs whose next token is generated
         truth = list(ctx.tokens[start + first + 2 : start + m + 1])
         # only the predictions read here are computed: the newest pair's and the scored ones (a
         # prompt's other pairs only give the head cache their keys and values)
-        out = yield from self._run(list(ctx.tokens[start + 1 : start + 1 + m]), feats, list(range(start, start + m)), visible, first if truth else m - 1)
+        out = yield from self._run(list(ctx.tokens[start + 1 : start + 1 + m]), feats, list(range(start, start + m)), self.length, None, first if truth else m - 1)
         self.length += m
         return out[-1], (out[:-1] if truth else None), truth
 
@@ -233,19 +235,18 @@ class EagleDrafter:
             if not batch:
                 return
             for i, n in enumerate(batch):
-                nodes[n].cache_slot = self.cache.get_seq_length() + i
-            total = self.cache.get_seq_length() + len(batch)
-            visible = torch.zeros(len(batch), total, dtype=torch.bool)
-            visible[:, :base] = True
-            for row, n in enumerate(batch):
-                a = n
+                nodes[n].cache_slot = self.cache.length + i
+            block = []  # each node sees the committed context and its own and its ancestors' entries
+            for n in batch:
+                seen, a = [], n
                 while a != -1:
                     if nodes[a].cache_slot >= 0:
-                        visible[row, nodes[a].cache_slot] = True
+                        seen.append(nodes[a].cache_slot - base)
                     a = nodes[a].parent
+                block.append(seen)
             feats = torch.stack([outputs[nodes[n].parent] for n in batch])
             positions = [base + nodes[n].depth - 1 for n in batch]
-            out = yield from self._run([nodes[n].token for n in batch], feats, positions, visible)
+            out = yield from self._run([nodes[n].token for n in batch], feats, positions, base, block)
             for row, n in enumerate(batch):
                 outputs[n] = out[row]
 
@@ -285,7 +286,7 @@ class EagleDrafter:
                         nodes.append(_Node(tok, parent, depth, score, choice=prefix + (r,)))
                         by_path[prefix + (r,)] = len(nodes) - 1
             keep = set(range(min(len(nodes), ctx.max_nodes)))  # created by depth: prefix-closed
-        truncate(self.cache, base)  # drop the tree's entries from the head cache
+        self.cache.crop(base)  # drop the tree's entries from the head cache
         order = sorted(keep, key=lambda n: (nodes[n].depth, n))
         self.last_choices = [nodes[n].choice for n in order]  # static: each node's rank path (tune-tree)
         self.last_scores = [nodes[n].score for n in order]  # log-probability of each node's path
@@ -328,7 +329,8 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
     target_params = sum(p.numel() for p in target_model.parameters())
     plan = share_plan(target_model, head)
     shared = _shared_vocab(head, lm_head, opts, vocab, plan)  # gathered once for every drafter (row) of this factory
-    return lambda: EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared)
+    pool = HeadPool()  # every drafter's head cache is a row of it, so a batch's rows attend together
+    return lambda: EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared, pool=pool)
 
 
 def _shared_vocab(head: EagleHead, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None, plan: KernelPlan | None) -> SharedVocab:

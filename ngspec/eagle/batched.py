@@ -4,14 +4,14 @@ An EAGLE drafter drafts a tree by running its head once per tree level (`EagleDr
 yields each run as a `HeadCall` and resumes with its output). Alone, each call is one head forward.
 In a batch, every row's drafter waits at its next call and `propose_together` runs all waiting
 calls of one head as ONE forward: the rows' tokens are concatenated into one sequence, so the
-head's linear layers (fc, q/k/v/o, MLP) run once for all rows, and only attention is taken per row,
-over that row's own head cache (`row_attention`). A step of B rows at depth D then costs D head
-forwards instead of B x D, which is what made EAGLE at batch 8-32 spend most of its time drafting
-on the GPU (BENCHMARKS.md, section 10b).
+head's linear layers (fc, q/k/v/o, MLP) run once for all rows, and so does attention: every row's
+head cache is a row of one buffer (`ngspec.eagle.pool`), so one attention call serves all rows.
+A step of B rows at depth D then costs D head forwards instead of B x D, which is what made EAGLE
+at batch 8-32 spend most of its time drafting on the GPU (BENCHMARKS.md, section 10b).
 
-Every row keeps its own cache (a `GrowableLayer`): a call's new entries are appended to it, and
-the call sees the entries its ``visible`` mask allows (the drafter drops a tree's entries again
-when the tree is drafted).
+A call's new entries are appended to its row's cache, and each of its pairs sees the row's first
+``seen`` entries plus the ones its ``block`` names (the drafter drops a tree's entries again when
+the tree is drafted).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from torch import nn
 from transformers import AttentionInterface
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.eagle.pool import PoolRow, pooled_attention
 from ngspec.eagle.vocab import TopCall, top_children
 from ngspec.rows import attention_function
-from ngspec.tree import additive_mask
 
 ATTENTION_NAME = "ngspec_head_rows"
 
@@ -34,22 +34,25 @@ ATTENTION_NAME = "ngspec_head_rows"
 @dataclass
 class HeadCall:
     """One row's request: the head over ``tokens`` paired with ``features`` ([m, H], already
-    projected) at ``positions``, each seeing ``visible`` ([m, past + m]) of the row's ``cache``
-    layer: its first ``past`` entries, then the call's own. Only the outputs of pairs ``keep_from``
-    onward are computed and returned (every pair's keys and values reach the cache)."""
+    projected) at ``positions``, their entries appended to the row's ``cache``. Every pair sees
+    the cache's first ``seen`` entries; beyond those, pair i sees the entries ``seen + j`` for j in
+    ``block[i]`` (its own included), or, with no ``block``, the call's own pairs up to itself
+    (then ``seen`` is the whole cache). Only the outputs of pairs ``keep_from`` onward are
+    computed and returned (every pair's keys and values reach the cache)."""
 
     head: torch.nn.Module
     embed: torch.nn.Module
-    cache: object  # the row's head-cache layer (`GrowableLayer`)
+    cache: PoolRow
     tokens: list[int]
     features: torch.Tensor
     positions: list[int]
-    visible: torch.Tensor
+    seen: int
+    block: list[list[int]] | None = None
     keep_from: int = 0
 
-    @property
-    def past(self) -> int:
-        return self.visible.shape[1] - len(self.tokens)
+    def visible(self) -> list[list[int]]:
+        """``block``, or the causal one."""
+        return self.block if self.block is not None else [list(range(i + 1)) for i in range(len(self.tokens))]
 
 
 # a drafter's tree, asked for as head runs (answered with their outputs) and top-k requests over
@@ -57,31 +60,21 @@ class HeadCall:
 Drafting = Generator["HeadCall | TopCall", object, DraftTree]
 
 
-def row_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention of every row's queries over that row's cache: ``query [1, heads, M, d]`` holds the
-    rows' tokens one after another (``kwargs['head_rows']`` says where each row's start), ``key``
-    and ``value`` their new entries, which are appended to the rows' caches here."""
-    outs = []
-    start = 0
-    for call in kwargs["head_rows"]:
-        m = len(call.tokens)
-        cache = call.cache
-        assert (cache.keys.shape[-2] if cache.is_initialized else 0) == call.past, "a call must see its row's whole cache"
-        keys, values = cache.update(key[:, :, start : start + m], value[:, :, start : start + m])
-        mask = additive_mask(call.visible.to(query.device), query.dtype)[None, None]
-        outs.append(torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, start : start + m], keys, values, attn_mask=mask, scale=scaling, enable_gqa=True,
-        ))
-        start += m
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+def head_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention of every call's pairs over its row's cache (`pooled_attention`):
+    ``kwargs['head_rows']`` holds the calls, whose pairs ``query [1, heads, M, d]`` holds one call
+    after another."""
+    calls = kwargs["head_rows"]
+    assert all(c.block is not None or c.seen == c.cache.length for c in calls), "a causal call sees its row's whole cache"
+    return pooled_attention([c.cache for c in calls], [c.seen for c in calls], [c.visible() for c in calls], query, key, value, scaling), None
 
 
-AttentionInterface.register(ATTENTION_NAME, row_attention)
+AttentionInterface.register(ATTENTION_NAME, head_attention)
 
 
 @torch.inference_mode()
 def run_calls(calls: Sequence[HeadCall]) -> list[torch.Tensor]:
-    """One head forward for calls of the same head (one per row); each call's output
+    """One head forward for calls of the same head and pool (one per row); each call's output
     ``[m - keep_from, H]``."""
     head, embed = calls[0].head, calls[0].embed
     param = next(head.parameters())
@@ -111,8 +104,10 @@ def _cache_unread(call: HeadCall, param: torch.Tensor) -> HeadCall:
     k = call.keep_from
     if k == 0:
         return call
-    call.cache.update(*call.head.keys_values(*_pair_inputs(call.embed, call.tokens[:k], call.features[:k], call.positions[:k], param)))
-    return HeadCall(call.head, call.embed, call.cache, call.tokens[k:], call.features[k:], call.positions[k:], call.visible[k:])
+    call.cache.append(*call.head.keys_values(*_pair_inputs(call.embed, call.tokens[:k], call.features[:k], call.positions[:k], param)))
+    if call.block is None:  # causal: the pairs now cached are part of what every later pair sees
+        return HeadCall(call.head, call.embed, call.cache, call.tokens[k:], call.features[k:], call.positions[k:], call.seen + k)
+    return HeadCall(call.head, call.embed, call.cache, call.tokens[k:], call.features[k:], call.positions[k:], call.seen, call.block[k:])
 
 
 def answer(calls: Sequence) -> list:
@@ -121,9 +116,9 @@ def answer(calls: Sequence) -> list:
 
 
 def _together(call) -> tuple:
-    """Which calls can be answered together: head runs of one head, top-k requests over one
-    shared vocabulary."""
-    return (HeadCall, id(call.head)) if isinstance(call, HeadCall) else (TopCall, id(call.vocab.shared))
+    """Which calls can be answered together: head runs into one pool (of one head), top-k
+    requests over one shared vocabulary."""
+    return (HeadCall, id(call.cache.pool)) if isinstance(call, HeadCall) else (TopCall, id(call.vocab.shared))
 
 
 def drive(drafting: Drafting) -> DraftTree:
