@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 import torch
 
 from ngspec.eagle.pool import HeadPool, pooled_attention
@@ -67,21 +68,25 @@ def _alone(keys, values, q, visible, scale):
     return (scores.softmax(-1) @ v).transpose(0, 1)  # [m, heads, d]
 
 
-def test_one_call_for_several_rows_equals_each_row_alone():
-    """Rows of different lengths, one of the pool's rows without a call; a causal call (the
-    whole cache seen), a tree-shaped block over a prefix, and a call that sees only part of what
-    comes after its prefix."""
+CALLS = {  # row: (seen, block)
+    0: (9, [[0], [0, 1], [0, 2]]),  # a tree under the whole cache: node 2 skips node 1
+    1: (3, [[0], [0, 1]]),  # causal over two new pairs
+    3: (10, [[0, 2], [1, 3]]),  # past 12 entries: its prefix of 10, entry 10 or 11, and itself
+}
+
+
+@pytest.mark.parametrize("callers", [(0, 1, 3), (1, 3), (3,)], ids=["rows-0-1-3", "rows-1-3", "row-3-alone"])
+def test_one_call_for_several_rows_equals_each_row_alone(callers):
+    """Rows of different lengths, pool rows without a call (row 2, and the first ones); a causal
+    call (the whole cache seen), a tree-shaped block over a prefix, and a call that sees only part
+    of what comes after its prefix."""
     pool = HeadPool()
     rows = [pool.row() for _ in range(4)]
     for r, n in zip(rows, (9, 3, 5, 12)):
         r.append(*_entries(n, 10 + r.index))
-    callers = [rows[0], rows[1], rows[3]]  # row 2 sits this one out
-    seen = [9, 3, 10]
-    blocks = [
-        [[0], [0, 1], [0, 2]],  # a tree under the whole cache: node 2 skips node 1
-        [[0], [0, 1]],  # causal over two new pairs
-        [[0, 2], [1, 3]],  # past 12 entries, sees its prefix of 10 plus entry 10 or 11 and itself
-    ]
+    seen = [CALLS[c][0] for c in callers]
+    blocks = [CALLS[c][1] for c in callers]
+    callers = [rows[c] for c in callers]
     sizes = [len(b) for b in blocks]
     g = torch.Generator().manual_seed(0)
     m = sum(sizes)

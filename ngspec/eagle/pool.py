@@ -103,33 +103,34 @@ def pooled_attention(
     pool = rows[0].pool
     sizes = [len(b) for b in blocks]
     ends = [r.length + m for r, m in zip(rows, sizes)]
-    width = max(ends)
-    used = max(r.index for r in rows) + 1
-    pool.reserve(used, width, key)
-    # where each pair goes: its row, its slot in the cache, its place among the row's queries;
-    # which entries beyond the prefixes each query sees (row, query, slot)
+    width, longest = max(ends), max(sizes)
+    first = min(r.index for r in rows)  # attention runs over the pool's rows first..last
+    used = max(r.index for r in rows) + 1 - first
+    pool.reserve(first + used, width, key)
+    # each pair's row (counted from ``first``), slot in the cache and place among its row's
+    # queries; then every (row, query, slot) a query sees beyond its row's prefix
     row_of, slot, place, vis_row, vis_query, vis_slot = [], [], [], [], [], []
+    prefix = [0] * used
     for r, s, block in zip(rows, seen, blocks):
+        b = r.index - first
+        prefix[b] = s
+        row_of += [b] * len(block)
+        slot += range(r.length, r.length + len(block))
+        place += range(len(block))
         for i, cols in enumerate(block):
-            row_of.append(r.index)
-            slot.append(r.length + i)
-            place.append(i)
-            vis_row += [r.index] * len(cols)
+            vis_row += [b] * len(cols)
             vis_query += [i] * len(cols)
             vis_slot += [s + c for c in cols]
     dev = key.device
     at = torch.tensor([row_of, slot, place], device=dev)
     vis = torch.tensor([vis_row, vis_query, vis_slot], device=dev)
-    prefix = [0] * used
-    for r, s in zip(rows, seen):
-        prefix[r.index] = s
+    keys, values = pool.keys[first : first + used], pool.values[first : first + used]
 
-    pool.keys[at[0], :, at[1]] = key[0].transpose(0, 1)  # [M, kv_heads, d] at (row, slot)
-    pool.values[at[0], :, at[1]] = value[0].transpose(0, 1)
+    keys[at[0], :, at[1]] = key[0].transpose(0, 1)  # [M, kv_heads, d] at (row, slot)
+    values[at[0], :, at[1]] = value[0].transpose(0, 1)
     for r, end in zip(rows, ends):
         r.length = end
 
-    longest = max(sizes)
     q = query.new_zeros(used, query.shape[1], longest, query.shape[3])
     q[at[0], :, at[2]] = query[0].transpose(0, 1)
     mask = torch.arange(width, device=dev)[None, None, :] < torch.tensor(prefix, device=dev)[:, None, None]
@@ -137,6 +138,6 @@ def pooled_attention(
     mask[vis[0], vis[1], vis[2]] = True  # ...and each pair's own part of the rest
     # padding queries (and rows without a call) may see nothing: their outputs are never read
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, pool.keys[:used, :, :width], pool.values[:used, :, :width], attn_mask=mask[:, None], scale=scaling, enable_gqa=True,
+        q, keys[:, :, :width], values[:, :, :width], attn_mask=mask[:, None], scale=scaling, enable_gqa=True,
     )
     return out.transpose(1, 2)[at[0], at[2]][None]
