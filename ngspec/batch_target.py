@@ -7,7 +7,7 @@ root and accepted nodes: the other block slots become *holes*, masked out of tha
 RoPE) count its live entries only, so holes never shift anything.
 
 Holes cost memory and attention time, so `rearrange` compacts the cache (one gather per layer puts
-every row's live entries first); the loop checks every N steps (`--rearrange-every`) and compacts
+every row's live entries first, written back into the layer's own buffer: no second cache); the loop checks every N steps (`--rearrange-every`) and compacts
 when that frees enough (`--rearrange-min-share`). A new prompt is prefilled on its own and written
 into a free row; finished rows are dropped.
 """
@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
-from ngspec.kv import make_cache, truncate
+from ngspec.kv import make_cache, replace_entries, truncate
 from ngspec.target import forward_with_features, prepare_model
 from ngspec.tree import additive_mask, batch_blocks
 
@@ -113,7 +113,7 @@ class BatchTarget:
         self.valid = torch.cat([self.valid, torch.zeros(self.rows, extra, dtype=torch.bool)], dim=1)
 
     def _add_row(self) -> None:
-        self._rebuild(lambda t: torch.cat([t, t.new_zeros(1, *t.shape[1:])]), self.slots)
+        replace_entries(self.cache, lambda t: torch.cat([t, t.new_zeros(1, *t.shape[1:])]))
         self.valid = torch.cat([self.valid, torch.zeros(1, self.slots, dtype=torch.bool)])
         self.lengths.append(0)
         self.pending.append([])
@@ -121,30 +121,20 @@ class BatchTarget:
     @torch.inference_mode()
     def drop(self, keep: Sequence[int]) -> None:
         """Keep only rows ``keep`` (in this order); the others are finished."""
-        index = torch.as_tensor(list(keep), dtype=torch.long)
-        self._rebuild(lambda t: t.index_select(0, index.to(t.device)), self.slots)
-        self.valid = self.valid[index]
+        keep = list(keep)
+        rows = torch.tensor(keep, dtype=torch.long, device=self.device)
+        replace_entries(self.cache, lambda t: t.index_select(0, rows))
+        self.valid = self.valid[keep]
         self.lengths = [self.lengths[i] for i in keep]
         self.pending = [self.pending[i] for i in keep]
-
-    def _rebuild(self, transform, capacity: int) -> None:
-        """A fresh cache whose layers hold ``transform(keys)`` and ``transform(values)``."""
-        old = self.cache
-        self.cache = make_cache(self.model.config, capacity=capacity + 512)
-        for layer, src in zip(self.cache.layers, old.layers):
-            layer.update(transform(src.keys), transform(src.values))
 
     @torch.inference_mode()
     def rearrange(self) -> None:
         """Compact the cache: every row's live entries first, in order; holes dropped."""
         width = max(self.lengths)
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # live slots first
-
-        def gather(t: torch.Tensor) -> torch.Tensor:
-            idx = order.to(t.device)[:, None, :, None].expand(t.shape[0], t.shape[1], width, t.shape[3])
-            return t.gather(2, idx)
-
-        self._rebuild(gather, width)
+        order = order.to(self.device)[:, None, :, None]
+        replace_entries(self.cache, lambda t: t.gather(2, order.expand(t.shape[0], t.shape[1], width, t.shape[3])))
         self.valid = torch.arange(width)[None, :] < torch.tensor(self.lengths)[:, None]
 
     # -- one verification step ---------------------------------------------------------------------

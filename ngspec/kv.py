@@ -53,6 +53,19 @@ class GrowableLayer(DynamicLayer):
         self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
         return self.keys, self.values
 
+    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold ``keys`` and ``values`` instead (a batch's rows compacted, dropped or added),
+        written into this layer's buffers when the rows are the same (a compaction), else into
+        new ones that replace them: either way the old entries are freed layer by layer, never a
+        second cache at once."""
+        rows, used = keys.shape[0], keys.shape[-2]
+        if rows != self._keys.shape[0] or used > self._keys.shape[-2]:
+            self._keys = self._values = self.keys = self.values = None  # free this layer's buffers first
+            self._reserve(keys, values, max(used + 512, self.capacity), 0)
+        self._keys[:, :, :used] = keys
+        self._values[:, :, :used] = values
+        self.keys, self.values = self._keys[:, :, :used], self._values[:, :, :used]
+
 
 def make_cache(config, capacity: int) -> DynamicCache:
     """A `DynamicCache` whose full-attention layers are `GrowableLayer`s (sliding ones unchanged)."""
@@ -76,6 +89,17 @@ def keep_block(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
             layer.values[:, :, start : start + n_keep] = layer.values.index_select(2, src_dev)
         layer.keys = layer.keys[:, :, : start + n_keep]
         layer.values = layer.values[:, :, : start + n_keep]
+
+
+def replace_entries(cache: DynamicCache, transform) -> None:
+    """Every layer's keys and values become ``transform(keys)``, ``transform(values)``, one layer
+    at a time and in place for growable layers."""
+    for layer in cache.layers:
+        keys, values = transform(layer.keys), transform(layer.values)
+        if isinstance(layer, GrowableLayer):
+            layer.replace(keys, values)
+        else:
+            layer.keys, layer.values = keys, values
 
 
 def truncate(cache: DynamicCache, length: int) -> None:

@@ -231,6 +231,7 @@ def test_rearrange_keeps_live_entries_in_order_and_drops_holes(tiny):
     before = [layer.keys.clone() for layer in target.cache.layers]
     valid = target.valid.clone()
     assert target.freeable_share() == pytest.approx(1 - 8 / 9)  # the longest row keeps 8 of 9 slots
+    buffers = [layer._keys.data_ptr() for layer in target.cache.layers]
     target.rearrange()
     assert target.slots == 8 and target.freeable_share() == 0.0
     for old, layer in zip(before, target.cache.layers):
@@ -238,6 +239,12 @@ def test_rearrange_keeps_live_entries_in_order_and_drops_holes(tiny):
             live = valid[b].nonzero().flatten()
             assert torch.equal(layer.keys[b, :, :n], old[b, :, live])
     assert target.valid.sum(dim=1).tolist() == [8, 3]
+    assert [layer._keys.data_ptr() for layer in target.cache.layers] == buffers  # compacted in place
+
+    target.drop([1])
+    assert target.lengths == [3] and target.valid.tolist() == [[True] * 3 + [False] * 5]
+    for old, layer in zip(before, target.cache.layers):
+        assert torch.equal(layer.keys[0, :, :3], old[1, :, valid[1].nonzero().flatten()])
 
 
 def test_discard_forgets_the_block_and_batch_costs_are_a_table(tiny):

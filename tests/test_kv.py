@@ -58,3 +58,32 @@ def test_growable_cache_grows_and_matches_dynamic_cache(tiny):
         assert got_layer.keys.shape == want_layer.keys.shape
         assert torch.allclose(got_layer.keys, want_layer.keys, atol=1e-5)
         assert torch.allclose(got_layer.values, want_layer.values, atol=1e-5)
+
+
+def test_replace_compacts_in_place_and_keeps_appending():
+    """A batch's cache compacted stays in its buffers (no second cache); appends then go after the
+    replaced entries; other row counts (rows dropped or added) get buffers of their own."""
+    from ngspec.kv import GrowableLayer
+
+    g = torch.Generator().manual_seed(0)
+    layer = GrowableLayer(capacity=8)
+    keys, values = torch.randn(3, 2, 5, 4, generator=g), torch.randn(3, 2, 5, 4, generator=g)
+    layer.update(keys, values)
+    buffer = layer._keys.data_ptr()
+
+    kept_k, kept_v = keys[:, :, [0, 2, 3]], values[:, :, [0, 2, 3]]  # three live slots per row
+    layer.replace(kept_k, kept_v)
+    assert layer._keys.data_ptr() == buffer
+    new_k, new_v = torch.randn(3, 2, 1, 4, generator=g), torch.randn(3, 2, 1, 4, generator=g)
+    layer.update(new_k, new_v)
+    torch.testing.assert_close(layer.keys, torch.cat([kept_k, new_k], dim=2))
+    torch.testing.assert_close(layer.values, torch.cat([kept_v, new_v], dim=2))
+
+    for rows in ([2, 0], [0, 1, 1, 0]):  # fewer rows (3 -> 2), then more (2 -> 4)
+        before_k, before_v = layer.keys.clone(), layer.values.clone()
+        layer.replace(before_k[rows], before_v[rows])
+        torch.testing.assert_close(layer.keys, before_k[rows])
+        torch.testing.assert_close(layer.values, before_v[rows])
+        layer.update(new_k[:1].expand(len(rows), -1, -1, -1), new_v[:1].expand(len(rows), -1, -1, -1))
+        assert layer.keys.shape == (len(rows), 2, before_k.shape[2] + 1, 4)
+        torch.testing.assert_close(layer.keys[:, :, :-1], before_k[rows])
