@@ -24,6 +24,7 @@ from pathlib import Path
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ngspec.batch as batch_module
+import ngspec.eagle.batched as head_module
 from ngspec.batch import BatchConfig
 from ngspec.batch_target import BatchTarget
 from ngspec.decode import DecodeConfig
@@ -31,6 +32,7 @@ from ngspec.engine import Engine
 
 PHASES = {  # phase: (owner, method) whose operations it counts
     "drafting": (batch_module, "propose_together"),
+    "head attention": (head_module, "pooled_attention"),  # inside drafting: the EAGLE head's attention
     "verify": (BatchTarget, "verify"),
     "commit": (BatchTarget, "commit"),
     "features": (BatchTarget, "take_features"),
@@ -80,8 +82,10 @@ def count_ops(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConf
         results, report = engine.run_batch(ids, new_drafter, cfg, batch)
     steps = max(report.steps, 1)
     per_step = {p: counter.ops[p] / steps for p in ("drafting", "features", "verify", "commit", "rest")}
+    per_step["drafting"] += counter.ops["head attention"] / steps
     return {
         "steps": report.steps, "ops_per_step": per_step, "total_per_step": sum(per_step.values()),
+        "head_attention_per_step": counter.ops["head attention"] / steps,
         "prefill_ops": counter.ops["prefill"], "tokens": [r.generation.token_ids for r in results],
         "nodes_per_row_step": sum(s.tree_size for r in results for s in r.generation.stats.steps) / steps / len(ids),
     }
@@ -122,6 +126,7 @@ def main() -> None:
         res = count_ops(engine, ids, lambda: make_drafter(arm, DrafterOptions(deepen=True), None, factory, store), cfg, BatchConfig(args.batch_size))
         new = sum(len(t) for t in res["tokens"])
         cells = "  ".join(f"{p} {n:.0f}" for p, n in res["ops_per_step"].items())
+        cells = cells.replace("  features", f" (head attention {res['head_attention_per_step']:.0f})  features", 1)
         print(f"{arm:13s} {res['steps']} steps, {new / max(res['steps'], 1) / len(ids):.2f} tokens and {res['nodes_per_row_step']:.1f} nodes per row and step; "
               f"operations per step {res['total_per_step']:.0f}: {cells}; prefills {res['prefill_ops']}", flush=True)
 

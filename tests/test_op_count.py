@@ -28,3 +28,39 @@ def test_operations_per_step_by_phase():
     assert res["trie"]["nodes_per_row_step"] > 1 and res["vanilla"]["nodes_per_row_step"] == 0
     assert res["vanilla"]["ops_per_step"]["verify"] == res["trie"]["ops_per_step"]["verify"] > 0
     assert res["trie"]["ops_per_step"]["drafting"] == 0  # the trie drafts in Python alone
+
+
+def test_the_heads_attention_is_counted_inside_drafting_and_does_not_grow_with_the_rows(monkeypatch):
+    """One attention call serves every row that runs the head (`ngspec.eagle.pool`): its
+    operations per call are about the same for 2 rows as for 6 (row by row they were 3x)."""
+    import torch
+
+    import ngspec.eagle.batched as batched
+    from ngspec.drafters.eagle import EagleOptions, eagle_factory
+    from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
+
+    calls = [0]
+    attend = batched.pooled_attention
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(batched, "pooled_attention", counted)
+    model = tiny_model("llama", seed=3)
+    torch.manual_seed(0)
+    head = EagleHead(head_config_for(model))
+    init_from_target(head, model)
+    factory = eagle_factory(model, head.eval(), EagleOptions(top_k=2, depth=3, total_tokens=6))
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
+    rng = random.Random(4)
+    cfg = DecodeConfig(max_new_tokens=12)
+    per_call = []
+    for rows in (2, 6):
+        ids = [repetitive_prompt(rng, 96, rng.randrange(8, 40)) for _ in range(rows)]
+        calls[0] = 0
+        res = op_count.count_ops(engine, ids, lambda: make_drafter("eagle", None, None, factory), cfg, BatchConfig(rows))
+        assert res["tokens"] == [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
+        assert 0 < res["head_attention_per_step"] < res["ops_per_step"]["drafting"]
+        per_call.append(res["head_attention_per_step"] * res["steps"] / calls[0])
+    assert per_call[1] < 1.2 * per_call[0]
