@@ -238,12 +238,12 @@ class EagleDrafter:
                 nodes[n].cache_slot = self.cache.length + i
             block = []  # each node sees the committed context and its own and its ancestors' entries
             for n in batch:
-                seen, a = [], n
+                cols, a = [], n
                 while a != -1:
                     if nodes[a].cache_slot >= 0:
-                        seen.append(nodes[a].cache_slot - base)
+                        cols.append(nodes[a].cache_slot - base)
                     a = nodes[a].parent
-                block.append(seen)
+                block.append(cols)
             feats = torch.stack([outputs[nodes[n].parent] for n in batch])
             positions = [base + nodes[n].depth - 1 for n in batch]
             out = yield from self._run([nodes[n].token for n in batch], feats, positions, base, block)
