@@ -7,8 +7,9 @@ root and accepted nodes: the other block slots become *holes*, masked out of tha
 RoPE) count its live entries only, so holes never shift anything.
 
 Holes cost memory and attention time, so `rearrange` compacts the cache (one gather per layer puts
-every row's live entries first, written back into the layer's own buffer: no second cache); the loop checks every N steps (`--rearrange-every`) and compacts
-when that frees enough (`--rearrange-min-share`). A new prompt is prefilled on its own and written
+every row's live entries first, written back into the layer's own buffer: no second cache); the
+loop checks every N steps (`--rearrange-every`) and compacts when that frees enough
+(`--rearrange-min-share`). A new prompt is prefilled on its own and written
 into a free row; finished rows are dropped.
 """
 

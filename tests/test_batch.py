@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from conftest import hf_greedy, repetitive_prompt
+from conftest import hf_greedy, repetitive_prompt, started_head
 import ngspec.batch as batch_module
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.batch_target import BatchTarget
@@ -329,13 +329,9 @@ def test_a_batchs_head_drafters_share_one_pool_and_reuse_finished_rows(tiny, pro
     finished row's drafter hands its row back once it is dropped, for a later prompt's (at most
     twice the batch size: the last step's drafters are still held while the next are made)."""
     from ngspec.drafters.eagle import EagleOptions, eagle_factory
-    from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 
     prompts, expected = prompts_and_expected
-    torch.manual_seed(0)
-    head = EagleHead(head_config_for(tiny))
-    init_from_target(head, tiny)
-    factory = eagle_factory(tiny, head.eval(), EagleOptions(top_k=2, depth=3, total_tokens=6))
+    factory = eagle_factory(tiny, started_head(tiny), EagleOptions(top_k=2, depth=3, total_tokens=6))
     pool = factory().pool  # not started: takes no row
     results, _ = generate_batch(
         tiny, prompts, lambda: make_drafter("eagle", DrafterOptions(), None, factory, None),

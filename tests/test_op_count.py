@@ -4,7 +4,7 @@ batch's trees costs the same operations as a plain batched step (BATCHES' host w
 
 import random
 
-from conftest import benchmark_script, repetitive_prompt
+from conftest import benchmark_script, repetitive_prompt, started_head
 
 from ngspec.batch import BatchConfig
 from ngspec.decode import DecodeConfig
@@ -33,11 +33,8 @@ def test_operations_per_step_by_phase():
 def test_the_heads_attention_is_counted_inside_drafting_and_does_not_grow_with_the_rows(monkeypatch):
     """One attention call serves every row that runs the head (`ngspec.eagle.pool`): its
     operations per call are about the same for 2 rows as for 6 (row by row they were 3x)."""
-    import torch
-
     import ngspec.eagle.batched as batched
     from ngspec.drafters.eagle import EagleOptions, eagle_factory
-    from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 
     calls = [0]
     attend = batched.pooled_attention
@@ -48,10 +45,7 @@ def test_the_heads_attention_is_counted_inside_drafting_and_does_not_grow_with_t
 
     monkeypatch.setattr(batched, "pooled_attention", counted)
     model = tiny_model("llama", seed=3)
-    torch.manual_seed(0)
-    head = EagleHead(head_config_for(model))
-    init_from_target(head, model)
-    factory = eagle_factory(model, head.eval(), EagleOptions(top_k=2, depth=3, total_tokens=6))
+    factory = eagle_factory(model, started_head(model), EagleOptions(top_k=2, depth=3, total_tokens=6))
     engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
     rng = random.Random(4)
     cfg = DecodeConfig(max_new_tokens=12)

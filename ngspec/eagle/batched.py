@@ -16,7 +16,7 @@ the tree is drafted).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generator, Sequence
 
 import torch
@@ -105,9 +105,10 @@ def _cache_unread(call: HeadCall, param: torch.Tensor) -> HeadCall:
     if k == 0:
         return call
     call.cache.append(*call.head.keys_values(*_pair_inputs(call.embed, call.tokens[:k], call.features[:k], call.positions[:k], param)))
+    rest = replace(call, tokens=call.tokens[k:], features=call.features[k:], positions=call.positions[k:], keep_from=0)
     if call.block is None:  # causal: the pairs now cached are part of what every later pair sees
-        return HeadCall(call.head, call.embed, call.cache, call.tokens[k:], call.features[k:], call.positions[k:], call.seen + k)
-    return HeadCall(call.head, call.embed, call.cache, call.tokens[k:], call.features[k:], call.positions[k:], call.seen, call.block[k:])
+        return replace(rest, seen=call.seen + k)
+    return replace(rest, block=call.block[k:])
 
 
 def answer(calls: Sequence) -> list:

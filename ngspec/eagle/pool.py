@@ -54,12 +54,16 @@ class HeadPool:
         have_rows, _, have_len, _ = self.keys.shape
         if rows <= have_rows and length <= have_len:
             return
-        shape = (max(rows, 2 * have_rows if rows > have_rows else have_rows), self.keys.shape[1],
-                 max(length, 2 * have_len if length > have_len else have_len), self.keys.shape[3])
+        shape = (_grown(rows, have_rows), self.keys.shape[1], _grown(length, have_len), self.keys.shape[3])
         keys, values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
         keys[:have_rows, :, :have_len] = self.keys
         values[:have_rows, :, :have_len] = self.values
         self.keys, self.values = keys, values
+
+
+def _grown(need: int, have: int) -> int:
+    """``have``, or where it must grow, at least double it."""
+    return have if need <= have else max(need, 2 * have)
 
 
 class PoolRow:
