@@ -140,7 +140,7 @@ def _with_extras(logits: torch.Tensor, features: torch.Tensor, calls: Sequence[T
     if last is None or len(last[0]) != len(vocabs) or any(a is not b for a, b in zip(last[0], vocabs)):
         shared.batch_layout = last = (vocabs, *_layout(shared, vocabs, logits.shape[-1]))
     _, union_weight, columns, column_ids = last
-    combined = torch.cat([logits, features @ union_weight.T, logits.new_full((len(features), 1), float("-inf"))], dim=-1)
+    combined = torch.cat([logits, shared.product(features, union_weight), logits.new_full((len(features), 1), float("-inf"))], dim=-1)
     per_row = columns.repeat_interleave(torch.tensor(sizes, device=columns.device), dim=0)
     return combined.gather(1, per_row), column_ids[per_row]
 
