@@ -21,7 +21,8 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``whole dv`` and ``eagle dv``: ``whole`` and ``eagle`` drafting over ``--alt-draft-vocab``
   tokens instead of 8,192;
 * ``whole ah`` and ``eagle ah``: ``whole`` and ``eagle`` with the head ``--alt-eagle-head``
-  (which head pays, e.g. one fine-tuned with ``train-eagle --loss-on all``; same tuned shape).
+  (which head pays, e.g. one fine-tuned with ``train-eagle --loss-on all``; same tuned shape);
+* ``whole at``: ``whole`` with the static tree of ``--alt-tuned`` (which tuned shape pays).
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -117,6 +118,7 @@ def main() -> None:
     ap.add_argument("--alt-draft-vocab", type=int, default=4096, help="the draft vocabulary of the '... dv' arms")
     ap.add_argument("--alt-eagle-head", help="the head of the '... ah' arms")
     ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
+    ap.add_argument("--alt-tuned", help="the tune-tree output of the 'whole at' arm")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
     args = ap.parse_args()
 
@@ -136,6 +138,11 @@ def main() -> None:
             ap.error("the '... ah' arms need --alt-eagle-head")
         alt_dir = Path(args.alt_eagle_head)
         factory_ah = eagle_factory(loaded.model, load_head(alt_dir, loaded.model), tuned, load_draft_vocab(alt_dir))
+    factory_at = None  # the 'whole at' arm's head: the same head, the other static tree
+    if "whole at" in args.arms.split(","):
+        if not args.alt_tuned:
+            ap.error("the 'whole at' arm needs --alt-tuned")
+        factory_at = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, choices=read_choices(Path(args.alt_tuned))), load_draft_vocab(head_dir))
     carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
     every = {
         "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
@@ -153,6 +160,7 @@ def main() -> None:
         "eagle dv": lambda: make_drafter("eagle", eagle=factory_dv, calibration=carried.get("eagle dv")),
         "whole ah": lambda: search.EagleSearchDrafter(factory_ah(), store, deepen=True, calibration=carried.get("whole ah")),
         "eagle ah": lambda: make_drafter("eagle", eagle=factory_ah, calibration=carried.get("eagle ah")),
+        "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
     }
