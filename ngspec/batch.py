@@ -162,12 +162,16 @@ def generate_batch(
         rows.append(row)
 
     while rows:
-        # rows that are done hand their slot to the next prompt, or leave the batch
-        for b, row in enumerate(rows):
+        # rows that are done hand their slot to the next prompt, or leave the batch; a finished
+        # row is let go before the next is admitted, so that the head-cache row its drafter holds
+        # is free for the new drafter (indexed: `enumerate` would keep its last pair alive)
+        for b in range(len(rows)):
+            row = rows[b]
             if row.reason is None:
                 row.reason = out_of_room(len(row.out), target.lengths[b], cfg.max_new_tokens, target.max_length)
             if row.reason is not None:
                 finish(row)
+                rows[b] = row = None
                 rows[b] = admit(b)
         if any(r is None for r in rows):
             keep = [b for b, r in enumerate(rows) if r is not None]
@@ -185,8 +189,10 @@ def generate_batch(
             features = target.take_features(b) if getattr(row.drafter, "needs_features", False) else None
             room = min(cfg.max_draft_nodes, target.max_length - target.lengths[b] - 1)
             contexts.append(DraftContext(row.prompt + row.out, len(row.prompt), room, learned(verify_cost(target.lengths[b])), features, batch.joint_sizing))
-        drafters = [r.drafter for r in rows]
-        proposed = propose_together(drafters, contexts) if batch.heads_together else [d.propose(c) for d, c in zip(drafters, contexts)]
+        if batch.heads_together:
+            proposed = propose_together([r.drafter for r in rows], contexts)
+        else:
+            proposed = [r.drafter.propose(c) for r, c in zip(rows, contexts)]
         trees = [tree.truncated(ctx.max_nodes, max_depth=ctx.max_nodes) for tree, ctx in zip(proposed, contexts)]
         draft_s = [(time.perf_counter() - t0) / len(rows)] * len(rows)  # drafting is shared: each row's share
         # one forward pays for the widest tree: size the rows' trees together
