@@ -17,7 +17,8 @@ product: a CPU mixes dispatch and arithmetic). cProfile inflates Python's share 
 ``--drafter whole-tree`` (default) drafts EAGLE's whole tree every step, the same work whatever the
 acceptance (and so also on random weights); ``eagle+search`` the whole method (with
 ``--datastore``); ``trie`` and ``vanilla`` need no head. No verify-cost calibration: trees are used
-whole, as on a GPU.
+whole, or, with ``--cost-slope S``, sized under the cost 1 + S*n for n nodes, as on a GPU whose
+costs were measured (the cost-sized drafters' own Python then runs as it does there).
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ def profile_batch(engine: Engine, ids: list[list[int]], new_drafter, cfg: Decode
     return out
 
 
+def engine_for(loaded, cost_slope: float | None, max_nodes: int = 96) -> Engine:
+    """An engine that measures no costs: trees whole, or with ``cost_slope`` S the table 1 + S*n
+    for n nodes at every batch size."""
+    engine = Engine(loaded, calibrate=False)
+    if cost_slope is not None:
+        engine.target.cost_tables = {0: tuple(1.0 + cost_slope * n for n in range(max_nodes + 1))}
+    return engine
+
+
 def random_copy(model_dir: str | Path, seed: int = 0) -> Path:
     """A model of ``model_dir``'s config with random weights, and its tokenizer, in a new folder."""
     import transformers
@@ -116,6 +126,7 @@ def main() -> None:
     ap.add_argument("-b", "--batch-size", type=int, default=8)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=48)
     ap.add_argument("--top", type=int, default=30, help="functions listed per ordering")
+    ap.add_argument("--cost-slope", type=float, help="hand the drafters the verify cost 1 + S*n for n nodes (0.004: about the H100's for the default model, BENCHMARKS.md 10c), so that they draft as on a GPU with measured costs: gated head, local trie tree merged in, trees sized jointly (default: no cost, trees whole)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     if args.drafter not in ("trie", "vanilla") and not args.eagle_head:
@@ -125,7 +136,7 @@ def main() -> None:
     if args.random_weights:
         model = str(random_copy(default_model_dir() if model == "default" else model))
     loaded = load_model(model, args.device, args.dtype)
-    engine = Engine(loaded, calibrate=False)
+    engine = engine_for(loaded, args.cost_slope)
     if args.drafter in ("trie", "vanilla"):
         new_drafter = lambda: make_drafter(args.drafter)  # noqa: E731
     else:
@@ -137,7 +148,9 @@ def main() -> None:
             store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
             new_drafter = lambda: make_drafter("eagle+search", DrafterOptions(search_depth=16), None, factory, store)  # noqa: E731
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.batch_size)]
-    res = profile_batch(engine, ids, new_drafter, DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96), args.batch_size, args.top, args.whole_step)
+    # a cost slope stands for the GPU's table: not rescaled by this machine's own step times
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96, learn_costs=args.cost_slope is None)
+    res = profile_batch(engine, ids, new_drafter, cfg, args.batch_size, args.top, args.whole_step)
     for key in ("together", "row_by_row"):
         r = res[key]
         print(f"{key}: {r['steps']} steps, {r['new_tokens']} tokens, {r['ms_per_step']:.1f} ms a step (prefills included), "

@@ -104,6 +104,9 @@ lane_heads() {  # the rows' head runs and top-k requests answered together again
     # where batch 8's drafting time goes on the host, by function
     stage draft-profile 200 python3 benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head \
         -b 8 -n 48 --json-out $RES/draft-profile.json
+    # the whole method's own Python as it drafts on the GPU (costs measured there: about 1 + 0.004 n)
+    stage draft-profile-whole-b8 200 python3 benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head \
+        --drafter eagle+search --datastore /tmp/datastore --cost-slope 0.004 -b 8 -n 48 --json-out $RES/draft-profile-whole-b8.json
     # where a trie step's host time goes at batch 32 (2.2x a plain batched step on the 2026-11-24 visit)
     stage step-profile-trie-b32 200 python3 benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --drafter trie \
         --whole-step -b 32 -n 64 --json-out $RES/step-profile-trie-b32.json

@@ -48,3 +48,23 @@ def test_an_eagle_drafter_without_a_head_is_a_usage_error_before_anything_loads(
     run = subprocess.run([sys.executable, str(BENCHMARKS / "draft_profile.py"), "--questions", "none.jsonl"], capture_output=True, text=True)
     assert run.returncode == 2
     assert "--drafter whole-tree needs --eagle-head" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_cost_slope_makes_the_whole_method_size_its_trees_as_on_a_gpu():
+    """With ``--cost-slope`` the drafters see a verify cost, so the whole method takes its costly
+    path (the local trie's tree merged in, the head gated), and the outputs stay plain greedy's."""
+    from dataclasses import replace
+
+    from ngspec.drafters import DrafterOptions
+
+    model = tiny_model("llama", seed=3)
+    head = started_head(model)
+    engine = profile.engine_for(LoadedModel(model, None, "tiny"), 0.004, max_nodes=32)
+    assert engine.target.verify_cost(100)[:3] == (1.0, 1.004, 1.008)
+    rng = random.Random(4)
+    ids = [repetitive_prompt(rng, 96, n) for n in (11, 23, 16)]
+    cfg = DecodeConfig(max_new_tokens=12, max_draft_nodes=32)
+    factory = eagle_factory(model, head, EagleOptions(top_k=3, depth=3, total_tokens=8))
+    res = profile.profile_batch(engine, ids, lambda: make_drafter("eagle+search", DrafterOptions(search_depth=8), None, factory, None), replace(cfg, learn_costs=False), 3, top=1000)
+    assert res["together"]["tokens"] == [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
+    assert "_add_local_tree" in res["profile"]
