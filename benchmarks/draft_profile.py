@@ -91,15 +91,6 @@ def profile_batch(engine: Engine, ids: list[list[int]], new_drafter, cfg: Decode
     return out
 
 
-def engine_for(loaded, cost_slope: float | None, max_nodes: int = 96) -> Engine:
-    """An engine that measures no costs: trees whole, or with ``cost_slope`` S the table 1 + S*n
-    for n nodes at every batch size."""
-    engine = Engine(loaded, calibrate=False)
-    if cost_slope is not None:
-        engine.target.cost_tables = {0: tuple(1.0 + cost_slope * n for n in range(max_nodes + 1))}
-    return engine
-
-
 def random_copy(model_dir: str | Path, seed: int = 0) -> Path:
     """A model of ``model_dir``'s config with random weights, and its tokenizer, in a new folder."""
     import transformers
@@ -136,7 +127,7 @@ def main() -> None:
     if args.random_weights:
         model = str(random_copy(default_model_dir() if model == "default" else model))
     loaded = load_model(model, args.device, args.dtype)
-    engine = engine_for(loaded, args.cost_slope)
+    engine = Engine(loaded, calibrate=False, max_draft_nodes=96, cost_slope=args.cost_slope)
     if args.drafter in ("trie", "vanilla"):
         new_drafter = lambda: make_drafter(args.drafter)  # noqa: E731
     else:

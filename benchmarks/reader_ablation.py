@@ -71,10 +71,9 @@ def arms(args, eagle_opts: EagleOptions, tuned: EagleOptions | None) -> list[dic
 def engine_for(loaded, flat_cost: bool, cost_slope: float | None, max_nodes: int) -> Engine:
     """The engine: calibrated on this machine; with ``flat_cost`` none (trees whole); with
     ``cost_slope`` S the table 1 + S*n for n nodes, at every batch size."""
-    engine = Engine(loaded, calibrate=not flat_cost and cost_slope is None)
     if cost_slope is not None:
-        engine.target.cost_tables = {0: tuple(1.0 + cost_slope * n for n in range(max_nodes + 1))}
-    return engine
+        return Engine(loaded, calibrate=False, max_draft_nodes=max_nodes, cost_slope=cost_slope)
+    return Engine(loaded, calibrate=not flat_cost)
 
 
 def main() -> None:

@@ -41,18 +41,25 @@ class Engine:
     """Drafters size their trees from the verify cost by tree size: from ``profile`` (a device
     profile from `profile-bound --save-profile`, one table per context length) when given, else,
     with ``calibrate``, measured once per machine setting (a few seconds on CPU, then cached);
-    with neither, drafters assume verification is free."""
+    with neither, drafters assume verification is free. ``cost_slope`` S overrides them all with
+    the assumed cost 1 + S*n for n nodes at every batch size and context (a what-if for
+    benchmarks: trees sized as on another device, e.g. 0.004, about the H100's for the default
+    model; run with ``DecodeConfig(learn_costs=False)`` so that this machine's own step times do
+    not rescale it)."""
 
     loaded: LoadedModel
     calibrate: bool = True
     max_draft_nodes: int = 32
     profile: DeviceProfile | None = None
+    cost_slope: float | None = None
 
     def __post_init__(self) -> None:
         self.target = TargetModel(self.loaded.model)
         self.eos = eos_ids(self.loaded)
         self._tables: NgramTables | None = None
-        if self.profile is not None:
+        if self.cost_slope is not None:
+            self.target.cost_tables = {0: tuple(1.0 + self.cost_slope * n for n in range(self.max_draft_nodes + 1))}
+        elif self.profile is not None:
             self.target.cost_tables = self.profile.cost_tables(self.max_draft_nodes)
         elif self.calibrate:
             self.target.cost_tables = {0: cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes)}
@@ -87,7 +94,7 @@ class Engine:
         """Verify costs by tree size for ``batch`` rows decoded together (measured once per batch
         size and cached, when this engine calibrates; a device profile's single-row tables
         otherwise)."""
-        if batch == 1 or not self.calibrate or self.profile is not None:
+        if batch == 1 or not self.calibrate or self.profile is not None or self.cost_slope is not None:
             return self.target.verify_cost
         table = cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes, batch)
         return lambda context: table

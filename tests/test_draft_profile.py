@@ -51,7 +51,7 @@ def test_an_eagle_drafter_without_a_head_is_a_usage_error_before_anything_loads(
 
 
 def test_a_cost_slope_makes_the_whole_method_size_its_trees_as_on_a_gpu():
-    """With ``--cost-slope`` the drafters see a verify cost, so the whole method takes its costly
+    """With ``--cost-slope`` (the engine's ``cost_slope``) the drafters see a verify cost, so the whole method takes its costly
     path (the local trie's tree merged in, the head gated), and the outputs stay plain greedy's."""
     from dataclasses import replace
 
@@ -59,7 +59,7 @@ def test_a_cost_slope_makes_the_whole_method_size_its_trees_as_on_a_gpu():
 
     model = tiny_model("llama", seed=3)
     head = started_head(model)
-    engine = profile.engine_for(LoadedModel(model, None, "tiny"), 0.004, max_nodes=32)
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False, cost_slope=0.004)
     assert engine.target.verify_cost(100)[:3] == (1.0, 1.004, 1.008)
     rng = random.Random(4)
     ids = [repetitive_prompt(rng, 96, n) for n in (11, 23, 16)]
