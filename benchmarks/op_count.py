@@ -112,8 +112,7 @@ def main() -> None:
     args = ap.parse_args()
 
     loaded = load_model("default", "cpu", "float32")
-    engine = Engine(loaded, calibrate=False)
-    engine.target.cost_tables = {0: tuple(1.0 + args.cost_slope * n for n in range(97))}
+    engine = Engine(loaded, calibrate=False, max_draft_nodes=96, cost_slope=args.cost_slope)
     factory = store = None
     if args.eagle_head:
         opts = EagleOptions("static", choices=read_choices(Path(args.tuned))) if args.tuned else EagleOptions()
