@@ -22,7 +22,10 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   tokens instead of 8,192;
 * ``whole ah`` and ``eagle ah``: ``whole`` and ``eagle`` with the head ``--alt-eagle-head``
   (which head pays, e.g. one fine-tuned with ``train-eagle --loss-on all``; same tuned shape);
-* ``whole at``: ``whole`` with the static tree of ``--alt-tuned`` (which tuned shape pays).
+* ``whole at``: ``whole`` with the static tree of ``--alt-tuned`` (which tuned shape pays);
+* ``whole hc``: ``whole`` with the head's gate weighing its cost times ``--head-cost-scale``
+  on top of `search.HEAD_COST_WEIGHT` (0.5; ``--head-cost-scale 2`` is the full cost, the gate
+  before that weight): whether the gate opens too often or too rarely.
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -79,6 +82,13 @@ class OldGate(search.EagleSearchDrafter):
         return (yield from super().drafting(ctx))
 
 
+class HeadCostScaled(search.EagleSearchDrafter):
+    scale = 1.0
+
+    def _head_cost(self, ctx) -> float:
+        return self.scale * super()._head_cost(ctx)
+
+
 class _Headless:
     """Stands in for the EAGLE drafter: drafts nothing and runs nothing."""
 
@@ -119,6 +129,7 @@ def main() -> None:
     ap.add_argument("--alt-eagle-head", help="the head of the '... ah' arms")
     ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
     ap.add_argument("--alt-tuned", help="the tune-tree output of the 'whole at' arm")
+    ap.add_argument("--head-cost-scale", type=float, default=1.5, help="the 'whole hc' arm's factor on the head's cost in its gate")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
     args = ap.parse_args()
 
@@ -143,6 +154,7 @@ def main() -> None:
         if not args.alt_tuned:
             ap.error("the 'whole at' arm needs --alt-tuned")
         factory_at = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, choices=read_choices(Path(args.alt_tuned))), load_draft_vocab(head_dir))
+    HeadCostScaled.scale = args.head_cost_scale
     carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
     every = {
         "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
@@ -161,6 +173,7 @@ def main() -> None:
         "whole ah": lambda: search.EagleSearchDrafter(factory_ah(), store, deepen=True, calibration=carried.get("whole ah")),
         "eagle ah": lambda: make_drafter("eagle", eagle=factory_ah, calibration=carried.get("eagle ah")),
         "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
+        "whole hc": lambda: HeadCostScaled(factory(), store, deepen=True, calibration=carried.get("whole hc")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
     }

@@ -10,6 +10,7 @@ import torch
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.datastore import index
+from ngspec.drafters import search as search_module
 from ngspec.datastore.index import Datastore
 from ngspec.drafters.search import PROBE_EVERY, SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang, path_probs
 from ngspec.tree import accepted_path
@@ -375,6 +376,21 @@ def test_eagle_alone_drafts_nothing_when_its_top_guess_does_not_pay():
     # (accepted + 1) / (tried + 2) below the head's cost plus a node's: the step drafts nothing
     assert tree.size == 0 and eagle.deferred >= 1
     assert drafter.stats()["head_skipped"] == eagle.deferred
+
+
+def test_the_gate_weighs_half_the_heads_cost(monkeypatch):
+    """Nothing to search from, the head's rate at its prior (a half), a node costing 10% of a
+    step: its guess pays when the weighed cost of a run is under 0.4 steps. A run costing 0.6
+    steps is weighed at 0.3 (the guess alone understates what a run drafts), and so it runs; at
+    the full weight it would not."""
+    cost = (1.0, 1.1) + (2.0,) * 20
+    for weight, runs in ((search_module.HEAD_COST_WEIGHT, 1), (1.0, 0)):
+        monkeypatch.setattr(search_module, "HEAD_COST_WEIGHT", weight)
+        eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.6)
+        drafter = EagleSearchDrafter.alone(eagle)
+        drafter.start(HISTORY)
+        drafter.propose(DraftContext(HISTORY + [50], len(HISTORY), 20, cost))
+        assert len(eagle.caps) == runs
 
 
 def test_a_closed_head_gate_still_probes_and_reopens_on_caught_up_guesses():
