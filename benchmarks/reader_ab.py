@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--alt-eagle-head", help="the head of the '... ah' arms")
     ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
     ap.add_argument("--alt-tuned", help="the tune-tree output of the 'whole at' arm")
-    ap.add_argument("--head-cost-scale", type=float, default=1.5, help="the 'whole hc' arm's factor on the head's cost in its gate")
+    ap.add_argument("--head-cost-scale", type=float, default=2.0, help="the 'whole hc' arm's factor on the head's weighed cost in its gate (2: the full cost)")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
     args = ap.parse_args()
 

@@ -10,8 +10,8 @@ import torch
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.datastore import index
-from ngspec.drafters import search as search_module
 from ngspec.datastore.index import Datastore
+from ngspec.drafters import search as search_module
 from ngspec.drafters.search import PROBE_EVERY, SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang, path_probs
 from ngspec.tree import accepted_path
 from ngspec.drafters.trie import NGramTrie, TrieDrafter

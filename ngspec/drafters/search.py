@@ -48,7 +48,8 @@ HEAD_SMOOTHING = 0.2  # weight of the newest head run in the running estimate of
 # the gate weighs half the head's cost: its gain counts only the head's top guess, while a run
 # also drafts the head's other children and lets the search deepen below its first branch; at the
 # full cost the gate kept the head off too often (summarization on two CPU cores, side by side with
-# the full weight: x0.6 +1.1%, x0.3 +0.6%, x0 +1.8%, x1.5 -1.0%; BENCHMARKS.md section 10i)
+# the full weight: x0.6 +1.1%, x0.3 +0.6%, x0 +1.8%, x1.5 -1.0%; rag at x0.5 +1.2%; BENCHMARKS.md
+# section 10i)
 HEAD_COST_WEIGHT = 0.5
 
 
@@ -211,7 +212,8 @@ class EagleSearchDrafter:
 
     * the head runs only when it pays: the search branch is found first, and when the tokens EAGLE
       would add (its top guess's acceptance rate so far, times the chance the branch's first token
-      is wrong) are worth less than the head's own cost (`_head_cost`, measured) plus a node,
+      is wrong) are worth less than half the head's own cost (`_head_cost`, measured;
+      ``HEAD_COST_WEIGHT``) plus a node,
       the step drafts the branch alone and the head catches up on the skipped positions next time
       (where its guesses are scored, teacher-forced, so the rate keeps learning; and it runs at
       least every ``PROBE_EVERY``-th step, so a closed gate can open again); when it runs, it
