@@ -120,8 +120,7 @@ def main() -> None:
     if args.datastore:
         store = Datastore.open(args.datastore, loaded.tokenizer)
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.batch_size)]
-    # the slope alone sizes the trees: not rescaled by this machine's own step times
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96, learn_costs=False)
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)  # the slope stands (`Engine.cost_slope`)
     for arm in args.arms.split(","):
         res = count_ops(engine, ids, lambda: make_drafter(arm, DrafterOptions(deepen=True), None, factory, store), cfg, BatchConfig(args.batch_size))
         new = sum(len(t) for t in res["tokens"])

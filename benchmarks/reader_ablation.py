@@ -112,7 +112,7 @@ def main() -> None:
         ap.error("--flat-cost and --cost-slope exclude each other")
 
     loaded = load_model(args.model, args.device, args.dtype)
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96, learn_costs=args.cost_slope is None)
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
     engine = engine_for(loaded, args.flat_cost, args.cost_slope, cfg.max_draft_nodes)
     head = load_head(Path(args.eagle_head), loaded.model)
     vocab = load_draft_vocab(Path(args.eagle_head))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -44,8 +44,7 @@ class Engine:
     with neither, drafters assume verification is free. ``cost_slope`` S overrides them all with
     the assumed cost 1 + S*n for n nodes at every batch size and context (a what-if for
     benchmarks: trees sized as on another device, e.g. 0.004, about the H100's for the default
-    model; run with ``DecodeConfig(learn_costs=False)`` so that this machine's own step times do
-    not rescale it)."""
+    model; its runs never rescale it by this machine's own step times: ``learn_costs`` is off)."""
 
     loaded: LoadedModel
     calibrate: bool = True
@@ -88,7 +87,11 @@ class Engine:
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> Generation:
         stopper = Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
-        return generate(self.target, drafter, prompt_ids, cfg, stopper, on_tokens)
+        return generate(self.target, drafter, prompt_ids, self._config(cfg), stopper, on_tokens)
+
+    def _config(self, cfg: DecodeConfig) -> DecodeConfig:
+        """An assumed cost (``cost_slope``) stands as given: not rescaled by the run's step times."""
+        return replace(cfg, learn_costs=False) if self.cost_slope is not None else cfg
 
     def batch_costs(self, batch: int) -> Callable[[int], tuple[float, ...]]:
         """Verify costs by tree size for ``batch`` rows decoded together (measured once per batch
@@ -106,7 +109,7 @@ class Engine:
             return Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
 
         costs = self.batch_costs(min(batch.batch_size, len(prompts)))
-        return generate_batch(self.loaded.model, prompts, new_drafter, cfg, batch, stopper, costs, on_finish)
+        return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, stopper, costs, on_finish)
 
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False) -> tuple[list[int], float]:

@@ -5,6 +5,7 @@ import random
 
 from conftest import benchmark_script, repetitive_prompt, started_head
 
+from ngspec.batch import BatchConfig
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
 from ngspec.drafters.eagle import EagleOptions, eagle_factory
@@ -53,8 +54,6 @@ def test_an_eagle_drafter_without_a_head_is_a_usage_error_before_anything_loads(
 def test_a_cost_slope_makes_the_whole_method_size_its_trees_as_on_a_gpu():
     """With ``--cost-slope`` (the engine's ``cost_slope``) the drafters see a verify cost, so the whole method takes its costly
     path (the local trie's tree merged in, the head gated), and the outputs stay plain greedy's."""
-    from dataclasses import replace
-
     from ngspec.drafters import DrafterOptions
 
     model = tiny_model("llama", seed=3)
@@ -65,6 +64,23 @@ def test_a_cost_slope_makes_the_whole_method_size_its_trees_as_on_a_gpu():
     ids = [repetitive_prompt(rng, 96, n) for n in (11, 23, 16)]
     cfg = DecodeConfig(max_new_tokens=12, max_draft_nodes=32)
     factory = eagle_factory(model, head, EagleOptions(top_k=3, depth=3, total_tokens=8))
-    res = profile.profile_batch(engine, ids, lambda: make_drafter("eagle+search", DrafterOptions(search_depth=8), None, factory, None), replace(cfg, learn_costs=False), 3, top=1000)
+    res = profile.profile_batch(engine, ids, lambda: make_drafter("eagle+search", DrafterOptions(search_depth=8), None, factory, None), cfg, 3, top=1000)
     assert res["together"]["tokens"] == [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
     assert "_add_local_tree" in res["profile"]
+
+
+def test_an_assumed_cost_is_never_rescaled_by_the_runs_step_times(monkeypatch):
+    """`Engine(cost_slope=S)` hands every run ``learn_costs=False``, alone and in batches; an
+    engine without it leaves the setting as given."""
+    import ngspec.engine as engine_module
+
+    seen = []
+    monkeypatch.setattr(engine_module, "generate", lambda target, drafter, ids, cfg, *rest: seen.append(cfg.learn_costs))
+    monkeypatch.setattr(engine_module, "generate_batch", lambda model, prompts, new, cfg, *rest: seen.append(cfg.learn_costs))
+    model = tiny_model("llama", seed=3)
+    cfg = DecodeConfig(max_new_tokens=4)
+    for slope in (0.004, None):
+        engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False, cost_slope=slope)
+        engine.run([1, 2, 3], make_drafter("vanilla"), cfg)
+        engine.run_batch([[1, 2, 3]], lambda: make_drafter("vanilla"), cfg, BatchConfig(1))
+    assert seen == [False, False, True, True]
