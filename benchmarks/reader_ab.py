@@ -17,6 +17,7 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   the run's own step times (before `ngspec.perf.online.StepTimes`);
 * ``whole alt`` and ``no head alt``: ``whole`` and ``no head`` searching ``--alt-datastore``
   instead of ``--datastore`` (which datastore pays);
+* ``vanilla``: plain decoding (one token a call), the floor a batch on a busy device may not beat;
 * ``eagle``: EAGLE alone, its tree sized by the verify cost;
 * ``whole dv`` and ``eagle dv``: ``whole`` and ``eagle`` drafting over ``--alt-draft-vocab``
   tokens instead of 8,192;
@@ -25,10 +26,21 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``whole at``: ``whole`` with the static tree of ``--alt-tuned`` (which tuned shape pays);
 * ``whole hc``: ``whole`` with the head's gate weighing its cost times ``--head-cost-scale``
   on top of `search.HEAD_COST_WEIGHT` (0.5; ``--head-cost-scale 2`` is the full cost, the gate
-  before that weight): whether the gate opens too often or too rarely.
+  before that weight): whether the gate opens too often or too rarely;
+* ``whole weights gate``: ``whole`` with the head weighed by its weights' share alone, never by
+  its measured time: at batch sizes above 1, the gate before batches told each row its share of
+  a plain step (`DraftContext.step_seconds`).
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
+
+With ``--batch-size B`` (B > 1) each arm runs all prompts as one batch of B rows per round
+(`Engine.run_batch`, arm order reversed every other round; the rows of an arm share its
+calibration, as in `generate --batch-size`), and speed is the batch's wall time:
+
+    python benchmarks/reader_ab.py --category summarization --batch-size 8 --limit 16 \
+        --rounds 2 --eagle-head heads/amd-v9 --datastore datastores/shipped \
+        --tuned shapes/amd-v9-cpu-b1.json --arms "trie,whole,no head"
 
 Prints per arm: tokens per verify call (prefill excluded), speed against the trie per round and
 in total, drafting share, exact match against plain greedy, steps without the head and the
@@ -43,6 +55,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import ngspec.drafters.search as search
+from ngspec.batch import BatchConfig
 from ngspec.contracts import DraftTree
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
@@ -89,6 +102,11 @@ class HeadCostScaled(search.EagleSearchDrafter):
         return self.scale * super()._head_cost(ctx)
 
 
+class WeightsGate(search.EagleSearchDrafter):
+    def _head_cost(self, ctx) -> float:
+        return getattr(self.eagle, "head_cost", 0.0)
+
+
 class _Headless:
     """Stands in for the EAGLE drafter: drafts nothing and runs nothing."""
 
@@ -122,6 +140,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=1, help="above 1: every arm runs the prompts as one batch of this many rows")
     ap.add_argument("--eagle-head", required=True)
     ap.add_argument("--datastore")
     ap.add_argument("--alt-datastore", help="the datastore of the '... alt' arms")
@@ -157,6 +176,7 @@ def main() -> None:
     HeadCostScaled.scale = args.head_cost_scale
     carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
     every = {
+        "vanilla": lambda: make_drafter("vanilla"),
         "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
         "whole": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole")),
         "branch only": lambda: BranchOnly(factory(), store, deepen=True, calibration=carried.get("branch only")),
@@ -174,6 +194,7 @@ def main() -> None:
         "eagle ah": lambda: make_drafter("eagle", eagle=factory_ah, calibration=carried.get("eagle ah")),
         "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
         "whole hc": lambda: HeadCostScaled(factory(), store, deepen=True, calibration=carried.get("whole hc")),
+        "whole weights gate": lambda: WeightsGate(factory(), store, deepen=True, calibration=carried.get("whole weights gate")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
     }
@@ -182,28 +203,43 @@ def main() -> None:
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
     # the "... table" arms size trees by the cost table as measured (before `StepTimes`)
     configs = {a: replace(cfg, learn_costs=not a.endswith(" table")) for a in arms}
+    if args.batch_size < 1:
+        ap.error("--batch-size must be at least 1")
     for new in arms.values():  # warm-up, untimed
         engine.run(ids[0], new(), DecodeConfig(max_new_tokens=16, max_draft_nodes=96))
+        if args.batch_size > 1:
+            engine.run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), BatchConfig(args.batch_size))
     reference = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
     res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0]} for a in arms}
+
+    def record(a: str, r: int, gen, expected: list[int], seconds: float) -> None:
+        s = res[a]
+        s["seconds"][r] += seconds
+        s["tokens"] += len(gen.token_ids)
+        s["calls"] += len(gen.stats.steps) - 1  # the first step is the prefill
+        s["draft"] += gen.stats.draft_seconds
+        s["exact"] += gen.token_ids == expected
+        stats = gen.drafter_stats or {}
+        s["skipped"] += stats.get("head_skipped", 0)
+        s["top_guess"] = [a_ + b_ for a_, b_ in zip(s["top_guess"], stats.get("head_top_guess", (0, 0)))]
+
     for r in range(args.rounds):
         carried.update({a: Calibration() for a in arms})  # not the warm-up's, nor the last round's
+        if args.batch_size > 1:
+            for a in list(arms) if r % 2 == 0 else list(arms)[::-1]:
+                out, report = engine.run_batch(ids, arms[a], configs[a], BatchConfig(args.batch_size))
+                res[a]["seconds"][r] += report.seconds
+                for o, expected in zip(out, reference):
+                    record(a, r, o.generation, expected, 0.0)
+            continue
         for i, x in enumerate(ids):
             for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
                 gen = engine.run(x, arms[a](), configs[a])
-                s = res[a]
-                s["seconds"][r] += gen.seconds
-                s["tokens"] += len(gen.token_ids)
-                s["calls"] += len(gen.stats.steps) - 1  # the first step is the prefill
-                s["draft"] += gen.stats.draft_seconds
-                s["exact"] += gen.token_ids == reference[i]
-                stats = gen.drafter_stats or {}
-                s["skipped"] += stats.get("head_skipped", 0)
-                s["top_guess"] = [a_ + b_ for a_, b_ in zip(s["top_guess"], stats.get("head_top_guess", (0, 0)))]
+                record(a, r, gen, reference[i], gen.seconds)
     base = res[next(iter(arms))]["seconds"]
     for a, s in res.items():
         print(
-            f"{args.category} {a:12s} tokens/call {s['tokens'] / s['calls']:.3f}  vs {next(iter(arms))} per round "
+            f"{args.category} b{args.batch_size} {a:12s} tokens/call {s['tokens'] / s['calls']:.3f}  vs {next(iter(arms))} per round "
             f"{[round(b / t, 3) for b, t in zip(base, s['seconds'])]}  total {sum(base) / sum(s['seconds']):.3f}x  "
             f"drafting {s['draft'] / sum(s['seconds']):.3f}  exact {s['exact']}/{len(ids) * args.rounds}  "
             f"head skipped {s['skipped']}  top guess {s['top_guess']}",

@@ -128,9 +128,10 @@ class DraftContext:
     # and tells each drafter how many of its nodes it kept (``Drafter.keep``, optional)
     engine_sizes: bool = False
     # seconds of a plain one-token verify step in this run so far, as the loop's fit of its calls'
-    # times finds it (`ngspec.perf.online.StepTimes`; 0 before the first call, and in batches,
-    # where a row's drafting cannot be timed apart from the others'): what a drafter that times
-    # its own work compares it with
+    # times finds it (`ngspec.perf.online.StepTimes`; 0 before the first call): what a drafter
+    # that times its own work compares it with. In a batch of B rows it is a plain batched step's
+    # seconds over B, the row's share: work one row's drafter does delays all B rows, so it costs
+    # the batch B times what it costs that row's tokens
     step_seconds: float = 0.0
 
     def cost(self, size: int) -> float:

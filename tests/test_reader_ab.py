@@ -55,3 +55,14 @@ def test_no_head_drafts_the_search_and_the_local_tree_and_never_the_heads_guess(
         assert (7 in tree.tokens) == bool(cost)  # where nodes cost, the local trie's second guess too
         headless.observe([3, 4, 5])
         assert headless.stats()["head_top_guess"] == [0, 0]
+
+
+def test_the_weights_gate_ignores_the_heads_measured_time():
+    from ngspec.contracts import DraftContext as Ctx
+
+    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.05)
+    timed, weights = ab.search.EagleSearchDrafter.alone(eagle), ab.WeightsGate.alone(eagle)
+    for d in (timed, weights):
+        d._head_seconds = 2.0  # a run measured at 2 s
+    ctx = Ctx(HISTORY, len(HISTORY), 20, step_seconds=1.0)
+    assert timed._head_cost(ctx) == 2.0 and weights._head_cost(ctx) == 0.05

@@ -276,7 +276,12 @@ class EagleSearchDrafter:
         """A head run's cost relative to a plain target step: measured (its seconds over the loop's
         `DraftContext.step_seconds`) once both are known, else `EagleDrafter.head_cost`, the weights
         it reads. On the AMD VM a run took about 3.3 ms against a 28 ms step, 0.12 steps; the
-        weights say 0.07 (the rest is the Python and small products around the layers)."""
+        weights say 0.07 (the rest is the Python and small products around the layers). In a
+        batch the step is the row's share of a batched step, so the head weighs once per row it
+        delays; and a row's clock also runs while the other rows draft (their searches, the head
+        forwards they share), so it is weighed at about the step's drafting time: on the safe side
+        (at batch 8 on two CPU cores, the head weighed by its weights' share alone ran on a
+        quarter of the rows' steps and cost 4% of the run for nothing; BENCHMARKS.md section 10j)."""
         if self._head_seconds and ctx.step_seconds:
             return self._head_seconds / ctx.step_seconds
         return getattr(self.eagle, "head_cost", 0.0)
