@@ -273,21 +273,21 @@ def test_the_head_gate_weighs_the_heads_measured_time_against_the_loops_step():
     eagle = ScoredEagle(DraftTree((3, 9), (-1, -1)), [math.log(0.6), math.log(0.1)], head_cost=0.0)
     drafter = EagleSearchDrafter(eagle, None, depth=3, prefix_len=2)
     ticks = iter(range(0, 1000, 10))
-    drafter.clock = lambda: next(ticks)  # every run takes 10 seconds
+    clock = lambda: next(ticks)  # noqa: E731 (every run takes 10 seconds)
     drafter.start(history)
     cost = (1.0, 1.0, 1.2) + (2.0,) * 20
     nothing = history + [77]  # nothing to search from: a free head always pays
     for _ in range(2):
-        drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0))
+        drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0, clock=clock))
         drafter.observe([3, 99])
     assert len(eagle.caps) == 2 and drafter._head_seconds == 10
-    drafter.propose(DraftContext(nothing, len(history), 20, cost))  # no step measured yet: the weights' estimate
+    drafter.propose(DraftContext(nothing, len(history), 20, cost, clock=clock))  # no step measured yet: the weights' estimate
     assert len(eagle.caps) == 3
     drafter.observe([3, 99])
-    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0))
+    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0, clock=clock))
     assert len(eagle.caps) == 3 and eagle.deferred == 1
     drafter.observe([3, 99])
-    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=100.0))  # a slow target: 0.1 steps
+    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=100.0, clock=clock))  # a slow target: 0.1 steps
     assert len(eagle.caps) == 4
 
 

@@ -25,7 +25,6 @@ branch stays, so a wrong first EAGLE branch costs nothing but nodes.
 from __future__ import annotations
 
 import math
-import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
@@ -234,7 +233,6 @@ class EagleSearchDrafter:
 
     name = "eagle+search"
     needs_features = True
-    clock: Callable[[], float] = staticmethod(time.perf_counter)  # times the head's runs
     # where nodes cost, the local trie's best nodes merged in as well: at most this many (the
     # trie drafter's default budget), of which those that pay under the verify cost
     local_tree_nodes = NUM_DRAFT
@@ -278,10 +276,8 @@ class EagleSearchDrafter:
         it reads. On the AMD VM a run took about 3.3 ms against a 28 ms step, 0.12 steps; the
         weights say 0.07 (the rest is the Python and small products around the layers). In a
         batch the step is the row's share of a batched step, so the head weighs once per row it
-        delays; and a row's clock also runs while the other rows draft (their searches, the head
-        forwards they share), so it is weighed at about the step's drafting time: on the safe side
-        (at batch 8 on two CPU cores, the head weighed by its weights' share alone ran on a
-        quarter of the rows' steps and cost 4% of the run for nothing; BENCHMARKS.md section 10j)."""
+        delays, timed by the row's own share of the drafting (`DraftContext.clock`: the head
+        forwards it shared with other rows split among them; BENCHMARKS.md section 10j)."""
         if self._head_seconds and ctx.step_seconds:
             return self._head_seconds / ctx.step_seconds
         return getattr(self.eagle, "head_cost", 0.0)
@@ -343,9 +339,9 @@ class EagleSearchDrafter:
         else:
             self._since_head = 0
             small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
-            started = self.clock()
+            started = ctx.clock()
             tree = yield from self.eagle.drafting(small, self._deeper(found, root_key, ctx) if costly else None)
-            self._timed_head(self.clock() - started)
+            self._timed_head(ctx.clock() - started)
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
         draft = _Draft(tree, scores, self.calibration)
