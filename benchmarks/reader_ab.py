@@ -24,13 +24,9 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``whole ah`` and ``eagle ah``: ``whole`` and ``eagle`` with the head ``--alt-eagle-head``
   (which head pays, e.g. one fine-tuned with ``train-eagle --loss-on all``; same tuned shape);
 * ``whole at``: ``whole`` with the static tree of ``--alt-tuned`` (which tuned shape pays);
-* ``whole hc``: ``whole`` with the head's gate weighing its cost times ``--head-cost-scale``:
-  whether the gate opens too often or too rarely;
-* ``whole top guess``: the gate before the head's gain was learned (`_head_gain`): its top
-  guess's estimate as it is, against half the head's measured cost;
-* ``whole weights gate``: the same with the head weighed by its weights' share, never by its
-  measured time: at batch sizes above 1, the gate before batches told each row its share of a
-  plain step (`DraftContext.step_seconds`).
+* ``whole hc``: ``whole`` with the head's gate weighing its cost times ``--head-cost-scale``
+  on top of `search.HEAD_COST_WEIGHT` (0.5; ``--head-cost-scale 2`` is the full cost, the gate
+  before that weight): whether the gate opens too often or too rarely.
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -41,7 +37,7 @@ calibration, as in `generate --batch-size`), and speed is the batch's wall time:
 
     python benchmarks/reader_ab.py --category summarization --batch-size 8 --limit 16 \
         --rounds 2 --eagle-head heads/amd-v9 --datastore datastores/shipped \
-        --tuned shapes/amd-v9-cpu-b1.json --arms "trie,whole,no head"
+        --tuned shapes/amd-v9-cpu-b1.json --arms "vanilla,trie,whole,no head"
 
 Prints per arm: tokens per verify call (prefill excluded), speed against the trie per round and
 in total, drafting share, exact match against plain greedy, steps without the head and the
@@ -103,19 +99,6 @@ class HeadCostScaled(search.EagleSearchDrafter):
         return self.scale * super()._head_cost(ctx)
 
 
-class TopGuessGate(search.EagleSearchDrafter):
-    def _head_pays(self, conditionals, key, ctx) -> bool:
-        reach, n = search.sized_branch(self.calibration, key, conditionals, ctx)
-        expected = 1.0 + sum(reach[:n])
-        gain = self._top1_rate() * (1.0 - (reach[0] if n else 0.0))
-        return (expected + gain) / (ctx.cost(n + 1) + 0.5 * self._head_cost(ctx)) > expected / ctx.cost(n)
-
-
-class WeightsGate(TopGuessGate):
-    def _head_cost(self, ctx) -> float:
-        return getattr(self.eagle, "head_cost", 0.0)
-
-
 class _Headless:
     """Stands in for the EAGLE drafter: drafts nothing and runs nothing."""
 
@@ -157,7 +140,7 @@ def main() -> None:
     ap.add_argument("--alt-eagle-head", help="the head of the '... ah' arms")
     ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
     ap.add_argument("--alt-tuned", help="the tune-tree output of the 'whole at' arm")
-    ap.add_argument("--head-cost-scale", type=float, default=0.5, help="the 'whole hc' arm's factor on the head's cost in its gate")
+    ap.add_argument("--head-cost-scale", type=float, default=2.0, help="the 'whole hc' arm's factor on the head's weighed cost in its gate (2: the full cost)")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
     args = ap.parse_args()
 
@@ -203,8 +186,6 @@ def main() -> None:
         "eagle ah": lambda: make_drafter("eagle", eagle=factory_ah, calibration=carried.get("eagle ah")),
         "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
         "whole hc": lambda: HeadCostScaled(factory(), store, deepen=True, calibration=carried.get("whole hc")),
-        "whole top guess": lambda: TopGuessGate(factory(), store, deepen=True, calibration=carried.get("whole top guess")),
-        "whole weights gate": lambda: WeightsGate(factory(), store, deepen=True, calibration=carried.get("whole weights gate")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
     }

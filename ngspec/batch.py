@@ -185,13 +185,10 @@ def generate_batch(
         # every row drafts; rows that draft with an EAGLE head run it together, one forward per level
         t0 = time.perf_counter()
         contexts = []
-        # a row's share of a plain step: one row's drafting delays every row of the batch, so
-        # against that row's own tokens it weighs as many times as there are rows
-        share = times.plain_seconds / len(rows)
         for b, row in enumerate(rows):
             features = target.take_features(b) if getattr(row.drafter, "needs_features", False) else None
             room = min(cfg.max_draft_nodes, target.max_length - target.lengths[b] - 1)
-            contexts.append(DraftContext(row.prompt + row.out, len(row.prompt), room, learned(verify_cost(target.lengths[b])), features, batch.joint_sizing, step_seconds=share))
+            contexts.append(DraftContext(row.prompt + row.out, len(row.prompt), room, learned(verify_cost(target.lengths[b])), features, batch.joint_sizing))
         if batch.heads_together:
             proposed = propose_together([r.drafter for r in rows], contexts)
         else:

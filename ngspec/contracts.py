@@ -7,9 +7,8 @@ touch the KV cache, and the verifier never knows which drafter produced a tree.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -129,15 +128,10 @@ class DraftContext:
     # and tells each drafter how many of its nodes it kept (``Drafter.keep``, optional)
     engine_sizes: bool = False
     # seconds of a plain one-token verify step in this run so far, as the loop's fit of its calls'
-    # times finds it (`ngspec.perf.online.StepTimes`; 0 before the first call): what a drafter
-    # that times its own work compares it with. In a batch of B rows it is a plain batched step's
-    # seconds over B, the row's share: work one row's drafter does delays all B rows, so it costs
-    # the batch B times what it costs that row's tokens
+    # times finds it (`ngspec.perf.online.StepTimes`; 0 before the first call, and in batches,
+    # where a row's drafting cannot be timed apart from the others'): what a drafter that times
+    # its own work compares it with
     step_seconds: float = 0.0
-    # what a drafter times its own work with: the wall clock, or in a batch whose rows draft
-    # together the row's own share of it (`ngspec.eagle.batched.RowClocks`: its own work, and
-    # the forwards it shared split evenly among the rows in them)
-    clock: Callable[[], float] = time.perf_counter
 
     def cost(self, size: int) -> float:
         """Relative cost of verifying ``size`` nodes (1.0 everywhere when nothing was measured)."""

@@ -158,41 +158,6 @@ def test_the_batch_sizes_trees_by_its_own_step_times(tiny, prompts_and_expected,
     assert results[0].generation.stats.steps[1].verify_cost == STEEP_BATCH_COST[width]  # reports use the measured table
 
 
-class SteadySteps(StepTimes):
-    """A batch's step times that always say a plain batched step takes 0.8 seconds."""
-
-    def record(self, table, size, seconds):
-        self.plain_seconds = 0.8
-
-
-def test_a_row_is_told_its_share_of_a_plain_batched_step(tiny, prompts_and_expected, monkeypatch):
-    """A row's drafting delays every row, so what a plain step costs that row's tokens is the
-    step's seconds over the rows still running (the EAGLE gate weighs the head's time by it)."""
-    prompts, expected = prompts_and_expected
-    truth = {tuple(p): e for p, e in zip(prompts, expected)}
-    seen: list[tuple[float, int]] = []  # (step_seconds, rows still running) per row and step
-    live: list["Recording"] = []
-
-    class Recording(OracleDrafter):
-        def start(self, prompt):
-            super().start(prompt)
-            live.append(self)
-
-        def propose(self, ctx):
-            seen.append((ctx.step_seconds, sum(len(d.out) < 30 for d in live)))
-            return super().propose(ctx)
-
-    monkeypatch.setattr(batch_module, "StepTimes", SteadySteps)
-    results, _ = generate_batch(
-        tiny, prompts[:4], lambda: Recording(truth, [0.9, 0.6]), DecodeConfig(max_new_tokens=30), BatchConfig(4, 0), lambda: Stopper(frozenset()),
-    )
-    assert [r.generation.token_ids for r in results] == expected[:4]
-    assert seen[0] == (0.0, 4)  # nothing measured before the first step
-    later = seen[4:]
-    assert later and all(s == pytest.approx(0.8 / rows) for s, rows in later)
-    assert {rows for _, rows in later} == {4}  # all four rows ran to the end together
-
-
 def test_a_finished_row_hands_its_slot_to_the_next_prompt_and_stops_alone(tiny, prompts_and_expected):
     prompts, expected = prompts_and_expected
     eos = expected[0][5]

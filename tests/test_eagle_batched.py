@@ -12,7 +12,7 @@ from ngspec.contracts import DraftContext, DraftTree
 from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.drafters.search import EagleSearchDrafter
 from ngspec.drafters.trie import TrieDrafter
-from ngspec.eagle.batched import HeadCall, RowClocks, propose_together, run_calls
+from ngspec.eagle.batched import HeadCall, propose_together, run_calls
 from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 from ngspec.eagle.head3 import Eagle3Head, head3_config_for
 from ngspec.eagle.vocab import SharedVocab, TopCall, top_children
@@ -199,49 +199,6 @@ def test_a_batch_without_head_drafters_proposes_as_usual():
     ctxs = [DraftContext([1, 2, 3, 1, 2], 5, 8), DraftContext([4, 5, 4, 5], 4, 8)]
     trees = propose_together(rows, ctxs)
     assert all(isinstance(t, DraftTree) for t in trees) and trees[0].tokens[:1] == (3,)
-
-
-def test_row_clocks_charge_a_rows_own_work_to_it_and_shared_work_evenly():
-    now = [0.0]
-    clocks = RowClocks(3, now=lambda: now[0])
-    first, second, third = clocks.clock(0), clocks.clock(1), clocks.clock(2)
-
-    def work(seconds, read=None):
-        def run():
-            now[0] += seconds
-            return read() if read else None
-        return run
-
-    assert clocks.run(0, work(2.0, first)) == 2.0  # a row's clock runs while its own drafter works
-    assert second() == 0.0
-    assert clocks.shared([0, 1], work(6.0, lambda: "out")) == "out"  # a forward for two rows: 3 s each
-    assert (first(), second(), third()) == (5.0, 3.0, 0.0)
-    clocks.run(1, work(1.0))
-    assert (first(), second()) == (5.0, 4.0)
-
-
-def test_rows_drafting_together_time_their_work_by_their_own_clocks():
-    import time
-
-    readings = []
-
-    class Timed(TrieDrafter):
-        def __init__(self, seconds):
-            super().__init__()
-            self.seconds = seconds
-
-        def propose(self, ctx):
-            start = ctx.clock()
-            time.sleep(self.seconds)
-            readings.append((start, ctx.clock() - start))
-            return super().propose(ctx)
-
-    rows = [Timed(0.02), Timed(0.0)]
-    for d in rows:
-        d.start([1, 2, 1, 2])
-    propose_together(rows, [DraftContext([1, 2, 1, 2], 4, 8), DraftContext([1, 2, 1, 2], 4, 8)])
-    (start_a, took_a), (start_b, took_b) = readings
-    assert took_a >= 0.02 and start_b < 0.005 and took_b < 0.005  # not the first row's 20 ms, nor the wall clock
 
 
 def test_top_k_requests_answered_together_equal_each_row_alone(llama, head):

@@ -55,31 +55,3 @@ def test_no_head_drafts_the_search_and_the_local_tree_and_never_the_heads_guess(
         assert (7 in tree.tokens) == bool(cost)  # where nodes cost, the local trie's second guess too
         headless.observe([3, 4, 5])
         assert headless.stats()["head_top_guess"] == [0, 0]
-
-
-def test_the_weights_gate_ignores_the_heads_measured_time():
-    from ngspec.contracts import DraftContext as Ctx
-
-    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.05)
-    timed, weights = ab.search.EagleSearchDrafter.alone(eagle), ab.WeightsGate.alone(eagle)
-    for d in (timed, weights):
-        d._head_seconds = 2.0  # a run measured at 2 s
-    ctx = Ctx(HISTORY, len(HISTORY), 20, step_seconds=1.0)
-    assert timed._head_cost(ctx) == 2.0 and weights._head_cost(ctx) == 0.05
-
-
-def test_the_top_guess_gate_neither_learns_the_heads_gain_nor_weighs_its_full_cost():
-    """Nothing to search from, the head's rate at its prior (a half), a node costing 10%: a run
-    costing 0.6 steps needs 0.7 tokens at its full cost, 0.4 at half. The gate as built refuses
-    it; the top-guess gate, weighing half, takes it and records nothing about its gain."""
-    from ngspec.contracts import DraftContext as Ctx
-
-    taken = []
-    for cls in (ab.search.EagleSearchDrafter, ab.TopGuessGate):
-        eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.6)
-        d = cls.alone(eagle)
-        d.start(HISTORY)
-        d.propose(Ctx(HISTORY + [50], len(HISTORY), 20, (1.0, 1.1) + (2.0,) * 20))
-        d.observe([3, 99])
-        taken.append((len(eagle.caps), any(isinstance(k, tuple) and k[:1] == ("head gain",) for k in d.calibration._totals)))
-    assert taken == [(0, False), (1, False)]

@@ -273,21 +273,21 @@ def test_the_head_gate_weighs_the_heads_measured_time_against_the_loops_step():
     eagle = ScoredEagle(DraftTree((3, 9), (-1, -1)), [math.log(0.6), math.log(0.1)], head_cost=0.0)
     drafter = EagleSearchDrafter(eagle, None, depth=3, prefix_len=2)
     ticks = iter(range(0, 1000, 10))
-    clock = lambda: next(ticks)  # noqa: E731 (every run takes 10 seconds)
+    drafter.clock = lambda: next(ticks)  # every run takes 10 seconds
     drafter.start(history)
     cost = (1.0, 1.0, 1.2) + (2.0,) * 20
     nothing = history + [77]  # nothing to search from: a free head always pays
     for _ in range(2):
-        drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0, clock=clock))
+        drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0))
         drafter.observe([3, 99])
     assert len(eagle.caps) == 2 and drafter._head_seconds == 10
-    drafter.propose(DraftContext(nothing, len(history), 20, cost, clock=clock))  # no step measured yet: the weights' estimate
+    drafter.propose(DraftContext(nothing, len(history), 20, cost))  # no step measured yet: the weights' estimate
     assert len(eagle.caps) == 3
     drafter.observe([3, 99])
-    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0, clock=clock))
+    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=1.0))
     assert len(eagle.caps) == 3 and eagle.deferred == 1
     drafter.observe([3, 99])
-    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=100.0, clock=clock))  # a slow target: 0.1 steps
+    drafter.propose(DraftContext(nothing, len(history), 20, cost, step_seconds=100.0))  # a slow target: 0.1 steps
     assert len(eagle.caps) == 4
 
 
@@ -378,73 +378,37 @@ def test_eagle_alone_drafts_nothing_when_its_top_guess_does_not_pay():
     assert drafter.stats()["head_skipped"] == eagle.deferred
 
 
-def test_the_gate_learns_what_the_heads_runs_add():
-    """Nothing to search from, the head's rate held at a half, a node costing 10% of a step: its
-    top guess alone (0.5 tokens) does not pay for a run costing 0.6 steps (it needs 0.7). Runs in
-    which the head drafted the only node and it held added a token each, twice the estimate;
-    after two of them the gate credits the head with more and lets the costly run through."""
+def test_the_gate_weighs_half_the_heads_cost(monkeypatch):
+    """Nothing to search from, the head's rate at its prior (a half), a node costing 10% of a
+    step: its guess pays when the weighed cost of a run is under 0.4 steps. A run costing 0.6
+    steps is weighed at 0.3 (the guess alone understates what a run drafts), and so it runs; at
+    the full weight it would not."""
     cost = (1.0, 1.1) + (2.0,) * 20
-    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.6)
-    drafter = EagleSearchDrafter.alone(eagle)
-    drafter._top1_rate = lambda: 0.5
-    drafter.start(HISTORY)
-    ctx = DraftContext(HISTORY + [50], len(HISTORY), 20, cost)
-    drafter.propose(ctx)
-    drafter.observe([50])
-    assert eagle.caps == []  # refused
-    eagle.head_cost = 0.0
-    for _ in range(2):  # a free head runs; its node is accepted each time
-        assert drafter.propose(ctx).tokens == (3,)
-        drafter.observe([3, 99])
-    assert drafter.calibration._totals[("head gain", 0)] == (2.0, 1.0)  # added 2 tokens, estimated 1
-    eagle.head_cost = 0.6
-    drafter.propose(ctx)
-    assert len(eagle.caps) == 3  # 0.5 x (2 + 1) / (1 + 1) = 0.75 > 0.7: the costly run pays now
-
-
-def test_a_head_run_is_credited_only_with_what_the_search_alone_would_not_have_drafted():
-    """The sure local match "1 2" -> "3 4 5" merges into the head's 3; the head adds 9 beside it.
-    Accepted along the branch, the head added nothing; accepted at its 9, it added a token."""
-    history = [1, 2, 3, 4, 5, 6] * 4
-    cost = (1.0,) * 10 + (2.0,) * 20  # every node free up to nine: all are kept
-    added = []
-    for emitted in ([3, 4, 5, 6], [9, 7]):
-        eagle = ScoredEagle(DraftTree((3, 9), (-1, -1)), [math.log(0.6), math.log(0.1)])
-        drafter = EagleSearchDrafter(eagle, None, depth=3, prefix_len=2)
-        drafter.start(history)
-        tree = drafter.propose(DraftContext(history + [1, 2], len(history), 20, cost))
-        assert sorted(tree.tokens) == [3, 4, 5, 9]
-        drafter.observe(emitted)
-        (kind,) = [k for k in drafter.calibration._totals if isinstance(k, tuple) and k[:1] == ("head gain",)]
-        added.append(drafter.calibration._totals[kind][0])
-    assert added == [0.0, 1.0]
-
-
-def test_a_closed_head_gate_still_probes_and_reopens_when_a_probe_adds_tokens():
-    """A run costing 0.6 steps, a node 10%: the head's top guess at its prior rate (0.5 tokens)
-    does not pay for it (0.7), so the gate is shut from the start, yet every PROBE_EVERY-th
-    skipped step the head runs anyway. A probe whose guess fails leaves the gate shut; one whose
-    guess holds (a token the search would not have had) reopens it."""
-    for holds in (False, True):
+    for weight, runs in ((search_module.HEAD_COST_WEIGHT, 1), (1.0, 0)):
+        monkeypatch.setattr(search_module, "HEAD_COST_WEIGHT", weight)
         eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.6)
         drafter = EagleSearchDrafter.alone(eagle)
         drafter.start(HISTORY)
-        ran = []
-        for step in range(PROBE_EVERY + 2):
-            runs = len(eagle.caps)
-            drafter.propose(DraftContext(HISTORY + [50] * step, len(HISTORY), 20, (1.0, 1.1) + (2.0,) * 20))
-            ran.append(len(eagle.caps) > runs)
-            drafter.observe([3, 99] if ran[-1] and holds else [50])
-        assert ran[: PROBE_EVERY + 1] == [False] * PROBE_EVERY + [True]
-        assert ran[-1] == holds
-        assert drafter.stats()["head_skipped"] == PROBE_EVERY + (not holds)
+        drafter.propose(DraftContext(HISTORY + [50], len(HISTORY), 20, cost))
+        assert len(eagle.caps) == runs
 
 
-def test_caught_up_guesses_raise_the_heads_rate():
+def test_a_closed_head_gate_still_probes_and_reopens_on_caught_up_guesses():
+    history = HISTORY
     eagle, drafter, cost = costly_head_alone()
-    eagle.caught_up = [30, 30]  # a catch-up scored its guesses at 30 skipped positions: all held
-    assert drafter._top1_rate() == 31 / 32
-    assert drafter.stats()["head_top_guess"] == [30, 30]
+    ran = []
+    for step in range(40):  # wrong every time it drafts, and nothing learned in between
+        runs = len(eagle.caps)
+        drafter.propose(DraftContext(history + [50] * step, len(history), 20, cost))
+        ran.append(len(eagle.caps) > runs)
+        drafter.observe([50])
+    first_skip = ran.index(False)
+    # closed, the head still runs every PROBE_EVERY-th step (and would catch up on the rest)
+    assert [i for i in range(first_skip, 40) if ran[i]] == list(range(first_skip + PROBE_EVERY, 40, PROBE_EVERY + 1))
+    eagle.caught_up = [30, 30]  # the probe's catch-up: its guesses at 30 skipped positions held
+    drafter.propose(DraftContext(history + [50] * 40, len(history), 20, cost))
+    assert ran[-1] is False and len(eagle.caps) == sum(ran) + 1  # the gate is open again
+    assert drafter.stats()["head_top_guess"] == [30, sum(ran) + 30]
 
 
 def test_accepted_path_takes_the_longest_matching_path():

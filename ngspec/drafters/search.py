@@ -25,6 +25,7 @@ branch stays, so a wrong first EAGLE branch costs nothing but nodes.
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
@@ -44,10 +45,12 @@ SMOOTHING = 0.5  # half an occurrence: a continuation seen once is far from cert
 # can win its place back (about head_cost / PROBE_EVERY of the time, a fraction of a percent)
 PROBE_EVERY = 16
 HEAD_SMOOTHING = 0.2  # weight of the newest head run in the running estimate of its seconds
-# what a head run adds is learned per quarter of the search branch's first-node chance (a branch
-# that is nearly sure leaves the head less to add than its top guess alone suggests, and a weak
-# one more: its other children, the search deepened below its first branch)
-GAIN_BINS = 4
+# the gate weighs half the head's cost: its gain counts only the head's top guess, while a run
+# also drafts the head's other children and lets the search deepen below its first branch; at the
+# full cost the gate kept the head off too often (summarization on two CPU cores, side by side with
+# the full weight: x0.6 +1.1%, x0.3 +0.6%, x0 +1.8%, x1.5 -1.0%; rag at x0.5 +1.2%; BENCHMARKS.md
+# section 10i)
+HEAD_COST_WEIGHT = 0.5
 
 
 class SearchBranch:
@@ -208,11 +211,11 @@ class EagleSearchDrafter:
     verification is not free (``DraftContext.verify_cost``, e.g. on a CPU):
 
     * the head runs only when it pays: the search branch is found first, and when the tokens EAGLE
-      would add are worth less than the head's own cost (`_head_cost`, measured) plus a node,
+      would add (its top guess's acceptance rate so far, times the chance the branch's first token
+      is wrong) are worth less than half the head's own cost (`_head_cost`, measured;
+      ``HEAD_COST_WEIGHT``) plus a node,
       the step drafts the branch alone and the head catches up on the skipped positions next time
-      (what it adds is estimated by `_head_gain`: its top guess's acceptance rate so far, times
-      the chance the branch's first token is wrong, scaled by what its runs have added so far; its
-      guesses at skipped positions are scored, teacher-forced, so the rate keeps learning; and it runs at
+      (where its guesses are scored, teacher-forced, so the rate keeps learning; and it runs at
       least every ``PROBE_EVERY``-th step, so a closed gate can open again); when it runs, it
       expands a level deeper only when the chain expected there would pay (`_deeper`), so on a
       CPU, where trees are a node or two, it mostly runs one level;
@@ -231,6 +234,7 @@ class EagleSearchDrafter:
 
     name = "eagle+search"
     needs_features = True
+    clock: Callable[[], float] = staticmethod(time.perf_counter)  # times the head's runs
     # where nodes cost, the local trie's best nodes merged in as well: at most this many (the
     # trie drafter's default budget), of which those that pay under the verify cost
     local_tree_nodes = NUM_DRAFT
@@ -265,7 +269,6 @@ class EagleSearchDrafter:
         self._since_head = 0  # steps skipped since the head last ran
         self._last: tuple[DraftTree, list, list[float]] | None = None  # tree, keys, unscaled estimates
         self._eagle_top: int | None = None
-        self._gain: tuple[tuple[str, int], float] | None = None  # this step's head run: its gain's kind and estimate
         self._head_runs = 0
         self._head_seconds = 0.0  # a head run's seconds, smoothed (the prompt's first run left out)
 
@@ -273,10 +276,7 @@ class EagleSearchDrafter:
         """A head run's cost relative to a plain target step: measured (its seconds over the loop's
         `DraftContext.step_seconds`) once both are known, else `EagleDrafter.head_cost`, the weights
         it reads. On the AMD VM a run took about 3.3 ms against a 28 ms step, 0.12 steps; the
-        weights say 0.07 (the rest is the Python and small products around the layers). In a
-        batch the step is the row's share of a batched step, so the head weighs once per row it
-        delays, timed by the row's own share of the drafting (`DraftContext.clock`: the head
-        forwards it shared with other rows split among them; BENCHMARKS.md section 10j)."""
+        weights say 0.07 (the rest is the Python and small products around the layers)."""
         if self._head_seconds and ctx.step_seconds:
             return self._head_seconds / ctx.step_seconds
         return getattr(self.eagle, "head_cost", 0.0)
@@ -294,24 +294,12 @@ class EagleSearchDrafter:
         right, scored = self._top_guesses()
         return (1 + right) / (2 + scored)
 
-    def _head_gain(self, reach: list[float], n: int) -> tuple[tuple[str, int], float]:
-        """The kind and unscaled estimate of what a head run adds to a branch that would draft
-        ``n`` nodes reaching ``reach``: its top guess's acceptance rate so far times the chance the
-        branch's first token is wrong. That counts the top guess alone, while a run also drafts
-        the head's other children and lets the search deepen below its first branch (credited
-        that way, the gate kept the head off too often: BENCHMARKS.md sections 10i and 10j), so
-        the estimate is scaled by what the head's runs have added so far (`observe`, through the
-        calibration), per quarter of the branch's first-node chance."""
-        first = reach[0] if n else 0.0
-        return ("head gain", min(int(first * GAIN_BINS), GAIN_BINS - 1)), self._top1_rate() * (1.0 - first)
-
     def _head_pays(self, conditionals: list[float], key: tuple[str, int], ctx: DraftContext) -> bool:
-        """Whether the head's run is worth its time; sets what to learn from it (``_gain``)."""
         reach, n = sized_branch(self.calibration, key, conditionals, ctx)  # what the branch alone would draft
         expected = 1.0 + sum(reach[:n])
-        self._gain = self._head_gain(reach, n)
-        gain = self._gain[1] * self.calibration.scale(self._gain[0])
-        return (expected + gain) / (ctx.cost(n + 1) + self._head_cost(ctx)) > expected / ctx.cost(n)
+        gain = self._top1_rate() * (1.0 - (reach[0] if n else 0.0))
+        head = HEAD_COST_WEIGHT * self._head_cost(ctx)
+        return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
     def _deeper(self, found: tuple[str, list[int], list[float]], key: tuple[str, int], ctx: DraftContext) -> "Deeper":
         """Where nodes cost: whether the head's next level is worth running. It is when the
@@ -342,28 +330,26 @@ class EagleSearchDrafter:
         found = self.search.search(ctx.tokens, depth, value)
         root_key = self.search.last_key
         self._eagle_top = None
-        self._gain = None
-        if costly and not self._head_pays(found[2], root_key, ctx) and self._since_head < PROBE_EVERY:
+        if costly and self._since_head < PROBE_EVERY and not self._head_pays(found[2], root_key, ctx):
             self.eagle.defer(ctx)
             self.skipped += 1
             self._since_head += 1
-            self._gain = None  # the head does not run: nothing to learn
             tree, scores = DraftTree(), []
         else:
             self._since_head = 0
             small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
-            started = ctx.clock()
+            started = self.clock()
             tree = yield from self.eagle.drafting(small, self._deeper(found, root_key, ctx) if costly else None)
-            self._timed_head(ctx.clock() - started)
+            self._timed_head(self.clock() - started)
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
         draft = _Draft(tree, scores, self.calibration)
 
-        def add(parent: int, source: str, tokens: list[int], conditionals: list[float], key: tuple[str, int], free: bool = False) -> bool:
+        def add(parent: int, source: str, tokens: list[int], conditionals: list[float], key: tuple[str, int]) -> bool:
             self.search.count(source)
-            return draft.add(parent, tokens, conditionals, key, merge=costly, free=free)
+            return draft.add(parent, tokens, conditionals, key, merge=costly)
 
-        add(-1, *found, root_key, free=True)
+        add(-1, *found, root_key)
         if costly:
             self._add_local_tree(draft, ctx)
         if self.deepen and scores:
@@ -373,13 +359,13 @@ class EagleSearchDrafter:
                 if add(branch[j - 1], *found, self.search.last_key):
                     self.deepened += 1
                     break
-        tree, probs, keys, raw, free = draft.tree, draft.probs, draft.keys, draft.raw, draft.free
+        tree, probs, keys, raw = draft.tree, draft.probs, draft.keys, draft.raw
         if costly:
             # the most likely nodes: as many as pay, or, for the batch to size, all best first
             keep = _by_likelihood(probs) if ctx.engine_sizes else _most_likely(tree, probs, ctx)
             tree = _subtree(tree, keep, [probs[i] for i in keep] if ctx.engine_sizes else ())
-            keys, raw, free = [keys[i] for i in keep], [raw[i] for i in keep], [free[i] for i in keep]
-        self._last = (tree, keys, raw, free)
+            keys, raw = [keys[i] for i in keep], [raw[i] for i in keep]
+        self._last = (tree, keys, raw)
         return tree
 
     def _add_local_tree(self, draft: "_Draft", ctx: DraftContext) -> None:
@@ -402,13 +388,13 @@ class EagleSearchDrafter:
         for path in root_to_leaf_paths(tree):
             probs = [reach[i] for i in path]
             conditionals = [p / q for p, q in zip(probs, [1.0] + probs[:-1])]
-            draft.add(-1, [tree.tokens[i] for i in path], conditionals, key, merge=True, free=True)
+            draft.add(-1, [tree.tokens[i] for i in path], conditionals, key, merge=True)
 
     def keep(self, size: int) -> None:
         """The engine verifies only the first ``size`` nodes of the last tree offered."""
         if self._last is not None:
-            tree, keys, raw, free = self._last
-            self._last = (tree.truncated(size, max_depth=size), keys[:size], raw[:size], free[:size])
+            tree, keys, raw = self._last
+            self._last = (tree.truncated(size, max_depth=size), keys[:size], raw[:size])
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         self.eagle.observe(new_tokens)
@@ -418,17 +404,10 @@ class EagleSearchDrafter:
             self._top1[1] += 1
             self._eagle_top = None
         if self._last is not None:
-            tree, keys, raw, free = self._last
-            path = accepted_path(tree, list(new_tokens)[:-1])
-            accepted = set(path)
+            tree, keys, raw = self._last
+            accepted = set(accepted_path(tree, list(new_tokens)[:-1]))
             for node, (key, p) in enumerate(zip(keys, raw)):
                 self.calibration.record(key, node in accepted, p)
-            if self._gain is not None:
-                # what the head added: the accepted tokens beyond those the search's nodes alone
-                # would have had accepted (the leading ones that need no head node to be there)
-                alone = next((i for i, node in enumerate(path) if not free[node]), len(path))
-                self.calibration.record(self._gain[0], len(path) - alone, self._gain[1])
-                self._gain = None
             self._last = None
 
     def _top_guesses(self) -> tuple[int, int]:
@@ -453,17 +432,13 @@ class _Draft:
         self.raw = [math.exp(s) for s in scores]
         self.probs = calibration.scaled("eagle", self.raw)
         self.keys: list = ["eagle"] * tree.size
-        self.free = [False] * tree.size  # nodes that would be drafted without the head
 
-    def add(self, parent: int, tokens: list[int], conditionals: list[float], key: tuple[str, int], merge: bool, free: bool = False) -> bool:
+    def add(self, parent: int, tokens: list[int], conditionals: list[float], key: tuple[str, int], merge: bool) -> bool:
         """Hang a branch below ``parent`` (-1 = the root); False when it is empty. With ``merge``
         (where nodes are paid for), a branch token that a child already drafts is that node (with
-        the higher of the two estimates), not a second copy of it. A ``free`` branch is one the
-        step would draft without the head; its nodes, and those it merges into, are free when
-        their parent is."""
+        the higher of the two estimates), not a second copy of it."""
         if not tokens:
             return False
-        free = free and (parent < 0 or self.free[parent])
         above, above_raw = (self.probs[parent], self.raw[parent]) if parent >= 0 else (1.0, 1.0)
         reach = path_probs(conditionals)
         branch = [above * p for p in self.calibration.scaled(key, reach)]
@@ -474,13 +449,11 @@ class _Draft:
             if kid is None:
                 break
             self.probs[kid] = max(self.probs[kid], branch[0])
-            self.free[kid] = self.free[kid] or free
             parent, tokens, branch, reach = kid, tokens[1:], branch[1:], reach[1:]
         self.tree = hang(tree, parent, tokens)
         self.probs.extend(branch)
         self.raw.extend(reach)
         self.keys.extend([key] * len(tokens))
-        self.free.extend([free] * len(tokens))
         return True
 
 

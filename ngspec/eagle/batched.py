@@ -16,9 +16,8 @@ the tree is drafted).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
-from typing import Callable, Generator, Sequence
+from typing import Generator, Sequence
 
 import torch
 from torch import nn
@@ -133,74 +132,34 @@ def drive(drafting: Drafting) -> DraftTree:
         return done.value
 
 
-class RowClocks:
-    """Each row's share of a batch's drafting time: the time its own drafter runs, plus an even
-    share of every call it was answered together with. A drafter that times its own work (the
-    EAGLE head's gate) reads its row's clock (`DraftContext.clock`), not the wall clock, which
-    would also count the other rows' work."""
-
-    def __init__(self, rows: int, now: Callable[[], float] = time.perf_counter) -> None:
-        self.now = now
-        self.spent = [0.0] * rows
-        self._running: int | None = None  # the row whose drafter runs now, and since when
-        self._since = 0.0
-
-    def clock(self, row: int) -> Callable[[], float]:
-        return lambda: self.spent[row] + (self.now() - self._since if self._running == row else 0.0)
-
-    def run(self, row: int, work: Callable[[], object]) -> object:
-        """``work`` done by one row's drafter, charged to that row."""
-        self._running, self._since = row, self.now()
-        try:
-            return work()
-        finally:
-            self.spent[row] += self.now() - self._since
-            self._running = None
-
-    def shared(self, rows: Sequence[int], work: Callable[[], object]) -> object:
-        """``work`` done for several rows at once, charged to them evenly."""
-        start = self.now()
-        try:
-            return work()
-        finally:
-            for row in rows:
-                self.spent[row] += (self.now() - start) / len(rows)
-
-
 def propose_together(drafters: Sequence, contexts: Sequence[DraftContext]) -> list[DraftTree]:
     """Every row's tree; drafters that draft with a head (a ``drafting`` method) run their head
     calls together, one forward per head and round, and their top-k requests likewise, one
     product, softmax, top-k and copy to the host per vocabulary and round; the others `propose`
-    as usual. Each drafter times its work by its row's share of the drafting (`RowClocks`)."""
+    as usual."""
     trees: dict[int, DraftTree] = {}
     running: dict[int, Drafting] = {}
     waiting: dict[int, HeadCall] = {}
-    clocks = RowClocks(len(drafters))
 
-    def step(row: int, out: torch.Tensor | None) -> None:
+    def advance(row: int, out: torch.Tensor | None) -> None:
         try:
             waiting[row] = next(running[row]) if out is None else running[row].send(out)
         except StopIteration as done:
             trees[row] = done.value
             del running[row]
 
-    def advance(row: int, out: torch.Tensor | None) -> None:
-        clocks.run(row, lambda: step(row, out))
-
     for row, (drafter, ctx) in enumerate(zip(drafters, contexts)):
-        ctx = replace(ctx, clock=clocks.clock(row))
         if hasattr(drafter, "drafting"):
             running[row] = drafter.drafting(ctx)
             advance(row, None)
         else:
-            trees[row] = clocks.run(row, lambda: drafter.propose(ctx))
+            trees[row] = drafter.propose(ctx)
     while waiting:
         groups: dict[tuple, list[int]] = {}
         for row, call in waiting.items():
             groups.setdefault(_together(call), []).append(row)
         calls, waiting = waiting, {}
         for rows in groups.values():
-            outs = clocks.shared(rows, lambda: answer([calls[r] for r in rows]))
-            for row, out in zip(rows, outs):
+            for row, out in zip(rows, answer([calls[r] for r in rows])):
                 advance(row, out)
     return [trees[row] for row in range(len(drafters))]
