@@ -35,8 +35,8 @@ With ``--batch-size B`` (B > 1) each arm runs all prompts as one batch of B rows
 (`Engine.run_batch`, arm order reversed every other round; the rows of an arm share its
 calibration, as in `generate --batch-size`), and speed is the batch's wall time:
 
-    python benchmarks/reader_ab.py --category summarization --batch-size 8 --limit 16 \
-        --rounds 2 --eagle-head heads/amd-v9 --datastore datastores/shipped \
+    python benchmarks/reader_ab.py --category summarization --batch-size 8 --limit 16 \\
+        --rounds 2 --eagle-head heads/amd-v9 --datastore datastores/shipped \\
         --tuned shapes/amd-v9-cpu-b1.json --arms "vanilla,trie,whole,no head"
 
 Prints per arm: tokens per verify call (prefill excluded), speed against the trie per round and
