@@ -139,8 +139,7 @@ def main() -> None:
             store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
             new_drafter = lambda: make_drafter("eagle+search", DrafterOptions(search_depth=16), None, factory, store)  # noqa: E731
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.batch_size)]
-    # a cost slope stands for the GPU's table: not rescaled by this machine's own step times
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)  # the slope stands (`Engine.cost_slope`)
     res = profile_batch(engine, ids, new_drafter, cfg, args.batch_size, args.top, args.whole_step)
     for key in ("together", "row_by_row"):
         r = res[key]
