@@ -143,6 +143,8 @@ def main() -> None:
     ap.add_argument("--head-cost-scale", type=float, default=2.0, help="the 'whole hc' arm's factor on the head's weighed cost in its gate (2: the full cost)")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
     args = ap.parse_args()
+    if args.batch_size < 1:
+        ap.error("--batch-size must be at least 1")
 
     loaded = load_model()
     engine = Engine(loaded)
@@ -194,8 +196,6 @@ def main() -> None:
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
     # the "... table" arms size trees by the cost table as measured (before `StepTimes`)
     configs = {a: replace(cfg, learn_costs=not a.endswith(" table")) for a in arms}
-    if args.batch_size < 1:
-        ap.error("--batch-size must be at least 1")
     for new in arms.values():  # warm-up, untimed
         engine.run(ids[0], new(), DecodeConfig(max_new_tokens=16, max_draft_nodes=96))
         if args.batch_size > 1:

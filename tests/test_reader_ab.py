@@ -55,3 +55,17 @@ def test_no_head_drafts_the_search_and_the_local_tree_and_never_the_heads_guess(
         assert (7 in tree.tokens) == bool(cost)  # where nodes cost, the local trie's second guess too
         headless.observe([3, 4, 5])
         assert headless.stats()["head_top_guess"] == [0, 0]
+
+
+def test_a_batch_size_below_one_is_a_usage_error_before_anything_loads():
+    import subprocess
+    import sys
+
+    from conftest import BENCHMARKS
+
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "reader_ab.py"), "--category", "rag", "--eagle-head", "none", "--tuned", "none.json", "--batch-size", "0"],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 2
+    assert "--batch-size must be at least 1" in run.stderr and "Traceback" not in run.stderr
