@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
-from ngspec.kv import make_cache, replace_entries, truncate
+from ngspec.kv import cache_argument, make_cache, replace_entries, truncate
 from ngspec.target import forward_with_features, prepare_model
 from ngspec.tree import additive_mask, batch_blocks
 
@@ -77,7 +77,7 @@ class BatchTarget:
         own = make_cache(self.model.config, capacity=len(prompt))
         out, features = forward_with_features(
             lambda **extra: self.model(
-                input_ids=torch.tensor([list(prompt)], device=self.device), past_key_values=own, use_cache=True, logits_to_keep=1, **extra,
+                input_ids=torch.tensor([list(prompt)], device=self.device), **cache_argument(self.model, own), use_cache=True, logits_to_keep=1, **extra,
             ),
             self.model, self.keep_features, self.feature_layers,
         )
@@ -157,7 +157,7 @@ class BatchTarget:
         out, features = forward_with_features(
             lambda **extra: self.model(
                 input_ids=ids.to(self.device), position_ids=positions.to(self.device), attention_mask=mask,
-                past_key_values=self.cache, use_cache=True, **extra,
+                **cache_argument(self.model, self.cache), use_cache=True, **extra,
             ),
             self.model, self.keep_features, self.feature_layers,
         )

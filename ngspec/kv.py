@@ -12,6 +12,8 @@ one gather per layer and drops the rest.
 
 from __future__ import annotations
 
+import inspect
+from functools import cache as memoise
 from typing import Sequence
 
 import torch
@@ -65,6 +67,19 @@ class GrowableLayer(DynamicLayer):
         self._keys[:, :, :used] = keys
         self._values[:, :, :used] = values
         self.keys, self.values = self._keys[:, :, :used], self._values[:, :, :used]
+
+
+def cache_argument(module: torch.nn.Module, cache) -> dict:
+    """The keyword that hands ``cache`` to ``module``'s forward: transformers 5.24 renamed
+    ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40); modules that do not
+    know the new name (older transformers, remote code) still get ``past_key_values``."""
+    return {_cache_keyword(type(module)): cache}
+
+
+@memoise
+def _cache_keyword(module_type: type) -> str:
+    accepted = inspect.signature(module_type.forward).parameters  # follows transformers' renaming wrapper
+    return "cache" if "cache" in accepted and "past_key_values" not in accepted else "past_key_values"
 
 
 def make_cache(config, capacity: int) -> DynamicCache:

@@ -25,6 +25,8 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ngspec.kv import cache_argument
+
 ATTENTION_NAME = "ngspec_shared_prefix"
 
 
@@ -121,7 +123,7 @@ def forward_rows(model: PreTrainedModel, prefix: Cache, ids: torch.Tensor, **kwa
             input_ids=ids,
             position_ids=positions,
             attention_mask=unused_mask,  # 4D so that transformers builds none; causality is in the attention
-            past_key_values=block,
+            **cache_argument(model, block),
             use_cache=True,
             shared_prefix=prefix,
             **kwargs,

@@ -18,7 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
-from ngspec.kv import keep_block, make_cache, truncate
+from ngspec.kv import cache_argument, keep_block, make_cache, truncate
 from ngspec.cpu_linear import tune_linears
 from ngspec.rows import RowBlockCache, forward_rows, full_attention_only
 from ngspec.tree import attention_mask, position_ids, root_to_leaf_paths
@@ -121,7 +121,7 @@ class TargetModel:
 
     def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
         out, features = forward_with_features(
-            lambda **extra: self.model(input_ids=ids.to(self.device), past_key_values=self.cache, use_cache=True, **kwargs, **extra),
+            lambda **extra: self.model(input_ids=ids.to(self.device), **cache_argument(self.model, self.cache), use_cache=True, **kwargs, **extra),
             self.model, self.keep_features, self.feature_layers,
         )
         self._block_hidden = features[0] if features is not None else None

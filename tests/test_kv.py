@@ -1,16 +1,19 @@
 """Committing an accepted path leaves the cache equal to one recomputed from scratch."""
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 
 from ngspec.contracts import DraftTree
+from ngspec.kv import cache_argument
 from ngspec.target import TargetModel
 
 
 def fresh_cache(model, tokens):
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+        model(torch.tensor([tokens]), **cache_argument(model, cache), use_cache=True)
     return cache
 
 
@@ -50,9 +53,9 @@ def test_growable_cache_grows_and_matches_dynamic_cache(tiny):
     assert all(isinstance(layer, GrowableLayer) for layer in cache.layers)
     tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
     with torch.inference_mode():
-        tiny(torch.tensor([tokens[:3]]), past_key_values=cache, use_cache=True)
+        tiny(torch.tensor([tokens[:3]]), **cache_argument(tiny, cache), use_cache=True)
         for i in range(3, len(tokens), 2):
-            tiny(torch.tensor([tokens[i : i + 2]]), past_key_values=cache, use_cache=True)
+            tiny(torch.tensor([tokens[i : i + 2]]), **cache_argument(tiny, cache), use_cache=True)
     expected = fresh_cache(tiny, tokens)
     for got_layer, want_layer in zip(cache.layers, expected.layers):
         assert got_layer.keys.shape == want_layer.keys.shape
@@ -87,3 +90,20 @@ def test_replace_compacts_in_place_and_keeps_appending():
         layer.update(new_k[:1].expand(len(rows), -1, -1, -1), new_v[:1].expand(len(rows), -1, -1, -1))
         assert layer.keys.shape == (len(rows), 2, before_k.shape[2] + 1, 4)
         torch.testing.assert_close(layer.keys[:, :, :-1], before_k[rows])
+
+
+class _KnowsOldName(torch.nn.Module):
+    def forward(self, x, past_key_values=None):
+        return x
+
+
+class _KnowsNewName(torch.nn.Module):
+    def forward(self, x, cache=None):
+        return x
+
+
+def test_cache_goes_under_the_name_the_module_knows(tiny):
+    assert cache_argument(_KnowsOldName(), "c") == {"past_key_values": "c"}
+    assert cache_argument(_KnowsNewName(), "c") == {"cache": "c"}
+    (name,) = cache_argument(tiny, None)  # whichever transformers is installed
+    assert name in inspect.signature(type(tiny).forward).parameters

@@ -33,7 +33,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ngspec.errors import NgspecError
-from ngspec.kv import make_cache
+from ngspec.kv import cache_argument, make_cache
 from ngspec.rows import forward_rows, full_attention_only
 
 TABLE_FORMAT = 1
@@ -116,7 +116,7 @@ def bigram_topk(
     prefix = None
     if anchor and full_attention_only(model):  # the anchor's cache is computed once and shared
         prefix = make_cache(model.config, capacity=len(anchor))
-        model(input_ids=torch.tensor([list(anchor)], device=device), past_key_values=prefix, use_cache=True)
+        model(input_ids=torch.tensor([list(anchor)], device=device), **cache_argument(model, prefix), use_cache=True)
     for start in range(0, vocab, batch_size):
         ids = torch.arange(start, min(start + batch_size, vocab), device=device)[:, None]
         if prefix is not None:

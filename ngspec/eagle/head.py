@@ -26,6 +26,7 @@ from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from ngspec.errors import NgspecError
+from ngspec.kv import cache_argument
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
@@ -64,7 +65,7 @@ class EagleHead(nn.Module):
             h,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            **cache_argument(self.layers[0], cache),
             use_cache=cache is not None,
             position_embeddings=self.rotary(h, position_ids),
             **attention_kwargs,

@@ -29,6 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from ngspec.eagle.head import attention_keys_values
 from ngspec.errors import NgspecError
+from ngspec.kv import cache_argument
 
 
 def feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -73,7 +74,7 @@ class Eagle3Head(nn.Module):
             hidden_states=x,
             position_embeddings=self.rotary(hidden, position_ids),
             attention_mask=attention_mask,
-            past_key_values=cache,
+            **cache_argument(layer.self_attn, cache),
             **attention_kwargs,
         )
         h = hidden + attn
