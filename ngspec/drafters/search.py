@@ -343,6 +343,19 @@ class EagleSearchDrafter:
             self._timed_head(self.clock() - started)
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
+        tree, keys, raw = self._assemble(ctx, found, root_key, tree, scores)
+        self._last = (tree, keys, raw)
+        return tree
+
+    def _assemble(
+        self, ctx: DraftContext, found: tuple[str, list[int], list[float]], root_key: tuple[str, int], tree: DraftTree, scores: list[float]
+    ) -> tuple[DraftTree, list, list[float]]:
+        """The step's tree from EAGLE's (``tree``, ``scores``; empty when the head did not run) and
+        the root's search branch ``found``: the branch hung at the root, where nodes cost the local
+        trie's tree merged in, with ``deepen`` a branch below EAGLE's first one, and where nodes
+        cost the most likely nodes kept. Also each node's kind of estimate and unscaled estimate
+        (what `observe` records in the calibration)."""
+        costly = bool(ctx.verify_cost)
         draft = _Draft(tree, scores, self.calibration)
 
         def add(parent: int, source: str, tokens: list[int], conditionals: list[float], key: tuple[str, int]) -> bool:
@@ -353,6 +366,7 @@ class EagleSearchDrafter:
         if costly:
             self._add_local_tree(draft, ctx)
         if self.deepen and scores:
+            depth, value = min(self.search.depth, ctx.max_nodes), branch_value(self.calibration, ctx)
             branch = first_branch(tree)  # EAGLE's own tree: branches are hung on `draft.tree`
             for j in range(len(branch), 0, -1):
                 found = self.search.search(list(ctx.tokens) + [tree.tokens[i] for i in branch[:j]], depth, value)
@@ -365,8 +379,7 @@ class EagleSearchDrafter:
             keep = _by_likelihood(probs) if ctx.engine_sizes else _most_likely(tree, probs, ctx)
             tree = _subtree(tree, keep, [probs[i] for i in keep] if ctx.engine_sizes else ())
             keys, raw = [keys[i] for i in keep], [raw[i] for i in keep]
-        self._last = (tree, keys, raw)
-        return tree
+        return tree, keys, raw
 
     def _add_local_tree(self, draft: "_Draft", ctx: DraftContext) -> None:
         """Where nodes cost: the local trie's most likely continuations, as many as pay under the

@@ -1,0 +1,166 @@
+"""What running the EAGLE head is worth, step by step, against what the head's gate credits it.
+
+The whole method (`eagle+search` with deepening and a tuned static tree) runs with its head on at
+every step. At each step the script also assembles the tree the step would have drafted without
+the head (the same search branch and local trie tree, sized alone, as on a step the gate skips)
+and scores both trees against the prompt's plain greedy output, which the run follows exactly. It
+records what the gate would have decided, the gain it credits the head (its top guess's rate
+times the chance the branch's first token is wrong), and the head's cost relative to a plain step.
+
+From those records it prints, per category:
+
+* the realized gain (accepted with the head less accepted without it) next to the credited gain,
+  over all steps, the steps the gate would run the head on and those it would skip, and by
+  quartile of the credited gain;
+* where the realized gain comes from: steps where the head's top guess is right or wrong, and the
+  branch's first token right or wrong;
+* tokens per unit of cost of four policies replayed over the same steps: never run the head,
+  always run it, follow the gate, and pick the better tree at each step (each step's
+  cost: its tree's verify cost from the run's cost table, plus the head's measured cost where it
+  runs). A replay assumes a skipped step leaves the next steps as they were (the head catches up
+  on skipped positions, `EagleDrafter.defer`).
+
+    python benchmarks/head_worth.py --category summarization --eagle-head heads/amd-v23-all-e8lr1 \\
+        --datastore datastores/shipped --tuned shapes/amd-v23-cpu-b1.json --json bench-out/v30/worth-summ.json
+
+Batch size 1 only (a batch sizes its rows' trees together).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import ngspec.drafters.search as search
+from ngspec.contracts import DraftContext, DraftTree
+from ngspec.datastore.index import Datastore
+from ngspec.decode import DecodeConfig
+from ngspec.drafters import make_drafter
+from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
+from ngspec.drafters.trie import Calibration
+from ngspec.eagle.head import load_draft_vocab, load_head
+from ngspec.engine import Engine
+from ngspec.models import load_model
+from ngspec.prompts import encode, load_prompts
+from ngspec.tree import accepted_path
+
+
+class Witness(search.EagleSearchDrafter):
+    """The whole method with its head run at every step, recording both trees' outcomes."""
+
+    def __init__(self, *args, reference: list[int], rows: list[dict], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reference, self.rows = reference, rows
+        self._row: dict | None = None
+
+    def _head_pays(self, conditionals, key, ctx: DraftContext) -> bool:
+        reach, n = search.sized_branch(self.calibration, key, conditionals, ctx)
+        self._row = {
+            "gate": super()._head_pays(conditionals, key, ctx),
+            "credited": self._top1_rate() * (1.0 - (reach[0] if n else 0.0)),
+            "head_cost": self._head_cost(ctx),
+        }
+        return True
+
+    def _assemble(self, ctx, found, root_key, tree, scores):
+        out = super()._assemble(ctx, found, root_key, tree, scores)
+        row, self._row = self._row, None
+        if row is None or not scores:
+            return out
+        counts, deepened = dict(self.search.found), self.deepened
+        alone = super()._assemble(ctx, found, root_key, DraftTree(), [])[0]
+        self.search.found.update(counts)  # the counterfactual is not part of the run's statistics
+        self.deepened = deepened
+        truth = self.reference[len(ctx.tokens) - ctx.prompt_len :]
+        with_head = out[0]
+        row.update(
+            accepted_with=len(accepted_path(with_head, truth)),
+            accepted_without=len(accepted_path(alone, truth)),
+            cost_with=ctx.cost(with_head.size),
+            cost_without=ctx.cost(alone.size),
+            head_right=bool(truth) and truth[0] == self._eagle_top,
+            branch_right=bool(truth) and bool(found[1]) and found[1][0] == truth[0],
+        )
+        self.rows.append(row)
+        return out
+
+
+def summarise(rows: list[dict]) -> dict:
+    def gain(rs: list[dict]) -> dict:
+        if not rs:
+            return {"steps": 0}
+        return {
+            "steps": len(rs),
+            "realized": statistics.fmean(r["accepted_with"] - r["accepted_without"] for r in rs),
+            "credited": statistics.fmean(r["credited"] for r in rs),
+            "cost_added": statistics.fmean(r["cost_with"] - r["cost_without"] for r in rs),
+        }
+
+    credited = sorted(r["credited"] for r in rows)
+    cuts = [credited[len(credited) * q // 4] for q in (1, 2, 3)]
+    quartiles = [[r for r in rows if (q == 0 or r["credited"] >= cuts[q - 1]) and (q == 3 or r["credited"] < cuts[q])] for q in range(4)]
+
+    def rate(pick) -> float:
+        tokens = sum(1 + (r["accepted_with"] if pick(r) else r["accepted_without"]) for r in rows)
+        cost = sum(r["cost_with"] + r["head_cost"] if pick(r) else r["cost_without"] for r in rows)
+        return tokens / cost
+
+    def oracle(r: dict) -> bool:
+        return (1 + r["accepted_with"]) / (r["cost_with"] + r["head_cost"]) > (1 + r["accepted_without"]) / r["cost_without"]
+
+    return {
+        "all": gain(rows),
+        "gate runs": gain([r for r in rows if r["gate"]]),
+        "gate skips": gain([r for r in rows if not r["gate"]]),
+        "by credited quartile": [gain(q) for q in quartiles],
+        "head right, branch wrong": gain([r for r in rows if r["head_right"] and not r["branch_right"]]),
+        "head right, branch right": gain([r for r in rows if r["head_right"] and r["branch_right"]]),
+        "head wrong, branch wrong": gain([r for r in rows if not r["head_right"] and not r["branch_right"]]),
+        "head wrong, branch right": gain([r for r in rows if not r["head_right"] and r["branch_right"]]),
+        "head cost": statistics.fmean(r["head_cost"] for r in rows),
+        "tokens per cost": {
+            "never": rate(lambda r: False),
+            "always": rate(lambda r: True),
+            "gate": rate(lambda r: r["gate"]),
+            "per-step best": rate(oracle),
+        },
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument("--category", required=True)
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
+    ap.add_argument("--eagle-head", required=True)
+    ap.add_argument("--datastore")
+    ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
+    ap.add_argument("--json", help="write the per-step records and the summary here")
+    args = ap.parse_args()
+
+    loaded = load_model()
+    engine = Engine(loaded)
+    head_dir = Path(args.eagle_head)
+    store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
+    tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192)
+    factory = eagle_factory(loaded.model, load_head(head_dir, loaded.model), tuned, load_draft_vocab(head_dir))
+    ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
+    calibration, rows, exact = Calibration(), [], 0  # carried from prompt to prompt, as in `generate`
+    for x in ids:
+        reference = engine.run(x, make_drafter("vanilla"), cfg).token_ids
+        drafter = Witness(factory(), store, deepen=True, calibration=calibration, reference=reference, rows=rows)
+        exact += engine.run(x, drafter, cfg).token_ids == reference
+    summary = summarise(rows)
+    print(f"{args.category}: {len(rows)} steps, exact {exact}/{len(ids)}")
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"summary": summary, "steps": rows}))
+
+
+if __name__ == "__main__":
+    main()

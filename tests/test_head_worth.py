@@ -1,0 +1,62 @@
+"""benchmarks/head_worth.py: the tree it scores as the step without the head is the one the gate's
+skip would have drafted, both trees are scored against the true continuation, and the policy
+replay adds up tokens and costs as it says (the diagnostic itself is a benchmark, BENCHMARKS.md)."""
+
+import math
+
+import pytest
+from conftest import benchmark_script
+from test_search import ScoredEagle
+
+from ngspec.contracts import DraftContext, DraftTree
+
+worth = benchmark_script("head_worth")
+HISTORY = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 7, 8]  # "1 2" went on as "3 4" twice, as "7 8" once
+COST = (1.0,) * 6 + (3.0,) * 30  # five nodes are free, a sixth costs two steps more
+
+
+def witness_step(truth: list[int]):
+    """One step after "... 1 2" with a head that guesses 9 (then 4); the generated text so far is
+    the last two tokens of the context, ``truth`` what greedy decoding emits next."""
+    eagle = ScoredEagle(DraftTree((9, 4), (-1, 0)), [math.log(0.6), math.log(0.3)], head_cost=0.2)
+    rows: list[dict] = []
+    d = worth.Witness(eagle, None, depth=4, prefix_len=2, reference=[1, 2] + truth, rows=rows)
+    d.start(HISTORY)
+    ctx = DraftContext(HISTORY + [1, 2], len(HISTORY), 20, COST)
+    tree = d.propose(ctx)
+    skipped = worth.search.EagleSearchDrafter(ScoredEagle(DraftTree(), []), None, depth=4, prefix_len=2)
+    skipped.start(HISTORY)
+    skipped._head_pays = lambda *a: False
+    return rows[0], tree, skipped.propose(ctx), eagle
+
+
+def test_the_head_runs_every_step_and_both_trees_are_scored():
+    row, with_head, alone, eagle = witness_step([9, 4, 5])
+    assert eagle.caps, "the head ran although the gate is recorded"
+    assert 9 in with_head.tokens and 9 not in alone.tokens
+    assert row["accepted_with"] == 2 and row["accepted_without"] == 0  # 9 4 accepted; the branch says 3
+    assert row["head_right"] and not row["branch_right"]
+    assert row["cost_with"] == COST[with_head.size] and row["cost_without"] == COST[alone.size]
+    assert 0 < row["credited"] < 0.5  # the head's top-guess rate starts from one in two
+
+
+def test_the_step_without_the_head_is_the_skipped_steps_tree():
+    row, with_head, alone, _ = witness_step([3, 4, 1])
+    assert row["branch_right"] and not row["head_right"]
+    # without the head the branch keeps its third node; the head's two nodes took its place
+    assert row["accepted_without"] == 3 == len(worth.accepted_path(alone, [3, 4, 1]))
+    assert row["accepted_with"] == 2 == len(worth.accepted_path(with_head, [3, 4, 1]))
+
+
+def test_policies_add_tokens_and_costs():
+    rows = [
+        {"gate": True, "credited": 0.5, "head_cost": 0.2, "accepted_with": 2, "accepted_without": 0, "cost_with": 1.1, "cost_without": 1.0, "head_right": True, "branch_right": False},
+        {"gate": False, "credited": 0.1, "head_cost": 0.2, "accepted_with": 1, "accepted_without": 1, "cost_with": 1.2, "cost_without": 1.0, "head_right": False, "branch_right": True},
+    ]
+    s = worth.summarise(rows)
+    assert s["all"]["realized"] == pytest.approx(1.0) and s["all"]["credited"] == pytest.approx(0.3)
+    assert s["gate runs"]["realized"] == 2 and s["gate skips"]["realized"] == 0
+    rates = s["tokens per cost"]
+    assert rates["never"] == pytest.approx(3 / 2.0)
+    assert rates["always"] == pytest.approx(5 / (1.3 + 1.4))
+    assert rates["gate"] == pytest.approx(5 / (1.3 + 1.0)) == rates["per-step best"]
