@@ -45,11 +45,12 @@ SMOOTHING = 0.5  # half an occurrence: a continuation seen once is far from cert
 # can win its place back (about head_cost / PROBE_EVERY of the time, a fraction of a percent)
 PROBE_EVERY = 16
 HEAD_SMOOTHING = 0.2  # weight of the newest head run in the running estimate of its seconds
-# the gate weighs half the head's cost: its gain counts only the head's top guess, while a run
-# also drafts the head's other children and lets the search deepen below its first branch; at the
-# full cost the gate kept the head off too often (summarization on two CPU cores, side by side with
-# the full weight: x0.6 +1.1%, x0.3 +0.6%, x0 +1.8%, x1.5 -1.0%; rag at x0.5 +1.2%; BENCHMARKS.md
-# section 10i)
+# the gate weighs half the head's cost: at the full cost it kept the head off too often
+# (summarization on two CPU cores, side by side with the full weight: x0.6 +1.1%, x0.3 +0.6%,
+# x0 +1.8%, x1.5 -1.0%; rag at x0.5 +1.2%; BENCHMARKS.md section 10i). Not because the credited
+# gain is low: step by step it equals what head runs add on average (`benchmarks/head_worth.py`,
+# section 10k); the gate's error is which steps it picks, and on two cores the head is worth about
+# its cost either way
 HEAD_COST_WEIGHT = 0.5
 
 
