@@ -55,13 +55,13 @@ class Witness(search.EagleSearchDrafter):
         self.reference, self.rows = reference, rows
         self._row: dict | None = None
 
+    def _credited_gain(self, reach, n: int) -> float:
+        self._credited = super()._credited_gain(reach, n)
+        return self._credited
+
     def _head_pays(self, conditionals, key, ctx: DraftContext) -> bool:
-        reach, n = search.sized_branch(self.calibration, key, conditionals, ctx)
-        self._row = {
-            "gate": super()._head_pays(conditionals, key, ctx),
-            "credited": self._top1_rate() * (1.0 - (reach[0] if n else 0.0)),
-            "head_cost": self._head_cost(ctx),
-        }
+        gate = super()._head_pays(conditionals, key, ctx)  # sets ``_credited``
+        self._row = {"gate": gate, "credited": self._credited, "head_cost": self._head_cost(ctx)}
         return True
 
     def _assemble(self, ctx, found, root_key, tree, scores):

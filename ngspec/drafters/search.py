@@ -295,10 +295,16 @@ class EagleSearchDrafter:
         right, scored = self._top_guesses()
         return (1 + right) / (2 + scored)
 
+    def _credited_gain(self, reach: list[float], n: int) -> float:
+        """The tokens the gate credits a head run with, next to a branch of ``n`` nodes reached
+        with chances ``reach``: the head's top-guess rate so far times the chance the branch's
+        first token is wrong."""
+        return self._top1_rate() * (1.0 - (reach[0] if n else 0.0))
+
     def _head_pays(self, conditionals: list[float], key: tuple[str, int], ctx: DraftContext) -> bool:
         reach, n = sized_branch(self.calibration, key, conditionals, ctx)  # what the branch alone would draft
         expected = 1.0 + sum(reach[:n])
-        gain = self._top1_rate() * (1.0 - (reach[0] if n else 0.0))
+        gain = self._credited_gain(reach, n)
         head = HEAD_COST_WEIGHT * self._head_cost(ctx)
         return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
