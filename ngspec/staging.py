@@ -1,4 +1,5 @@
-"""Writing a directory atomically: build it under a temporary name beside the target, then rename."""
+"""Writing a directory or a file atomically: build it under a temporary name beside the target, then
+rename, so that an interrupted command never leaves half of one behind."""
 
 from __future__ import annotations
 
@@ -27,3 +28,23 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def output_directory(out: Path) -> None:
+    """Create the directory ``out`` will be written in (called before a long run, so that a path
+    that cannot be written fails at once, not after the work)."""
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NgspecError(f"cannot create the directory for {out}: {exc.strerror or exc}") from None
+
+
+def write_text(out: Path, text: str) -> None:
+    """Write ``text`` to ``out`` through a temporary file beside it, renamed into place."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)

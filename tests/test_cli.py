@@ -60,7 +60,7 @@ def test_generate_human_output_streams_text_and_summary(prompt_file):
 def test_bench_reports_every_arm(tmp_path):
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": 1, "category": "rag", "turns": [PROMPT]}) + "\n")
-    md = tmp_path / "bench.md"
+    md = tmp_path / "reports" / "bench.md"  # a directory that does not exist yet is created
     result = invoke("bench", "-q", questions, "--category", "rag", "-n", 12, "--json", "--markdown", md)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -103,6 +103,7 @@ def test_bench_reports_every_arm(tmp_path):
         (["tune-tree", "--eagle-head", "no/such/head", "--out", "x.json"], "no EAGLE head directory"),
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}"], "already exists"),
         (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--batch-size", "0"], "--batch-size"),
+        (["tune-tree", "--eagle-head", ".", "--out", "{prompt}/shape.json"], "cannot create the directory"),
     ],
 )
 def test_bad_input_one_clear_line(tmp_path, args, message):

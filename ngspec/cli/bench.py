@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
@@ -63,8 +64,8 @@ def bench_command(
     ws = parse_values(drafting.w, "w", 1) if drafting.w is not None else None
     prompts = load_prompts(questions, category, limit, per_category)
     for path in (markdown_out, json_path):
-        if path is not None and not path.parent.exists():
-            raise NgspecError(f"output directory does not exist: {path.parent}")
+        if path is not None:
+            staging.output_directory(path)
     engine = load_engine(model, device, dtype, profile)
     if ks is None or ws is None:  # unset: the profile's (k, w) at the first prompt's length, else the defaults
         defaults = rows_options(opts, None, None, engine.profile, 0, engine.target.device.type)
@@ -97,9 +98,9 @@ def bench_command(
             for g in grids
         ]
     if markdown_out is not None:
-        markdown_out.write_text(markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records))
+        staging.write_text(markdown_out, markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records))
     if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2))
+        staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
         render.json_line(report)
         return

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.common import load_engine
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, RawOpt
@@ -65,12 +66,11 @@ def tune_tree_command(
         raise NgspecError(f"no EAGLE head directory at {eagle_head}")
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
-    if not out.parent.exists():
-        raise NgspecError(f"output directory does not exist: {out.parent}")
     if not 1 <= min_nodes <= nodes:
         raise NgspecError("need 1 <= --min-nodes <= --nodes")
     if width < 1 or depth < 1:
         raise NgspecError("--width and --depth must be at least 1")
+    staging.output_directory(out)
     batch = BatchConfig(batch_size)
     prompts = calibration_prompts(questions, per_category, limit)
     engine = load_engine(model, device, dtype)
@@ -117,7 +117,7 @@ def tune_tree_command(
         "acceptance": {json.dumps(list(c)): rates[c] for c in shape},
         "choices": [list(c) for c in shape],
     }
-    out.write_text(json.dumps(record, indent=1))
+    staging.write_text(out, json.dumps(record, indent=1))
     if json_out:
         render.json_line(record)
         return
