@@ -5,7 +5,9 @@ every step. At each step the script also assembles the tree the step would have 
 the head (the same search branch and local trie tree, sized alone, as on a step the gate skips)
 and scores both trees against the prompt's plain greedy output, which the run follows exactly. It
 records what the gate would have decided, the gain it credits the head (its top guess's rate
-times the chance the branch's first token is wrong), and the head's cost relative to a plain step.
+times the chance the branch's first token is wrong), the head's cost relative to a plain step, and
+what was known before the head ran (the branch's source, match length and first-node chance, the
+local trie's match depth; `benchmarks/head_signals.py` tries them as gates).
 
 From those records it prints, per category:
 
@@ -50,9 +52,9 @@ from ngspec.tree import accepted_path
 class Witness(search.EagleSearchDrafter):
     """The whole method with its head run at every step, recording both trees' outcomes."""
 
-    def __init__(self, *args, reference: list[int], rows: list[dict], **kwargs) -> None:
+    def __init__(self, *args, reference: list[int], rows: list[dict], prompt_index: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.reference, self.rows = reference, rows
+        self.reference, self.rows, self.prompt_index = reference, rows, prompt_index
         self._row: dict | None = None
 
     def _credited_gain(self, reach, n: int) -> float:
@@ -61,7 +63,14 @@ class Witness(search.EagleSearchDrafter):
 
     def _head_pays(self, conditionals, key, ctx: DraftContext) -> bool:
         gate = super()._head_pays(conditionals, key, ctx)  # sets ``_credited``
-        self._row = {"gate": gate, "credited": self._credited, "head_cost": self._head_cost(ctx)}
+        reach, n = search.sized_branch(self.calibration, key, conditionals, ctx)
+        node = self.search.trie.match(ctx.tokens)
+        self._row = {
+            "gate": gate, "credited": self._credited, "head_cost": self._head_cost(ctx),
+            # what is known before the head runs (`benchmarks/head_signals.py` tries them as gates)
+            "prompt": self.prompt_index, "source": key[0], "match": key[1], "reach0": reach[0] if n else 0.0,
+            "local_depth": self.search.trie.depth(node) if node is not None else 0,
+        }
         return True
 
     def _assemble(self, ctx, found, root_key, tree, scores):
@@ -150,9 +159,9 @@ def main() -> None:
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
     calibration, rows, exact = Calibration(), [], 0  # carried from prompt to prompt, as in `generate`
-    for x in ids:
+    for i, x in enumerate(ids):
         reference = engine.run(x, make_drafter("vanilla"), cfg).token_ids
-        drafter = Witness(factory(), store, deepen=True, calibration=calibration, reference=reference, rows=rows)
+        drafter = Witness(factory(), store, deepen=True, calibration=calibration, reference=reference, rows=rows, prompt_index=i)
         exact += engine.run(x, drafter, cfg).token_ids == reference
     summary = summarise(rows)
     print(f"{args.category}: {len(rows)} steps, exact {exact}/{len(ids)}")

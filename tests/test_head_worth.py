@@ -60,3 +60,9 @@ def test_policies_add_tokens_and_costs():
     assert rates["never"] == pytest.approx(3 / 2.0)
     assert rates["always"] == pytest.approx(5 / (1.3 + 1.4))
     assert rates["gate"] == pytest.approx(5 / (1.3 + 1.0)) == rates["per-step best"]
+
+
+def test_what_was_known_before_the_head_ran_is_recorded():
+    row, *_ = witness_step([9, 4, 5])
+    assert row["prompt"] == 0 and row["source"] == "local" and row["match"] == 2 == row["local_depth"]
+    assert 0 < row["reach0"] <= 1  # "1 2" went on as "3" two times in three

@@ -47,10 +47,10 @@ PROBE_EVERY = 16
 HEAD_SMOOTHING = 0.2  # weight of the newest head run in the running estimate of its seconds
 # the gate weighs half the head's cost: at the full cost it kept the head off too often
 # (summarization on two CPU cores, side by side with the full weight: x0.6 +1.1%, x0.3 +0.6%,
-# x0 +1.8%, x1.5 -1.0%; rag at x0.5 +1.2%; BENCHMARKS.md section 10i). Not because the credited
-# gain is low: step by step it equals what head runs add on average (`benchmarks/head_worth.py`,
-# section 10k); the gate's error is which steps it picks, and on two cores the head is worth about
-# its cost either way
+# x0 +1.8%, x1.5 -1.0%; rag at x0.5 +1.2%; BENCHMARKS.md section 10i). Step by step, what head
+# runs add on average is 1.0-1.5x the credited gain (`benchmarks/head_worth.py`, sections 10k and
+# 10l), yet running the head on every step loses to this gate in replay; what the gate gets wrong
+# is which steps it picks, and no signal known before the head runs picks them better (10l)
 HEAD_COST_WEIGHT = 0.5
 
 
