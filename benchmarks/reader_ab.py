@@ -24,6 +24,8 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``whole ah`` and ``eagle ah``: ``whole`` and ``eagle`` with the head ``--alt-eagle-head``
   (which head pays, e.g. one fine-tuned with ``train-eagle --loss-on all``; same tuned shape);
 * ``whole at``: ``whole`` with the static tree of ``--alt-tuned`` (which tuned shape pays);
+* ``whole batch probes``: ``whole`` probing its head every `search.PROBE_EVERY`-th skipped step
+  even where the batch verified none of the row's last tree (before that exception);
 * ``whole hc``: ``whole`` with the head's gate weighing its cost times ``--head-cost-scale``
   on top of `search.HEAD_COST_WEIGHT` (0.5; ``--head-cost-scale 2`` is the full cost, the gate
   before that weight): whether the gate opens too often or too rarely.
@@ -89,6 +91,12 @@ class OldGate(search.EagleSearchDrafter):
 
     def drafting(self, ctx):
         self._since_head = -(10**9)  # never probes
+        return (yield from super().drafting(ctx))
+
+
+class BatchProbes(search.EagleSearchDrafter):
+    def drafting(self, ctx):
+        self._unverified = False  # probes even when the batch verified none of the row's last tree
         return (yield from super().drafting(ctx))
 
 
@@ -187,6 +195,7 @@ def main() -> None:
         "whole ah": lambda: search.EagleSearchDrafter(factory_ah(), store, deepen=True, calibration=carried.get("whole ah")),
         "eagle ah": lambda: make_drafter("eagle", eagle=factory_ah, calibration=carried.get("eagle ah")),
         "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
+        "whole batch probes": lambda: BatchProbes(factory(), store, deepen=True, calibration=carried.get("whole batch probes")),
         "whole hc": lambda: HeadCostScaled(factory(), store, deepen=True, calibration=carried.get("whole hc")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),

@@ -45,6 +45,20 @@ def test_the_old_gate_ignores_caught_up_guesses_and_never_probes():
     assert head_runs(ab.search.EagleSearchDrafter) >= head_runs(ab.OldGate) + 40 // (ab.search.PROBE_EVERY + 1) - 1 > head_runs(ab.OldGate)
 
 
+def test_batch_probes_probe_where_the_batch_verified_nothing():
+    def runs(cls) -> int:
+        eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.3)  # always wrong
+        d = cls(eagle, None, depth=3, prefix_len=2)
+        d.start(HISTORY)
+        for step in range(40):  # a batch that verifies none of the row's trees
+            d.propose(DraftContext(HISTORY + [50] * step, len(HISTORY), 20, (1.0, 1.1) + (2.0,) * 20, engine_sizes=True))
+            d.keep(0)
+            d.observe([50])
+        return len(eagle.caps)
+
+    assert runs(ab.BatchProbes) >= runs(ab.search.EagleSearchDrafter) + 40 // (ab.search.PROBE_EVERY + 1) - 1
+
+
 def test_no_head_drafts_the_search_and_the_local_tree_and_never_the_heads_guess():
     flat = DraftContext(HISTORY + [1, 2], len(HISTORY), 20)
     assert 9 in drafter(ab.search.EagleSearchDrafter).propose(flat).tokens  # the head's guess

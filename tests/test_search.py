@@ -411,6 +411,35 @@ def test_a_closed_head_gate_still_probes_and_reopens_on_caught_up_guesses():
     assert drafter.stats()["head_top_guess"] == [30, sum(ran) + 30]
 
 
+def test_no_probe_while_the_batch_verifies_none_of_the_rows_tree():
+    history = HISTORY
+
+    def head_runs(cut_to: int | None) -> list[bool]:
+        """The head's runs over 40 batch steps whose joint width cuts the row's tree to ``cut_to``
+        nodes (None: the batch keeps the tree whole)."""
+        eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.3)  # always wrong
+        drafter = EagleSearchDrafter(eagle, None, depth=3, prefix_len=2)  # the branch: "50 50 50"
+        drafter.start(history)
+        cost = (1.0, 1.1) + (2.0,) * 20
+        ran = []
+        for step in range(40):
+            runs = len(eagle.caps)
+            tree = drafter.propose(DraftContext(history + [50] * step, len(history), 20, cost, engine_sizes=True))
+            if cut_to is not None and tree.size > cut_to:
+                drafter.keep(cut_to)
+            ran.append(len(eagle.caps) > runs)
+            drafter.observe([50])
+        return ran
+
+    def longest_skip(ran: list[bool]) -> int:
+        return max(len(run) for run in "".join("x" if r else "." for r in ran).split("x"))
+
+    # kept whole, the closed gate still lets the head run every PROBE_EVERY-th step; cut to nothing
+    # by the batch, the row drafts on without its head (its gate still decides on its own)
+    assert longest_skip(head_runs(None)) == PROBE_EVERY
+    assert longest_skip(head_runs(0)) > 2 * PROBE_EVERY
+
+
 def test_accepted_path_takes_the_longest_matching_path():
     tree = DraftTree((4, 4, 5, 6), (-1, -1, 1, 2))
     assert accepted_path(tree, [4, 5, 6]) == [1, 2, 3]

@@ -42,7 +42,9 @@ MAX_MATCH = 32
 SMOOTHING = 0.5  # half an occurrence: a continuation seen once is far from certain
 # where the head's gate keeps it off, it still runs every PROBE_EVERY-th step: catching up scores
 # its guesses on the skipped positions (`EagleDrafter.caught_up`), so a head that started badly
-# can win its place back (about head_cost / PROBE_EVERY of the time, a fraction of a percent)
+# can win its place back (about head_cost / PROBE_EVERY of the time, a fraction of a percent). Not
+# while the batch verified none of the row's last tree: on two CPU cores a batch of 8 verifies no
+# draft node on most steps, and the probes there were most of its head runs (BENCHMARKS.md 10l)
 PROBE_EVERY = 16
 HEAD_SMOOTHING = 0.2  # weight of the newest head run in the running estimate of its seconds
 # the gate weighs half the head's cost: at the full cost it kept the head off too often
@@ -217,7 +219,8 @@ class EagleSearchDrafter:
       ``HEAD_COST_WEIGHT``) plus a node,
       the step drafts the branch alone and the head catches up on the skipped positions next time
       (where its guesses are scored, teacher-forced, so the rate keeps learning; and it runs at
-      least every ``PROBE_EVERY``-th step, so a closed gate can open again); when it runs, it
+      least every ``PROBE_EVERY``-th step, so a closed gate can open again, unless in a batch none
+      of the row's last tree was verified); when it runs, it
       expands a level deeper only when the chain expected there would pay (`_deeper`), so on a
       CPU, where trees are a node or two, it mostly runs one level;
     * the branch is merged into the EAGLE nodes it repeats, and so is the local trie's tree, sized
@@ -272,6 +275,7 @@ class EagleSearchDrafter:
         self._eagle_top: int | None = None
         self._head_runs = 0
         self._head_seconds = 0.0  # a head run's seconds, smoothed (the prompt's first run left out)
+        self._unverified = False  # in a batch: none of the last tree was verified (cut to nothing, or empty)
 
     def _head_cost(self, ctx: DraftContext) -> float:
         """A head run's cost relative to a plain target step: measured (its seconds over the loop's
@@ -337,7 +341,8 @@ class EagleSearchDrafter:
         found = self.search.search(ctx.tokens, depth, value)
         root_key = self.search.last_key
         self._eagle_top = None
-        if costly and self._since_head < PROBE_EVERY and not self._head_pays(found[2], root_key, ctx):
+        probe = self._since_head >= PROBE_EVERY and not self._unverified
+        if costly and not probe and not self._head_pays(found[2], root_key, ctx):
             self.eagle.defer(ctx)
             self.skipped += 1
             self._since_head += 1
@@ -352,6 +357,7 @@ class EagleSearchDrafter:
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
         tree, keys, raw = self._assemble(ctx, found, root_key, tree, scores)
         self._last = (tree, keys, raw)
+        self._unverified = ctx.engine_sizes and not tree.size
         return tree
 
     def _assemble(
@@ -412,6 +418,7 @@ class EagleSearchDrafter:
 
     def keep(self, size: int) -> None:
         """The engine verifies only the first ``size`` nodes of the last tree offered."""
+        self._unverified = not size
         if self._last is not None:
             tree, keys, raw = self._last
             self._last = (tree.truncated(size, max_depth=size), keys[:size], raw[:size])
