@@ -2,7 +2,7 @@
 # The GPU figures of BENCHMARKS.md section 10, made in one visit to a lent GPU machine that reaches
 # no registry and receives at most 64 MiB per call, working tree included (device tool's README).
 #
-#   bash benchmarks/gpu_session.sh prepare HEAD DATASTORE   # here: split the model, pack the rest
+#   bash benchmarks/gpu_session.sh prepare HEAD DATASTORE   # here: fetch the wheels, split the model, pack the rest
 #   device run, carry .whl gpu/part1 gpu/data:              bash benchmarks/gpu_session.sh start
 #   device run, carry gpu/part2 gpu/head gpu/datastore:     bash benchmarks/gpu_session.sh collect 540
 #   device run, no carry, until it prints DONE:             bash benchmarks/gpu_session.sh collect 560
@@ -43,8 +43,20 @@ install_wheels() {  # the carried wheels (the GPU image lacks or has older ones)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl
 }
 
+wheels() {  # the wheels `start` installs there: this .venv's versions, for the image's Python 3.12
+    local pins
+    pins=$(.venv/bin/python -c "import importlib.metadata as m
+print(' '.join(f'{n}=={m.version(n)}' for n in ('transformers', 'datasets', 'gguf', 'pydivsufsort', 'dill', 'multiprocess')))") || exit 1
+    rm -rf .whl
+    # shellcheck disable=SC2086
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .whl $pins || exit 1
+}
+
 prepare() {  # prepare HEAD DATASTORE
     cd "$REPO" || exit 1
+    wheels
     local gguf
     gguf=$(.venv/bin/python -c "from ngspec.models import embedded_gguf; print(embedded_gguf())") || exit 1
     rm -rf gpu && mkdir -p gpu/data gpu/head
