@@ -43,8 +43,9 @@ SMOOTHING = 0.5  # half an occurrence: a continuation seen once is far from cert
 # where the head's gate keeps it off, it still runs every PROBE_EVERY-th step: catching up scores
 # its guesses on the skipped positions (`EagleDrafter.caught_up`), so a head that started badly
 # can win its place back (about head_cost / PROBE_EVERY of the time, a fraction of a percent). Not
-# while the batch verified none of the row's last tree: on two CPU cores a batch of 8 verifies no
-# draft node on most steps, and the probes there were most of its head runs (BENCHMARKS.md 10l)
+# while the batch verified none of the last nodes the row offered: on two CPU cores a batch of 8
+# verifies no draft node on most steps, and the probes there were most of its head runs
+# (BENCHMARKS.md 10l)
 PROBE_EVERY = 16
 HEAD_SMOOTHING = 0.2  # weight of the newest head run in the running estimate of its seconds
 # the gate weighs half the head's cost: at the full cost it kept the head off too often
@@ -219,8 +220,8 @@ class EagleSearchDrafter:
       ``HEAD_COST_WEIGHT``) plus a node,
       the step drafts the branch alone and the head catches up on the skipped positions next time
       (where its guesses are scored, teacher-forced, so the rate keeps learning; and it runs at
-      least every ``PROBE_EVERY``-th step, so a closed gate can open again, unless in a batch none
-      of the row's last tree was verified); when it runs, it
+      least every ``PROBE_EVERY``-th step, so a closed gate can open again, unless the batch
+      verified none of the last nodes the row offered); when it runs, it
       expands a level deeper only when the chain expected there would pay (`_deeper`), so on a
       CPU, where trees are a node or two, it mostly runs one level;
     * the branch is merged into the EAGLE nodes it repeats, and so is the local trie's tree, sized
@@ -275,7 +276,7 @@ class EagleSearchDrafter:
         self._eagle_top: int | None = None
         self._head_runs = 0
         self._head_seconds = 0.0  # a head run's seconds, smoothed (the prompt's first run left out)
-        self._unverified = False  # in a batch: none of the last tree was verified (cut to nothing, or empty)
+        self._unverified = False  # in a batch: none of the last nodes offered was verified (`keep`)
 
     def _head_cost(self, ctx: DraftContext) -> float:
         """A head run's cost relative to a plain target step: measured (its seconds over the loop's
@@ -357,7 +358,8 @@ class EagleSearchDrafter:
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
         tree, keys, raw = self._assemble(ctx, found, root_key, tree, scores)
         self._last = (tree, keys, raw)
-        self._unverified = ctx.engine_sizes and not tree.size
+        if tree.size:  # verified unless the batch cuts it (`keep`); an empty tree says nothing new
+            self._unverified = False
         return tree
 
     def _assemble(
