@@ -25,6 +25,7 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from ngspec import staging
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument
 
@@ -148,10 +149,7 @@ def save_head(head: EagleHead, directory: Path) -> None:
     config = head.config.to_dict()
     config.update({"architectures": ["LlamaForCausalLM"], "bias": head.fc.bias is not None, "ngspec_eagle": 1})
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    for name, text in (("config.json", json.dumps(config, indent=2, default=str)),):
-        tmp = directory / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(directory / name)
+    staging.write_text(directory / "config.json", json.dumps(config, indent=2, default=str))
     tmp = directory / ".model.safetensors.tmp"
     save_file(state, str(tmp))
     tmp.replace(directory / "model.safetensors")
@@ -173,9 +171,7 @@ def save_draft_vocab(directory: Path, responses: Iterable[Sequence[int]], prior:
     drafter can restrict the LM head to the top ones (``--draft-vocab N``), which on a CPU is most
     of EAGLE's drafting time (every depth reads the whole LM-head matrix otherwise)."""
     ranked = ranked_tokens(responses, prior)
-    tmp = directory / f".{DRAFT_VOCAB}.tmp"
-    tmp.write_text(json.dumps({"ids": [t for t, _ in ranked], "counts": [c for _, c in ranked]}))
-    tmp.replace(directory / DRAFT_VOCAB)
+    staging.write_text(directory / DRAFT_VOCAB, json.dumps({"ids": [t for t, _ in ranked], "counts": [c for _, c in ranked]}))
 
 
 def draft_vocab_counts(directory: Path) -> dict[int, int] | None:

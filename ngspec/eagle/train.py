@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from ngspec import staging
 from ngspec.eagle.head import EagleHead, draft_vocab_counts, head_config_for, init_from_target, load_head, ranked_tokens, save_draft_vocab, save_head
 from ngspec.errors import NgspecError
 from ngspec.target import forward_with_features
@@ -372,6 +373,4 @@ def evaluate(engine, head: EagleHead, holdout: list[Example], max_new_tokens: in
 
 
 def write_report(out: Path, report: dict) -> None:
-    tmp = out / ".train_report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2))
-    tmp.replace(out / "train_report.json")
+    staging.write_text(out / "train_report.json", json.dumps(report, indent=2))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transformers import PretrainedConfig
 
+from ngspec import staging
 from ngspec.perf.roofline import DevicePeaks, cell_cost
 from ngspec.perf.sweep import Cell, CellResult
 
@@ -122,8 +123,6 @@ def write_outputs(out_dir: Path, stem: str, meta: dict, reports: list[CellReport
     written = []
     for suffix, text in ((".csv", csv_text(reports)), (".json", json.dumps(report_json(meta, reports, trans), indent=1))):
         path = out_dir / f"{stem}{suffix}"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        staging.write_text(path, text)
         written.append(path)
     return written
