@@ -59,16 +59,16 @@ class Witness(search.EagleSearchDrafter):
 
     def _credited_gain(self, reach, n: int) -> float:
         self._credited = super()._credited_gain(reach, n)
+        self._reach0 = reach[0] if n else 0.0  # the branch's first-node chance, as the gate sized it
         return self._credited
 
     def _head_pays(self, conditionals, key, ctx: DraftContext) -> bool:
-        gate = super()._head_pays(conditionals, key, ctx)  # sets ``_credited``
-        reach, n = search.sized_branch(self.calibration, key, conditionals, ctx)
+        gate = super()._head_pays(conditionals, key, ctx)  # sets ``_credited`` and ``_reach0``
         node = self.search.trie.match(ctx.tokens)
         self._row = {
             "gate": gate, "credited": self._credited, "head_cost": self._head_cost(ctx),
             # what is known before the head runs (`benchmarks/head_signals.py` tries them as gates)
-            "prompt": self.prompt_index, "source": key[0], "match": key[1], "reach0": reach[0] if n else 0.0,
+            "prompt": self.prompt_index, "source": key[0], "match": key[1], "reach0": self._reach0,
             "local_depth": self.search.trie.depth(node) if node is not None else 0,
         }
         return True
