@@ -5,6 +5,8 @@ measurement, so they differ only where a left-out kernel won; each plan's drafte
 that plan's own verify-cost table (measured once, cached).
 
     python benchmarks/kernel_plans.py --category summarization --limit 8 -n 128 --drafters vanilla,trie
+    # against a given plan, e.g. one an earlier measurement cached (one kernel per ROW_LADDER count)
+    python benchmarks/kernel_plans.py --other onednn,blocked,onednn,blocked,blocked,blocked,blocked,blocked,transposed,blocked,linear,blocked,blocked,blocked,onednn
 
 Prints each plan's prefill time per prompt, and per drafter and plan the run's tokens/s (prefill
 included), how much faster the tuned plan is, and whether both plans' outputs are identical.
@@ -16,7 +18,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ngspec.cpu_linear import KERNELS, choose_plan, measure_plan, use_plan
+from ngspec.cpu_linear import KERNELS, ROW_LADDER, KernelPlan, choose_plan, measure_plan, use_plan
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
 from ngspec.drafters.trie import Calibration
@@ -34,13 +36,18 @@ def main() -> None:
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
     ap.add_argument("--drafters", default="vanilla,trie")
     ap.add_argument("--without", default="blocked", help=f"the kernels the other plan leaves out, comma-separated (of {', '.join(KERNELS)})")
+    ap.add_argument("--other", help=f"the other plan, one kernel per row count of {ROW_LADDER}, comma-separated (instead of --without)")
     args = ap.parse_args()
 
     loaded = load_model("default", device="cpu", dtype="float32")
     tuned, seconds = measure_plan(loaded.model)
-    left_out = set(args.without.split(","))
-    other = choose_plan({rows: {k: t for k, t in by.items() if k not in left_out} for rows, by in seconds.items()})
-    plans = {"tuned": tuned, f"no {args.without}": other}
+    if args.other:
+        other, other_name = KernelPlan(tuple(args.other.split(","))), "given"
+    else:
+        left_out = set(args.without.split(","))
+        other = choose_plan({rows: {k: t for k, t in by.items() if k not in left_out} for rows, by in seconds.items()})
+        other_name = f"no {args.without}"
+    plans = {"tuned": tuned, other_name: other}
     for name, plan in plans.items():
         print(f"{name}: {plan.describe()}", flush=True)
     use_plan(loaded.model, tuned)  # the weight copies the tuned plan runs on (the other needs none of another kind)
