@@ -3,7 +3,7 @@
     python benchmarks/cpu_kernels.py [--model default] [--rounds 5]
 
 Prints, for each row count of the ladder, one pass over the model's timed linear layers with
-each kernel (median of the rounds, milliseconds), and the plan the engine would choose. This is
+each kernel (fastest of the rounds, milliseconds), and the plan the engine would choose. This is
 the measurement `tune_linears` makes (and caches) the first time a model runs on a machine.
 """
 
@@ -25,7 +25,7 @@ def main() -> None:
     kernels = list(next(iter(seconds.values())))
     layers = timed_layers(loaded.model)
     megabytes = sum(m.weight.numel() * 4 for m in layers) / 2**20
-    print(f"{loaded.name} on {cpu_name()}: one pass over {len(layers)} linear layers ({megabytes:.0f} MB), ms (median of {args.rounds})")
+    print(f"{loaded.name} on {cpu_name()}: one pass over {len(layers)} linear layers ({megabytes:.0f} MB), ms (fastest of {args.rounds})")
     print("| rows | " + " | ".join(kernels) + " | chosen |")
     print("|---" * (len(kernels) + 2) + "|")
     for rows in ROW_LADDER:
