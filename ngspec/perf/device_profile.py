@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from ngspec import staging
 from ngspec.errors import NgspecError
 from ngspec.perf.report import CellReport
 
@@ -44,9 +45,7 @@ def build_profile(meta: dict, reports: list[CellReport], max_slowdown: float) ->
 
 def save_profile(path: Path, profile: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(profile, indent=1))
-    tmp.replace(path)
+    staging.write_text(path, json.dumps(profile, indent=1))
 
 
 @dataclass(frozen=True)

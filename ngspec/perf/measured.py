@@ -15,6 +15,8 @@ import json
 import os
 from typing import Callable, TypeVar
 
+from ngspec import staging
+
 T = TypeVar("T")
 
 
@@ -34,7 +36,5 @@ def measured_once(kind: str, setting: str, read: Callable[[dict], T | None], mea
             pass  # a damaged entry is measured again and rewritten
     value, entry = measure()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"setting": setting, **entry}))
-    tmp.replace(path)
+    staging.write_text(path, json.dumps({"setting": setting, **entry}))
     return value
