@@ -1,9 +1,13 @@
 """Batched decoding: up to B prompts at once, each with its own drafter, acceptance and stop.
 
-The loop is `decode.generate` for B rows: every row proposes a tree, the trees get one width
-(`tree.joint_width`: one forward pays for the widest tree, padded, so a row's extra node costs
-every row), one forward verifies all of them (`BatchTarget.verify`), each row accepts along its
-own tree, the accepted entries are kept and the rest become holes. Every ``rearrange_every`` steps
+The loop is `decode.generate` for B rows: every row proposes a tree, the trees are sized
+together, one forward verifies all of them (`BatchTarget.verify`), each row accepts along its
+own tree, the accepted entries are kept and the rest become holes. The rows are padded to the
+widest tree, so one width is chosen for all (`tree.joint_width`: a row's extra node costs every
+row); with ``--batch-layout packed`` they go back to back, so the linear layers cost by the total
+nodes and each row keeps the nodes that pay for their share (`tree.packed_sizes`). On the team's
+two-core CPU packing lost to padding (BENCHMARKS.md 10n): attention, a third to a half of a
+batch-8 step there, still costs per row and query. Every ``rearrange_every`` steps
 the cache is compacted if that frees at least ``rearrange_min_share`` of its slots (compaction
 copies the whole cache, which costs more than a few steps' attention over a few holes). Trees
 are sized by the verify costs measured at this batch size, rescaled by what the batch's own
@@ -22,13 +26,16 @@ from typing import Callable, Sequence
 import torch
 
 from ngspec.batch_target import BatchTarget
-from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats, table_cost
+from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
 from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token, check_prompt, out_of_room
 from ngspec.eagle.batched import propose_together
 from ngspec.errors import NgspecError
 from ngspec.perf.online import StepTimes
-from ngspec.tree import joint_width
+from ngspec.tree import joint_width, packed_sizes
 from ngspec.verify import accept_argmax, accept_sampled
+
+
+LAYOUTS = ("padded", "packed")
 
 
 @dataclass(frozen=True)
@@ -38,12 +45,15 @@ class BatchConfig:
     rearrange_min_share: float = 0.2  # compact only when that frees at least this share of the slots (BENCHMARKS.md)
     joint_sizing: bool = True  # size all rows' trees together (the batch pays for the widest); False: each row alone
     heads_together: bool = True  # run every row's EAGLE head calls in one forward per level; False: row by row
+    layout: str = "padded"  # verify rows "padded" to the widest tree, or "packed" back to back (BENCHMARKS.md 10n)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise NgspecError(f"--batch-size must be at least 1 (got {self.batch_size})")
         if self.rearrange_every < 0:
             raise NgspecError("--rearrange-every must be >= 0 (0 = never compact)")
+        if self.layout not in LAYOUTS:
+            raise NgspecError(f"--batch-layout must be one of {', '.join(LAYOUTS)} (got {self.layout!r})")
         if not 0.0 <= self.rearrange_min_share < 1.0:
             raise NgspecError(f"--rearrange-min-share must be in [0, 1) (got {self.rearrange_min_share})")
 
@@ -110,7 +120,7 @@ def generate_batch(
     """Generate for every prompt, ``batch.batch_size`` at a time; results in input order."""
     if cfg.verify != "tree":
         raise NgspecError("batched generation verifies trees (--verify tree); rows layout is for batch size 1")
-    target = BatchTarget(model)
+    target = BatchTarget(model, packed=batch.layout == "packed")
     gen = torch.Generator().manual_seed(cfg.sampling.seed) if not cfg.sampling.greedy and cfg.sampling.seed is not None else None
     results: dict[int, BatchResult] = {}
     report = BatchReport()
@@ -195,27 +205,33 @@ def generate_batch(
             proposed = [r.drafter.propose(c) for r, c in zip(rows, contexts)]
         trees = [tree.truncated(ctx.max_nodes, max_depth=ctx.max_nodes) for tree, ctx in zip(proposed, contexts)]
         draft_s = [(time.perf_counter() - t0) / len(rows)] * len(rows)  # drafting is shared: each row's share
-        # one forward pays for the widest tree: size the rows' trees together
+        # size the rows' trees together: packed, each row by what its nodes gain against the
+        # batch's total; padded, one width that every row pays for
         table = verify_cost(max(target.lengths))
-        width = joint_width(trees, learned(table))
+        if target.packed and table:
+            sizes = packed_sizes(trees, lambda sizes: target.step_cost(learned(table), sizes))
+        elif target.packed:
+            sizes = [t.size for t in trees]  # nothing measured: every tree whole
+        else:
+            width = joint_width(trees, learned(table))
+            sizes = [min(t.size, width) if t.gains else t.size for t in trees]
         for b, row in enumerate(rows):
-            if trees[b].gains and trees[b].size > width:
-                trees[b] = trees[b].truncated(width, max_depth=width)
+            if trees[b].size > sizes[b]:
+                trees[b] = trees[b].truncated(sizes[b], max_depth=sizes[b])
                 if hasattr(row.drafter, "keep"):
                     row.drafter.keep(trees[b].size)
             budget = cfg.max_new_tokens - len(row.out)
             trees[b] = trees[b].truncated(trees[b].size, max_depth=budget - 1)
 
-        widest = max(t.size for t in trees)
-        step_cost = table_cost(table, widest)  # by the measured table: no timing noise
+        step_cost = target.step_cost(table, [t.size for t in trees])  # by the measured table: no timing noise
         t1 = time.perf_counter()
-        logits = target.verify([r.out[-1] for r in rows], trees)
+        verified = target.verify([r.out[-1] for r in rows], trees)
         if cfg.sampling.greedy:  # one argmax and one copy to the host for every row
-            verdicts = [accept_argmax(t, preds) for t, preds in zip(trees, logits.argmax(dim=-1).tolist())]
+            verdicts = [accept_argmax(t, preds) for t, preds in zip(trees, verified.greedy())]
         else:
-            verdicts = [accept_sampled(t, logits[b, : 1 + t.size].cpu(), cfg.sampling, gen) for b, t in enumerate(trees)]
+            verdicts = [accept_sampled(t, verified.row(b).cpu(), cfg.sampling, gen) for b, t in enumerate(trees)]
         target.commit([v.path for v in verdicts])
-        times.record(table, widest, time.perf_counter() - t1)  # the verdicts read waited for the device
+        times.record(step_cost, time.perf_counter() - t1)  # the verdicts read waited for the device
         report.steps += 1
         report.cost_units += step_cost
         use = target.use()

@@ -6,6 +6,17 @@ root and accepted nodes: the other block slots become *holes*, masked out of tha
 ``valid[b, s]`` says whether slot ``s`` holds a live entry of row ``b``; a row's positions (for
 RoPE) count its live entries only, so holes never shift anything.
 
+With ``packed``, rows whose trees differ in size are verified back to back instead: the
+forward's input is every row's root and nodes, ``[1, total]``, so its linear layers and LM head run
+on the real tokens only, not on the padding. Attention reads each row's own cache:
+`PackedBlockCache` writes the packed keys and values into each row's block slots, and
+`packed_attention` attends every row's first slots in one call and a longer row's rest in a call
+of its own, under the usual mask (`PackedRows`). The cache, its holes and the mask are as in the
+padded layout. Measured on the team's two-core CPU (BENCHMARKS.md 10n), packing lost to padding:
+at batch 8 and 1,000 tokens of context attention is a third to a half of a step, and a row's own
+call reads its cache a second time. On a GPU a 135M model's step is host work, where the extra
+tensor operations per layer would cost more than the padding.
+
 Holes cost memory and attention time, so `rearrange` compacts the cache (one gather per layer puts
 every row's live entries first, written back into the layer's own buffer: no second cache); the
 loop checks every N steps (`--rearrange-every`) and compacts when that frees enough
@@ -15,16 +26,162 @@ into a free row; finished rows are dropped.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import AttentionInterface, DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ngspec.contracts import DraftTree
+from ngspec.contracts import DraftTree, table_cost
 from ngspec.kv import cache_argument, make_cache, replace_entries, truncate
+from ngspec.rows import attention_function
 from ngspec.target import forward_with_features, prepare_model
 from ngspec.tree import additive_mask, batch_blocks
+
+PACKED_ATTENTION = "ngspec_packed_rows"
+
+
+# an attention call of its own for one row, in queries' work (a call's fixed cost): on the AMD VM at
+# 1,000 keys a query costs 0.03-0.04 ms a layer per row in an 8-row call, a row's own call of one
+# query 0.06 ms and of three 0.13 ms (bench-out/v33/attn_q.py)
+ROW_CALL = 1
+# what a row attended on its own adds to a packed batch-8 step, in plain batched steps: its cache
+# read a second time, and the call's own operations (the AMD VM at 1,000 tokens of context: one
+# row of 8 nodes among 7 of none cost 1.32 plain steps against 1.25 for 8 rows of 1; four rows of
+# 2 among 4 of none 1.49; bench-out/v33/packed_cost.py)
+ROW_ALONE = 0.06
+
+
+@dataclass
+class PackedRows:
+    """Where the packed tokens of one forward sit in the padded block ``[rows, width]``: token t at
+    flat slot ``index[t] = row * width + slot``; ``attend`` is the model's own attention function.
+
+    Attention costs by queries times keys, so it is not run on the padded block either: on a CPU a
+    row of 9 tokens among rows of 1 made every row's attention 9 queries wide, 1.0 ms a layer for 8
+    rows at 512 tokens of context against 0.3 ms at 1 query (about a third of a batch-8 step). The
+    first ``split`` slots of every row are attended in one call (packed token ``first[i]`` at flat
+    slot ``first_slot[i]`` of ``[rows, split]``), and each longer row's remaining slots in a call
+    of its own over its own cache rows, a view (``rest``: row, first packed token, count); the
+    split is chosen by queries' work (`choose_split`)."""
+
+    index: torch.Tensor
+    rows: int
+    width: int
+    attend: Callable
+    split: int
+    first: torch.Tensor
+    first_slot: torch.Tensor
+    rest: list[tuple[int, int, int]]
+
+    @staticmethod
+    def build(sizes: Sequence[int], attend: Callable, device: torch.device) -> "PackedRows":
+        """For blocks of ``sizes`` (root + nodes) entries, row after row."""
+        width, split = max(sizes), choose_split(sizes)
+        index, first, first_slot, rest = [], [], [], []
+        at = 0
+        for b, n in enumerate(sizes):
+            index += [b * width + j for j in range(n)]
+            first += range(at, at + min(n, split))
+            first_slot += [b * split + j for j in range(min(n, split))]
+            if n > split:
+                rest.append((b, at + split, n - split))
+            at += n
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        return PackedRows(tensor(index), len(sizes), width, attend, split, tensor(first), tensor(first_slot), rest)
+
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """``[1, heads, total, d]`` laid out as ``[rows, heads, width, d]`` (zeros in the padding)."""
+        flat = x.new_zeros(self.rows * self.width, x.shape[1], x.shape[3])
+        flat[self.index] = x[0].transpose(0, 1)
+        return flat.view(self.rows, self.width, x.shape[1], x.shape[3]).transpose(1, 2)
+
+
+def choose_split(sizes: Sequence[int]) -> int:
+    """The block slots attended for every row in one call, the rest row by row: the split among
+    the blocks' sizes with the least queries' work (rows x split, plus each longer row's remaining
+    slots and its call's `ROW_CALL`), ties to the wider split (fewer calls)."""
+
+    def work(split: int) -> int:
+        return len(sizes) * split + sum(n - split + ROW_CALL for n in sizes if n > split)
+
+    return min(sorted(set(sizes), reverse=True), key=work)
+
+
+class PackedBlockCache(Cache):
+    """The batch's cache during a packed forward: the packed keys and values are written into
+    every row's block slots, and each layer hands attention the whole padded cache."""
+
+    def __init__(self, cache: DynamicCache, packed: PackedRows) -> None:
+        super().__init__(layers=cache.layers)
+        self.packed = packed
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return self.layers[layer_idx].update(self.packed.padded(key_states), self.packed.padded(value_states))
+
+
+def packed_attention(module, query, key, value, attention_mask, **kwargs):
+    """The model's attention for packed queries ``[1, heads, total, d]`` over the padded cache
+    ``[rows, kv_heads, past + width, d]`` under the usual ``[rows, 1, width, past + width]`` mask:
+    every row's first slots in one call, each longer row's rest in its own (`PackedRows`); the
+    outputs packed as the queries (``[1, total, heads, d]``)."""
+    packed: PackedRows = kwargs.pop("packed_rows")
+    queries = query[0].transpose(0, 1)  # [total, heads, d]
+    _, heads, dim = queries.shape
+    rows, split = packed.rows, packed.split
+    placed = queries.new_zeros(rows * split, heads, dim)
+    placed[packed.first_slot] = queries[packed.first]
+    placed = placed.view(rows, split, heads, dim).transpose(1, 2)
+    got, _ = packed.attend(module, placed, key, value, attention_mask[:, :, :split], **kwargs)
+    got = got.reshape(rows * split, heads, dim)[packed.first_slot]  # [rows, split, heads, d] -> packed
+    if not packed.rest:
+        return got[None], None
+    out = queries.new_empty(queries.shape)
+    out[packed.first] = got
+    for b, at, n in packed.rest:
+        own, _ = packed.attend(
+            module, queries[at : at + n].transpose(0, 1)[None], key[b : b + 1], value[b : b + 1],
+            attention_mask[b : b + 1, :, split : split + n], **kwargs,
+        )
+        out[at : at + n] = own[0]
+    return out[None], None
+
+
+AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+
+
+@dataclass
+class Verified:
+    """A verification forward's logits: ``[rows, width, vocab]`` padded, or ``[1, total, vocab]``
+    packed (row b's block after row b-1's); ``sizes`` are the blocks' lengths (root + nodes)."""
+
+    logits: torch.Tensor
+    sizes: list[int]
+    packed: bool
+
+    def greedy(self) -> list[list[int]]:
+        """Every row's argmax at each block index (one argmax and one copy for all rows)."""
+        best = self.logits.argmax(dim=-1).tolist()
+        if not self.packed:
+            return [row[:n] for row, n in zip(best, self.sizes)]
+        out, start = [], 0
+        for n in self.sizes:
+            out.append(best[0][start : start + n])
+            start += n
+        return out
+
+    def row(self, b: int) -> torch.Tensor:
+        """Row b's logits ``[size, vocab]``."""
+        if not self.packed:
+            return self.logits[b, : self.sizes[b]]
+        start = sum(self.sizes[:b])
+        return self.logits[0, start : start + self.sizes[b]]
 
 
 @dataclass
@@ -42,15 +199,19 @@ class CacheUse:
 
 
 class BatchTarget:
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, packed: bool = False) -> None:
+        """``packed``: verify rows of different sizes back to back."""
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
+        self.packed = packed
         self.keep_features = False
         self.feature_layers: tuple[int, ...] | None = None
         self.cache: DynamicCache | None = None
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [rows, slots]
         self.lengths: list[int] = []  # live entries per row (= its committed tokens)
         self.pending: list[list[torch.Tensor]] = []  # per row: features of newly committed positions
-        self._block: tuple[int, int, torch.Tensor | None] | None = None  # (start slot, width, hidden)
+        # the last verified block: its start slot, width, features ``[entries, F]`` and, per row,
+        # the entry of its root there
+        self._block: tuple[int, int, torch.Tensor | None, list[int]] | None = None
 
     @property
     def rows(self) -> int:
@@ -140,10 +301,25 @@ class BatchTarget:
 
     # -- one verification step ---------------------------------------------------------------------
 
+    def step_size(self, sizes: Sequence[int]) -> float:
+        """What a step whose rows verify ``sizes`` nodes costs as, in nodes per row of the cost
+        table: the widest padded, the mean packed."""
+        return sum(sizes) / len(sizes) if self.packed and len(set(sizes)) > 1 else max(sizes)
+
+    def step_cost(self, table: Sequence[float], sizes: Sequence[int]) -> float:
+        """A step's cost in plain batched steps when its rows verify ``sizes`` nodes: the table
+        at `step_size`, and packed, `ROW_ALONE` more for each row attended on its own."""
+        cost = table_cost(table, self.step_size(sizes))
+        if self.packed and len(set(sizes)) > 1 and table:
+            blocks = [1 + n for n in sizes]
+            split = choose_split(blocks)
+            cost += ROW_ALONE * sum(1 for n in blocks if n > split)
+        return cost
+
     @torch.inference_mode()
-    def verify(self, roots: Sequence[int], trees: Sequence[DraftTree]) -> torch.Tensor:
-        """One forward over every row's root and tree; the logits ``[rows, width, vocab]``, of
-        which row b's first ``1 + trees[b].size`` are its block's (the rest is padding).
+    def verify(self, roots: Sequence[int], trees: Sequence[DraftTree]) -> Verified:
+        """One forward over every row's root and tree, padded to the largest tree, or packed
+        (``packed`` and trees of different sizes).
 
         The inputs are built in a number of tensor operations that does not grow with the rows
         or the nodes (`batch_blocks`; the cached part of the mask is the valid map broadcast on
@@ -151,23 +327,37 @@ class BatchTarget:
         start, rows = self.slots, self.rows
         ids, positions, block = batch_blocks(roots, trees, self.lengths)
         width = ids.shape[1]
+        sizes = [1 + t.size for t in trees]
         past = self.valid.to(self.device)[:, None, :].expand(rows, width, start)
         visible = torch.cat([past, block.to(self.device)], dim=2)
         mask = additive_mask(visible[:, None], self.dtype)
-        out, features = forward_with_features(
-            lambda **extra: self.model(
-                input_ids=ids.to(self.device), position_ids=positions.to(self.device), attention_mask=mask,
-                **cache_argument(self.model, self.cache), use_cache=True, **extra,
-            ),
-            self.model, self.keep_features, self.feature_layers,
-        )
+        packed = self.packed and min(sizes) < width
+        if packed:
+            index = torch.tensor([b * width + j for b, n in enumerate(sizes) for j in range(n)])
+            ids, positions = ids.view(-1)[index][None], positions.view(-1)[index][None]  # on the host
+            attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.model.config._attn_implementation, ALL_ATTENTION_FUNCTIONS["sdpa"])
+            rows_of = PackedRows.build(sizes, attend, self.device)
+            cache, extra_args = PackedBlockCache(self.cache, rows_of), {"packed_rows": rows_of}
+            roots_at = [sum(sizes[:b]) for b in range(rows)]
+        else:
+            cache, extra_args = self.cache, {}
+            roots_at = [b * width for b in range(rows)]
+        with attention_function(self.model, PACKED_ATTENTION) if packed else nullcontext():
+            out, features = forward_with_features(
+                lambda **extra: self.model(
+                    input_ids=ids.to(self.device), position_ids=positions.to(self.device), attention_mask=mask,
+                    **cache_argument(self.model, cache), use_cache=True, **extra_args, **extra,
+                ),
+                self.model, self.keep_features, self.feature_layers,
+            )
         self.valid = torch.cat([self.valid, torch.zeros(rows, width, dtype=torch.bool)], dim=1)
-        self._block = (start, width, features)
-        return out.logits
+        flat = features.reshape(-1, features.shape[-1]) if features is not None else None
+        self._block = (start, width, flat, roots_at)
+        return Verified(out.logits, sizes, packed)
 
     def discard(self) -> None:
         """Forget the last verified block without keeping anything (cost measurements)."""
-        start, _, _ = self._block
+        start = self._block[0]
         truncate(self.cache, start)
         self.valid = self.valid[:, :start]
         self._block = None
@@ -176,15 +366,17 @@ class BatchTarget:
     def commit(self, paths: Sequence[Sequence[int]]) -> None:
         """Keep each row's root and accepted nodes ``paths[b]`` of the last verified block (one
         write to the valid map and one gather of the features for all rows)."""
-        start, _, hidden = self._block
-        rows, slots = [], []
+        start, _, hidden, roots_at = self._block
+        rows, slots, entries = [], [], []
         for b, path in enumerate(paths):
-            rows += [b] * (1 + len(path))
-            slots += [0, *(i + 1 for i in path)]
-            self.lengths[b] += 1 + len(path)
+            kept = [0, *(i + 1 for i in path)]
+            rows += [b] * len(kept)
+            slots += kept
+            entries += [roots_at[b] + s for s in kept]
+            self.lengths[b] += len(kept)
         self.valid[rows, [start + s for s in slots]] = True
         if hidden is not None:
-            kept = hidden[torch.tensor(rows, device=hidden.device), torch.tensor(slots, device=hidden.device)]
+            kept = hidden[torch.tensor(entries, device=hidden.device)]
             for b, part in enumerate(kept.split([1 + len(p) for p in paths])):
                 self.pending[b].append(part)
         self._block = None
@@ -196,3 +388,4 @@ class BatchTarget:
         features = torch.cat(self.pending[row])
         self.pending[row] = []
         return features
+

@@ -138,9 +138,19 @@ class DraftContext:
         return table_cost(self.verify_cost, size)
 
 
-def table_cost(table: Sequence[float], size: int) -> float:
-    """A cost table's entry for ``size`` nodes (its last entry beyond it; 1.0 for no table)."""
-    return table[min(size, len(table) - 1)] if table else 1.0
+def table_cost(table: Sequence[float], size: float) -> float:
+    """A cost table's entry for ``size`` nodes (its last entry beyond it; 1.0 for no table). A
+    fractional ``size`` reads linearly between two entries: a packed batch's mean nodes per row
+    (`ngspec.tree.packed_sizes`), whose forward costs by its total tokens as a padded one does."""
+    if not table:
+        return 1.0
+    last = len(table) - 1
+    if size >= last:
+        return table[last]
+    low = int(size)
+    if low == size:
+        return table[low]
+    return table[low] + (size - low) * (table[low + 1] - table[low])
 
 
 @runtime_checkable

@@ -154,7 +154,7 @@ def generate(
         else:
             verdict = accept_sampled(tree, logits.cpu(), cfg.sampling, gen)
         target.commit(verdict.path)
-        times.record(table, tree.size, time.perf_counter() - t1)  # the verdict read waited for the device
+        times.record(table_cost(table, tree.size), time.perf_counter() - t1)  # the verdict read waited for the device
 
         new, reason = stopper.cut(out, verdict.tokens)
         stats.steps.append(StepStats(tree.size, len(new), draft_s, table_cost(table, tree.size)))  # by the measured table: no timing noise

@@ -1,5 +1,6 @@
 """Pure tree maths for verification: depths, visibility, attention mask, position ids, paths, and
-how many nodes pay for their verify cost (`most_paying`; for a batch, `joint_width`).
+how many nodes pay for their verify cost (`most_paying`; for a batch, `joint_width` when its rows
+are padded to one width, `packed_sizes` when they are packed back to back).
 
 Index 0 of every verification block is the root (the last emitted token); tree node ``i`` sits at
 block index ``i + 1``.
@@ -7,6 +8,7 @@ block index ``i + 1``.
 
 from __future__ import annotations
 
+from heapq import heapify, heappop, heappush
 from typing import Callable, Sequence
 
 import torch
@@ -166,3 +168,30 @@ def joint_width(trees: Sequence[DraftTree], cost: Sequence[float]) -> int:
         for i, g in enumerate(t.gains):
             drafted[i] += g
     return most_paying(drafted, lambda width: table_cost(cost, width), first=fixed, base=float(len(trees)))
+
+
+def packed_sizes(trees: Sequence[DraftTree], step_cost: Callable[[list[int]], float]) -> list[int]:
+    """Each row's own tree size for a batch whose rows are verified packed: their blocks back to
+    back in one forward (`ngspec.batch_target.BatchTarget` with ``packed``), which costs by its
+    total tokens, ``step_cost(sizes)`` relative to a plain batched step. Nodes are added one at a
+    time, each the next node of the row whose next node gains most, and the sizes kept are those
+    that maximise the rows' expected tokens per unit of cost: a row with a long likely branch
+    verifies it while the others verify none, where one width for all would pay that branch's
+    length in every row. Trees without gains are kept whole and count their bonus token only;
+    ties go to fewer nodes."""
+    rows = len(trees)
+    sizes = [t.size if not t.gains else 0 for t in trees]
+    expected = float(rows)
+    best, best_rate = list(sizes), expected / step_cost(sizes)
+    heap = [(-t.gains[0], b) for b, t in enumerate(trees) if t.gains]
+    heapify(heap)
+    while heap:
+        gain, b = heappop(heap)
+        sizes[b] += 1
+        expected -= gain
+        if sizes[b] < trees[b].size:
+            heappush(heap, (-trees[b].gains[sizes[b]], b))
+        rate = expected / step_cost(sizes)
+        if rate > best_rate:
+            best, best_rate = list(sizes), rate
+    return best

@@ -2,6 +2,7 @@
 sizes 1, 4 and 8, with and without cache rearrangement; the cache bookkeeping itself."""
 
 import random
+from typing import Callable
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 from conftest import hf_greedy, repetitive_prompt, started_head
 import ngspec.batch as batch_module
 from ngspec.batch import BatchConfig, generate_batch
-from ngspec.batch_target import BatchTarget
+from ngspec.batch_target import ROW_ALONE, BatchTarget
 from ngspec.contracts import DraftTree
 from ngspec.decode import DecodeConfig, Stopper
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
@@ -25,14 +26,15 @@ def prompts_and_expected(tiny):
     return prompts, [hf_greedy(tiny, p, 30) for p in prompts]
 
 
+@pytest.mark.parametrize("layout", ["packed", "padded"])
 @pytest.mark.parametrize("batch_size, rearrange", [(1, 0), (4, 3), (8, 1), (8, 0)])
 @pytest.mark.parametrize("drafter", list(REGISTRY))
-def test_every_row_matches_its_own_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_datastore, prompts_and_expected, drafter, batch_size, rearrange):
+def test_every_row_matches_its_own_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_datastore, prompts_and_expected, drafter, batch_size, rearrange, layout):
     prompts, expected = prompts_and_expected
     opts = DrafterOptions(k=3, w=3, search_depth=6, deepen=True)
     results, report = generate_batch(
         tiny, prompts, lambda: make_drafter(drafter, opts, tiny_tables, tiny_eagle, tiny_datastore),
-        DecodeConfig(max_new_tokens=30), BatchConfig(batch_size, rearrange, 0.0), lambda: Stopper(frozenset()),
+        DecodeConfig(max_new_tokens=30), BatchConfig(batch_size, rearrange, 0.0, layout=layout), lambda: Stopper(frozenset()),
     )
     for i, (result, want) in enumerate(zip(results, expected)):
         assert result.error is None
@@ -45,14 +47,15 @@ def test_every_row_matches_its_own_plain_greedy(tiny, tiny_tables, tiny_eagle, t
 STEEP_BATCH_COST = (1.0, 1.1, 1.4, 1.5, 1.7, 1.9) + (2.5,) * 60
 
 
+@pytest.mark.parametrize("layout", ["packed", "padded"])
 @pytest.mark.parametrize("joint", [True, False], ids=["joint-sizing", "rows-alone"])
 @pytest.mark.parametrize("drafter", ["trie", "search", "eagle", "eagle+search"])
-def test_rows_sized_together_still_match_their_own_plain_greedy(tiny, tiny_eagle, tiny_datastore, prompts_and_expected, drafter, joint):
+def test_rows_sized_together_still_match_their_own_plain_greedy(tiny, tiny_eagle, tiny_datastore, prompts_and_expected, drafter, joint, layout):
     prompts, expected = prompts_and_expected
     opts = DrafterOptions(search_depth=6, deepen=True)
     results, _ = generate_batch(
         tiny, prompts, lambda: make_drafter(drafter, opts, None, tiny_eagle, tiny_datastore),
-        DecodeConfig(max_new_tokens=30), BatchConfig(4, 3, joint_sizing=joint), lambda: Stopper(frozenset()),
+        DecodeConfig(max_new_tokens=30), BatchConfig(4, 3, joint_sizing=joint, layout=layout), lambda: Stopper(frozenset()),
         verify_cost=lambda context: STEEP_BATCH_COST,
     )
     for i, (result, want) in enumerate(zip(results, expected)):
@@ -64,7 +67,7 @@ class OracleDrafter:
 
     name = "oracle"
 
-    def __init__(self, truth: dict[tuple[int, ...], list[int]], gains: list[float]) -> None:
+    def __init__(self, truth: dict[tuple[int, ...], list[int]], gains: list[float] | Callable[[list[int]], list[float]]) -> None:
         self.truth, self.gains, self.kept = truth, gains, []
 
     def start(self, prompt):
@@ -73,8 +76,9 @@ class OracleDrafter:
     def propose(self, ctx):
         assert ctx.engine_sizes
         rest = self.truth[tuple(self.prompt)][len(self.out) :]
-        n = min(len(self.gains), len(rest))
-        return DraftTree.chain(rest[:n], self.gains[:n])
+        gains = self.gains(self.prompt) if callable(self.gains) else self.gains
+        n = min(len(gains), len(rest))
+        return DraftTree.chain(rest[:n], gains[:n])
 
     def keep(self, size):
         self.kept.append(size)
@@ -95,7 +99,7 @@ def test_one_width_for_the_batch_from_every_rows_gains(tiny, prompts_and_expecte
     # four rows: width 0 -> 4 / 1.0, 1 -> 7.6 / 1.1 = 6.9, 2 -> 10.0 / 1.4 = 7.1, 3 -> 11.2 / 1.5
     # = 7.5, 4 -> 11.6 / 1.7 = 6.8: three nodes each
     results, report = generate_batch(
-        tiny, prompts[:4], new_drafter, DecodeConfig(max_new_tokens=30), BatchConfig(4, 0), lambda: Stopper(frozenset()),
+        tiny, prompts[:4], new_drafter, DecodeConfig(max_new_tokens=30), BatchConfig(4, 0, layout="padded"), lambda: Stopper(frozenset()),
         verify_cost=lambda context: STEEP_BATCH_COST,
     )
     assert [r.generation.token_ids for r in results] == expected[:4]
@@ -107,6 +111,40 @@ def test_one_width_for_the_batch_from_every_rows_gains(tiny, prompts_and_expecte
     assert report.cost_units == pytest.approx(sum(STEEP_BATCH_COST[w] for w in widths))
 
 
+def test_packed_rows_each_keep_the_nodes_that_pay_for_their_share(tiny, prompts_and_expected):
+    """Packed, a step costs by the rows' total nodes (the table read at the mean per row), so a row
+    with a likely branch verifies it while the others verify none; padded, the same trees get one
+    width that every row pays for."""
+    prompts, expected = prompts_and_expected
+    truth = {tuple(p): e for p, e in zip(prompts, expected)}
+    sure = tuple(prompts[0])
+
+    def gains(prompt):
+        return [0.95, 0.9, 0.9, 0.9, 0.9] if tuple(prompt) == sure else [0.3, 0.1, 0.1, 0.1, 0.1]
+
+    kept = {}
+    for layout in ("packed", "padded"):
+        results, _ = generate_batch(
+            tiny, prompts[:4], lambda: OracleDrafter(truth, gains), DecodeConfig(max_new_tokens=30), BatchConfig(4, 0, layout=layout), lambda: Stopper(frozenset()),
+            verify_cost=lambda context: STEEP_BATCH_COST,
+        )
+        assert [r.generation.token_ids for r in results] == expected[:4]
+        first = [r.generation.stats.steps[1] for r in results]
+        kept[layout] = [s.tree_size for s in first]
+        assert len({s.verify_cost for s in first}) == 1
+        kept[layout + " cost"] = first[0].verify_cost
+    # packed, the first step adds nodes best first: the sure row's five nodes, at a mean of 1.25
+    # per row, cost 1.1 + 0.25 * 0.3 = 1.175, and 0.06 (`ROW_ALONE`) for the row attended on its
+    # own: (4 + 4.55) / 1.235 = 6.92 expected tokens per unit; four nodes give 7.65 / 1.16 = 6.59,
+    # and a 0.3 node more (a second row alone) 8.85 / (1.25 + 0.12) = 6.46
+    assert ROW_ALONE == 0.06
+    assert kept["packed"] == [5, 0, 0, 0]
+    assert kept["packed cost"] == pytest.approx(1.235)
+    # padded, every row pays each level: widths 0..5 give 4, 5.85 / 1.1 = 5.32, 7.05 / 1.4 = 5.04,
+    # 8.25 / 1.5 = 5.5, 9.45 / 1.7 = 5.56, 10.65 / 1.9 = 5.61: five nodes for every row
+    assert kept["padded"] == [5, 5, 5, 5] and kept["padded cost"] == STEEP_BATCH_COST[5]
+
+
 class SteeperSteps(StepTimes):
     """Stands in for a batch's learned step times: its steps showed three times the table's extra
     cost. Records what it was told."""
@@ -116,8 +154,8 @@ class SteeperSteps(StepTimes):
         self.scale, self.recorded = 3.0, []
         made.append(self)
 
-    def record(self, table, size, seconds):
-        self.recorded.append((tuple(table), size, seconds))
+    def record(self, cost, seconds):
+        self.recorded.append((cost, seconds))
 
 
 made: list[SteeperSteps] = []
@@ -153,8 +191,8 @@ def test_the_batch_sizes_trees_by_its_own_step_times(tiny, prompts_and_expected,
     assert all(c == (corrected if learn else STEEP_BATCH_COST) for c in seen)
     (times,) = made
     assert len(times.recorded) == report.steps
-    assert all(t == STEEP_BATCH_COST and s > 0 for t, _, s in times.recorded)  # the measured table and the time
-    assert times.recorded[0][1] == width
+    assert all(s > 0 for _, s in times.recorded)
+    assert times.recorded[0][0] == STEEP_BATCH_COST[width]  # the measured table's cost, and the time
     assert results[0].generation.stats.steps[1].verify_cost == STEEP_BATCH_COST[width]  # reports use the measured table
 
 
@@ -264,7 +302,8 @@ def test_discard_forgets_the_block_and_batch_costs_are_a_table(tiny):
     assert all(b >= a for a, b in zip(table, table[1:]))
 
 
-def test_a_batched_step_keeps_what_each_row_alone_keeps(tiny):
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_a_batched_step_keeps_what_each_row_alone_keeps(tiny, packed):
     """Oracle: each row verified and committed alone (`TargetModel`). The batch builds every row's
     block, mask and positions at once and keeps the accepted entries and their features with one
     write and one gather for all rows: the same logits, live slots and features per row."""
@@ -273,14 +312,15 @@ def test_a_batched_step_keeps_what_each_row_alone_keeps(tiny):
     prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
     trees = [DraftTree((9, 9, 9), (-1, 0, 1)), DraftTree((8, 4), (-1, -1)), DraftTree()]
     paths = [(0, 1), (1,), ()]
-    target = BatchTarget(tiny)
+    target = BatchTarget(tiny, packed=packed)
     target.keep_features = True
     for p in prompts:
         target.admit(p)
     for b in range(3):
         target.take_features(b)
     start = target.slots
-    logits = target.verify([p[-1] for p in prompts], trees)
+    verified = target.verify([p[-1] for p in prompts], trees)
+    assert verified.packed == packed
     target.commit(paths)
     for b, (prompt, tree, path) in enumerate(zip(prompts, trees, paths)):
         alone = TargetModel(tiny)
@@ -289,15 +329,18 @@ def test_a_batched_step_keeps_what_each_row_alone_keeps(tiny):
         alone.take_features()
         expected = alone.verify(prompt[-1], tree)
         alone.commit(path)
-        assert torch.allclose(logits[b, : 1 + tree.size], expected, atol=1e-5)
+        assert torch.allclose(verified.row(b), expected, atol=1e-5)
+        assert verified.greedy()[b] == expected.argmax(-1).tolist()
         assert target.lengths[b] == alone.length
         assert target.valid[b, start:].nonzero().flatten().tolist() == [0, *(i + 1 for i in path)]
         assert torch.allclose(target.take_features(b), alone.take_features(), atol=1e-5)
 
 
-def test_a_batched_verify_and_commit_cost_the_same_tensor_operations_for_any_rows_and_trees(tiny):
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_a_batched_verify_and_commit_cost_the_same_tensor_operations_for_any_rows_and_trees(tiny, packed):
     """On a GPU a small model's batched step is host work, paid per tensor operation: building the
-    blocks, the mask, acceptance and the commit must not add operations per row or per node."""
+    blocks, the mask, acceptance and the commit must not add operations per row or per node
+    (packed, each row attended on its own adds its attention calls, by design)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -308,19 +351,21 @@ def test_a_batched_verify_and_commit_cost_the_same_tensor_operations_for_any_row
             return func(*args, **(kwargs or {}))
 
     def step_ops(prompts, trees):
-        target = BatchTarget(tiny)
+        target = BatchTarget(tiny, packed=packed)
         target.keep_features = True
         for p in prompts:
             target.admit(p)
         Count.ops = 0
         with Count():
-            logits = target.verify([p[-1] for p in prompts], trees)
-            preds = logits.argmax(dim=-1).tolist()
+            preds = target.verify([p[-1] for p in prompts], trees).greedy()
             target.commit([(0,) if t.size and t.tokens[0] == preds[b][0] else () for b, t in enumerate(trees)])
         return Count.ops
 
-    two = step_ops([[1, 2, 3], [4, 5]], [DraftTree(), DraftTree()])
-    many = step_ops([[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]], [DraftTree.chain([7, 8, 9]), DraftTree((3, 4, 5, 6), (-1, -1, 0, 2)), DraftTree(), DraftTree.chain([1])])
+    two = step_ops([[1, 2, 3], [4, 5]], [DraftTree.chain([3, 4, 5, 6, 7]), DraftTree()])
+    if packed:  # one attention call for every row's root, one for the row whose tree reaches beyond it
+        many = step_ops([[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]], [DraftTree(), DraftTree((3, 4, 5, 6, 7), (-1, -1, 0, 2, 3)), DraftTree(), DraftTree()])
+    else:
+        many = step_ops([[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]], [DraftTree.chain([7, 8, 9]), DraftTree((3, 4, 5, 6), (-1, -1, 0, 2)), DraftTree(), DraftTree.chain([1])])
     assert two == many
 
 

@@ -99,6 +99,7 @@ def test_bench_reports_every_arm(tmp_path):
         (["generate", "-p", "{prompt}", "--batch-size", "2", "--check"], "without --check"),
         (["generate", "-p", "{prompt}", "--rearrange-every", "-1"], "--rearrange-every"),
         (["generate", "-p", "{prompt}", "--rearrange-min-share", "1.5"], "--rearrange-min-share must be in [0, 1)"),
+        (["generate", "-p", "{prompt}", "--batch-layout", "ragged"], "--batch-layout must be one of padded, packed"),
         (["generate", "-p", "{prompt}", "--tree-choices", "{prompt}"], "expected a JSON list"),
         (["tune-tree", "--eagle-head", "no/such/head", "--out", "x.json"], "no EAGLE head directory"),
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}"], "already exists"),
@@ -171,6 +172,10 @@ def test_batched_generate_matches_one_at_a_time_and_a_long_prompt_fails_alone(tm
     assert rows_alone[-1]["batch"]["rearrange_min_share"] == 0.0
     assert rows_alone[-1]["batch"]["rearrangements"] == rows_alone[-1]["batch"]["steps"]  # every step, whatever it frees
     assert {r["id"]: r.get("token_ids") for r in rows_alone if "id" in r} == {r["id"]: r.get("token_ids") for r in lines if "id" in r}
+    packed = invoke("generate", "-p", prompts, "-d", "trie", "-n", 16, "--batch-size", 2, "--json", "--batch-layout", "packed")
+    packed_rows = [json.loads(x) for x in packed.stdout.strip().splitlines()]
+    assert lines[-1]["batch"]["layout"] == "padded" and packed_rows[-1]["batch"]["layout"] == "packed"
+    assert {r["id"]: r.get("token_ids") for r in packed_rows if "id" in r} == {r["id"]: r.get("token_ids") for r in lines if "id" in r}
     for pid in ("a", "b"):
         single = tmp_path / f"{pid}.txt"
         single.write_text(next(r["prompt"] for r in rows if r["id"] == pid))

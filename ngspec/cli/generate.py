@@ -111,7 +111,7 @@ def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json
     calls = sum(g.stats.verify_calls for g in done)
     summary = {
         "batch_size": batch.batch_size, "rearrange_every": batch.rearrange_every, "rearrange_min_share": batch.rearrange_min_share,
-        "joint_sizing": batch.joint_sizing, "prompts": len(prompts), "failed": len(failed),
+        "joint_sizing": batch.joint_sizing, "layout": batch.layout, "prompts": len(prompts), "failed": len(failed),
         "mean_tokens_per_call": sum(len(g.token_ids) for g in done) / calls if calls else 0.0, **report.as_dict(),
     }
     if json_out:
@@ -155,6 +155,7 @@ def generate_command(
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Decode this many prompts of a .jsonl at once (each with its own drafts and acceptance; a finished prompt's slot goes to the next one). 1 = one at a time, streamed.")] = 1,
     rearrange_every: Annotated[Optional[int], typer.Option("--rearrange-every", help="With --batch-size > 1: every N steps, compact the KV cache (drop the holes rejected drafts leave) if that frees enough (--rearrange-min-share); 0 = never. [default: 8]")] = None,
     rearrange_min_share: Annotated[Optional[float], typer.Option("--rearrange-min-share", help="Compact only when that frees at least this share of the cache's slots (compaction copies the whole cache); 0 = at every check. [default: 0.2, measured on CPU]")] = None,
+    batch_layout: Annotated[str, typer.Option("--batch-layout", help="With --batch-size > 1: padded (every row's tree padded to the widest, one width chosen for all) or packed (rows back to back, each row keeps the nodes that pay for their share of the step; lost to padded on a two-core CPU, BENCHMARKS.md 10n).")] = "padded",
     rows_alone: Annotated[bool, typer.Option("--size-rows-alone", help="With --batch-size > 1: each row sizes its draft tree by itself. Default: one width for the whole batch, chosen from every row's estimates (one forward pays for the widest tree).")] = False,
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16).")] = False,
     profile: ProfileOpt = None,
@@ -180,7 +181,7 @@ def generate_command(
         raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
     every = BatchConfig.rearrange_every if rearrange_every is None else rearrange_every
     min_share = BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share
-    batch = BatchConfig(batch_size, every, min_share, joint_sizing=not rows_alone)
+    batch = BatchConfig(batch_size, every, min_share, joint_sizing=not rows_alone, layout=batch_layout)
     if batch_size > 1 and (check or verify != "tree"):
         raise NgspecError("--batch-size > 1 works with --verify tree and without --check (use --check on single prompts)")
     prompts = load_prompts(prompt_file)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ngspec.contracts import table_cost
 
 DECAY = 0.97  # each older step weighs this much less (about the last 30 steps count)
 MIN_STEPS = 12  # steps before the fit is trusted
@@ -35,10 +34,11 @@ class StepTimes:
         self.scale = 1.0  # learned slope over the table's (1.0 until the fit holds)
         self.plain_seconds = 0.0  # a plain step's seconds, 0.0 before the first step
 
-    def record(self, table: Sequence[float], size: int, seconds: float) -> None:
-        """One verify call of ``size`` nodes took ``seconds``; ``table`` is the cost table it was
-        sized by (relative costs by size)."""
-        x = table_cost(table, size) - 1.0  # the table's extra cost above a plain step
+    def record(self, cost: float, seconds: float) -> None:
+        """One verify call took ``seconds``; ``cost`` is what the cost table it was sized by says
+        it costs (relative to a plain step: ``table_cost(table, size)`` for a tree of ``size``
+        nodes)."""
+        x = cost - 1.0  # the table's extra cost above a plain step
         self.steps += 1
         self._w, self._x, self._y, self._xx, self._xy = (
             DECAY * self._w + 1.0, DECAY * self._x + x, DECAY * self._y + seconds, DECAY * self._xx + x * x, DECAY * self._xy + x * seconds,
