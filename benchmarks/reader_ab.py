@@ -26,9 +26,12 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``whole at``: ``whole`` with the static tree of ``--alt-tuned`` (which tuned shape pays);
 * ``whole batch probes``: ``whole`` probing its head every `search.PROBE_EVERY`-th skipped step
   even where the batch verified none of the row's last tree (before that exception);
-* ``trie padded`` and ``whole padded``: at batch size B > 1, the rows' trees padded to one width
-  (``--batch-layout padded``, one width for all rows by `tree.joint_width`) instead of packed
-  back to back and sized row by row (`tree.packed_sizes`, the default on a CPU);
+* ``trie packed`` and ``whole packed``: at batch size B > 1, the rows' blocks back to back and
+  sized row by row (``--batch-layout packed``, `tree.packed_sizes`) instead of padded to one
+  width (`tree.joint_width`);
+* ``trie unfolded`` and ``whole unfolded``: tree steps' grouped-query attention by PyTorch's
+  ``enable_gqa`` (``NGSPEC_FOLD_GQA=0``) instead of folded into the queries
+  (`batch_target.folded_gqa_attention`, the default on a CPU);
 * ``whole hc``: ``whole`` with the head's gate weighing its cost times ``--head-cost-scale``
   on top of `search.HEAD_COST_WEIGHT` (0.5; ``--head-cost-scale 2`` is the full cost, the gate
   before that weight): whether the gate opens too often or too rarely.
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -202,18 +206,25 @@ def main() -> None:
         "whole hc": lambda: HeadCostScaled(factory(), store, deepen=True, calibration=carried.get("whole hc")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
-        "trie padded": lambda: make_drafter("trie", calibration=carried.get("trie padded")),
-        "whole padded": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole padded")),
+        "trie packed": lambda: make_drafter("trie", calibration=carried.get("trie packed")),
+        "whole packed": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole packed")),
+        "trie unfolded": lambda: make_drafter("trie", calibration=carried.get("trie unfolded")),
+        "whole unfolded": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole unfolded")),
     }
     arms = {name: every[name] for name in args.arms.split(",")}
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
     # the "... table" arms size trees by the cost table as measured (before `StepTimes`)
     configs = {a: replace(cfg, learn_costs=not a.endswith(" table")) for a in arms}
-    batches = {a: BatchConfig(args.batch_size, layout="padded" if a.endswith(" padded") else "auto") for a in arms}
+    batches = {a: BatchConfig(args.batch_size, layout="packed" if a.endswith(" packed") else "padded") for a in arms}
+
+    def folding(a: str) -> None:  # read by each batch's `BatchTarget`
+        os.environ["NGSPEC_FOLD_GQA"] = "0" if a.endswith(" unfolded") else "1"
+
     for a, new in arms.items():  # warm-up, untimed
         engine.run(ids[0], new(), DecodeConfig(max_new_tokens=16, max_draft_nodes=96))
         if args.batch_size > 1:
+            folding(a)
             engine.run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), batches[a])
     reference = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
     res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0]} for a in arms}
@@ -233,6 +244,7 @@ def main() -> None:
         carried.update({a: Calibration() for a in arms})  # not the warm-up's, nor the last round's
         if args.batch_size > 1:
             for a in list(arms) if r % 2 == 0 else list(arms)[::-1]:
+                folding(a)
                 out, report = engine.run_batch(ids, arms[a], configs[a], batches[a])
                 res[a]["seconds"][r] += report.seconds
                 for o, expected in zip(out, reference):

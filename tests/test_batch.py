@@ -10,7 +10,8 @@ import torch
 from conftest import hf_greedy, repetitive_prompt, started_head
 import ngspec.batch as batch_module
 from ngspec.batch import BatchConfig, generate_batch
-from ngspec.batch_target import ROW_ALONE, BatchTarget
+from ngspec.batch_target import ROW_ALONE, BatchTarget, choose_split, fold_mask, folded_gqa_attention
+from ngspec.tree import additive_mask
 from ngspec.contracts import DraftTree
 from ngspec.decode import DecodeConfig, Stopper
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
@@ -385,3 +386,28 @@ def test_a_batchs_head_drafters_share_one_pool_and_reuse_finished_rows(tiny, pro
     assert [r.generation.token_ids for r in results] == expected
     assert pool.rows_made == 2
     assert pool.rows_in_use == 0
+
+
+def test_packed_attention_splits_rows_by_the_queries_work():
+    # blocks of 9 and 1 x 7: every row's root in one call, the long row's 8 more alone (8 + 8 + 1
+    # against 72 for one call of width 9); blocks of 3 and 2: one call of width 3 (6 against 4 + 2)
+    assert choose_split([9, 1, 1, 1, 1, 1, 1, 1]) == 1
+    assert choose_split([3, 2]) == 3
+    assert choose_split([4, 2, 2, 2, 2, 2, 2, 2]) == 2
+    assert choose_split([1, 1]) == 1
+
+
+def test_folded_grouped_query_attention_is_the_attention_of_repeated_keys():
+    torch.manual_seed(0)
+    rows, heads, kv_heads, q, keys, dim = 3, 6, 2, 4, 11, 8
+    query, key, value = torch.randn(rows, heads, q, dim), torch.randn(rows, kv_heads, keys, dim), torch.randn(rows, kv_heads, keys, dim)
+    visible = torch.rand(rows, 1, q, keys) > 0.3
+    visible[..., 0] = True
+    mask = additive_mask(visible, torch.float32)
+    out, _ = folded_gqa_attention(None, query, key, value, mask, scaling=0.3, folded_mask=fold_mask(mask, heads // kv_heads))
+    repeated = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), attn_mask=mask, scale=0.3,
+    )
+    assert out.shape == (rows, q, heads, dim)
+    assert torch.allclose(out, repeated.transpose(1, 2), atol=1e-6)
+

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from ngspec.contracts import DraftTree
-from ngspec.tree import attention_mask, batch_blocks, children, depths, joint_width, position_ids, root_to_leaf_paths, visibility
+from ngspec.contracts import DraftTree, table_cost
+from ngspec.tree import attention_mask, batch_blocks, children, depths, joint_width, packed_sizes, position_ids, root_to_leaf_paths, visibility
 
 # root -> a(0) -> b(1)
 #      -> a(0) -> c(2)
@@ -92,6 +92,29 @@ def test_joint_width_hand_worked():
     # a tree without gains is kept whole: the width never drops below it
     assert joint_width([a, DraftTree.chain([4, 5])], cost) == 2
     assert joint_width([], cost) == 0
+
+
+def test_a_fractional_size_reads_between_two_table_entries():
+    cost = (1.0, 1.1, 1.5, 3.0)
+    assert table_cost(cost, 1) == 1.1 and table_cost(cost, 7) == 3.0 and table_cost((), 2.5) == 1.0
+    assert table_cost(cost, 0.5) == pytest.approx(1.05) and table_cost(cost, 2.5) == pytest.approx(2.25)
+
+
+def test_packed_sizes_hand_worked():
+    # the same rows as above, packed (the table at the mean nodes per row): nodes added best
+    # first, 0.9 -> 2.9 / 1.05 = 2.76, 0.8 -> 3.7 / 1.1 = 3.36, 0.2 -> 3.9 / 1.3 = 3.0, 0.1 ->
+    # 4.0 / 1.5: the first row keeps two nodes and the second none (one width for both: one each)
+    a, b = DraftTree.chain([1, 2, 3], [0.9, 0.8, 0.1]), DraftTree.chain([4], [0.2])
+    cost = (1.0, 1.1, 1.5, 3.0)
+
+    def by_mean(sizes):
+        return table_cost(cost, sum(sizes) / len(sizes))
+
+    assert packed_sizes([a, b], by_mean) == [2, 0]
+    assert packed_sizes([a, b], lambda sizes: 1.0) == [3, 1]  # free nodes: keep everything
+    # a tree without gains is kept whole and its nodes count in the cost: 2 / 1.1, 2.9 / 1.3,
+    # 3.7 / 1.5 = 2.47, 3.8 / 2.25
+    assert packed_sizes([a, DraftTree.chain([4, 5])], by_mean) == [2, 2]
 
 
 def test_joint_width_equals_brute_force():
