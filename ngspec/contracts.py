@@ -124,8 +124,9 @@ class DraftContext:
     features: Any = None
     # set by batched decoding, where one forward verifies every row's tree padded to the widest
     # one: drafters that size trees by cost offer instead up to ``max_nodes`` nodes best first
-    # with their ``DraftTree.gains``, and the engine picks one width for all rows (`joint_width`)
-    # and tells each drafter how many of its nodes it kept (``Drafter.keep``, optional)
+    # with their ``DraftTree.gains``, and the engine picks one width for all rows (`joint_width`;
+    # packed rows, ``--batch-layout packed``: each row's own size, `packed_sizes`) and tells each
+    # drafter how many of its nodes it kept (``Drafter.keep``, optional)
     engine_sizes: bool = False
     # seconds of a plain one-token verify step in this run so far, as the loop's fit of its calls'
     # times finds it (`ngspec.perf.online.StepTimes`; 0 before the first call, and in batches,
