@@ -67,7 +67,7 @@ class PackedRows:
     first ``split`` slots of every row are attended in one call (packed token ``first[i]`` at flat
     slot ``first_slot[i]`` of ``[rows, split]``), and each longer row's remaining slots in a call
     of its own over its own cache rows, a view (``rest``: row, first packed token, count); the
-    split is chosen by queries' work (`choose_split`)."""
+    split is chosen by queries' work (`choose_split`). ``starts[b]``: row b's first packed token."""
 
     index: torch.Tensor
     rows: int
@@ -77,14 +77,16 @@ class PackedRows:
     first: torch.Tensor
     first_slot: torch.Tensor
     rest: list[tuple[int, int, int]]
+    starts: list[int]
 
     @staticmethod
     def build(sizes: Sequence[int], attend: Callable, device: torch.device) -> "PackedRows":
         """For blocks of ``sizes`` (root + nodes) entries, row after row."""
         width, split = max(sizes), choose_split(sizes)
-        index, first, first_slot, rest = [], [], [], []
+        index, first, first_slot, rest, starts = [], [], [], [], []
         at = 0
         for b, n in enumerate(sizes):
+            starts.append(at)
             index += [b * width + j for j in range(n)]
             first += range(at, at + min(n, split))
             first_slot += [b * split + j for j in range(min(n, split))]
@@ -95,7 +97,7 @@ class PackedRows:
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
-        return PackedRows(tensor(index), len(sizes), width, attend, split, tensor(first), tensor(first_slot), rest)
+        return PackedRows(tensor(index), len(sizes), width, attend, split, tensor(first), tensor(first_slot), rest, starts)
 
     def padded(self, x: torch.Tensor) -> torch.Tensor:
         """``[1, heads, total, d]`` laid out as ``[rows, heads, width, d]`` (zeros in the padding)."""
@@ -334,20 +336,17 @@ class BatchTarget:
 
     # -- one verification step ---------------------------------------------------------------------
 
-    def step_size(self, sizes: Sequence[int]) -> float:
-        """What a step whose rows verify ``sizes`` nodes costs as, in nodes per row of the cost
-        table: the widest padded, the mean packed."""
-        return sum(sizes) / len(sizes) if self.packed and len(set(sizes)) > 1 else max(sizes)
-
     def step_cost(self, table: Sequence[float], sizes: Sequence[int]) -> float:
-        """A step's cost in plain batched steps when its rows verify ``sizes`` nodes: the table
-        at `step_size`, and packed, `ROW_ALONE` more for each row attended on its own."""
-        cost = table_cost(table, self.step_size(sizes))
-        if self.packed and len(set(sizes)) > 1 and table:
-            blocks = [1 + n for n in sizes]
-            split = choose_split(blocks)
-            cost += ROW_ALONE * sum(1 for n in blocks if n > split)
-        return cost
+        """A step's cost in plain batched steps when its rows verify ``sizes`` nodes: padded (or
+        every row the same size), the table at the widest; packed, the table at the mean nodes per
+        row, and `ROW_ALONE` more for each row attended on its own."""
+        if not (self.packed and len(set(sizes)) > 1):
+            return table_cost(table, max(sizes))
+        if not table:
+            return 1.0
+        blocks = [1 + n for n in sizes]
+        split = choose_split(blocks)
+        return table_cost(table, sum(sizes) / len(sizes)) + ROW_ALONE * sum(1 for n in blocks if n > split)
 
     @torch.inference_mode()
     def verify(self, roots: Sequence[int], trees: Sequence[DraftTree]) -> Verified:
@@ -366,12 +365,12 @@ class BatchTarget:
         mask = additive_mask(visible[:, None], self.dtype)
         packed = self.packed and min(sizes) < width
         if packed:
-            index = torch.tensor([b * width + j for b, n in enumerate(sizes) for j in range(n)])
-            ids, positions = ids.view(-1)[index][None], positions.view(-1)[index][None]  # on the host
             attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.model.config._attn_implementation, ALL_ATTENTION_FUNCTIONS["sdpa"])
             rows_of = PackedRows.build(sizes, attend, self.device)
+            index = rows_of.index.to(ids.device)
+            ids, positions = ids.view(-1)[index][None], positions.view(-1)[index][None]
             cache, extra_args = PackedBlockCache(self.cache, rows_of), {"packed_rows": rows_of}
-            roots_at = [sum(sizes[:b]) for b in range(rows)]
+            roots_at = rows_of.starts
         else:
             cache, extra_args = self.cache, {}
             roots_at = [b * width for b in range(rows)]
@@ -424,4 +423,3 @@ class BatchTarget:
         features = torch.cat(self.pending[row])
         self.pending[row] = []
         return features
-
