@@ -47,8 +47,9 @@ calibration, as in `generate --batch-size`), and speed is the batch's wall time:
         --rounds 2 --eagle-head heads/amd-v9 --datastore datastores/shipped \\
         --tuned shapes/amd-v9-cpu-b1.json --arms "vanilla,trie,whole,no head"
 
-Prints per arm: tokens per verify call (prefill excluded), speed against the trie per round and
-in total, drafting share, exact match against plain greedy, steps without the head and the
+Prints per arm: tokens per verify call (prefill excluded), speed against the first arm per round
+and in total, at batch size 1 the 95% interval of that total (`ngspec.bench.interval`: each
+prompt's runs in one round are a pair, pairs resampled), drafting share, exact match against plain greedy, steps without the head and the
 head's top guesses right / scored.
 """
 
@@ -61,6 +62,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import ngspec.drafters.search as search
+from ngspec.bench.interval import ratio_interval
 from ngspec.batch import BatchConfig
 from ngspec.contracts import DraftTree
 from ngspec.datastore.index import Datastore
@@ -227,7 +229,7 @@ def main() -> None:
             folding(a)
             engine.run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), batches[a])
     reference = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
-    res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0]} for a in arms}
+    res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0], "runs": []} for a in arms}
 
     def record(a: str, r: int, gen, expected: list[int], seconds: float) -> None:
         s = res[a]
@@ -239,6 +241,8 @@ def main() -> None:
         stats = gen.drafter_stats or {}
         s["skipped"] += stats.get("head_skipped", 0)
         s["top_guess"] = [a_ + b_ for a_, b_ in zip(s["top_guess"], stats.get("head_top_guess", (0, 0)))]
+        if seconds:  # batch size 1: each prompt's run, paired with the other arms' runs of it
+            s["runs"].append((len(gen.token_ids), seconds))
 
     for r in range(args.rounds):
         carried.update({a: Calibration() for a in arms})  # not the warm-up's, nor the last round's
@@ -256,9 +260,12 @@ def main() -> None:
                 record(a, r, gen, reference[i], gen.seconds)
     base = res[next(iter(arms))]["seconds"]
     for a, s in res.items():
+        # batch size 1: the 95% interval of the speed ratio, prompts (and rounds) resampled in pairs
+        interval = ratio_interval(s["runs"], res[next(iter(arms))]["runs"]) if s["runs"] else None
         print(
             f"{args.category} b{args.batch_size} {a:12s} tokens/call {s['tokens'] / s['calls']:.3f}  vs {next(iter(arms))} per round "
             f"{[round(b / t, 3) for b, t in zip(base, s['seconds'])]}  total {sum(base) / sum(s['seconds']):.3f}x  "
+            f"95% interval {'-' if interval is None else f'{interval[0]:.3f}-{interval[1]:.3f}'}  "
             f"drafting {s['draft'] / sum(s['seconds']):.3f}  exact {s['exact']}/{len(ids) * args.rounds}  "
             f"head skipped {s['skipped']}  top guess {s['top_guess']}",
             flush=True,

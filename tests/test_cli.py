@@ -59,18 +59,24 @@ def test_generate_human_output_streams_text_and_summary(prompt_file):
 @pytest.mark.slow
 def test_bench_reports_every_arm(tmp_path):
     questions = tmp_path / "q.jsonl"
-    questions.write_text(json.dumps({"question_id": 1, "category": "rag", "turns": [PROMPT]}) + "\n")
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "rag", "turns": [t]}) + "\n" for i, t in enumerate([PROMPT, PROMPT.upper()])))
     md = tmp_path / "reports" / "bench.md"  # a directory that does not exist yet is created
-    result = invoke("bench", "-q", questions, "--category", "rag", "-n", 12, "--json", "--markdown", md)
+    result = invoke("bench", "-q", questions, "--category", "rag", "-n", 12, "--json", "--markdown", md, "--versus", "trie")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     arms = {a["arm"]: a for a in report["arms"]}
     assert set(arms) == {"hf-greedy", "hf-prompt-lookup", "vanilla", "trie", "prompt-lookup"}
     for name in ("vanilla", "trie", "prompt-lookup", "hf-prompt-lookup"):
         assert arms[name]["exact_match"] == 1.0
+        low, high = arms[name]["speedup_interval"]  # two prompts: an interval around the speedup
+        assert low <= arms[name]["speedup"] <= high
     assert arms["vanilla"]["tokens_per_call"] == 1.0
     assert sum(arms["trie"]["acceptance_histogram"].values()) > 0
-    assert "| trie |" in md.read_text()
+    versus = {p["arm"]: p for p in report["versus"]}
+    assert set(versus) == set(arms) - {"trie"}
+    assert versus["vanilla"]["ratio"] == pytest.approx(arms["vanilla"]["speedup"] / arms["trie"]["speedup"])
+    text = md.read_text()
+    assert "| trie |" in text and "throughput vs trie" in text
 
 
 @pytest.mark.parametrize(
@@ -85,6 +91,7 @@ def test_bench_reports_every_arm(tmp_path):
         (["generate", "-p", "{prompt}", "--model", "./no/such/dir"], "not found"),
         (["generate", "-p", "{prompt}", "--dtype", "bfloat16", "--device", "cpu"], "float32"),
         (["bench", "-q", "{prompt}", "--category", "rag"], "no prompts of category"),
+        (["bench", "-q", "{prompt}", "--versus", "nope"], "is not an arm of this run"),
         (["generate", "-p", "{prompt}", "--check", "--temperature", "0.7"], "--check compares with greedy"),
         (["build-datastore", "-c", "{prompt}", "--num-proc", "0"], "--num-proc"),
         (["synth-corpus", "--out", "{prompt}"], "already exists"),

@@ -1,7 +1,9 @@
 """Aggregates bench records per arm and renders them as rows, Markdown and JSON.
 
 Throughput is total tokens / total seconds over all prompts (never a mean of per-prompt rates);
-the median of per-prompt speedups is reported beside it.
+the median of per-prompt speedups is reported beside it, and the speedup's 95% interval with the
+prompts resampled in pairs (`ngspec.bench.interval`): an arm is faster than hf-greedy on these
+prompts when the interval's lower end is above 1.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ngspec.bench.interval import ratio_interval, throughput_ratio
 from ngspec.bench.runner import BenchRecord
 
 
@@ -31,6 +34,7 @@ class ArmSummary:
     ceiling_ratio: float | None  # tokens_per_call / token-weighted self-repetition of hf-greedy outputs
     median_ceiling_ratio: float | None  # median over prompts of that ratio per prompt
     largest_tie_margin: float | None = None  # over mismatched prompts: hf-greedy's top-2 logit margin where they split
+    speedup_interval: tuple[float, float] | None = None  # 95% paired bootstrap interval of speedup (None: one prompt)
 
 
 def mismatches(records: list[BenchRecord], arm: str) -> list[tuple[str, int, float]]:
@@ -89,16 +93,36 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                     for r in records
                 ) if known and all(r.self_repetition.steps for r in records) else None,
                 largest_tie_margin=max((m for _, _, m in mismatches(records, arm)), default=None),
+                speedup_interval=ratio_interval(
+                    [(len(x.token_ids), x.seconds) for x in runs], [(len(r.runs[ref].token_ids), r.runs[ref].seconds) for r in records]
+                ),
             )
         )
     return out
 
 
-COLUMNS = ["arm", "tok/s", "speedup", "median speedup", "tokens/call", "vs ceiling", "median vs ceiling", "draft share", "exact match", "acceptance histogram"]
+def versus(records: list[BenchRecord], arms: list[str], base: str) -> list[dict]:
+    """Every other arm against ``base`` (e.g. the whole READER method against ``trie``): its
+    total-throughput ratio and that ratio's 95% interval, each prompt's two runs a pair."""
+    def runs(arm: str) -> list[tuple[int, float]]:
+        return [(len(r.runs[arm].token_ids), r.runs[arm].seconds) for r in records]
+
+    return [
+        {"arm": arm, "versus": base, "ratio": throughput_ratio(runs(arm), runs(base)), "interval": ratio_interval(runs(arm), runs(base))}
+        for arm in arms
+        if arm != base
+    ]
+
+
+COLUMNS = ["arm", "tok/s", "speedup", "95% interval", "median speedup", "tokens/call", "vs ceiling", "median vs ceiling", "draft share", "exact match", "acceptance histogram"]
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def interval_text(interval: tuple[float, float] | None, spec: str) -> str:
+    return "-" if interval is None else f"{interval[0]:{spec}}-{interval[1]:{spec}}x"
 
 
 def rows(summaries: list[ArmSummary]) -> list[list[str]]:
@@ -107,6 +131,7 @@ def rows(summaries: list[ArmSummary]) -> list[list[str]]:
             s.arm,
             f"{s.tokens_per_second:.1f}",
             f"{s.speedup:.2f}x",
+            interval_text(s.speedup_interval, ".2f"),
             f"{s.median_speedup:.2f}x",
             _fmt(s.tokens_per_call, ".2f"),
             _fmt(s.ceiling_ratio, ".2f"),
@@ -133,16 +158,22 @@ def environment(engine, settings: dict) -> dict:
 
 
 def markdown(
-    summaries: list[ArmSummary], env: dict, ceiling: float, ceiling_with_datastore: float | None = None, records: list[BenchRecord] = ()
+    summaries: list[ArmSummary], env: dict, ceiling: float, ceiling_with_datastore: float | None = None, records: list[BenchRecord] = (),
+    pairs: list[dict] = (),
 ) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(summaries)]
+    if pairs:  # `versus`
+        base = pairs[0]["versus"]
+        lines += ["", f"| arm | throughput vs {base} | 95% interval |", "|---|---|---|"]
+        lines += [f"| {p['arm']} | {p['ratio']:.3f}x | {interval_text(p['interval'], '.3f')} |" for p in pairs]
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
     return (
         f"{meta}\n\nSelf-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}"
         + (f"; with the datastore: {ceiling_with_datastore:.2f}" if ceiling_with_datastore is not None else "")
         + "\n\n"
-        "Speedup is total-throughput vs hf-greedy; tokens/call counts the bonus token and the prefill.\n\n"
+        "Speedup is total-throughput vs hf-greedy, with its 95% interval over the prompts (paired bootstrap); "
+        "tokens/call counts the bonus token and the prefill.\n\n"
         + "\n".join(lines)
         + "\n"
         + mismatch_notes(records, summaries)

@@ -34,6 +34,7 @@ def bench_command(
     plots: Annotated[Path, typer.Option("--plots", help="Directory for the (k, w) heatmaps of a grid sweep.")] = Path("bench-out"),
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the report as Markdown to this file.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
+    versus_arm: Annotated[Optional[str], typer.Option("--versus", help="Also compare every arm with this one (an arm label, e.g. trie): throughput ratio and its 95% interval, prompts paired. An arm is ahead when the interval's lower end is above 1.")] = None,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
@@ -46,7 +47,7 @@ def bench_command(
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
     """
     from ngspec.bench.grid import ablation, heatmaps, sweeps
-    from ngspec.bench.report import COLUMNS, ceiling_of, environment, markdown, mismatch_notes, rows, summarise, to_json
+    from ngspec.bench.report import COLUMNS, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, summarise, to_json, versus
     from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
     from ngspec.prompts import load_prompts
@@ -62,6 +63,8 @@ def bench_command(
     layouts = ["tree", "rows"] if verify == "both" else [verify]
     ks = parse_values(drafting.k, "k", 1) if drafting.k is not None else None
     ws = parse_values(drafting.w, "w", 1) if drafting.w is not None else None
+    if versus_arm is not None and versus_arm.split(" ")[0] not in (*HF_ARMS, "vanilla", *drafters):  # labels start with the drafter
+        raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; give one of: {', '.join((*HF_ARMS, 'vanilla', *drafters))}")
     prompts = load_prompts(questions, category, limit, per_category)
     for path in (markdown_out, json_path):
         if path is not None:
@@ -72,6 +75,8 @@ def bench_command(
         ks = ks or [defaults.k]
         ws = ws or [defaults.w]
     arms = make_arms(drafters, opts, ks, ws, layouts)
+    if versus_arm is not None and versus_arm not in [a.label for a in arms]:
+        raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; the arms are: {', '.join(a.label for a in arms)}")
     res = drafting.resources(engine, [a.drafter for a in arms])
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
@@ -86,6 +91,9 @@ def bench_command(
     grids = sweeps(arms, summaries)
     abl = ablation(arms, records)
     report["ablation"] = abl
+    pairs = versus(records, [a.label for a in arms], versus_arm) if versus_arm is not None else []
+    if pairs:
+        report["versus"] = pairs
     report["sweeps"] = [
         {"drafter": g.drafter, "layout": g.layout, "best_by_speedup": list(g.best("speedup")[0]),
          "best_by_tokens_per_call": list(g.best("tokens_per_call")[0])}
@@ -98,7 +106,7 @@ def bench_command(
             for g in grids
         ]
     if markdown_out is not None:
-        staging.write_text(markdown_out, markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records))
+        staging.write_text(markdown_out, markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records, pairs))
     if json_path is not None:
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
@@ -125,6 +133,12 @@ def bench_command(
         )
     store = f", {ceiling_of(records, True):.2f} when the datastore is searched too" if res.datastore is not None else ""
     render.info(f"self-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}{store}; speedup = total throughput vs hf-greedy")
+    if pairs:
+        render.table(
+            f"against {versus_arm}, prompts paired",
+            ["arm", f"throughput vs {versus_arm}", "95% interval"],
+            [[p["arm"], f"{p['ratio']:.3f}x", interval_text(p["interval"], ".3f")] for p in pairs],
+        )
     notes = mismatch_notes(records, summaries)
     if notes:
         render.info(notes.strip())
