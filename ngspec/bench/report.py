@@ -57,6 +57,11 @@ def ceiling_of(records: list[BenchRecord], with_datastore: bool = False) -> floa
     return sum(v.tokens for v in values) / steps if steps else 0.0
 
 
+def runs_of(records: list[BenchRecord], arm: str) -> list[tuple[int, float]]:
+    """``arm``'s (tokens, seconds) on every prompt, in prompt order: pairs with any other arm's."""
+    return [(len(r.runs[arm].token_ids), r.runs[arm].seconds) for r in records]
+
+
 def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
     ref = "hf-greedy"
     ceiling = ceiling_of(records)
@@ -93,9 +98,7 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                     for r in records
                 ) if known and all(r.self_repetition.steps for r in records) else None,
                 largest_tie_margin=max((m for _, _, m in mismatches(records, arm)), default=None),
-                speedup_interval=ratio_interval(
-                    [(len(x.token_ids), x.seconds) for x in runs], [(len(r.runs[ref].token_ids), r.runs[ref].seconds) for r in records]
-                ),
+                speedup_interval=ratio_interval(runs_of(records, arm), runs_of(records, ref)),
             )
         )
     return out
@@ -104,14 +107,12 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
 def versus(records: list[BenchRecord], arms: list[str], base: str) -> list[dict]:
     """Every other arm against ``base`` (e.g. the whole READER method against ``trie``): its
     total-throughput ratio and that ratio's 95% interval, each prompt's two runs a pair."""
-    def runs(arm: str) -> list[tuple[int, float]]:
-        return [(len(r.runs[arm].token_ids), r.runs[arm].seconds) for r in records]
-
-    return [
-        {"arm": arm, "versus": base, "ratio": throughput_ratio(runs(arm), runs(base)), "interval": ratio_interval(runs(arm), runs(base))}
-        for arm in arms
-        if arm != base
-    ]
+    theirs, out = runs_of(records, base), []
+    for arm in arms:
+        if arm != base:
+            ours = runs_of(records, arm)
+            out.append({"arm": arm, "versus": base, "ratio": throughput_ratio(ours, theirs), "interval": ratio_interval(ours, theirs)})
+    return out
 
 
 COLUMNS = ["arm", "tok/s", "speedup", "95% interval", "median speedup", "tokens/call", "vs ceiling", "median vs ceiling", "draft share", "exact match", "acceptance histogram"]
