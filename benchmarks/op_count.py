@@ -115,7 +115,8 @@ def main() -> None:
     engine = Engine(loaded, calibrate=False, max_draft_nodes=96, cost_slope=args.cost_slope)
     factory = store = None
     if args.eagle_head:
-        opts = EagleOptions("static", choices=read_choices(Path(args.tuned))) if args.tuned else EagleOptions()
+        # the head in float32 as on a GPU (int8 is for CPUs), whose host work this counts
+        opts = EagleOptions("static", choices=read_choices(Path(args.tuned)), head_int8=False) if args.tuned else EagleOptions(head_int8=False)
         factory = eagle_factory(loaded.model, load_head(Path(args.eagle_head), loaded.model), opts, load_draft_vocab(Path(args.eagle_head)))
     if args.datastore:
         store = Datastore.open(args.datastore, loaded.tokenizer)

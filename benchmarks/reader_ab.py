@@ -23,6 +23,8 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   tokens instead of 8,192;
 * ``whole ah`` and ``eagle ah``: ``whole`` and ``eagle`` with the head ``--alt-eagle-head``
   (which head pays, e.g. one fine-tuned with ``train-eagle --loss-on all``; same tuned shape);
+* ``whole f32`` and ``eagle f32``: ``whole`` and ``eagle`` with the head's products in float32
+  (before `EagleOptions.head_int8`, `ngspec.eagle.int8`, on a CPU);
 * ``whole at``: ``whole`` with the static tree of ``--alt-tuned`` (which tuned shape pays);
 * ``whole batch probes``: ``whole`` probing its head every `search.PROBE_EVERY`-th skipped step
   even where the batch verified none of the row's last tree (before that exception);
@@ -184,6 +186,9 @@ def main() -> None:
         if not args.alt_tuned:
             ap.error("the 'whole at' arm needs --alt-tuned")
         factory_at = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, choices=read_choices(Path(args.alt_tuned))), load_draft_vocab(head_dir))
+    factory_f32 = None  # the '... f32' arms' head: the same head, its products in float32
+    if any(a.endswith(" f32") for a in args.arms.split(",")):
+        factory_f32 = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, head_int8=False), load_draft_vocab(head_dir))
     HeadCostScaled.scale = args.head_cost_scale
     carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
     every = {
@@ -203,6 +208,8 @@ def main() -> None:
         "eagle dv": lambda: make_drafter("eagle", eagle=factory_dv, calibration=carried.get("eagle dv")),
         "whole ah": lambda: search.EagleSearchDrafter(factory_ah(), store, deepen=True, calibration=carried.get("whole ah")),
         "eagle ah": lambda: make_drafter("eagle", eagle=factory_ah, calibration=carried.get("eagle ah")),
+        "whole f32": lambda: search.EagleSearchDrafter(factory_f32(), store, deepen=True, calibration=carried.get("whole f32")),
+        "eagle f32": lambda: make_drafter("eagle", eagle=factory_f32, calibration=carried.get("eagle f32")),
         "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
         "whole batch probes": lambda: BatchProbes(factory(), store, deepen=True, calibration=carried.get("whole batch probes")),
         "whole hc": lambda: HeadCostScaled(factory(), store, deepen=True, calibration=carried.get("whole hc")),

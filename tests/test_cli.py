@@ -250,3 +250,24 @@ def test_a_run_carries_each_drafters_calibration_from_prompt_to_prompt(tmp_path,
     by_arm = {name: {id(c) for n, c in seen if n == name} for name in ("trie", "search")}
     assert [len(s) for s in by_arm.values()] == [1, 1] and by_arm["trie"] != by_arm["search"]
     assert sum(n in by_arm for n, _ in seen) == 4  # two prompts each
+
+
+@pytest.mark.slow
+def test_an_eagle_head_in_int8_or_float32_through_generate_and_tune_tree(tmp_path, prompt_file, default_model):
+    """`--head-int8` (the default) and `--head-float32` give the same tokens as plain decoding;
+    tune-tree records which the shape was tuned with."""
+    from conftest import started_head
+    from ngspec.eagle import int8
+    from ngspec.eagle.head import save_head
+
+    save_head(started_head(default_model.model), tmp_path / "head")
+    plain = invoke("generate", "-p", prompt_file, "-n", 16, "--json")
+    assert plain.exit_code == 0, plain.output
+    expected = json.loads(plain.stdout.strip().splitlines()[-1])["token_ids"]
+    for flag in ("--head-int8", "--head-float32"):
+        result = invoke("generate", "-p", prompt_file, "-d", "eagle+search", "--eagle-head", tmp_path / "head", "-n", 16, "--json", flag)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout.strip().splitlines()[-1])["token_ids"] == expected
+    result = invoke("tune-tree", "--eagle-head", tmp_path / "head", "--out", tmp_path / "shape.json", "--limit", 1, "-n", 8, "--nodes", 4, "--depth", 2, "--width", 2, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "shape.json").read_text())["head_int8"] is int8.available("cpu")

@@ -218,9 +218,11 @@ def test_an_eagle_head_runs_the_targets_kernel_plan(monkeypatch):
     eagle_factory(target, head, EagleOptions())()
     assert current_plan(head) is None  # a tiny target keeps ordinary layers
     monkeypatch.setenv("NGSPEC_CPU_KERNELS", "transposed")
-    eagle_factory(target, head, EagleOptions())()
+    eagle_factory(target, head, EagleOptions(head_int8=False))()
     assert current_plan(target) is not None and current_plan(head) is current_plan(target)
     assert all(isinstance(m, TunedLinear) for m in head.modules() if isinstance(m, nn.Linear))
+    quantized = eagle_factory(target, head, EagleOptions(head_int8=True))().head  # a copy: fc in float32 runs the plan too
+    assert isinstance(quantized.fc, TunedLinear) and current_plan(quantized).kernels == current_plan(target).kernels
 
 
 def test_an_engine_keeps_what_lives_as_long_as_the_process_out_of_full_collections():

@@ -45,7 +45,7 @@ def default_eagle(default_model):
     torch.manual_seed(0)
     head = EagleHead(head_config_for(model))
     init_from_target(head, model)
-    return eagle_factory(model, head.eval(), EagleOptions(top_k=4, depth=5, total_tokens=16))
+    return eagle_factory(model, head.eval(), EagleOptions(top_k=4, depth=5, total_tokens=16))  # on a CPU in int8 (`ngspec.eagle.int8`)
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +98,32 @@ def test_default_model_batched_lossless(default_model, default_tables, default_e
     )
     for result, (_, expected) in zip(results, expected_outputs):
         assert result.generation.token_ids == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["eagle", "eagle+search"])
+def test_default_model_lossless_with_a_float32_head(default_model, default_datastore, expected_outputs, drafter):
+    """The tests above run the head as `generate` does by default (on a CPU its products in
+    int8, `ngspec.eagle.int8`); here `--head-float32`: other drafts, the same outputs, alone and
+    in a batch of 3."""
+    from ngspec.batch import BatchConfig, generate_batch
+    from ngspec.decode import Stopper
+    from ngspec.eagle import int8
+
+    model = default_model.model
+    torch.manual_seed(0)
+    head = EagleHead(head_config_for(model))
+    init_from_target(head, model)
+    factory = eagle_factory(model, head.eval(), EagleOptions(top_k=4, depth=5, total_tokens=16, head_int8=False))
+    assert not any(isinstance(m, int8.Int8Linear) for m in factory().head.modules())
+    target = TargetModel(model)
+    eos = eos_ids(default_model)
+    opts = DrafterOptions(search_depth=8, deepen=drafter == "eagle+search")
+    cfg = DecodeConfig(max_new_tokens=64, eos_ids=eos)
+    for ids, expected in expected_outputs:
+        assert generate(target, make_drafter(drafter, opts, eagle=factory, datastore=default_datastore), ids, cfg).token_ids == expected
+    results, _ = generate_batch(
+        model, [ids for ids, _ in expected_outputs], lambda: make_drafter(drafter, opts, eagle=factory, datastore=default_datastore),
+        cfg, BatchConfig(3), lambda: Stopper(eos),
+    )
+    assert [r.generation.token_ids for r in results] == [expected for _, expected in expected_outputs]

@@ -42,6 +42,7 @@ def tune_tree_command(
     width: Annotated[int, typer.Option("--width", help="Most children per node in the large tree.")] = 8,
     depth: Annotated[int, typer.Option("--depth", help="Depth of the large tree.")] = 6,
     min_nodes: Annotated[int, typer.Option("--min-nodes", help="Smallest node count searched.")] = 2,
+    head_int8: Annotated[bool, typer.Option("--head-int8/--head-float32", help="Tune with the head's products in int8 (on a CPU with a float32 model), as generate and bench run it by default; match what you will generate with.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -58,6 +59,7 @@ def tune_tree_command(
     from ngspec.batch import BatchConfig
     from ngspec.decode import DecodeConfig
     from ngspec.drafters.eagle import EagleOptions, eagle_factory
+    from ngspec.eagle import int8
     from ngspec.eagle.head import load_draft_vocab, load_head
     from ngspec.eagle.tune import AcceptanceRecorder, TuneResult, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, prune
     from ngspec.prompts import encode
@@ -83,7 +85,7 @@ def tune_tree_command(
     steps: Counter = Counter()
 
     def run(choices, recorder: bool, label: str) -> dict:
-        factory = eagle_factory(engine.loaded.model, head, EagleOptions(tree="static", choices=choices), vocab)
+        factory = eagle_factory(engine.loaded.model, head, EagleOptions(tree="static", choices=choices, head_int8=head_int8), vocab)
         make = (lambda: AcceptanceRecorder(factory(), accepted, steps)) if recorder else factory
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
             task = progress.add_task(label, total=len(ids))
@@ -112,7 +114,7 @@ def tune_tree_command(
     record = {
         "format": "ngspec-tree-shape", "version": 1, "model": engine.loaded.name, "eagle_head": str(eagle_head),
         "device": str(engine.target.device), "dtype": str(engine.target.dtype).removeprefix("torch."),
-        "batch_size": batch_size, "nodes": len(shape), "calibration_prompts": len(ids), "calibration_steps": result.calibration_steps,
+        "batch_size": batch_size, "head_int8": head_int8 and int8.applies(engine.loaded.model, head), "nodes": len(shape), "calibration_prompts": len(ids), "calibration_steps": result.calibration_steps,
         "searched": {str(m): v for m, v in sorted(result.evaluations.items())},
         "acceptance": {json.dumps(list(c)): rates[c] for c in shape},
         "choices": [list(c) for c in shape],

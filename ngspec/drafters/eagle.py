@@ -31,6 +31,7 @@ import torch
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.cpu_linear import KernelPlan, planned_product, share_plan
+from ngspec.eagle import int8
 from ngspec.eagle.batched import Drafting, HeadCall, drive
 from ngspec.eagle.head import EagleHead
 from ngspec.eagle.pool import HeadPool
@@ -96,6 +97,7 @@ class EagleOptions:
     total_tokens: int = 32
     choices: tuple[tuple[int, ...], ...] = DEFAULT_CHOICES
     draft_vocab: int = 8192  # > 0: draft over the head's N most frequent tokens plus the prompt's
+    head_int8: bool = True  # on a CPU float32 target: the head's products in int8 (`ngspec.eagle.int8`)
 
     def __post_init__(self) -> None:
         if self.tree not in ("dynamic", "static"):
@@ -152,8 +154,11 @@ class EagleDrafter:
         if self.target_params:
             # a drafting step at batch 1 reads the head and its LM-head rows as a target step reads
             # the whole model: the ratio of the two is what the head costs where weights dominate
+            # (int8 weights, `ngspec.eagle.int8`, read a quarter of the bytes of float32 ones)
             rows = 0 if self.head.own_lm_head else self.vocab.size * self.lm_head.weight.shape[1]
-            self.head_cost = (sum(p.numel() for p in self.head.parameters()) + rows) / self.target_params
+            if self.shared.separate_extras:  # the shared rows in int8
+                rows -= 3 * self.shared.size * self.lm_head.weight.shape[1] // 4
+            self.head_cost = (int8.float_equivalent(self.head) + rows) / self.target_params
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         pass
@@ -327,14 +332,18 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
     if getattr(lm_head, "bias", None) is not None:
         vocab = None
     target_params = sum(p.numel() for p in target_model.parameters())
+    quantized = opts.head_int8 and int8.applies(target_model, head)
+    if quantized:
+        head = int8.int8_head(head)
     plan = share_plan(target_model, head)
-    shared = _shared_vocab(head, lm_head, opts, vocab, plan)  # gathered once for every drafter (row) of this factory
+    shared = _shared_vocab(head, lm_head, opts, vocab, plan, quantized)  # gathered once for every drafter (row) of this factory
     pool = HeadPool()  # every drafter's head cache is a row of it, so a batch's rows attend together
     return lambda: EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared, pool=pool)
 
 
-def _shared_vocab(head: EagleHead, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None, plan: KernelPlan | None) -> SharedVocab:
+def _shared_vocab(head: EagleHead, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None, plan: KernelPlan | None, quantized: bool = False) -> SharedVocab:
     """What the drafters of one head score over: the first ``opts.draft_vocab`` tokens of
-    ``vocab``, read from the LM head with the target's kernel ``plan`` (see `SharedVocab.build`)."""
+    ``vocab``, read from the LM head with the target's kernel ``plan``, or ``quantized`` in int8
+    (see `SharedVocab.build`)."""
     draft = list(vocab[: opts.draft_vocab]) if vocab is not None and opts.draft_vocab else None
-    return SharedVocab.build(head, lm_head, draft, lambda x, w: planned_product(x, w, plan))
+    return SharedVocab.build(head, lm_head, draft, lambda x, w: planned_product(x, w, plan), shared_int8=quantized)

@@ -6,7 +6,8 @@ most of a drafting step on a CPU, so drafters score over a draft vocabulary: the
 frequent tokens, the same for every row (`SharedVocab`), plus the tokens of the row's own prompt
 that are not among them (`RowVocab.extra`). An EAGLE-3 head brings its own LM head over its own
 reduced vocabulary, and a head without a draft vocabulary scores over the whole one: both shared
-by every row, with no extras.
+by every row, with no extras. On a CPU the shared columns' product may run in int8
+(`ngspec.eagle.int8`); a row's extra columns then keep a float32 product of their own.
 
 `top_children` answers one or several rows' requests (`TopCall`). A row alone gets one product
 over its own rows of the LM head (shared and extra, gathered on its first request). Several rows
@@ -26,6 +27,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from ngspec.eagle import int8
+
 
 @dataclass
 class SharedVocab:
@@ -39,6 +42,10 @@ class SharedVocab:
     lm_weight: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # a row alone scores its extra columns in a product of their own (the shared ones are in
+    # int8, which a product over the shared and extra rows gathered per prompt would have to
+    # quantize again for every prompt: 26 ms for the default model's draft vocabulary)
+    separate_extras: bool = False
     # the last batch's rows and their layout of extra columns (`_layout`): rows change only when
     # a prompt is admitted, so every level of every step until then reuses it
     batch_layout: tuple | None = field(default=None, repr=False)
@@ -49,15 +56,22 @@ class SharedVocab:
             self.known = frozenset(self.ids.tolist())
 
     @staticmethod
-    def build(head, lm_head: torch.nn.Module, vocab: Sequence[int] | None, product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> "SharedVocab":
+    def build(
+        head, lm_head: torch.nn.Module, vocab: Sequence[int] | None, product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], shared_int8: bool = False,
+    ) -> "SharedVocab":
         """An EAGLE-3 head's own vocabulary; else ``vocab`` (the draft vocabulary's tokens) read
-        from the target's LM head with ``product`` (``x @ weight.T``); else the whole vocabulary."""
+        from the target's LM head with ``product`` (``x @ weight.T``), or with ``shared_int8``
+        its rows in int8 once (`ngspec.eagle.int8`; a row's extra columns keep ``product``); else
+        the whole vocabulary."""
         if head.own_lm_head:
             return SharedVocab(head.draft_logits, head.draft_to_target())
         if not vocab:
             return SharedVocab(lm_head, None)
         ids = torch.tensor(sorted(set(int(t) for t in vocab)), device=lm_head.weight.device)
         weight = lm_head.weight.index_select(0, ids)
+        if shared_int8:
+            packed = int8.prepack(weight)
+            return SharedVocab(lambda x: int8.product(x, packed), ids, lm_head.weight, weight, product, separate_extras=True)
         return SharedVocab(lambda x: product(x, weight), ids, lm_head.weight, weight, product)
 
     def for_prompt(self, prompt: Sequence[int]) -> "RowVocab":
@@ -85,11 +99,14 @@ class RowVocab:
     def alone(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits over the row's columns in one product, and their token ids (a row with extras,
         scored alone: its LM-head rows are gathered on the first call)."""
+        shared = self.shared
         if self._own is None:
-            extra_rows = self.shared.lm_weight.index_select(0, self.extra)
-            self._own = torch.cat([self.shared.weight, extra_rows]), torch.cat([self.shared.ids, self.extra])
+            extra_rows = shared.lm_weight.index_select(0, self.extra)
+            self._own = extra_rows if shared.separate_extras else torch.cat([shared.weight, extra_rows]), torch.cat([shared.ids, self.extra])
         weight, ids = self._own
-        return self.shared.product(features, weight), ids
+        if shared.separate_extras:
+            return torch.cat([shared.logits(features), shared.product(features, weight)], dim=-1), ids
+        return shared.product(features, weight), ids
 
 
 @dataclass
