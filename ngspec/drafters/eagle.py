@@ -155,9 +155,8 @@ class EagleDrafter:
             # a drafting step at batch 1 reads the head and its LM-head rows as a target step reads
             # the whole model: the ratio of the two is what the head costs where weights dominate
             # (int8 weights, `ngspec.eagle.int8`, read a quarter of the bytes of float32 ones)
-            rows = 0 if self.head.own_lm_head else self.vocab.size * self.lm_head.weight.shape[1]
-            if self.shared.separate_extras:  # the shared rows in int8
-                rows -= 3 * self.shared.size * self.lm_head.weight.shape[1] // 4
+            hidden = self.lm_head.weight.shape[1]
+            rows = 0 if self.head.own_lm_head else int8.float_numbers(self.shared.size * hidden, self.shared.shared_int8) + len(self.vocab.extra) * hidden
             self.head_cost = (int8.float_equivalent(self.head) + rows) / self.target_params
 
     def observe(self, new_tokens: Sequence[int]) -> None:

@@ -77,11 +77,16 @@ class Int8Linear(nn.Module):
         return product(x.float(), self.packed)
 
 
+def float_numbers(weights: int, in_int8: bool) -> int:
+    """How many float32 numbers' worth of bytes ``weights`` weights take: a quarter in int8."""
+    return weights // 4 if in_int8 else weights
+
+
 def float_equivalent(module: nn.Module) -> int:
     """How many float32 numbers' worth of weights ``module`` reads: its parameters, and a
     quarter of each `Int8Linear`'s weights."""
     quantized = sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, Int8Linear))
-    return sum(p.numel() for p in module.parameters()) + quantized // 4
+    return sum(p.numel() for p in module.parameters()) + float_numbers(quantized, True)
 
 
 def int8_head(head: nn.Module) -> nn.Module:

@@ -42,10 +42,11 @@ class SharedVocab:
     lm_weight: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    # a row alone scores its extra columns in a product of their own (the shared ones are in
-    # int8, which a product over the shared and extra rows gathered per prompt would have to
-    # quantize again for every prompt: 26 ms for the default model's draft vocabulary)
-    separate_extras: bool = False
+    # the shared columns' product runs in int8 (`ngspec.eagle.int8`); a row alone then scores its
+    # extra columns in a float32 product of their own (one over the shared and extra rows gathered
+    # per prompt would quantize them again for every prompt: 26 ms for the default model's draft
+    # vocabulary)
+    shared_int8: bool = False
     # the last batch's rows and their layout of extra columns (`_layout`): rows change only when
     # a prompt is admitted, so every level of every step until then reuses it
     batch_layout: tuple | None = field(default=None, repr=False)
@@ -71,7 +72,7 @@ class SharedVocab:
         weight = lm_head.weight.index_select(0, ids)
         if shared_int8:
             packed = int8.prepack(weight)
-            return SharedVocab(lambda x: int8.product(x, packed), ids, lm_head.weight, weight, product, separate_extras=True)
+            return SharedVocab(lambda x: int8.product(x, packed), ids, lm_head.weight, weight, product, shared_int8=True)
         return SharedVocab(lambda x: product(x, weight), ids, lm_head.weight, weight, product)
 
     def for_prompt(self, prompt: Sequence[int]) -> "RowVocab":
@@ -102,9 +103,9 @@ class RowVocab:
         shared = self.shared
         if self._own is None:
             extra_rows = shared.lm_weight.index_select(0, self.extra)
-            self._own = extra_rows if shared.separate_extras else torch.cat([shared.weight, extra_rows]), torch.cat([shared.ids, self.extra])
+            self._own = extra_rows if shared.shared_int8 else torch.cat([shared.weight, extra_rows]), torch.cat([shared.ids, self.extra])
         weight, ids = self._own
-        if shared.separate_extras:
+        if shared.shared_int8:
             return torch.cat([shared.logits(features), shared.product(features, weight)], dim=-1), ids
         return shared.product(features, weight), ids
 
