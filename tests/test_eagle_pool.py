@@ -75,9 +75,10 @@ CALLS = {  # row: (seen, block)
 }
 
 
-@pytest.mark.parametrize("callers", [(0, 1, 3), (1, 3), (3,)], ids=["rows-0-1-3", "rows-1-3", "row-3-alone"])
+@pytest.mark.parametrize("callers", [(0, 1, 3), (1, 3), (3,), (1, 0)], ids=["rows-0-1-3", "rows-1-3", "row-3-alone", "neighbours-out-of-order"])
 def test_one_call_for_several_rows_equals_each_row_alone(callers):
-    """Rows of different lengths, pool rows without a call (row 2, and the first ones); a causal
+    """Rows of different lengths, pool rows without a call (row 2, and the first ones: the calling
+    rows are gathered, or viewed where they are neighbours, in any call order); a causal
     call (the whole cache seen), a tree-shaped block over a prefix, and a call that sees only part
     of what comes after its prefix."""
     pool = HeadPool()

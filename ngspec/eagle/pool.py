@@ -5,8 +5,8 @@ Every drafter made by one `eagle_factory` takes a row of the factory's `HeadPool
 its drafter (a `PoolRow`) until the drafter is dropped; then the next prompt's drafter reuses it.
 Because the rows share one buffer, a head forward over several rows' calls
 (`ngspec.eagle.batched.run_calls`) writes all their new keys and values with one indexed copy and
-runs ONE scaled-dot-product attention over the pool, queries padded to the longest call and a
-mask made of each row's visible prefix and its call's own block. Before, each row appended to its
+runs ONE scaled-dot-product attention over the calling rows, queries padded to the longest call and
+a mask made of each row's visible prefix and its call's own block. Before, each row appended to its
 own cache, built its own mask and ran its own attention, which is what a host-bound GPU pays for
 per row (BENCHMARKS.md, section 10c: 32 attention calls a step at batch 8).
 """
@@ -108,17 +108,22 @@ def pooled_attention(
     sizes = [len(b) for b in blocks]
     ends = [r.length + m for r, m in zip(rows, sizes)]
     width, longest = max(ends), max(sizes)
-    first = min(r.index for r in rows)  # attention runs over the pool's rows first..last
-    used = max(r.index for r in rows) + 1 - first
-    pool.reserve(first + used, width, key)
-    # each pair's row (counted from ``first``), slot in the cache and place among its row's
-    # queries; then every (row, query, slot) a query sees beyond its row's prefix
-    row_of, slot, place, vis_row, vis_query, vis_slot = [], [], [], [], [], []
+    pool.reserve(max(r.index for r in rows) + 1, width, key)
+    # attention runs over the calling rows only, in pool order: a view of the pool where they are
+    # neighbours, else a gathered copy (on the team's two-core CPU, 2 rows of 8 with 900 entries
+    # each: 0.32 ms gathered against 1.0 ms over all 8; BENCHMARKS.md 10q)
+    indices = sorted(r.index for r in rows)
+    used = len(indices)
+    place_of = {index: b for b, index in enumerate(indices)}
+    # each pair's row (counted among the calling rows), slot in the cache and place among its
+    # row's queries; then every (row, query, slot) a query sees beyond its row's prefix
+    row_of, pool_row, slot, place, vis_row, vis_query, vis_slot = [], [], [], [], [], [], []
     prefix = [0] * used
     for r, s, block in zip(rows, seen, blocks):
-        b = r.index - first
+        b = place_of[r.index]
         prefix[b] = s
         row_of += [b] * len(block)
+        pool_row += [r.index] * len(block)
         slot += range(r.length, r.length + len(block))
         place += range(len(block))
         for i, cols in enumerate(block):
@@ -126,22 +131,24 @@ def pooled_attention(
             vis_query += [i] * len(cols)
             vis_slot += [s + c for c in cols]
     dev = key.device
-    at = torch.tensor([row_of, slot, place], device=dev)
+    at = torch.tensor([row_of, slot, place, pool_row], device=dev)
     vis = torch.tensor([vis_row, vis_query, vis_slot], device=dev)
-    keys, values = pool.keys[first : first + used], pool.values[first : first + used]
 
-    keys[at[0], :, at[1]] = key[0].transpose(0, 1)  # [M, kv_heads, d] at (row, slot)
-    values[at[0], :, at[1]] = value[0].transpose(0, 1)
+    pool.keys[at[3], :, at[1]] = key[0].transpose(0, 1)  # [M, kv_heads, d] at (pool row, slot)
+    pool.values[at[3], :, at[1]] = value[0].transpose(0, 1)
     for r, end in zip(rows, ends):
         r.length = end
+    if indices[-1] - indices[0] + 1 == used:
+        keys, values = pool.keys[indices[0] : indices[0] + used, :, :width], pool.values[indices[0] : indices[0] + used, :, :width]
+    else:
+        chosen = torch.tensor(indices, device=dev)
+        keys, values = pool.keys[:, :, :width].index_select(0, chosen), pool.values[:, :, :width].index_select(0, chosen)
 
     q = query.new_zeros(used, query.shape[1], longest, query.shape[3])
     q[at[0], :, at[2]] = query[0].transpose(0, 1)
     mask = torch.arange(width, device=dev)[None, None, :] < torch.tensor(prefix, device=dev)[:, None, None]
     mask = mask.expand(used, longest, width).clone()  # [used, longest, width]: the prefixes...
     mask[vis[0], vis[1], vis[2]] = True  # ...and each pair's own part of the rest
-    # padding queries (and rows without a call) may see nothing: their outputs are never read
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, keys[:, :, :width], values[:, :, :width], attn_mask=mask[:, None], scale=scaling, enable_gqa=True,
-    )
+    # padding queries may see nothing: their outputs are never read
+    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], scale=scaling, enable_gqa=True)
     return out.transpose(1, 2)[at[0], at[2]][None]

@@ -62,7 +62,7 @@ class SharedVocab:
     ) -> "SharedVocab":
         """An EAGLE-3 head's own vocabulary; else ``vocab`` (the draft vocabulary's tokens) read
         from the target's LM head with ``product`` (``x @ weight.T``), or with ``shared_int8``
-        its rows in int8 once (`ngspec.eagle.int8`; a row's extra columns keep ``product``); else
+        its rows in int8 once (`ngspec.eagle.int8`; a row's extra columns keep a float32 product); else
         the whole vocabulary."""
         if head.own_lm_head:
             return SharedVocab(head.draft_logits, head.draft_to_target())
@@ -106,7 +106,7 @@ class RowVocab:
             self._own = extra_rows if shared.shared_int8 else torch.cat([shared.weight, extra_rows]), torch.cat([shared.ids, self.extra])
         weight, ids = self._own
         if shared.shared_int8:
-            return torch.cat([shared.logits(features), shared.product(features, weight)], dim=-1), ids
+            return torch.cat([shared.logits(features), _extra_product(features, weight)], dim=-1), ids
         return shared.product(features, weight), ids
 
 
@@ -158,9 +158,17 @@ def _with_extras(logits: torch.Tensor, features: torch.Tensor, calls: Sequence[T
     if last is None or len(last[0]) != len(vocabs) or any(a is not b for a, b in zip(last[0], vocabs)):
         shared.batch_layout = last = (vocabs, *_layout(shared, vocabs, logits.shape[-1]))
     _, union_weight, columns, column_ids = last
-    combined = torch.cat([logits, shared.product(features, union_weight), logits.new_full((len(features), 1), float("-inf"))], dim=-1)
+    combined = torch.cat([logits, _extra_product(features, union_weight), logits.new_full((len(features), 1), float("-inf"))], dim=-1)
     per_row = columns.repeat_interleave(torch.tensor(sizes, device=columns.device), dim=0)
     return combined.gather(1, per_row), column_ids[per_row]
+
+
+def _extra_product(features: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Logits over a few hundred extra columns gathered on the fly: the ordinary product, not the
+    target's kernel plan. oneDNN builds a primitive for every new pair of shapes, 0.5-1 ms on the
+    team's AMD EPYC, and these weights change with the rows' prompts; the ordinary product takes
+    0.04-0.25 ms (BENCHMARKS.md 10q)."""
+    return features @ weight.T
 
 
 def _layout(shared: SharedVocab, vocabs: Sequence[RowVocab], n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
