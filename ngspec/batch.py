@@ -73,6 +73,7 @@ class BatchReport:
     live_steps: int = 0  # the same for live entries only: what a hole-free cache would hold
     peak_slots: int = 0
     seconds: float = 0.0
+    prefill_seconds: float = 0.0  # admitting prompts, one at a time while the other rows wait
     new_tokens: int = 0
 
     @property
@@ -84,6 +85,7 @@ class BatchReport:
             "steps": self.steps, "rearrangements": self.rearrangements, "rearrange_skipped": self.rearrange_skipped,
             "rearrange_seconds": self.rearrange_seconds, "freed_entries": self.freed_entries, "cost_units": self.cost_units,
             "mean_hole_share": self.hole_share, "peak_cache_slots": self.peak_slots, "seconds": self.seconds,
+            "prefill_seconds": self.prefill_seconds, "prefill_share": self.prefill_seconds / self.seconds if self.seconds else 0.0,
             "new_tokens": self.new_tokens, "tokens_per_second": self.new_tokens / self.seconds if self.seconds else 0.0,
         }
 
@@ -158,6 +160,8 @@ def generate_batch(
             target.feature_layers = getattr(drafter, "feature_layers", None)
             row = _Row(index, prompt, drafter, new_stopper(), time.perf_counter())
             root = _first_token(target.admit(prompt, slot), cfg.sampling, gen)
+            row.stats.prefill_seconds = time.perf_counter() - row.start
+            report.prefill_seconds += row.stats.prefill_seconds
             row.out, row.reason = row.stopper.cut([], [root])
             row.stats.steps.append(StepStats(0, len(row.out), 0.0, 0.0))  # the prefill
             drafter.start(prompt)

@@ -189,6 +189,9 @@ class RunStats:
     so tokens per call is ``len(tokens) / verify_calls`` for every arm, plain decoding giving 1.0."""
 
     steps: list[StepStats] = field(default_factory=list)
+    # the prompt's forward (in a batch, the row's admission): no drafter shortens it, so where it
+    # is much of a run (long RAG prompts on a CPU) it caps what any drafter can gain
+    prefill_seconds: float = 0.0
 
     @property
     def verify_calls(self) -> int:

@@ -126,6 +126,7 @@ def generate(
     target.keep_features = bool(getattr(drafter, "needs_features", False))
     target.feature_layers = getattr(drafter, "feature_layers", None)  # EAGLE-3 reads three layers
     root = _first_token(target.prefill(prompt), cfg.sampling, gen)
+    stats.prefill_seconds = time.perf_counter() - start
     out, reason = stopper.cut([], [root])
     stats.steps.append(StepStats(tree_size=0, accepted=len(out), draft_seconds=0.0, verify_cost=0.0))  # the prefill
     drafter.start(prompt)

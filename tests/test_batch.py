@@ -411,3 +411,37 @@ def test_folded_grouped_query_attention_is_the_attention_of_repeated_keys():
     assert out.shape == (rows, q, heads, dim)
     assert torch.allclose(out, repeated.transpose(1, 2), atol=1e-6)
 
+
+
+def test_prefill_time_is_reported_apart_from_drafting_and_verification(tiny, monkeypatch):
+    """A run's prefill seconds are the prompt's forward (here slowed by 0.2 s), alone and for each
+    row of a batch, whose report sums its admissions."""
+    import time
+
+    from ngspec.decode import generate
+    from ngspec.target import TargetModel
+
+    slow = 0.2
+    prefill, admit = TargetModel.prefill, BatchTarget.admit
+
+    def slow_prefill(self, *args):
+        time.sleep(slow)
+        return prefill(self, *args)
+
+    def slow_admit(self, *args):
+        time.sleep(slow)
+        return admit(self, *args)
+
+    monkeypatch.setattr(TargetModel, "prefill", slow_prefill)
+    monkeypatch.setattr(BatchTarget, "admit", slow_admit)
+    rng = random.Random(9)
+    prompts = [repetitive_prompt(rng, VOCAB, 40) for _ in range(3)]
+    cfg = DecodeConfig(max_new_tokens=12)
+    gen = generate(TargetModel(tiny), make_drafter("trie"), prompts[0], cfg)
+    assert slow <= gen.stats.prefill_seconds < gen.seconds
+    results, report = generate_batch(tiny, prompts, lambda: make_drafter("trie"), cfg, BatchConfig(2), lambda: Stopper(frozenset()))
+    rows = [r.generation.stats.prefill_seconds for r in results]
+    assert all(slow <= s < r.generation.seconds for s, r in zip(rows, results))
+    assert report.prefill_seconds == pytest.approx(sum(rows))
+    assert report.as_dict()["prefill_share"] == pytest.approx(report.prefill_seconds / report.seconds)
+    assert 3 * slow <= report.prefill_seconds < report.seconds

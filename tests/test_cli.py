@@ -40,9 +40,10 @@ def test_generate_json_same_tokens_for_every_drafter(prompt_file):
         result = invoke("generate", "-p", prompt_file, "-d", drafter, "-n", 24, "--json")
         assert result.exit_code == 0, result.output
         records[drafter] = json.loads(result.stdout.strip().splitlines()[-1])
-    keys = {"text", "token_ids", "new_tokens", "seconds", "tokens_per_second", "verify_calls", "mean_tokens_per_call", "draft_seconds"}
+    keys = {"text", "token_ids", "new_tokens", "seconds", "tokens_per_second", "verify_calls", "mean_tokens_per_call", "draft_seconds", "prefill_seconds"}
     for rec in records.values():
         assert keys <= rec.keys()
+        assert 0 < rec["prefill_share"] < 1 and rec["prefill_share"] == pytest.approx(rec["prefill_seconds"] / rec["seconds"])
         assert rec["token_ids"] == records["vanilla"]["token_ids"]
         assert rec["new_tokens"] == len(rec["token_ids"])
     assert records["vanilla"]["mean_tokens_per_call"] == 1.0
@@ -72,11 +73,12 @@ def test_bench_reports_every_arm(tmp_path):
         assert low <= arms[name]["speedup"] <= high
     assert arms["vanilla"]["tokens_per_call"] == 1.0
     assert sum(arms["trie"]["acceptance_histogram"].values()) > 0
+    assert 0 < arms["trie"]["prefill_share"] < 1 and arms["hf-greedy"]["prefill_share"] is None  # transformers' own loop: unknown
     versus = {p["arm"]: p for p in report["versus"]}
     assert set(versus) == set(arms) - {"trie"}
     assert versus["vanilla"]["ratio"] == pytest.approx(arms["vanilla"]["speedup"] / arms["trie"]["speedup"])
     text = md.read_text()
-    assert "| trie |" in text and "throughput vs trie" in text
+    assert "| trie |" in text and "throughput vs trie" in text and "prefill share" in text
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ class ArmSummary:
     tokens_per_call: float | None  # tokens per target forward, bonus included, prefill counted
     acceptance_histogram: dict[int, int]  # tokens emitted by a call -> number of calls
     draft_share: float
+    prefill_share: float | None  # the prompts' forwards, which no drafter shortens (None: transformers' arms)
     exact_match: float  # share of prompts whose tokens equal hf-greedy's
     ceiling_ratio: float | None  # tokens_per_call / token-weighted self-repetition of hf-greedy outputs
     median_ceiling_ratio: float | None  # median over prompts of that ratio per prompt
@@ -91,6 +92,7 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                 tokens_per_call=tpc,
                 acceptance_histogram=dict(sorted(hist.items())) if known else {},
                 draft_share=sum(x.draft_seconds for x in runs) / seconds,
+                prefill_share=sum(x.prefill_seconds for x in runs) / seconds if all(x.prefill_seconds is not None for x in runs) else None,
                 exact_match=sum(r.runs[arm].token_ids == r.runs[ref].token_ids for r in records) / len(records),
                 ceiling_ratio=tpc / ceiling if tpc is not None and ceiling else None,
                 median_ceiling_ratio=statistics.median(
@@ -115,7 +117,7 @@ def versus(records: list[BenchRecord], arms: list[str], base: str) -> list[dict]
     return out
 
 
-COLUMNS = ["arm", "tok/s", "speedup", "95% interval", "median speedup", "tokens/call", "vs ceiling", "median vs ceiling", "draft share", "exact match", "acceptance histogram"]
+COLUMNS = ["arm", "tok/s", "speedup", "95% interval", "median speedup", "tokens/call", "vs ceiling", "median vs ceiling", "draft share", "prefill share", "exact match", "acceptance histogram"]
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -138,6 +140,7 @@ def rows(summaries: list[ArmSummary]) -> list[list[str]]:
             _fmt(s.ceiling_ratio, ".2f"),
             _fmt(s.median_ceiling_ratio, ".2f"),
             f"{100 * s.draft_share:.1f}%",
+            "-" if s.prefill_share is None else f"{100 * s.prefill_share:.1f}%",
             f"{100 * s.exact_match:.0f}%",
             " ".join(f"{k}:{v}" for k, v in s.acceptance_histogram.items()) or "-",
         ]
@@ -212,6 +215,7 @@ def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) 
                         "seconds": x.seconds,
                         "verify_calls": x.verify_calls,
                         "draft_seconds": x.draft_seconds,
+                        "prefill_seconds": x.prefill_seconds,
                         "exact_match": x.token_ids == r.runs["hf-greedy"].token_ids,
                         **({"first_mismatch": x.vs_reference.first_mismatch, "near_tie_margin": x.vs_reference.margin}
                            if x.vs_reference is not None and not x.vs_reference.exact_match else {}),

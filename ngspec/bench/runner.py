@@ -66,6 +66,7 @@ class ArmRun:
     verify_calls: int | None = None  # unknown for transformers' prompt lookup
     accepted: list[int] = field(default_factory=list)  # tokens emitted by each call
     draft_seconds: float = 0.0
+    prefill_seconds: float | None = None  # the prompt's forward; unknown for transformers' arms
     drafter_stats: dict | None = None  # row drafters: rows and accepted tokens per strategy
     vs_reference: GreedyCheck | None = None  # against hf-greedy: first mismatch and its near-tie margin
 
@@ -90,7 +91,7 @@ def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Re
     gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore, calibration), arm_cfg)
     steps = gen.stats.steps
     return ArmRun(
-        pid, gen.token_ids, gen.seconds, len(steps), [s.accepted for s in steps], gen.stats.draft_seconds, gen.drafter_stats
+        pid, gen.token_ids, gen.seconds, len(steps), [s.accepted for s in steps], gen.stats.draft_seconds, gen.stats.prefill_seconds, gen.drafter_stats
     )
 
 
