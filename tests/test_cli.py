@@ -81,9 +81,33 @@ def test_bench_reports_every_arm(tmp_path):
     assert "| trie |" in text and "throughput vs trie" in text and "prefill share" in text
 
 
+@pytest.mark.slow
+def test_bench_compares_arms_as_batches(tmp_path):
+    questions = tmp_path / "q.jsonl"
+    texts = [PROMPT, PROMPT.upper(), PROMPT[: len(PROMPT) // 2]]
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "rag", "turns": [t]}) + "\n" for i, t in enumerate(texts)))
+    md = tmp_path / "batch.md"
+    result = invoke("bench", "-q", questions, "-n", 12, "-b", 2, "--rounds", 2, "-d", "trie", "--versus", "trie", "--json", "--markdown", md)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    arms = {a["arm"]: a for a in report["arms"]}
+    assert set(arms) == {"vanilla", "trie"}  # transformers' arms pad batches their own way: left out
+    assert report["environment"]["batch_size"] == 2
+    for arm in arms.values():
+        assert arm["exact_match"] == 1.0 and len(arm["round_speedups"]) == len(arm["round_seconds"]) == 2
+        assert 0 < arm["prefill_share"] < 1
+    assert arms["vanilla"]["speedup"] == 1.0 and arms["vanilla"]["tokens_per_call"] == 1.0
+    assert arms["trie"]["tokens_per_call"] > 1.0
+    assert report["versus"][0]["arm"] == "vanilla" and report["versus"][0]["ratio"] == pytest.approx(1 / arms["trie"]["speedup"])
+    assert "| trie |" in md.read_text()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["bench", "-q", "{prompt}", "-b", "0"], "at least 1"),
+        (["bench", "-q", "{prompt}", "-b", "2", "--verify", "rows"], "use --verify tree"),
+        (["bench", "-q", "{prompt}", "-b", "2", "--versus", "hf-greedy"], "left out of batches"),
         (["generate", "-p", "missing.txt"], "not found"),
         (["generate", "-p", "{empty}"], "empty"),
         (["generate", "-p", "{prompt}", "-d", "nope"], "unknown drafter"),

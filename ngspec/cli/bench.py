@@ -35,6 +35,8 @@ def bench_command(
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the report as Markdown to this file.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
     versus_arm: Annotated[Optional[str], typer.Option("--versus", help="Also compare every arm with this one (an arm label, e.g. trie): throughput ratio and its 95% interval, prompts paired. An arm is ahead when the interval's lower end is above 1.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Compare the arms as batches of this many rows (each arm decodes all prompts as one batch, refilled as rows finish; against vanilla at the same batch size; transformers' arms left out).")] = 1,
+    rounds: Annotated[int, typer.Option("--rounds", help="With --batch-size above 1: run every arm's batch this many times, arms in reversed order every other round (a round is one pair per arm, so look at the per-round ratios).")] = 2,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
@@ -43,8 +45,10 @@ def bench_command(
     process, interleaved: speedup vs hf-greedy, tokens per call, acceptance histogram, drafting
     share, exact-match rate vs hf-greedy, and the self-repetition ceiling. Row drafters can sweep a
     (k, w) grid (heatmaps of tokens per call and speedup) and report the mixed strategy's ablation.
+    With --batch-size B each arm decodes the prompts as batches of B rows instead, --rounds times.
 
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
+    Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
     """
     from ngspec.bench.grid import ablation, heatmaps, sweeps
     from ngspec.bench.report import COLUMNS, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, summarise, to_json, versus
@@ -60,6 +64,12 @@ def bench_command(
     opts = drafting.options()
     if verify not in ("tree", "rows", "both"):
         raise NgspecError(f"--verify must be tree, rows or both (got {verify!r})")
+    if batch_size < 1 or rounds < 1:
+        raise NgspecError(f"--batch-size and --rounds must be at least 1 (got {batch_size} and {rounds})")
+    if batch_size > 1 and verify != "tree":
+        raise NgspecError("--batch-size verifies every row's tree in one forward: use --verify tree")
+    if batch_size > 1 and versus_arm in HF_ARMS:
+        raise NgspecError(f"--versus {versus_arm}: transformers' arms are left out of batches; compare with vanilla or a drafter")
     layouts = ["tree", "rows"] if verify == "both" else [verify]
     ks = parse_values(drafting.k, "k", 1) if drafting.k is not None else None
     ws = parse_values(drafting.w, "w", 1) if drafting.w is not None else None
@@ -78,6 +88,12 @@ def bench_command(
     if versus_arm is not None and versus_arm not in [a.label for a in arms]:
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; the arms are: {', '.join(a.label for a in arms)}")
     res = drafting.resources(engine, [a.drafter for a in arms])
+    if batch_size > 1:
+        settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": len(prompts),
+                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "rounds": rounds}
+        _bench_batched(engine, prompts, [a for a in arms if a.drafter not in HF_ARMS], cfg, res, raw, batch_size, rounds, settings,
+                       versus_arm, markdown_out, json_path, json_out)
+        return
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * len(arms))
@@ -144,3 +160,44 @@ def bench_command(
         render.info(notes.strip())
     if grids:
         render.info("heatmaps: " + ", ".join(report["plots"]))
+
+
+def _bench_batched(engine, prompts, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool) -> None:
+    """`bench --batch-size`: every arm's batch over all prompts, ``rounds`` times, against vanilla
+    at the same batch size; every row checked against transformers' greedy decoding alone."""
+    from ngspec.batch import BatchConfig
+    from ngspec.bench import batched
+    from ngspec.bench.report import environment
+    from ngspec.prompts import encode
+
+    ids = [encode(engine.loaded.tokenizer, p.text, raw) for p in prompts]
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
+        task = progress.add_task("reference (transformers' greedy, one prompt at a time)", total=len(ids))
+        reference = []
+        for x in ids:
+            reference.append(engine.hf_generate(x, cfg.max_new_tokens)[0])
+            progress.advance(task)
+        task = progress.add_task(f"batches of {batch_size}", total=rounds * len(arms))
+        runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task))
+    summaries = batched.summarise_batched(runs, reference)
+    env = environment(engine, settings)
+    top = batched.ceiling(ids, reference)
+    pairs = batched.versus(summaries, versus_arm) if versus_arm is not None else []
+    report = batched.to_json(summaries, env, top, pairs)
+    if markdown_out is not None:
+        staging.write_text(markdown_out, batched.markdown(summaries, env, top, pairs))
+    if json_path is not None:
+        staging.write_text(json_path, json.dumps(report, indent=2))
+    if json_out:
+        render.json_line(report)
+        return
+    render.table(f"bench: {len(prompts)} prompts in batches of {batch_size}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
+                 batched.COLUMNS, batched.rows(summaries))
+    render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row; "
+                f"self-repetition ceiling of transformers' greedy outputs (token-weighted): {top:.2f}")
+    if pairs:
+        render.table(f"against {versus_arm}", ["arm", f"throughput vs {versus_arm}", "per round"],
+                     [[p["arm"], f"{p['ratio']:.3f}x", " ".join(f"{v:.3f}" for v in p["per_round"])] for p in pairs])
+    wrong = [s.arm for s in summaries if s.exact_match < 1]
+    if wrong:
+        render.info(f"rows that differ from transformers' greedy decoding: {', '.join(wrong)} (float32 on a CPU should give none; see --check in generate)")

@@ -1,0 +1,165 @@
+"""`ngspec bench --batch-size B`: the arms compared as batches of B rows.
+
+Each arm decodes all the prompts as one batch of B rows (a finished row's slot goes to the next
+prompt, as in `generate --batch-size`); arms run one after another, in reversed order every other
+round, so slow drift of the machine hits all of them. Rows overlap in time, so throughput is the
+batch's total tokens over its wall time, and the baseline is ``vanilla`` at the same batch size
+(transformers' `generate` pads a batch its own way and is left out). Every row is checked against
+transformers' greedy decoding of its prompt alone. A round is one pair per arm, not one per prompt:
+the spread of the per-round ratios is what tells a few percent from noise (BENCHMARKS.md 10p: two
+rounds on two CPU cores differed by 6%).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ngspec.batch import BatchConfig
+from ngspec.decode import DecodeConfig
+from ngspec.drafters import Resources, make_drafter
+from ngspec.drafters.trie import Calibration
+from ngspec.engine import Engine
+from ngspec.errors import NgspecError
+from ngspec.metrics.self_repetition import self_repetition
+
+BASE = "vanilla"
+
+
+@dataclass
+class BatchRound:
+    """One arm's batch over all the prompts, once."""
+
+    seconds: float
+    tokens: int
+    calls: int  # verify calls summed over the rows, the prefill counted as each row's first
+    draft_seconds: float
+    prefill_seconds: float
+    outputs: list[list[int]]
+
+
+@dataclass
+class BatchArmSummary:
+    arm: str
+    tokens_per_second: float  # total tokens / total seconds over every round
+    speedup: float  # throughput ratio vs vanilla at the same batch size
+    round_speedups: list[float]  # the same, round by round
+    tokens_per_call: float  # per row: tokens / verify calls summed over the rows
+    draft_share: float
+    prefill_share: float
+    exact_match: float  # share of rows (over every round) equal to transformers' greedy decoding
+    rounds: list[BatchRound] = field(default_factory=list, repr=False)
+
+
+def run_batched(
+    engine: Engine, ids: list[list[int]], arms: list, cfg: DecodeConfig, res: Resources, batch: BatchConfig, rounds: int,
+    on_progress: Callable[[str], None] | None = None,
+) -> dict[str, list[BatchRound]]:
+    """Every arm's batch over ``ids``, ``rounds`` times; each arm's drafter estimates carried from
+    prompt to prompt within a round (as `generate --batch-size` does), fresh every round."""
+    out: dict[str, list[BatchRound]] = {a.label: [] for a in arms}
+    for r in range(rounds):
+        for arm in arms if r % 2 == 0 else arms[::-1]:
+            calibration = Calibration()
+            results, report = engine.run_batch(
+                ids, lambda arm=arm: make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore, calibration), cfg, batch,
+            )
+            failed = next((x for x in results if x.error), None)
+            if failed is not None:
+                raise NgspecError(f"prompt {failed.index + 1} cannot run: {failed.error}")
+            gens = [x.generation for x in results]
+            out[arm.label].append(BatchRound(
+                report.seconds, report.new_tokens, sum(g.stats.verify_calls for g in gens), sum(g.stats.draft_seconds for g in gens),
+                report.prefill_seconds, [g.token_ids for g in gens],
+            ))
+            if on_progress:
+                on_progress(arm.label)
+    return out
+
+
+def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[int]]) -> list[BatchArmSummary]:
+    """Per arm: throughput and its ratio to vanilla's (in total and round by round), tokens per
+    call per row, drafting and prefill shares, and the rows equal to ``reference``."""
+    base = runs[BASE]
+    out = []
+    for arm, rounds in runs.items():
+        seconds = sum(x.seconds for x in rounds)
+        tokens = sum(x.tokens for x in rounds)
+        rate = tokens / seconds
+        rows = [(got, want) for x in rounds for got, want in zip(x.outputs, reference)]
+        out.append(BatchArmSummary(
+            arm=arm,
+            tokens_per_second=rate,
+            speedup=rate / (sum(x.tokens for x in base) / sum(x.seconds for x in base)),
+            round_speedups=[(x.tokens / x.seconds) / (b.tokens / b.seconds) for x, b in zip(rounds, base)],
+            tokens_per_call=tokens / sum(x.calls for x in rounds),
+            draft_share=sum(x.draft_seconds for x in rounds) / seconds,
+            prefill_share=sum(x.prefill_seconds for x in rounds) / seconds,
+            exact_match=sum(got == want for got, want in rows) / len(rows),
+            rounds=rounds,
+        ))
+    return out
+
+
+def ceiling(ids: list[list[int]], reference: list[list[int]], datastore=None) -> float:
+    """Token-weighted self-repetition of the reference outputs (tokens per call with an unbounded
+    tree over everything seen; with ``datastore``, searching it too)."""
+    values = [self_repetition(p, r, datastore) for p, r in zip(ids, reference)]
+    steps = sum(v.steps for v in values)
+    return sum(v.tokens for v in values) / steps if steps else 0.0
+
+
+# tok/s over all rows; tokens/call per row
+COLUMNS = ["arm", "tok/s", "vs vanilla", "per round", "tokens/call", "draft share", "prefill share", "exact match"]
+
+
+def rows(summaries: list[BatchArmSummary]) -> list[list[str]]:
+    return [
+        [
+            s.arm, f"{s.tokens_per_second:.1f}", f"{s.speedup:.3f}x", " ".join(f"{v:.3f}" for v in s.round_speedups),
+            f"{s.tokens_per_call:.2f}", f"{100 * s.draft_share:.1f}%", f"{100 * s.prefill_share:.1f}%", f"{100 * s.exact_match:.0f}%",
+        ]
+        for s in summaries
+    ]
+
+
+def versus(summaries: list[BatchArmSummary], base: str) -> list[dict]:
+    """Every other arm's throughput against ``base``'s, in total and round by round."""
+    by = {s.arm: s for s in summaries}
+    theirs = by[base]
+    return [
+        {
+            "arm": s.arm, "versus": base, "ratio": s.tokens_per_second / theirs.tokens_per_second,
+            "per_round": [(x.tokens / x.seconds) / (b.tokens / b.seconds) for x, b in zip(s.rounds, theirs.rounds)],
+        }
+        for s in summaries if s.arm != base
+    ]
+
+
+def to_json(summaries: list[BatchArmSummary], env: dict, ceiling_value: float, pairs: list[dict]) -> dict:
+    return {
+        "environment": env,
+        "tokens_per_call_definition": "tokens emitted per target forward pass per row, bonus token included, each row's prefill counted as its first call",
+        "self_repetition_token_weighted": ceiling_value,
+        "arms": [
+            {k: v for k, v in vars(s).items() if k != "rounds"} | {"round_seconds": [x.seconds for x in s.rounds]}
+            for s in summaries
+        ],
+        **({"versus": pairs} if pairs else {}),
+    }
+
+
+def markdown(summaries: list[BatchArmSummary], env: dict, ceiling_value: float, pairs: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(summaries)]
+    if pairs:
+        base = pairs[0]["versus"]
+        lines += ["", f"| arm | throughput vs {base} | per round |", "|---|---|---|"]
+        lines += [f"| {p['arm']} | {p['ratio']:.3f}x | {' '.join(f'{v:.3f}' for v in p['per_round'])} |" for p in pairs]
+    meta = ", ".join(f"{k}: {v}" for k, v in env.items())
+    return (
+        f"{meta}\n\nSelf-repetition ceiling of transformers' greedy outputs (token-weighted): {ceiling_value:.2f}\n\n"
+        "Each arm decodes all prompts as one batch per round; throughput is total tokens over wall time, against "
+        "vanilla at the same batch size; tokens/call is per row and counts the bonus token and the prefill.\n\n"
+        + "\n".join(lines) + "\n"
+    )
