@@ -234,6 +234,14 @@ def test_bench_with_a_datastore_reports_both_ceilings(tmp_path):
     assert report["self_repetition_token_weighted_with_datastore"] >= report["self_repetition_token_weighted"]
     assert {a["arm"]: a for a in report["arms"]}["search"]["exact_match"] == 1.0
     assert "with the datastore" in md.read_text()
+    # and as batches
+    result = invoke("bench", "-q", questions, "-n", 12, "-d", "search", "--datastore", store, "-b", 2, "--rounds", 1, "--json", "--markdown", md)
+    assert result.exit_code == 0, result.output
+    batched = json.loads(result.stdout.strip().splitlines()[-1])
+    assert batched["self_repetition_token_weighted_with_datastore"] == pytest.approx(report["self_repetition_token_weighted_with_datastore"])
+    assert batched["self_repetition_token_weighted"] == pytest.approx(report["self_repetition_token_weighted"])
+    assert {a["arm"]: a for a in batched["arms"]}["search"]["exact_match"] == 1.0
+    assert "with the datastore" in md.read_text()
 
 
 def test_generate_summarises_the_search_branch_and_the_head():

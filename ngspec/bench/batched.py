@@ -37,6 +37,10 @@ class BatchRound:
     prefill_seconds: float
     outputs: list[list[int]]
 
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
 
 @dataclass
 class BatchArmSummary:
@@ -86,16 +90,16 @@ def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[in
         seconds = sum(x.seconds for x in rounds)
         tokens = sum(x.tokens for x in rounds)
         rate = tokens / seconds
-        rows = [(got, want) for x in rounds for got, want in zip(x.outputs, reference)]
+        checked = [(got, want) for x in rounds for got, want in zip(x.outputs, reference)]
         out.append(BatchArmSummary(
             arm=arm,
             tokens_per_second=rate,
             speedup=rate / (sum(x.tokens for x in base) / sum(x.seconds for x in base)),
-            round_speedups=[(x.tokens / x.seconds) / (b.tokens / b.seconds) for x, b in zip(rounds, base)],
+            round_speedups=[x.rate / b.rate for x, b in zip(rounds, base)],
             tokens_per_call=tokens / sum(x.calls for x in rounds),
             draft_share=sum(x.draft_seconds for x in rounds) / seconds,
             prefill_share=sum(x.prefill_seconds for x in rounds) / seconds,
-            exact_match=sum(got == want for got, want in rows) / len(rows),
+            exact_match=sum(got == want for got, want in checked) / len(checked),
             rounds=rounds,
         ))
     return out
@@ -130,17 +134,20 @@ def versus(summaries: list[BatchArmSummary], base: str) -> list[dict]:
     return [
         {
             "arm": s.arm, "versus": base, "ratio": s.tokens_per_second / theirs.tokens_per_second,
-            "per_round": [(x.tokens / x.seconds) / (b.tokens / b.seconds) for x, b in zip(s.rounds, theirs.rounds)],
+            "per_round": [x.rate / b.rate for x, b in zip(s.rounds, theirs.rounds)],
         }
         for s in summaries if s.arm != base
     ]
 
 
-def to_json(summaries: list[BatchArmSummary], env: dict, ceiling_value: float, pairs: list[dict]) -> dict:
+def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict]) -> dict:
+    """``ceilings``: the self-repetition ceiling of the reference outputs, and with the datastore
+    searched too (None without one)."""
     return {
         "environment": env,
         "tokens_per_call_definition": "tokens emitted per target forward pass per row, bonus token included, each row's prefill counted as its first call",
-        "self_repetition_token_weighted": ceiling_value,
+        "self_repetition_token_weighted": ceilings[0],
+        **({"self_repetition_token_weighted_with_datastore": ceilings[1]} if ceilings[1] is not None else {}),
         "arms": [
             {k: v for k, v in vars(s).items() if k != "rounds"} | {"round_seconds": [x.seconds for x in s.rounds]}
             for s in summaries
@@ -149,7 +156,12 @@ def to_json(summaries: list[BatchArmSummary], env: dict, ceiling_value: float, p
     }
 
 
-def markdown(summaries: list[BatchArmSummary], env: dict, ceiling_value: float, pairs: list[dict]) -> str:
+def ceiling_text(ceilings: tuple[float, float | None]) -> str:
+    store = f"; with the datastore: {ceilings[1]:.2f}" if ceilings[1] is not None else ""
+    return f"Self-repetition ceiling of transformers' greedy outputs (token-weighted): {ceilings[0]:.2f}{store}"
+
+
+def markdown(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(summaries)]
     if pairs:
@@ -158,7 +170,7 @@ def markdown(summaries: list[BatchArmSummary], env: dict, ceiling_value: float, 
         lines += [f"| {p['arm']} | {p['ratio']:.3f}x | {' '.join(f'{v:.3f}' for v in p['per_round'])} |" for p in pairs]
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
     return (
-        f"{meta}\n\nSelf-repetition ceiling of transformers' greedy outputs (token-weighted): {ceiling_value:.2f}\n\n"
+        f"{meta}\n\n{ceiling_text(ceilings)}\n\n"
         "Each arm decodes all prompts as one batch per round; throughput is total tokens over wall time, against "
         "vanilla at the same batch size; tokens/call is per row and counts the bonus token and the prefill.\n\n"
         + "\n".join(lines) + "\n"

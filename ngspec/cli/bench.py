@@ -181,11 +181,11 @@ def _bench_batched(engine, prompts, arms, cfg, res, raw: bool, batch_size: int, 
         runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task))
     summaries = batched.summarise_batched(runs, reference)
     env = environment(engine, settings)
-    top = batched.ceiling(ids, reference)
+    ceilings = (batched.ceiling(ids, reference), batched.ceiling(ids, reference, res.datastore) if res.datastore is not None else None)
     pairs = batched.versus(summaries, versus_arm) if versus_arm is not None else []
-    report = batched.to_json(summaries, env, top, pairs)
+    report = batched.to_json(summaries, env, ceilings, pairs)
     if markdown_out is not None:
-        staging.write_text(markdown_out, batched.markdown(summaries, env, top, pairs))
+        staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs))
     if json_path is not None:
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
@@ -193,8 +193,7 @@ def _bench_batched(engine, prompts, arms, cfg, res, raw: bool, batch_size: int, 
         return
     render.table(f"bench: {len(prompts)} prompts in batches of {batch_size}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
-    render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row; "
-                f"self-repetition ceiling of transformers' greedy outputs (token-weighted): {top:.2f}")
+    render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings)}")
     if pairs:
         render.table(f"against {versus_arm}", ["arm", f"throughput vs {versus_arm}", "per round"],
                      [[p["arm"], f"{p['ratio']:.3f}x", " ".join(f"{v:.3f}" for v in p["per_round"])] for p in pairs])
