@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ngspec.batch import BatchConfig
+from ngspec.bench.report import table_lines
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import Resources, make_drafter
 from ngspec.drafters.trie import Calibration
@@ -140,6 +141,10 @@ def versus(summaries: list[BatchArmSummary], base: str) -> list[dict]:
     ]
 
 
+def versus_rows(pairs: list[dict]) -> list[list[str]]:
+    return [[p["arm"], f"{p['ratio']:.3f}x", " ".join(f"{v:.3f}" for v in p["per_round"])] for p in pairs]
+
+
 def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict]) -> dict:
     """``ceilings``: the self-repetition ceiling of the reference outputs, and with the datastore
     searched too (None without one)."""
@@ -162,12 +167,10 @@ def ceiling_text(ceilings: tuple[float, float | None]) -> str:
 
 
 def markdown(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(summaries)]
+    lines = table_lines(COLUMNS, rows(summaries))
     if pairs:
         base = pairs[0]["versus"]
-        lines += ["", f"| arm | throughput vs {base} | per round |", "|---|---|---|"]
-        lines += [f"| {p['arm']} | {p['ratio']:.3f}x | {' '.join(f'{v:.3f}' for v in p['per_round'])} |" for p in pairs]
+        lines += [""] + table_lines(["arm", f"throughput vs {base}", "per round"], versus_rows(pairs))
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
     return (
         f"{meta}\n\n{ceiling_text(ceilings)}\n\n"

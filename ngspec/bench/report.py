@@ -161,16 +161,19 @@ def environment(engine, settings: dict) -> dict:
     }
 
 
+def table_lines(columns: list[str], cells: list[list[str]]) -> list[str]:
+    """A Markdown table."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(r) + " |" for r in cells]
+
+
 def markdown(
     summaries: list[ArmSummary], env: dict, ceiling: float, ceiling_with_datastore: float | None = None, records: list[BenchRecord] = (),
     pairs: list[dict] = (),
 ) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(summaries)]
+    lines = table_lines(COLUMNS, rows(summaries))
     if pairs:  # `versus`
         base = pairs[0]["versus"]
-        lines += ["", f"| arm | throughput vs {base} | 95% interval |", "|---|---|---|"]
-        lines += [f"| {p['arm']} | {p['ratio']:.3f}x | {interval_text(p['interval'], '.3f')} |" for p in pairs]
+        lines += [""] + table_lines(["arm", f"throughput vs {base}", "95% interval"], [[p["arm"], f"{p['ratio']:.3f}x", interval_text(p["interval"], ".3f")] for p in pairs])
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
     return (
         f"{meta}\n\nSelf-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}"
