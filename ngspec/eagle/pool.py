@@ -108,12 +108,12 @@ def pooled_attention(
     sizes = [len(b) for b in blocks]
     ends = [r.length + m for r, m in zip(rows, sizes)]
     width, longest = max(ends), max(sizes)
-    pool.reserve(max(r.index for r in rows) + 1, width, key)
     # attention runs over the calling rows only, in pool order: a view of the pool where they are
     # neighbours, else a gathered copy (on the team's two-core CPU, 2 rows of 8 with 900 entries
     # each: 0.32 ms gathered against 1.0 ms over all 8; BENCHMARKS.md 10q)
     indices = sorted(r.index for r in rows)
     used = len(indices)
+    pool.reserve(indices[-1] + 1, width, key)
     place_of = {index: b for b, index in enumerate(indices)}
     # each pair's row (counted among the calling rows), slot in the cache and place among its
     # row's queries; then every (row, query, slot) a query sees beyond its row's prefix

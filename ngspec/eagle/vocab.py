@@ -34,8 +34,9 @@ from ngspec.eagle import int8
 class SharedVocab:
     """The columns every row of one head scores: ``logits`` of features over them, the token id of
     each (``ids``; None: the column is the token id), and for a draft vocabulary the LM-head weight
-    that rows' extra tokens are read from (``lm_weight``; None: rows have no extras), the shared
-    columns' rows of it (``weight``) and the product (``x @ weight.T``) they are run with."""
+    that rows' extra tokens are read from (``lm_weight``; None: rows have no extras), and where
+    the shared columns run in float32, their rows of it (``weight``) and the product (``x @
+    weight.T``) they are run with."""
 
     logits: Callable[[torch.Tensor], torch.Tensor]
     ids: torch.Tensor | None
@@ -70,9 +71,9 @@ class SharedVocab:
             return SharedVocab(lm_head, None)
         ids = torch.tensor(sorted(set(int(t) for t in vocab)), device=lm_head.weight.device)
         weight = lm_head.weight.index_select(0, ids)
-        if shared_int8:
+        if shared_int8:  # the float32 rows are not kept: nothing reads them once packed
             packed = int8.prepack(weight)
-            return SharedVocab(lambda x: int8.product(x, packed), ids, lm_head.weight, weight, product, shared_int8=True)
+            return SharedVocab(lambda x: int8.product(x, packed), ids, lm_head.weight, shared_int8=True)
         return SharedVocab(lambda x: product(x, weight), ids, lm_head.weight, weight, product)
 
     def for_prompt(self, prompt: Sequence[int]) -> "RowVocab":
