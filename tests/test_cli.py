@@ -137,6 +137,7 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["tune-tree", "--eagle-head", "no/such/head", "--out", "x.json"], "no EAGLE head directory"),
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}"], "already exists"),
         (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--batch-size", "0"], "--batch-size"),
+        (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--finalists", "0"], "--finalists must be at least 1"),
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}/shape.json"], "cannot create the directory"),
     ],
 )
@@ -302,6 +303,12 @@ def test_an_eagle_head_in_int8_or_float32_through_generate_and_tune_tree(tmp_pat
         result = invoke("generate", "-p", prompt_file, "-d", "eagle+search", "--eagle-head", tmp_path / "head", "-n", 16, "--json", flag)
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout.strip().splitlines()[-1])["token_ids"] == expected
-    result = invoke("tune-tree", "--eagle-head", tmp_path / "head", "--out", tmp_path / "shape.json", "--limit", 1, "-n", 8, "--nodes", 4, "--depth", 2, "--width", 2, "--json")
+    result = invoke("tune-tree", "--eagle-head", tmp_path / "head", "--out", tmp_path / "shape.json", "--limit", 2, "-n", 8, "--nodes", 4, "--depth", 2, "--width", 2, "--finalists", 2, "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "shape.json").read_text())["head_int8"] is int8.available("cpu")
+    shape = json.loads((tmp_path / "shape.json").read_text())
+    assert shape["head_int8"] is int8.available("cpu")
+    # the search's two fastest counts timed again side by side, prompt by prompt: the winner is the shape
+    final = shape["playoff"]
+    assert len(final["nodes"]) == 2 and final["nodes"][0] == shape["nodes"] and set(final["nodes"]) <= {int(m) for m in shape["searched"]}
+    assert final["best_vs_runner_up"] == pytest.approx(final["tokens_per_second"][str(final["nodes"][0])] / final["tokens_per_second"][str(final["nodes"][1])])
+    assert final["best_vs_runner_up"] >= 1.0 and len(final["interval"]) == 2

@@ -111,3 +111,93 @@ def test_calibration_uses_every_question_of_your_own_file(tmp_path):
     default = calibration_prompts(None, None, None)
     assert len(default) == 8 and len({p.category for p in default}) == 8
     assert len(calibration_prompts(None, 2, None)) == 16
+
+
+class DriftingMachine:
+    """A fake timer: count m truly runs at ``speeds[m]`` tokens/s, but the machine slows by
+    ``drift`` of its speed with every group run (another tenant arriving), as a shared VM does."""
+
+    def __init__(self, speeds: dict[int, float], drift: float) -> None:
+        self.speeds, self.drift, self.clock, self.calls = speeds, drift, 0, []
+
+    def run_group(self, m: int, g: int) -> tuple[float, float, int]:
+        self.calls.append((m, g))
+        slow = 1.0 - self.drift * self.clock
+        self.clock += 1
+        return 100.0, 100.0 / (self.speeds[m] * slow), 50
+
+
+def test_side_by_side_runs_every_group_of_each_count_in_rotated_order():
+    from ngspec.eagle.tune import SideBySide
+
+    machine = DriftingMachine({2: 1.0, 4: 1.0, 8: 1.0}, 0.0)
+    announced = []
+    timer = SideBySide(machine.run_group, 3, lambda counts, groups: announced.append((counts, groups)))
+    fresh = timer.measure([2, 4, 8, 4])
+    assert machine.calls == [(2, 0), (4, 0), (8, 0), (4, 1), (8, 1), (2, 1), (8, 2), (2, 2), (4, 2)]
+    assert announced == [([2, 4, 8], 3)] and sorted(fresh) == [2, 4, 8]
+    assert timer.measure([4, 8]) == {} and len(machine.calls) == 9  # measured already
+    timer.measure([4, 8], again=True)
+    assert len(machine.calls) == 15 and len(timer.runs[4]) == 3  # timed again: the new runs replace the old
+    with pytest.raises(ValueError):
+        SideBySide(machine.run_group, 0)
+
+
+def test_counts_timed_side_by_side_rank_right_where_one_after_the_other_does_not():
+    """Count 3 is truly 2% faster than count 5; the machine slows by 1% per group run. Timed one
+    after the other (5 first), 3 looks slower; side by side, group by group, it is faster."""
+    from ngspec.eagle.tune import SideBySide
+
+    speeds = {3: 51.0, 5: 50.0}
+    after = SideBySide(DriftingMachine(speeds, 0.01).run_group, 8)
+    after.measure([5])
+    after.measure([3])
+    assert after.tokens_per_second(3) < after.tokens_per_second(5)
+    together = SideBySide(DriftingMachine(speeds, 0.01).run_group, 8)
+    together.measure([3, 5])
+    assert together.tokens_per_second(3) > together.tokens_per_second(5)
+
+
+def test_the_search_hands_each_comparison_to_together_before_reading_it():
+    from ngspec.eagle.tune import coarse_then_golden
+
+    peaked = {x: -abs(x - 11) for x in range(1, 65)}
+    measured: set[int] = set()
+    handed = []
+
+    def together(points):
+        handed.append(list(points))
+        measured.update(points)
+
+    def f(x):
+        assert x in measured, f"{x} read before it was handed over"
+        return peaked[x]
+
+    assert coarse_then_golden(f, 1, 64, together) == 11 == coarse_then_golden(lambda x: peaked[x], 1, 64)
+    assert handed[0] == [1, 2, 4, 8, 16, 32, 64]  # the scan, in one comparison
+    assert all(len(points) == 2 for points in handed[1:-1])  # then golden-section pairs
+
+
+def test_the_playoff_times_the_finalists_again_and_says_how_sure_it_is():
+    """Early timings on a fast machine favour 8 and 16; timed again side by side, 4 (truly 3%
+    ahead of 8) wins, and the interval of its lead holds the true ratio."""
+    from ngspec.eagle.tune import SideBySide, playoff
+
+    speeds = {2: 40.0, 4: 51.5, 8: 50.0, 16: 45.0}
+    machine = DriftingMachine(speeds, 0.004)
+    timer = SideBySide(machine.run_group, 12)
+    for m in (16, 8, 2, 4):  # one after the other, on a machine that slows: the latest look worst
+        timer.measure([m])
+    assert max(timer.runs, key=timer.tokens_per_second) != 4
+    final = playoff(timer, 3)
+    assert final.best == 4 and set(final.counts) == {4, 8, 16}
+    assert len(timer.runs[4]) == 12 and len(machine.calls) == 4 * 12 + 3 * 12
+    assert final.ratio == pytest.approx(51.5 / 50.0, rel=0.01)
+    assert final.interval is not None and final.interval[0] <= 51.5 / 50.0 <= final.interval[1]
+    assert final.interval[0] > 1.0  # 3% clear of a steady 1% spread of drift across the rotation
+
+    alone = playoff(timer, 1)  # no playoff: the best so far, nothing timed again
+    assert alone.counts == (4,) and alone.ratio is None and len(machine.calls) == 84
+    one_group = SideBySide(DriftingMachine(speeds, 0.0).run_group, 1)
+    one_group.measure([4, 8])
+    assert playoff(one_group, 2).interval is None  # one pair: nothing to resample

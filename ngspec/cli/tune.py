@@ -42,6 +42,7 @@ def tune_tree_command(
     width: Annotated[int, typer.Option("--width", help="Most children per node in the large tree.")] = 8,
     depth: Annotated[int, typer.Option("--depth", help="Depth of the large tree.")] = 6,
     min_nodes: Annotated[int, typer.Option("--min-nodes", help="Smallest node count searched.")] = 2,
+    finalists: Annotated[int, typer.Option("--finalists", help="The search's fastest N node counts are timed again side by side, and the fastest of that timing wins; it also says how far ahead of the runner-up and how sure (1: no playoff).")] = 3,
     head_int8: Annotated[bool, typer.Option("--head-int8/--head-float32", help="Tune with the head's products in int8 (on a CPU with a float32 model), as generate and bench run it by default; match what you will generate with.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
     device: DeviceOpt = "auto",
@@ -52,16 +53,19 @@ def tune_tree_command(
     """Measure each node's acceptance in a large static EAGLE tree on calibration prompts, prune
     the least-accepted nodes, and search (a geometric scan, then golden section) the node count with the most tokens/s
     at --batch-size on this device; save the shape for `generate`/`bench --tree static
-    --tree-choices FILE`.
+    --tree-choices FILE`. Counts are timed side by side, group of --batch-size prompts by group,
+    and the best --finalists are timed again together at the end: the winner's lead over the
+    runner-up comes with a 95% interval (an interval across 1: the two are level on these prompts).
 
     Example: ngspec tune-tree --eagle-head heads/smollm2 --out shapes/smollm2-cpu-b1.json
     """
     from ngspec.batch import BatchConfig
+    from ngspec.bench.report import interval_text
     from ngspec.decode import DecodeConfig
     from ngspec.drafters.eagle import EagleOptions, eagle_factory
     from ngspec.eagle import int8
     from ngspec.eagle.head import load_draft_vocab, load_head
-    from ngspec.eagle.tune import AcceptanceRecorder, TuneResult, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, prune
+    from ngspec.eagle.tune import AcceptanceRecorder, SideBySide, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, playoff, prune, rate
     from ngspec.prompts import encode
 
     if not eagle_head.is_dir():
@@ -72,6 +76,8 @@ def tune_tree_command(
         raise NgspecError("need 1 <= --min-nodes <= --nodes")
     if width < 1 or depth < 1:
         raise NgspecError("--width and --depth must be at least 1")
+    if finalists < 1:
+        raise NgspecError("--finalists must be at least 1")
     staging.output_directory(out)
     batch = BatchConfig(batch_size)
     prompts = calibration_prompts(questions, per_category, limit)
@@ -84,38 +90,74 @@ def tune_tree_command(
     accepted: Counter = Counter()
     steps: Counter = Counter()
 
-    def run(choices, recorder: bool, label: str) -> dict:
-        factory = eagle_factory(engine.loaded.model, head, EagleOptions(tree="static", choices=choices, head_int8=head_int8), vocab)
-        make = (lambda: AcceptanceRecorder(factory(), accepted, steps)) if recorder else factory
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
-            task = progress.add_task(label, total=len(ids))
-            results, report = engine.run_batch(ids, make, cfg, batch, lambda r: progress.advance(task))
+    def factory(choices):
+        return eagle_factory(engine.loaded.model, head, EagleOptions(tree="static", choices=choices, head_int8=head_int8), vocab)
+
+    def decode(first: int, count: int, make, on_finish):
+        """Decode prompts ``first`` .. ``first + count - 1`` as one batch run."""
+        results, report = engine.run_batch(ids[first : first + count], make, cfg, batch, on_finish)
         failed = next((r for r in results if r.error), None)
         if failed is not None:
-            raise NgspecError(f"calibration prompt {prompts[failed.index].id} cannot run: {failed.error}")
-        calls = sum(r.generation.stats.verify_calls for r in results)
-        return {"tokens_per_second": report.as_dict()["tokens_per_second"], "tokens_per_call": report.new_tokens / calls if calls else 0.0, "seconds": report.seconds}
+            raise NgspecError(f"calibration prompt {prompts[first + failed.index].id} cannot run: {failed.error}")
+        return report.new_tokens, report.seconds, sum(r.generation.stats.verify_calls for r in results)
+
+    def progress_bar() -> Progress:
+        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True)
 
     render.info(f"calibrating a {len(big)}-node tree on {len(ids)} prompts, batch size {batch_size} ...")
-    run(big, True, f"measuring acceptance of {len(big)} nodes")
+    with progress_bar() as progress:
+        task = progress.add_task(f"measuring acceptance of {len(big)} nodes", total=len(ids))
+        recorder = factory(big)
+        decode(0, len(ids), lambda: AcceptanceRecorder(recorder(), accepted, steps), lambda r: progress.advance(task))
     rates = acceptance_rates(accepted, steps["steps"], big)
-    result = TuneResult(big, rates, steps["steps"])
+
+    # each node count decodes every group of --batch-size prompts; the counts of one comparison
+    # take turns group by group (`SideBySide`), each count's drafter factory kept for all its groups
+    starts = list(range(0, len(ids), batch_size))
+    factories: dict = {}
+    shown: set[int] = set()
+
+    def figures(m: int) -> dict:
+        runs = timer.runs[m]
+        calls = sum(c for _, _, c in runs)
+        return {"tokens_per_second": rate(runs), "tokens_per_call": sum(t for t, _, _ in runs) / calls if calls else 0.0,
+                "seconds": sum(s for _, s, _ in runs), "expected_tokens_per_call": expected_tokens(rates, prune(rates, m))}
 
     def tokens_per_second(m: int) -> float:
-        shape = prune(rates, m)
-        figures = run(shape, False, f"{m} nodes")
-        figures["expected_tokens_per_call"] = expected_tokens(rates, shape)
-        result.evaluations[m] = figures
-        render.info(f"{m:>4} nodes: {figures['tokens_per_second']:.1f} tokens/s, {figures['tokens_per_call']:.2f} tokens/call (expected {figures['expected_tokens_per_call']:.2f})")
-        return figures["tokens_per_second"]
+        value = timer.tokens_per_second(m)
+        if m not in shown:
+            shown.add(m)
+            f = figures(m)
+            render.info(f"{m:>4} nodes: {f['tokens_per_second']:.1f} tokens/s, {f['tokens_per_call']:.2f} tokens/call (expected {f['expected_tokens_per_call']:.2f})")
+        return value
 
-    best = coarse_then_golden(tokens_per_second, min_nodes, len(big))
+    with progress_bar() as progress:
+        task = progress.add_task("", total=None)
+
+        def announce(counts: list[int], groups: int) -> None:
+            progress.reset(task, total=len(counts) * groups, description=f"timing {', '.join(map(str, counts))} nodes side by side")
+
+        def run_group(m: int, g: int):
+            if m not in factories:
+                factories[m] = factory(prune(rates, m))
+            first = starts[g]
+            result = decode(first, min(batch_size, len(ids) - first), factories[m], None)
+            progress.advance(task)
+            return result
+
+        timer = SideBySide(run_group, len(starts), announce)
+        coarse_then_golden(tokens_per_second, min_nodes, len(big), timer.measure)
+        searched = {m: figures(m) for m in sorted(timer.runs)}  # before the playoff times its counts again
+        final = playoff(timer, finalists)
+    best = final.best
     shape = prune(rates, best)
     record = {
         "format": "ngspec-tree-shape", "version": 1, "model": engine.loaded.name, "eagle_head": str(eagle_head),
         "device": str(engine.target.device), "dtype": str(engine.target.dtype).removeprefix("torch."),
-        "batch_size": batch_size, "head_int8": head_int8 and int8.applies(engine.loaded.model, head), "nodes": len(shape), "calibration_prompts": len(ids), "calibration_steps": result.calibration_steps,
-        "searched": {str(m): v for m, v in sorted(result.evaluations.items())},
+        "batch_size": batch_size, "head_int8": head_int8 and int8.applies(engine.loaded.model, head), "nodes": len(shape), "calibration_prompts": len(ids), "calibration_steps": steps["steps"],
+        "searched": {str(m): v for m, v in searched.items()},
+        "playoff": {"nodes": list(final.counts), "tokens_per_second": {str(m): v for m, v in final.tokens_per_second.items()},
+                    "best_vs_runner_up": final.ratio, "interval": list(final.interval) if final.interval else None},
         "acceptance": {json.dumps(list(c)): rates[c] for c in shape},
         "choices": [list(c) for c in shape],
     }
@@ -126,6 +168,11 @@ def tune_tree_command(
     render.table(
         f"tree sizes tried on {engine.loaded.name} ({engine.target.device}), batch size {batch_size}",
         ["nodes", "tokens/s", "tokens/call", "expected tokens/call"],
-        [[str(m), f"{v['tokens_per_second']:.1f}", f"{v['tokens_per_call']:.2f}", f"{v['expected_tokens_per_call']:.2f}"] for m, v in sorted(result.evaluations.items())],
+        [[str(m), f"{v['tokens_per_second']:.1f}", f"{v['tokens_per_call']:.2f}", f"{v['expected_tokens_per_call']:.2f}"] for m, v in searched.items()],
     )
+    if final.ratio is not None:
+        lead = f"{final.ratio:.3f}x the runner-up ({final.counts[1]} nodes) timed side by side, 95% interval {interval_text(final.interval, '.3f')}"
+        if final.interval is not None and final.interval[0] <= 1.0:
+            lead += ": level on these prompts (more of them, --limit or --per-category, would tell the two apart)"
+        render.info(f"playoff of {', '.join(map(str, final.counts))} nodes: {best} nodes ran {lead}")
     render.info(f"best: {best} nodes; shape written to {out} (use: --tree static --tree-choices {out})")

@@ -7,6 +7,10 @@ tree, and ``1 + sum of the kept rates`` is the expected tokens per call it will 
 what we maximise, and it is measured, not modelled: each candidate node count decodes the
 calibration prompts at the chosen batch size: a geometric scan over the node count finds the
 region of the best, and a golden-section search inside it picks the count (`coarse_then_golden`).
+Counts are timed side by side (`SideBySide`): each group of prompts is decoded with every count of
+a comparison back to back, so a shared machine that slows for a while slows them alike, and the
+search's best few are timed again together at the end (`playoff`), which says how far the winner
+is ahead of the runner-up and how sure that is (a paired bootstrap over the prompt groups).
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ngspec.bench.interval import ratio_interval, throughput_ratio
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.eagle.batched import Drafting, drive
 from ngspec.tree import accepted_path
@@ -93,9 +98,14 @@ def expected_tokens(rates: dict[Choice, float], shape: Sequence[Choice]) -> floa
     return 1.0 + sum(rates[c] for c in shape)
 
 
-def golden_section_max(f: Callable[[int], float], lo: int, hi: int) -> int:
+Together = Callable[[Sequence[int]], None]  # measure these points side by side before they are read
+
+
+def golden_section_max(f: Callable[[int], float], lo: int, hi: int, together: Together | None = None) -> int:
     """Integer argmax of a unimodal ``f`` on [lo, hi] by golden-section search (each value
-    evaluated once; the ends are evaluated too, so a monotone ``f`` is handled)."""
+    evaluated once; the ends are evaluated too, so a monotone ``f`` is handled). ``together``,
+    when given, is first handed each set of points that is compared: the two inner points of a
+    step, then the last bracket with the ends."""
     memo: dict[int, float] = {}
 
     def value(x: int) -> float:
@@ -110,22 +120,26 @@ def golden_section_max(f: Callable[[int], float], lo: int, hi: int) -> int:
         d = round(a + ratio * (b - a))
         if c == d:
             d = c + 1
+        if together:
+            together([c, d])
         if value(c) >= value(d):
             b = d
         else:
             a = c
-    for x in range(a, b + 1):
-        value(x)
-    for x in (lo, hi):
+    rest = [*range(a, b + 1), lo, hi]
+    if together:
+        together(rest)
+    for x in rest:
         value(x)
     return max(memo, key=lambda x: (memo[x], -x))
 
 
-def coarse_then_golden(f: Callable[[int], float], lo: int, hi: int) -> int:
+def coarse_then_golden(f: Callable[[int], float], lo: int, hi: int, together: Together | None = None) -> int:
     """Integer argmax of ``f`` on [lo, hi]: first a geometric scan (lo, 2·lo, 4·lo, ..., hi), then a
     golden-section search between the neighbours of the best scanned point. Measured tokens/s is
     noisy and jumps where pruning adds a level to the tree (one more head expansion), so a
-    golden-section search over the whole range alone can settle on the wrong side."""
+    golden-section search over the whole range alone can settle on the wrong side. ``together``
+    (see `golden_section_max`) is handed the whole scan first."""
     memo: dict[int, float] = {}
 
     def value(x: int) -> float:
@@ -134,23 +148,86 @@ def coarse_then_golden(f: Callable[[int], float], lo: int, hi: int) -> int:
         return memo[x]
 
     grid = sorted({*(min(lo * 2**i, hi) for i in range(max(1, (hi // max(lo, 1)).bit_length() + 1))), hi})
+    if together:
+        together(grid)
     for x in grid:
         value(x)
     best = max(grid, key=lambda x: (memo[x], -x))
     i = grid.index(best)
     left, right = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
     if right - left > 1:
-        golden_section_max(value, left, right)
+        golden_section_max(value, left, right, together)
     return max(memo, key=lambda x: (memo[x], -x))
 
 
-@dataclass
-class TuneResult:
-    choices: tuple[Choice, ...]
-    rates: dict[Choice, float]
-    calibration_steps: int
-    evaluations: dict[int, dict] = field(default_factory=dict)  # node count -> measured figures
+GroupRun = tuple[float, float, int]  # one prompt group's (tokens, seconds, verify calls)
+
+
+def rate(runs: Sequence[GroupRun]) -> float:
+    """Total tokens per total second."""
+    seconds = sum(s for _, s, _ in runs)
+    return sum(t for t, _, _ in runs) / seconds if seconds else 0.0
+
+
+class SideBySide:
+    """Node counts timed side by side. ``run_group(m, g)`` decodes prompt group ``g`` with the
+    ``m``-node tree; `measure` runs every group with each of its counts back to back, the order
+    rotated from group to group, so that a machine that slows for a while (another tenant, a
+    thermal dip) slows every count of the comparison alike instead of the one timed then. Each
+    count's runs are kept (``runs``), one per group: the pairs `playoff` resamples."""
+
+    def __init__(self, run_group: Callable[[int, int], GroupRun], groups: int,
+                 announce: Callable[[list[int], int], None] | None = None) -> None:
+        if groups < 1:
+            raise ValueError("need at least one prompt group")
+        self.run_group, self.groups, self.announce = run_group, groups, announce
+        self.runs: dict[int, list[GroupRun]] = {}
+
+    def measure(self, counts: Sequence[int], again: bool = False) -> dict[int, list[GroupRun]]:
+        """Time the counts not yet measured (all of them ``again``); returns this call's runs."""
+        todo = [m for m in dict.fromkeys(counts) if again or m not in self.runs]
+        fresh: dict[int, list[GroupRun]] = {m: [] for m in todo}
+        if not todo:
+            return fresh
+        if self.announce:
+            self.announce(todo, self.groups)
+        for g in range(self.groups):
+            k = g % len(todo)
+            for m in todo[k:] + todo[:k]:
+                fresh[m].append(self.run_group(m, g))
+        self.runs.update(fresh)
+        return fresh
+
+    def tokens_per_second(self, m: int) -> float:
+        if m not in self.runs:
+            self.measure([m])
+        return rate(self.runs[m])
+
+
+@dataclass(frozen=True)
+class Playoff:
+    """The search's best counts timed again side by side: the winner, and its throughput over the
+    runner-up's with the 95% interval of that ratio (prompt groups resampled in pairs; None with
+    one group or one finalist)."""
+
+    counts: tuple[int, ...]  # the finalists, best first by this timing
+    tokens_per_second: dict[int, float]
+    ratio: float | None
+    interval: tuple[float, float] | None
 
     @property
     def best(self) -> int:
-        return max(self.evaluations, key=lambda m: (self.evaluations[m]["tokens_per_second"], -m))
+        return self.counts[0]
+
+
+def playoff(timer: SideBySide, finalists: int) -> Playoff:
+    """Time the ``finalists`` fastest counts measured so far again, side by side, and rank them
+    by that timing alone (ties to the smaller tree)."""
+    top = sorted(timer.runs, key=lambda m: (-rate(timer.runs[m]), m))[: max(1, finalists)]
+    final = timer.measure(top, again=True) if len(top) > 1 else {top[0]: timer.runs[top[0]]}
+    ranked = tuple(sorted(top, key=lambda m: (-rate(final[m]), m)))
+    speeds = {m: rate(final[m]) for m in ranked}
+    if len(ranked) < 2:
+        return Playoff(ranked, speeds, None, None)
+    pairs = [[(t, s) for t, s, _ in final[m]] for m in ranked[:2]]
+    return Playoff(ranked, speeds, throughput_ratio(*pairs), ratio_interval(*pairs))
