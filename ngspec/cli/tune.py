@@ -167,8 +167,9 @@ def tune_tree_command(
         return
     render.table(
         f"tree sizes tried on {engine.loaded.name} ({engine.target.device}), batch size {batch_size}",
-        ["nodes", "tokens/s", "tokens/call", "expected tokens/call"],
-        [[str(m), f"{v['tokens_per_second']:.1f}", f"{v['tokens_per_call']:.2f}", f"{v['expected_tokens_per_call']:.2f}"] for m, v in searched.items()],
+        ["nodes", "tokens/s", "tokens/call", "expected tokens/call", "playoff tokens/s"],
+        [[str(m), f"{v['tokens_per_second']:.1f}", f"{v['tokens_per_call']:.2f}", f"{v['expected_tokens_per_call']:.2f}",
+          f"{final.tokens_per_second[m]:.1f}" if m in final.tokens_per_second else "-"] for m, v in searched.items()],
     )
     if final.ratio is not None:
         lead = f"{final.ratio:.3f}x the runner-up ({final.counts[1]} nodes) timed side by side, 95% interval {interval_text(final.interval, '.3f')}"
