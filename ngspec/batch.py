@@ -10,9 +10,10 @@ two-core CPU packing lost to padding (BENCHMARKS.md 10n): attention, a third to 
 batch-8 step there, still costs per row and query. Every ``rearrange_every`` steps
 the cache is compacted if that frees at least ``rearrange_min_share`` of its slots (compaction
 copies the whole cache, which costs more than a few steps' attention over a few holes). Trees
-are sized by the verify costs measured at the number of rows in the step (a batch drains to
-fewer rows once no prompt waits, and a node costs less there), rescaled by what the batch's own
-steps of that many rows take (`ngspec.perf.online.StepTimes`, as at batch size 1). A
+are sized by the verify costs measured at this batch size, rescaled by what the batch's own
+steps take (`ngspec.perf.online.StepTimes`, as at batch size 1), fitted per number of rows: a
+batch drains to fewer rows once no prompt waits, and those cheaper steps mixed into one fit swung
+its slope from 0.25x to 3.7x the table's (BENCHMARKS.md 10s). A
 finished row hands its slot to the next waiting prompt; a prompt that cannot run (longer than the
 context window) fails alone with a clear message. Every row's output equals its own plain
 decoding.
@@ -117,12 +118,10 @@ def generate_batch(
     cfg: DecodeConfig,
     batch: BatchConfig,
     new_stopper: Callable[[], Stopper],
-    verify_cost: Callable[[int, int], tuple[float, ...]] = lambda context, rows: (),
+    verify_cost: Callable[[int], tuple[float, ...]] = lambda context: (),
     on_finish: Callable[[BatchResult], None] | None = None,
 ) -> tuple[list[BatchResult], BatchReport]:
-    """Generate for every prompt, ``batch.batch_size`` at a time; results in input order.
-    ``verify_cost(context, rows)``: the cost table (`ngspec.perf.costs`) of a step of ``rows``
-    rows whose longest has ``context`` tokens."""
+    """Generate for every prompt, ``batch.batch_size`` at a time; results in input order."""
     if cfg.verify != "tree":
         raise NgspecError("batched generation verifies trees (--verify tree); rows layout is for batch size 1")
     target = BatchTarget(model, packed=batch.layout == "packed")
@@ -131,8 +130,8 @@ def generate_batch(
     report = BatchReport()
     waiting = list(range(len(prompts)))
     rows: list[_Row] = []
-    # what this batch's verify calls take, per number of rows (a step of fewer rows costs less
-    # and grows less with its width): rescales that row count's cost table, as at batch 1
+    # what this batch's verify calls take, fitted per number of rows (a step of fewer rows costs
+    # less): rescales the cost table, as at batch 1
     times: dict[int, StepTimes] = {}
 
     def steps_of(rows: int) -> StepTimes:
@@ -212,7 +211,7 @@ def generate_batch(
         for b, row in enumerate(rows):
             features = target.take_features(b) if getattr(row.drafter, "needs_features", False) else None
             room = min(cfg.max_draft_nodes, target.max_length - target.lengths[b] - 1)
-            contexts.append(DraftContext(row.prompt + row.out, len(row.prompt), room, learned(verify_cost(target.lengths[b], len(rows)), len(rows)), features, batch.joint_sizing))
+            contexts.append(DraftContext(row.prompt + row.out, len(row.prompt), room, learned(verify_cost(target.lengths[b]), len(rows)), features, batch.joint_sizing))
         if batch.heads_together:
             proposed = propose_together([r.drafter for r in rows], contexts)
         else:
@@ -221,7 +220,7 @@ def generate_batch(
         draft_s = [(time.perf_counter() - t0) / len(rows)] * len(rows)  # drafting is shared: each row's share
         # size the rows' trees together: packed, each row by what its nodes gain against the
         # batch's total; padded, one width that every row pays for
-        table = verify_cost(max(target.lengths), len(rows))
+        table = verify_cost(max(target.lengths))
         if target.packed and table:
             sizes = packed_sizes(trees, lambda sizes: target.step_cost(learned(table, len(rows)), sizes))
         elif target.packed:

@@ -19,7 +19,7 @@ from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_ancho
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate
 from ngspec.models import LoadedModel
 from ngspec.cpu_linear import stock_linears
-from ngspec.perf.costs import by_rows, cached_verify_costs, row_counts
+from ngspec.perf.costs import cached_verify_costs
 from ngspec.perf.device_profile import DeviceProfile
 from ngspec.target import TargetModel
 
@@ -93,15 +93,14 @@ class Engine:
         """An assumed cost (``cost_slope``) stands as given: not rescaled by the run's step times."""
         return replace(cfg, learn_costs=False) if self.cost_slope is not None else cfg
 
-    def batch_costs(self, batch: int) -> Callable[[int, int], tuple[float, ...]]:
-        """Verify costs by tree size, for a context length and the number of rows decoded
-        together, in a batch of up to ``batch`` rows: when this engine calibrates, measured once
-        per row count in `row_counts` (a batch drains to fewer rows at its end, where a node costs
-        less) and cached, in between interpolated; a device profile's single-row tables otherwise."""
+    def batch_costs(self, batch: int) -> Callable[[int], tuple[float, ...]]:
+        """Verify costs by tree size for ``batch`` rows decoded together (measured once per batch
+        size and cached, when this engine calibrates; a device profile's single-row tables
+        otherwise)."""
         if batch == 1 or not self.calibrate or self.profile is not None or self.cost_slope is not None:
-            return lambda context, rows: self.target.verify_cost(context)
-        table = by_rows({r: cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes, r) for r in row_counts(batch)})
-        return lambda context, rows: table(rows)
+            return self.target.verify_cost
+        table = cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes, batch)
+        return lambda context: table
 
     def run_batch(self, prompts: list[list[int]], new_drafter: Callable[[], Drafter], cfg: DecodeConfig, batch: BatchConfig, on_finish=None):
         """`generate_batch` on this model: results in prompt order and the batch's cache report.

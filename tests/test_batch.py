@@ -57,7 +57,7 @@ def test_rows_sized_together_still_match_their_own_plain_greedy(tiny, tiny_eagle
     results, _ = generate_batch(
         tiny, prompts, lambda: make_drafter(drafter, opts, None, tiny_eagle, tiny_datastore),
         DecodeConfig(max_new_tokens=30), BatchConfig(4, 3, joint_sizing=joint, layout=layout), lambda: Stopper(frozenset()),
-        verify_cost=lambda context, rows: STEEP_BATCH_COST,
+        verify_cost=lambda context: STEEP_BATCH_COST,
     )
     for i, (result, want) in enumerate(zip(results, expected)):
         assert result.generation.token_ids == want, f"{drafter} prompt {i}"
@@ -101,7 +101,7 @@ def test_one_width_for_the_batch_from_every_rows_gains(tiny, prompts_and_expecte
     # = 7.5, 4 -> 11.6 / 1.7 = 6.8: three nodes each
     results, report = generate_batch(
         tiny, prompts[:4], new_drafter, DecodeConfig(max_new_tokens=30), BatchConfig(4, 0, layout="padded"), lambda: Stopper(frozenset()),
-        verify_cost=lambda context, rows: STEEP_BATCH_COST,
+        verify_cost=lambda context: STEEP_BATCH_COST,
     )
     assert [r.generation.token_ids for r in results] == expected[:4]
     assert all(d.kept and set(d.kept) == {3} for d in drafters)
@@ -127,7 +127,7 @@ def test_packed_rows_each_keep_the_nodes_that_pay_for_their_share(tiny, prompts_
     for layout in ("packed", "padded"):
         results, _ = generate_batch(
             tiny, prompts[:4], lambda: OracleDrafter(truth, gains), DecodeConfig(max_new_tokens=30), BatchConfig(4, 0, layout=layout), lambda: Stopper(frozenset()),
-            verify_cost=lambda context, rows: STEEP_BATCH_COST,
+            verify_cost=lambda context: STEEP_BATCH_COST,
         )
         assert [r.generation.token_ids for r in results] == expected[:4]
         first = [r.generation.stats.steps[1] for r in results]
@@ -183,7 +183,7 @@ def test_the_batch_sizes_trees_by_its_own_step_times(tiny, prompts_and_expected,
     # 1.3 = 5.8, 2 -> 10.0 / 2.2 = 4.5, 3 -> 11.2 / 2.5 = 4.5: one node each (the table: three)
     results, report = generate_batch(
         tiny, prompts[:4], new_drafter, DecodeConfig(max_new_tokens=30, learn_costs=learn), BatchConfig(4, 0),
-        lambda: Stopper(frozenset()), verify_cost=lambda context, rows: STEEP_BATCH_COST,
+        lambda: Stopper(frozenset()), verify_cost=lambda context: STEEP_BATCH_COST,
     )
     assert [r.generation.token_ids for r in results] == expected[:4]
     width = 1 if learn else 3
@@ -197,29 +197,37 @@ def test_the_batch_sizes_trees_by_its_own_step_times(tiny, prompts_and_expected,
     assert results[0].generation.stats.steps[1].verify_cost == STEEP_BATCH_COST[width]  # reports use the measured table
 
 
-def test_a_drained_batch_sizes_its_trees_by_the_rows_left(tiny, prompts_and_expected):
-    """Once no prompt waits the batch runs fewer rows, where a node costs less: each step's trees
-    are sized by the table of the rows it verifies (here free for a row alone, steep for more)."""
+def test_a_drained_batch_fits_its_step_times_per_number_of_rows(tiny, prompts_and_expected, monkeypatch):
+    """Once no prompt waits the batch runs fewer rows, whose steps cost less: each row count's
+    steps go to a fit of their own, and each step is sized by its own row count's fit. Here the
+    four rows' fit reads every node at three times the table's extra cost (one node each, as
+    above), the lone fifth row's reads nodes as free (every node offered)."""
     prompts, expected = prompts_and_expected
     truth = {tuple(p): e for p, e in zip(prompts, expected)}
-    drafters, asked = [], []
+    drafters = []
+
+    class Fit(SteeperSteps):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = (3.0, 0.0)[len(made) - 1]
 
     def new_drafter():
         drafters.append(OracleDrafter(truth, [0.9, 0.6, 0.3, 0.1]))
         return drafters[-1]
 
-    def cost(context, rows):
-        asked.append(rows)
-        return (1.0,) * 66 if rows == 1 else STEEP_BATCH_COST
-
-    results, _ = generate_batch(
-        tiny, prompts[:5], new_drafter, DecodeConfig(max_new_tokens=30), BatchConfig(4, 0), lambda: Stopper(frozenset()), verify_cost=cost,
+    made.clear()
+    monkeypatch.setattr(batch_module, "StepTimes", Fit)
+    results, report = generate_batch(
+        tiny, prompts[:5], new_drafter, DecodeConfig(max_new_tokens=30), BatchConfig(4, 0), lambda: Stopper(frozenset()),
+        verify_cost=lambda context: STEEP_BATCH_COST,
     )
     assert [r.generation.token_ids for r in results] == expected[:5]
-    assert set(asked) == {4, 1}  # four rows, then the fifth prompt alone
-    assert all(set(d.kept) == {3} for d in drafters[:4])  # four rows: three nodes each (see above)
-    alone = results[4].generation.stats.steps[1:]
-    assert all(s.tree_size == 4 for s in alone[:-1])  # alone, nodes are free: every node offered
+    four, alone = made  # four rows, then the fifth prompt alone
+    steps = [len(r.generation.stats.steps) - 1 for r in results]  # each row's verify steps
+    assert len(set(steps[:4])) == 1 and len(four.recorded) == steps[0]
+    assert len(alone.recorded) == steps[4] and report.steps == steps[0] + steps[4]
+    assert all(set(d.kept) == {1} for d in drafters[:4])
+    assert all(s.tree_size == 4 for s in results[4].generation.stats.steps[1:-1])
 
 
 def test_a_finished_row_hands_its_slot_to_the_next_prompt_and_stops_alone(tiny, prompts_and_expected):

@@ -3,7 +3,10 @@ call and the rows that match the reference, on hand-made rounds."""
 
 import pytest
 
-from ngspec.bench.batched import BatchRound, summarise_batched, versus
+import math
+
+from ngspec.bench.batched import BatchRound, summarise_batched, versus, versus_note, versus_rows
+from ngspec.bench.interval import rounds_interval
 
 
 def test_summary_of_hand_made_rounds():
@@ -24,3 +27,33 @@ def test_summary_of_hand_made_rounds():
     (pair,) = versus(list(by.values()), "trie")
     assert pair["arm"] == "vanilla" and pair["ratio"] == pytest.approx((200 / 22) / (200 / 16))
     assert pair["per_round"] == pytest.approx([8 / 10, 8 / 12])
+    # two rounds: Student's t with one degree of freedom (12.706) over the log ratios
+    logs = [math.log(8 / 10), math.log(8 / 12)]
+    half = 12.706 * abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)
+    mid = sum(logs) / 2
+    assert pair["round_interval_95"] == pytest.approx([math.exp(mid - half), math.exp(mid + half)])
+    assert versus_rows([pair])[0][3] == f"{math.exp(mid - half):.3f}-{math.exp(mid + half):.3f}x"
+
+
+def test_rounds_interval_hand_worked():
+    assert rounds_interval([1.05]) is None  # one round: nothing to tell its noise from
+    low, high = rounds_interval([1.0, 1.0, 1.0])
+    assert low == pytest.approx(1.0) and high == pytest.approx(1.0)
+    # three rounds, logs 0, 0.03, 0.06: mean 0.03, standard deviation 0.03, t(2) = 4.303
+    low, high = rounds_interval([1.0, math.exp(0.03), math.exp(0.06)])
+    half = 4.303 * 0.03 / math.sqrt(3)
+    assert (low, high) == pytest.approx((math.exp(0.03 - half), math.exp(0.03 + half)))
+    with pytest.raises(ValueError):
+        rounds_interval([1.0, 0.0])
+
+
+def test_the_versus_note_says_which_arms_the_rounds_tell_apart():
+    pairs = [
+        {"arm": "fast", "versus": "trie", "round_interval_95": [1.02, 1.08]},
+        {"arm": "slow", "versus": "trie", "round_interval_95": [0.90, 0.97]},
+        {"arm": "level", "versus": "trie", "round_interval_95": [0.95, 1.04]},
+        {"arm": "once", "versus": "trie", "round_interval_95": None},
+    ]
+    note = versus_note(pairs)
+    assert "ahead of trie: fast" in note and "behind trie: slow" in note
+    assert "not told apart from trie by these rounds (more --rounds narrow the interval): level, once" in note

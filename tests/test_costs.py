@@ -3,7 +3,7 @@ import torch
 
 from ngspec.contracts import DraftContext
 from ngspec.drafters.trie import TrieDrafter, best_size
-from ngspec.perf.costs import _relative_costs, by_rows, measure_verify_costs, row_counts
+from ngspec.perf.costs import _relative_costs, measure_verify_costs
 from ngspec.target import TargetModel
 
 
@@ -86,19 +86,3 @@ def test_every_call_records_its_cost_by_the_table(tiny):
     assert got.stats.cost_units == sum(table[min(s.tree_size, 3)] for s in drafted)  # prefill left out
     plain = generate(target, make_drafter("vanilla"), prompt, DecodeConfig(max_new_tokens=40))
     assert plain.stats.cost_units == plain.stats.verify_calls - 1
-
-
-def test_a_batch_measures_its_costs_at_powers_of_two_rows_and_its_own_size():
-    assert row_counts(1) == [1]
-    assert row_counts(2) == [1, 2]
-    assert row_counts(6) == [1, 2, 4, 6]
-    assert row_counts(8) == [1, 2, 4, 8]
-    assert row_counts(32) == [1, 2, 4, 8, 16, 32]
-
-
-def test_row_counts_between_the_measured_ones_are_interpolated():
-    table = by_rows({1: (1.0, 1.0, 1.2), 4: (1.0, 1.3, 2.1), 8: (1.0, 1.5, 2.5)})
-    assert table(1) == (1.0, 1.0, 1.2) and table(8) == (1.0, 1.5, 2.5)
-    assert table(2) == pytest.approx((1.0, 1.1, 1.5))  # a third of the way from 1 to 4 rows
-    assert table(6) == pytest.approx((1.0, 1.4, 2.3))
-    assert table(12) == (1.0, 1.5, 2.5)  # beyond the measured: the nearest

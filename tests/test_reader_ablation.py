@@ -33,5 +33,5 @@ def test_a_cost_slope_is_every_drafters_table_at_every_batch_size():
     engine = ablation.engine_for(LoadedModel(tiny_model("llama"), None, "tiny"), False, 0.004, 96)
     table = engine.target.verify_cost()
     assert len(table) == 97 and table[0] == 1.0 and abs(table[50] - 1.2) < 1e-12
-    assert engine.batch_costs(8)(300, 5) == table == engine.target.verify_cost(300)
+    assert engine.batch_costs(8)(300) == table == engine.target.verify_cost(300)
     assert ablation.engine_for(LoadedModel(tiny_model("llama"), None, "tiny"), True, None, 96).target.verify_cost() == ()

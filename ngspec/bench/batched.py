@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ngspec.batch import BatchConfig
-from ngspec.bench.report import table_lines
+from ngspec.bench.interval import rounds_interval
+from ngspec.bench.report import interval_text, table_lines
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import Resources, make_drafter
 from ngspec.drafters.trie import Calibration
@@ -132,17 +133,39 @@ def versus(summaries: list[BatchArmSummary], base: str) -> list[dict]:
     """Every other arm's throughput against ``base``'s, in total and round by round."""
     by = {s.arm: s for s in summaries}
     theirs = by[base]
-    return [
-        {
-            "arm": s.arm, "versus": base, "ratio": s.tokens_per_second / theirs.tokens_per_second,
-            "per_round": [x.rate / b.rate for x, b in zip(s.rounds, theirs.rounds)],
-        }
-        for s in summaries if s.arm != base
-    ]
+    out = []
+    for s in summaries:
+        if s.arm == base:
+            continue
+        per_round = [x.rate / b.rate for x, b in zip(s.rounds, theirs.rounds)]
+        interval = rounds_interval(per_round)
+        out.append({
+            "arm": s.arm, "versus": base, "ratio": s.tokens_per_second / theirs.tokens_per_second, "per_round": per_round,
+            "round_interval_95": list(interval) if interval is not None else None,
+        })
+    return out
+
+
+VERSUS_COLUMNS = ["throughput", "per round", "95% interval (rounds)"]
 
 
 def versus_rows(pairs: list[dict]) -> list[list[str]]:
-    return [[p["arm"], f"{p['ratio']:.3f}x", " ".join(f"{v:.3f}" for v in p["per_round"])] for p in pairs]
+    return [
+        [p["arm"], f"{p['ratio']:.3f}x", " ".join(f"{v:.3f}" for v in p["per_round"]), interval_text(p["round_interval_95"], ".3f")]
+        for p in pairs
+    ]
+
+
+def versus_note(pairs: list[dict]) -> str:
+    """What the rounds' intervals say: which arms are ahead of or behind the base, or that a few
+    rounds cannot tell."""
+    base = pairs[0]["versus"]
+    ahead = [p["arm"] for p in pairs if p["round_interval_95"] and p["round_interval_95"][0] > 1]
+    behind = [p["arm"] for p in pairs if p["round_interval_95"] and p["round_interval_95"][1] < 1]
+    level = [p["arm"] for p in pairs if p["arm"] not in ahead + behind]
+    parts = [f"ahead of {base}: {', '.join(ahead)}" if ahead else "", f"behind {base}: {', '.join(behind)}" if behind else "",
+             f"not told apart from {base} by these rounds (more --rounds narrow the interval): {', '.join(level)}" if level else ""]
+    return "; ".join(p for p in parts if p)
 
 
 def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict]) -> dict:
@@ -170,7 +193,7 @@ def markdown(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float,
     lines = table_lines(COLUMNS, rows(summaries))
     if pairs:
         base = pairs[0]["versus"]
-        lines += [""] + table_lines(["arm", f"throughput vs {base}", "per round"], versus_rows(pairs))
+        lines += [""] + table_lines(["arm", f"{VERSUS_COLUMNS[0]} vs {base}", *VERSUS_COLUMNS[1:]], versus_rows(pairs)) + ["", versus_note(pairs)]
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
     return (
         f"{meta}\n\n{ceiling_text(ceilings)}\n\n"

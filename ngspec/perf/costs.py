@@ -126,32 +126,3 @@ def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int, ba
         return costs, {"relative_cost": costs}
 
     return measured_once("costs", setting, read, measure)
-
-
-def row_counts(batch: int) -> list[int]:
-    """The row counts a batch of ``batch`` rows has its verify costs measured at: the powers of
-    two below it, and ``batch`` itself (a batch drains to fewer rows once no prompt waits)."""
-    counts, rows = [], 1
-    while rows < batch:
-        counts.append(rows)
-        rows *= 2
-    return counts + [batch]
-
-
-def by_rows(tables: dict[int, tuple[float, ...]]) -> Callable[[int], tuple[float, ...]]:
-    """The table for any row count from tables measured at some (``{rows: table}``): a measured
-    one, or entry by entry along the straight line between the nearest measured counts below and
-    above (the nearest one beyond them)."""
-    known = sorted(tables)
-
-    def table(rows: int) -> tuple[float, ...]:
-        if rows in tables:
-            return tables[rows]
-        below = max((r for r in known if r < rows), default=known[0])
-        above = min((r for r in known if r > rows), default=known[-1])
-        if below == above:
-            return tables[below]
-        t = (rows - below) / (above - below)
-        return tuple(a + t * (b - a) for a, b in zip(tables[below], tables[above]))
-
-    return table
