@@ -36,7 +36,7 @@ def bench_command(
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
     versus_arm: Annotated[Optional[str], typer.Option("--versus", help="Also compare every arm with this one (an arm label, e.g. trie): throughput ratio and its 95% interval, prompts paired. An arm is ahead when the interval's lower end is above 1.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Compare the arms as batches of this many rows (each arm decodes all prompts as one batch, refilled as rows finish; against vanilla at the same batch size; transformers' arms left out).")] = 1,
-    rounds: Annotated[int, typer.Option("--rounds", help="With --batch-size above 1: run every arm's batch this many times, arms in reversed order every other round (a round is one pair per arm, so look at the per-round ratios).")] = 2,
+    rounds: Annotated[int, typer.Option("--rounds", help="With --batch-size above 1: run every arm's batch this many times, arms in reversed order every other round (a round is one pair per arm: with 2 or more, --versus gives a 95% interval over the rounds; 5 or more resolve a few percent).")] = 2,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
