@@ -88,15 +88,22 @@ class OracleDrafter:
         self.out.extend(new_tokens)
 
 
+def oracles(truth, kind=None):
+    """A drafter factory making ``kind`` (an `OracleDrafter`) with gains 0.9, 0.6, 0.3, 0.1, and
+    the list of the drafters it made."""
+    made_drafters = []
+
+    def new_drafter():
+        made_drafters.append((kind or OracleDrafter)(truth, [0.9, 0.6, 0.3, 0.1]))
+        return made_drafters[-1]
+
+    return made_drafters, new_drafter
+
+
 def test_one_width_for_the_batch_from_every_rows_gains(tiny, prompts_and_expected):
     prompts, expected = prompts_and_expected
     truth = {tuple(p): e for p, e in zip(prompts, expected)}
-    drafters = []
-
-    def new_drafter():
-        drafters.append(OracleDrafter(truth, [0.9, 0.6, 0.3, 0.1]))
-        return drafters[-1]
-
+    drafters, new_drafter = oracles(truth)
     # four rows: width 0 -> 4 / 1.0, 1 -> 7.6 / 1.1 = 6.9, 2 -> 10.0 / 1.4 = 7.1, 3 -> 11.2 / 1.5
     # = 7.5, 4 -> 11.6 / 1.7 = 6.8: three nodes each
     results, report = generate_batch(
@@ -166,17 +173,14 @@ made: list[SteeperSteps] = []
 def test_the_batch_sizes_trees_by_its_own_step_times(tiny, prompts_and_expected, monkeypatch, learn):
     prompts, expected = prompts_and_expected
     truth = {tuple(p): e for p, e in zip(prompts, expected)}
-    drafters, seen = [], []
+    seen = []
 
     class Recording(OracleDrafter):
         def propose(self, ctx):
             seen.append(ctx.verify_cost)
             return super().propose(ctx)
 
-    def new_drafter():
-        drafters.append(Recording(truth, [0.9, 0.6, 0.3, 0.1]))
-        return drafters[-1]
-
+    drafters, new_drafter = oracles(truth, Recording)
     made.clear()
     monkeypatch.setattr(batch_module, "StepTimes", SteeperSteps)
     # learned, extra cost x3: 1.0, 1.3, 2.2, 2.5, 3.1; four rows: width 0 -> 4 / 1.0, 1 -> 7.6 /
@@ -204,16 +208,12 @@ def test_a_drained_batch_fits_its_step_times_per_number_of_rows(tiny, prompts_an
     above), the lone fifth row's reads nodes as free (every node offered)."""
     prompts, expected = prompts_and_expected
     truth = {tuple(p): e for p, e in zip(prompts, expected)}
-    drafters = []
+    drafters, new_drafter = oracles(truth)
 
     class Fit(SteeperSteps):
         def __init__(self) -> None:
             super().__init__()
             self.scale = (3.0, 0.0)[len(made) - 1]
-
-    def new_drafter():
-        drafters.append(OracleDrafter(truth, [0.9, 0.6, 0.3, 0.1]))
-        return drafters[-1]
 
     made.clear()
     monkeypatch.setattr(batch_module, "StepTimes", Fit)
