@@ -22,6 +22,7 @@ decoding.
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -132,15 +133,10 @@ def generate_batch(
     rows: list[_Row] = []
     # what this batch's verify calls take, fitted per number of rows (a step of fewer rows costs
     # less): rescales the cost table, as at batch 1
-    times: dict[int, StepTimes] = {}
-
-    def steps_of(rows: int) -> StepTimes:
-        if rows not in times:
-            times[rows] = StepTimes()
-        return times[rows]
+    times: defaultdict[int, StepTimes] = defaultdict(StepTimes)
 
     def learned(table: tuple[float, ...], rows: int) -> tuple[float, ...]:
-        return steps_of(rows).corrected(table) if cfg.learn_costs else table
+        return times[rows].corrected(table) if cfg.learn_costs else table
 
     began = time.perf_counter()
 
@@ -244,7 +240,7 @@ def generate_batch(
         else:
             verdicts = [accept_sampled(t, verified.row(b).cpu(), cfg.sampling, gen) for b, t in enumerate(trees)]
         target.commit([v.path for v in verdicts])
-        steps_of(len(rows)).record(step_cost, time.perf_counter() - t1)  # the verdicts read waited for the device
+        times[len(rows)].record(step_cost, time.perf_counter() - t1)  # the verdicts read waited for the device
         report.steps += 1
         report.cost_units += step_cost
         use = target.use()

@@ -146,7 +146,8 @@ def versus(summaries: list[BatchArmSummary], base: str) -> list[dict]:
     return out
 
 
-VERSUS_COLUMNS = ["throughput", "per round", "95% interval (rounds)"]
+def versus_columns(base: str) -> list[str]:
+    return ["arm", f"throughput vs {base}", "per round", "95% interval (rounds)"]
 
 
 def versus_rows(pairs: list[dict]) -> list[list[str]]:
@@ -193,7 +194,7 @@ def markdown(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float,
     lines = table_lines(COLUMNS, rows(summaries))
     if pairs:
         base = pairs[0]["versus"]
-        lines += [""] + table_lines(["arm", f"{VERSUS_COLUMNS[0]} vs {base}", *VERSUS_COLUMNS[1:]], versus_rows(pairs)) + ["", versus_note(pairs)]
+        lines += [""] + table_lines(versus_columns(base), versus_rows(pairs)) + ["", versus_note(pairs)]
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
     return (
         f"{meta}\n\n{ceiling_text(ceilings)}\n\n"

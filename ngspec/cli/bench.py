@@ -195,7 +195,7 @@ def _bench_batched(engine, prompts, arms, cfg, res, raw: bool, batch_size: int, 
                  batched.COLUMNS, batched.rows(summaries))
     render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings)}")
     if pairs:
-        render.table(f"against {versus_arm}", ["arm", f"{batched.VERSUS_COLUMNS[0]} vs {versus_arm}", *batched.VERSUS_COLUMNS[1:]], batched.versus_rows(pairs))
+        render.table(f"against {versus_arm}", batched.versus_columns(versus_arm), batched.versus_rows(pairs))
         render.info(batched.versus_note(pairs))
     wrong = [s.arm for s in summaries if s.exact_match < 1]
     if wrong:
