@@ -7,6 +7,7 @@
 #   device run, carry gpu/part2 gpu/head gpu/datastore:     bash benchmarks/gpu_session.sh collect 540
 #   device run, no carry, until it prints DONE:             bash benchmarks/gpu_session.sh collect 560
 #   one call alone, carry .whl gpu/rand gpu/data:           bash benchmarks/gpu_session.sh solo
+#   here, before a visit (3-5 min, no GPU):                 bash benchmarks/gpu_session.sh rehearse HEAD DATASTORE
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -19,6 +20,10 @@
 # alike: arms that synchronise with the GPU more often, EAGLE's, wait longer; see BENCHMARKS.md).
 # LANES (default "bench single batched") picks the lanes, e.g. LANES="single batched" bash ... start
 # leaves the engine's bench out so that issue 7's rows share the GPU with one lane instead of two.
+# `rehearse` runs every stage of the three lanes here, one after another, at toy sizes (2 prompts,
+# 8 tokens, batch size 2) with this checkout's .venv, and fails naming each stage that did not exit 0:
+# a flag that no longer parses would otherwise cost a visit's stage (the cuDNN stage needs a GPU and
+# is left out).
 # `solo` times vanilla against transformers alone on the machine, on a random-weight model of the
 # default model's shape (its config and tokenizer travel, no weights: enough for timing).
 set -u
@@ -29,7 +34,8 @@ GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 SPLIT=45000000  # bytes of the model in the first call: wheels + part1 and part2 + head each < 64 MiB
 export PYTHONPATH=$SITE:$REPO PYTHONUNBUFFERED=1 NGSPEC_CACHE=/tmp/ngcache HF_HUB_OFFLINE=1 OMP_NUM_THREADS=4
 
-NG=(python3 -m ngspec.cli.app)  # the CLI, run from this checkout (no install there)
+PY=${PY:-python3}  # the Python that runs the stages (`rehearse` sets this checkout's .venv)
+NG=("$PY" -m ngspec.cli.app)  # the CLI, run from this checkout (no install there)
 
 stage() {  # stage NAME SECONDS COMMAND...: run, log to $RES/NAME.log, note rc and time
     local name=$1 limit=$2 t=$SECONDS
@@ -88,7 +94,7 @@ start() {
 
 lane_bench() {  # issue 2: cuDNN attention on/off, then the engine's bench
     local q=/tmp/data/spec_bench/question.jsonl
-    stage sdpa 200 python3 benchmarks/sdpa_backends.py --questions $q --category rag --limit 4
+    stage sdpa 200 "$PY" benchmarks/sdpa_backends.py --questions $q --category rag --limit 4
     stage bench-summarization 560 "${NG[@]}" bench -q $q --category summarization --limit 20 -n 256 \
         --markdown $RES/bench-summarization.md --json-out $RES/bench-summarization.json
     stage bench-rag 480 "${NG[@]}" bench -q $q --category rag --limit 20 -n 256 --markdown $RES/bench-rag.md --json-out $RES/bench-rag.json
@@ -100,7 +106,7 @@ ablation() {  # ablation NAME SECONDS SHAPE ARGS...: READER's ablation in float3
     local name=$1 limit=$2 shape=$3 tuned=()
     shift 3
     [ -f "$shape" ] && tuned=(--tuned "$shape")
-    stage "$name" "$limit" python3 benchmarks/reader_ablation.py --questions /tmp/data/spec_bench/question.jsonl --dtype float32 \
+    stage "$name" "$limit" "$PY" benchmarks/reader_ablation.py --questions /tmp/data/spec_bench/question.jsonl --dtype float32 \
         --eagle-head /tmp/head --datastore /tmp/datastore -n 128 "${tuned[@]}" --json-out "$RES/$name.json" "$@"
 }
 
@@ -114,13 +120,13 @@ lane_single() {  # issue 7 at batch size 1
 lane_heads() {  # the rows' head runs and top-k requests answered together against row by row, side by side
     ablation heads-together-rag 300 none --category rag --limit 16 --batch-sizes 8,16 --only "EAGLE,+ search branch" --compare-head-row-by-row
     # where batch 8's drafting time goes on the host, by function
-    stage draft-profile 200 python3 benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head \
+    stage draft-profile 200 "$PY" benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head \
         -b 8 -n 48 --json-out $RES/draft-profile.json
     # the whole method's own Python as it drafts on the GPU (costs measured there: about 1 + 0.004 n)
-    stage draft-profile-whole-b8 200 python3 benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head \
+    stage draft-profile-whole-b8 200 "$PY" benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head \
         --drafter eagle+search --datastore /tmp/datastore --cost-slope 0.004 -b 8 -n 48 --json-out $RES/draft-profile-whole-b8.json
     # where a trie step's host time goes at batch 32 (2.2x a plain batched step on the 2026-11-24 visit)
-    stage step-profile-trie-b32 200 python3 benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --drafter trie \
+    stage step-profile-trie-b32 200 "$PY" benchmarks/draft_profile.py --questions /tmp/data/spec_bench/question.jsonl --drafter trie \
         --whole-step -b 32 -n 64 --json-out $RES/step-profile-trie-b32.json
 }
 
@@ -171,6 +177,29 @@ torch.manual_seed(0); t.AutoModelForCausalLM.from_config(t.AutoConfig.from_pretr
 t.AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])" gpu/rand /tmp/rand || exit 1
     timeout 200 "${NG[@]}" bench --model /tmp/rand -q gpu/data/spec_bench/question.jsonl --category rag --limit 6 -n 192 -d prompt-lookup \
         --markdown "$OUT/solo.md" --json-out "$OUT/solo.json"
+}
+
+rehearse() {  # rehearse HEAD DATASTORE: every lane's stages here, at toy sizes, in a rewritten copy of this script
+    cd "$REPO" || exit 1
+    local dir=/tmp/ngspec-rehearse
+    rm -rf $dir && mkdir -p $dir/data/spec_bench || exit 1
+    cp -r "$1" $dir/head && cp -r "$2" $dir/datastore && cp ../shared/data/spec_bench/question.jsonl $dir/data/spec_bench/ || exit 1
+    sed -e "s#^REPO=.*#REPO=$REPO#" -e "s#^RES=.*#RES=$dir/res#" -e 's# NGSPEC_CACHE=[^ ]*##' -e 's#OMP_NUM_THREADS=[0-9]*#OMP_NUM_THREADS=2#' \
+        -e "s#/tmp/\(head\|datastore\|data\)#$dir/\1#g" -e 's#--limit [0-9]*#--limit 2#g' -e 's#--batch-sizes [0-9]*,[0-9,]*#--batch-sizes 2#g' \
+        -e 's# -n [0-9]*# -n 8#g' -e 's# -b \(8\|32\) # -b 2 #g' "$0" >$dir/session.sh
+    PY=$REPO/.venv/bin/python bash $dir/session.sh toy_lanes
+    local failed
+    failed=$(grep -h '^== .*: rc=[1-9]' $dir/res/stages.log | grep -v '^== sdpa:')
+    [ -z "$failed" ] && echo "rehearsal: every stage ran" && return 0
+    echo "rehearsal: these stages failed (logs in $dir/res):"; echo "$failed"; return 1
+}
+
+toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and each lane, in turn
+    mkdir -p $RES
+    {
+        stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
+        lane_bench; lane_single; lane_batched
+    } 2>&1 | tee $RES/stages.log
 }
 
 "$@"
