@@ -184,14 +184,18 @@ rehearse() {  # rehearse HEAD DATASTORE: every lane's stages here, at toy sizes,
     local dir=/tmp/ngspec-rehearse
     rm -rf $dir && mkdir -p $dir/data/spec_bench || exit 1
     cp -r "$1" $dir/head && cp -r "$2" $dir/datastore && cp ../shared/data/spec_bench/question.jsonl $dir/data/spec_bench/ || exit 1
-    sed -e "s#^REPO=.*#REPO=$REPO#" -e "s#^RES=.*#RES=$dir/res#" -e 's# NGSPEC_CACHE=[^ ]*##' -e 's#OMP_NUM_THREADS=[0-9]*#OMP_NUM_THREADS=2#' \
-        -e "s#/tmp/\(head\|datastore\|data\)#$dir/\1#g" -e 's#--limit [0-9]*#--limit 2#g' -e 's#--batch-sizes [0-9]*,[0-9,]*#--batch-sizes 2#g' \
-        -e 's# -n [0-9]*# -n 8#g' -e 's# -b \(8\|32\) # -b 2 #g' "$0" >$dir/session.sh
+    toy_copy $dir
     PY=$REPO/.venv/bin/python bash $dir/session.sh toy_lanes
     local failed
     failed=$(grep -h '^== .*: rc=[1-9]' $dir/res/stages.log | grep -v '^== sdpa:')
     [ -z "$failed" ] && echo "rehearsal: every stage ran" && return 0
     echo "rehearsal: these stages failed (logs in $dir/res):"; echo "$failed"; return 1
+}
+
+toy_copy() {  # toy_copy DIR: DIR/session.sh, this script with its stages at toy sizes, reading head, datastore and data from DIR
+    sed -e "s#^REPO=.*#REPO=$REPO#" -e "s#^RES=.*#RES=$1/res#" -e 's# NGSPEC_CACHE=[^ ]*##' -e 's#OMP_NUM_THREADS=[0-9]*#OMP_NUM_THREADS=2#' \
+        -e "s#/tmp/\(head\|datastore\|data\)#$1/\1#g" -e 's#--limit [0-9]*#--limit 2#g' -e 's#--batch-sizes [0-9]*,[0-9,]*#--batch-sizes 2#g' \
+        -e 's# -n [0-9]*# -n 8#g' -e 's# -b \(8\|32\) # -b 2 #g' "$REPO/benchmarks/gpu_session.sh" >"$1/session.sh"
 }
 
 toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and each lane, in turn
