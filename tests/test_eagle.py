@@ -159,6 +159,21 @@ def test_choices_files(tmp_path):
         read_choices(path)
     with pytest.raises(NgspecError):
         check_choices([(0, -1)])
+    for wrong in ("[[0], [1.5]]", '[[0], ["1"]]', "[[true]]"):  # not rank 1: a mistake
+        path.write_text(wrong)
+        with pytest.raises(NgspecError, match="must be an integer"):
+            read_choices(path)
+
+
+def test_a_static_tree_beyond_the_draft_vocabulary_is_refused(tiny):
+    head = make_head(tiny)
+    vocab = list(range(0, 96, 3))
+    eagle_factory(tiny, head, EagleOptions(tree="static", choices=((0,), (19,)), draft_vocab=20), vocab)  # the last of 20 columns
+    with pytest.raises(NgspecError, match="rank 20, but the head drafts over 20 tokens"):
+        eagle_factory(tiny, head, EagleOptions(tree="static", choices=((0,), (20,)), draft_vocab=20), vocab)
+    with pytest.raises(NgspecError, match="rank 96, but the head drafts over 96 tokens"):  # the whole vocabulary
+        eagle_factory(tiny, head, EagleOptions(tree="static", choices=((96,),), draft_vocab=0), vocab)
+    eagle_factory(tiny, head, EagleOptions(tree="dynamic", top_k=200, draft_vocab=20), vocab)  # dynamic: top-k is capped, as before
 
 
 def _depth(tree: DraftTree) -> int:

@@ -58,7 +58,7 @@ def read_shape(path: Path) -> tuple[tuple[tuple[int, ...], ...], dict]:
         meta = raw if isinstance(raw, dict) else {}
         if meta and "choices" not in meta:
             raise ValueError("an object without 'choices'")
-        choices = tuple(tuple(int(r) for r in p) for p in (meta["choices"] if meta else raw))
+        choices = tuple(tuple(_rank(r) for r in p) for p in (meta["choices"] if meta else raw))
     except FileNotFoundError:
         raise NgspecError(f"no tree-choices file at {path}") from None
     except (json.JSONDecodeError, TypeError, ValueError, KeyError, UnicodeDecodeError) as exc:
@@ -66,6 +66,13 @@ def read_shape(path: Path) -> tuple[tuple[tuple[int, ...], ...], dict]:
     if not choices:
         raise NgspecError(f"{path}: the tree has no nodes")
     return check_choices(choices, str(path)), {k: v for k, v in meta.items() if k != "choices"}
+
+
+def _rank(value) -> int:
+    """A child rank as written: a JSON integer (1.5, "1" or true is a mistake, not rank 1)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"a rank must be an integer, got {value!r}")
+    return value
 
 
 def read_choices(path: Path) -> tuple[tuple[int, ...], ...]:
@@ -336,6 +343,9 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
         head = int8.int8_head(head)
     plan = share_plan(target_model, head)
     shared = _shared_vocab(head, lm_head, opts, vocab, plan, quantized)  # gathered once for every drafter (row) of this factory
+    rank = max(max(p) for p in opts.choices)
+    if opts.tree == "static" and rank >= shared.size:
+        raise NgspecError(f"the static tree asks for a child of rank {rank}, but the head drafts over {shared.size} tokens; use ranks below {shared.size}")
     pool = HeadPool()  # every drafter's head cache is a row of it, so a batch's rows attend together
     return lambda: EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared, pool=pool)
 
