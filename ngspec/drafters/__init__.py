@@ -32,23 +32,20 @@ class DrafterOptions:
     deepen: bool = False  # eagle+search: hang the search branch below the first EAGLE branch
 
     def __post_init__(self) -> None:
-        checks = {
-            "--num-draft": self.num_draft >= 1,
-            "--ngram-n": self.ngram_n >= 2,
-            "--prefix-len": 1 <= self.prefix_len < self.ngram_n,
-            "--lookup-ngram": self.lookup_ngram >= 1,
-            "--lookup-tokens": self.lookup_tokens >= 1,
-            "--k": self.k >= 1,
-            "--w": self.w >= 1,
-            "--ngram-q": self.ngram_q >= 1,
-            "--search-depth": self.search_depth >= 1,
+        checks = {  # option: (holds, what it needs)
+            "--num-draft": (self.num_draft >= 1, ">= 1"),
+            "--ngram-n": (self.ngram_n >= 2, ">= 2"),
+            "--prefix-len": (1 <= self.prefix_len < self.ngram_n, f"from 1 to --ngram-n - 1 ({self.ngram_n - 1})"),
+            "--lookup-ngram": (self.lookup_ngram >= 1, ">= 1"),
+            "--lookup-tokens": (self.lookup_tokens >= 1, ">= 1"),
+            "--k": (self.k >= 1, ">= 1"),
+            "--w": (self.w >= 1, ">= 1"),
+            "--ngram-q": (self.ngram_q >= 1, ">= 1"),
+            "--search-depth": (self.search_depth >= 1, ">= 1"),
         }
-        bad = [name for name, ok in checks.items() if not ok]
+        bad = [f"{name} must be {need} (got {getattr(self, name[2:].replace('-', '_'))})" for name, (ok, need) in checks.items() if not ok]
         if bad:
-            raise NgspecError(
-                f"invalid drafter option(s): {', '.join(bad)} (need num-draft >= 1, ngram-n >= 2, "
-                "1 <= prefix-len < ngram-n, lookup-ngram >= 1, lookup-tokens >= 1, k >= 1, w >= 1, ngram-q >= 1, search-depth >= 1)"
-            )
+            raise NgspecError("; ".join(bad))
 
 
 @dataclass(frozen=True)
