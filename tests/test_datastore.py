@@ -170,6 +170,9 @@ def test_a_directory_of_files_with_different_extra_fields_reads_every_record(tmp
     write_jsonl(corpus / "a.jsonl", [{"instruction": "q1", "response": "a1", "gen_input_configs": {"temperature": 1.0, "top_p": 0.99}}])
     write_jsonl(corpus / "b.jsonl", [{"instruction": "q2", "response": "a2", "gen_input_configs": {"source": "given"}}] * 2)
     assert [r["response"] for r in iter_records(str(corpus))] == ["a1", "a2", "a2"]
+    (corpus / "empty.jsonl").write_text("")  # an empty file holds no records (datasets cannot even start on it)
+    assert [r["response"] for r in iter_records(str(corpus))] == ["a1", "a2", "a2"]
+    assert list(iter_records(str(corpus / "empty.jsonl"))) == []
     (corpus / "c.jsonl").write_text('{"instruction": "q3", "response": \n')
     with pytest.raises(NgspecError, match="c.jsonl"):  # the message names the unreadable file
         list(iter_records(str(corpus)))

@@ -123,6 +123,8 @@ def _stream(spec: str, load) -> Iterator[dict]:
 
     try:
         iterator = iter(load(datasets))
+    except StopIteration:  # an empty file: datasets finds no first record to read its fields from
+        return
     except Exception as exc:  # datasets raises many kinds for unreadable or malformed input
         raise _reading_error(spec, exc) from exc
     while True:
