@@ -215,6 +215,13 @@ def test_fine_tuning_into_its_own_directory_is_refused(tmp_path):
     assert result.exit_code == 1 and "--out must differ from --init-head" in result.output and "Traceback" not in result.output
 
 
+def test_a_finished_head_is_not_trained_over(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"weights")  # a finished run leaves weights and no checkpoint
+    result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "already holds a trained head" in result.output and "Traceback" not in result.output
+    assert (tmp_path / "model.safetensors").read_bytes() == b"weights"
+
+
 def test_fine_tuning_a_missing_head_fails_before_the_feature_pass(tmp_path):
     result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path / "h"), "--init-head", str(tmp_path / "none")])
     assert result.exit_code == 1 and "no EAGLE head directory" in result.output and "Traceback" not in result.output

@@ -50,7 +50,8 @@ def train_eagle_command(
 
     from ngspec.datastore.corpus import iter_records
     from ngspec.drafters.eagle import EagleOptions
-    from ngspec.eagle.train import TrainOptions, evaluate, examples_from_records, initial_head, target_features, train_head, write_report
+    from ngspec.eagle.head import WEIGHTS
+    from ngspec.eagle.train import CHECKPOINT, TrainOptions, evaluate, examples_from_records, initial_head, target_features, train_head, write_report
     from ngspec.engine import Engine
     from ngspec.models import load_model
 
@@ -63,6 +64,8 @@ def train_eagle_command(
         raise NgspecError(f"--out {out} exists and is not a directory")
     if init_head is not None and out.resolve() == init_head.resolve():
         raise NgspecError("--out must differ from --init-head: the head being fine-tuned is read, not overwritten")
+    if out.is_dir() and not (out / CHECKPOINT).is_file() and any((out / name).is_file() for name in WEIGHTS):
+        raise NgspecError(f"--out {out} already holds a trained head (and no checkpoint to resume); choose another --out, or delete it to train again")
     out.mkdir(parents=True, exist_ok=True)
     records = iter_records(corpus)
     if max_records is not None:
