@@ -18,6 +18,8 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
     out = Path(out)
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
+    if out.exists() and not out.is_dir():
+        raise NgspecError(f"{out} is a file; --force replaces a directory only, give another path")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -32,7 +34,10 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
 
 def output_directory(out: Path) -> None:
     """Create the directory ``out`` will be written in (called before a long run, so that a path
-    that cannot be written fails at once, not after the work)."""
+    that cannot be written fails at once, not after the work); ``out`` itself must not be a
+    directory."""
+    if Path(out).is_dir():
+        raise NgspecError(f"{out} is a directory; give the path of a file to write")
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

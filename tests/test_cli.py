@@ -140,12 +140,15 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--batch-size", "0"], "--batch-size"),
         (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--finalists", "0"], "--finalists must be at least 1"),
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}/shape.json"], "cannot create the directory"),
+        (["bench", "-q", "{prompt}", "--json-out", "{dir}"], "is a directory; give the path of a file"),
+        (["bench", "-q", "{prompt}", "--markdown", "{dir}"], "is a directory; give the path of a file"),
+        (["synth-corpus", "--out", "{dir}", "--force"], "is a directory; give the path of a file"),
     ],
 )
 def test_bad_input_one_clear_line(tmp_path, args, message):
     (tmp_path / "empty.txt").write_text("  \n")
     (tmp_path / "prompt.txt").write_text(PROMPT)
-    args = [a.format(empty=tmp_path / "empty.txt", prompt=tmp_path / "prompt.txt") for a in args]
+    args = [a.format(empty=tmp_path / "empty.txt", prompt=tmp_path / "prompt.txt", dir=tmp_path) for a in args]
     result = invoke(*args)
     assert result.exit_code == 1
     assert message in result.stderr

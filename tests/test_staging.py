@@ -33,3 +33,14 @@ def test_output_directory_is_created_or_refused_clearly(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(NgspecError, match="cannot create the directory for"):
         staging.output_directory(tmp_path / "file" / "shape.json")
+
+
+def test_output_paths_of_the_wrong_kind_are_refused_before_any_work(tmp_path):
+    with pytest.raises(NgspecError, match="is a directory; give the path of a file"):
+        staging.output_directory(tmp_path)  # e.g. --json-out DIR: refused before the bench runs
+    afile = tmp_path / "notes.txt"
+    afile.write_text("keep me")
+    with pytest.raises(NgspecError, match="is a file; --force replaces a directory only"):
+        with staging.staged_directory(afile, force=True):
+            pytest.fail("no work starts")
+    assert afile.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

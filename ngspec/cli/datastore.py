@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.options import JsonOpt, ModelOpt
 from ngspec.datastore.build import BuildOptions, build_datastore
@@ -148,6 +149,7 @@ def synth_corpus_command(
     opts = SynthOptions(n=100 if n is None else n, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
+    staging.output_directory(out)  # a path that cannot be written fails now, not after the answers
     loaded = load_model(model, device)
     with Progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
         task = progress.add_task("synth", total=opts.n)
