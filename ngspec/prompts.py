@@ -24,7 +24,7 @@ def _read_text(path: Path) -> str:
     if not path.is_file():
         raise NgspecError(f"prompt file not found: {path}")
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is not text
     except UnicodeDecodeError as exc:
         raise NgspecError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
     if not text.strip():

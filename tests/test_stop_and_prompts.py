@@ -56,6 +56,14 @@ def test_bad_prompt_files(tmp_path, content, message):
         load_prompts(path)
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_prompt(tmp_path):
+    jl, txt = tmp_path / "bom.jsonl", tmp_path / "bom.txt"
+    jl.write_bytes(b'\xef\xbb\xbf{"id": "a", "prompt": "Hi"}\r\n{"id": "b", "prompt": "Yo"}\r\n')
+    txt.write_bytes("\ufeffSummarise this.".encode())
+    assert [(p.id, p.text) for p in load_prompts(jl)] == [("a", "Hi"), ("b", "Yo")]
+    assert load_prompts(txt)[0].text == "Summarise this."
+
+
 def test_missing_file_and_unknown_category(tmp_path):
     with pytest.raises(NgspecError, match="not found"):
         load_prompts(tmp_path / "nope.txt")
