@@ -143,6 +143,7 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["bench", "-q", "{prompt}", "--json-out", "{dir}"], "is a directory; give the path of a file"),
         (["bench", "-q", "{prompt}", "--markdown", "{dir}"], "is a directory; give the path of a file"),
         (["synth-corpus", "--out", "{dir}", "--force"], "is a directory; give the path of a file"),
+        (["build-datastore", "-c", "{empty}", "--out", "{dir}/ds"], "unsupported file type"),  # fails under its progress bar
     ],
 )
 def test_bad_input_one_clear_line(tmp_path, args, message):
@@ -152,6 +153,7 @@ def test_bad_input_one_clear_line(tmp_path, args, message):
     result = invoke(*args)
     assert result.exit_code == 1
     assert message in result.stderr
+    assert not result.stderr.startswith("\n") and "\n\n" not in result.stderr  # no bar's blank line off a terminal
     assert "Traceback" not in result.output + result.stderr
 
 

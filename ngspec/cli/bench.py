@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from ngspec import staging
 from ngspec.cli import render
@@ -95,7 +95,7 @@ def bench_command(
                        versus_arm, markdown_out, json_path, json_out)
         return
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
+    with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
         task = progress.add_task("bench", total=len(prompts) * len(arms))
         records = run_bench(engine, prompts, arms, cfg, res, raw, lambda arm: progress.advance(task))
 
@@ -171,7 +171,7 @@ def _bench_batched(engine, prompts, arms, cfg, res, raw: bool, batch_size: int, 
     from ngspec.prompts import encode
 
     ids = [encode(engine.loaded.tokenizer, p.text, raw) for p in prompts]
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
+    with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
         task = progress.add_task("reference (transformers' greedy, one prompt at a time)", total=len(ids))
         reference = []
         for x in ids:

@@ -42,16 +42,16 @@ def fit_rows(cfg: DecodeConfig, drafter: str, opts: DrafterOptions) -> DecodeCon
 def load_tables(engine: Engine, drafters: list[str], path: Path | None) -> NgramTables | None:
     """The model's n-gram tables when a drafter needs them (built with a progress bar the first
     time, then read from the cache)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-    from ngspec.cli.render import err_console, info
+    from ngspec.cli.render import info, progress
 
     if not NEEDS_TABLES & set(drafters):
         return None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err_console, transient=True) as progress:
-        task = progress.add_task("building bigram table (once per model)", total=None)
-        return engine.ngram_tables(path, lambda done, total: progress.update(task, completed=done, total=total), info)
+    with progress(*columns) as bar:
+        task = bar.add_task("building bigram table (once per model)", total=None)
+        return engine.ngram_tables(path, lambda done, total: bar.update(task, completed=done, total=total), info)
 
 
 def load_eagle(engine: Engine, head: Path | None, opts):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from ngspec import staging
 from ngspec.cli import render
@@ -58,7 +58,7 @@ def build_datastore_command(
     spec = tokenizer or model
     tok = load_tokenizer(spec)
     rss_before = _rss_bytes()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} records"), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
+    with render.progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} records"), TimeElapsedColumn()) as progress:
         task = progress.add_task("tokenising", total=max_records)
         meta = build_datastore(
             corpus, tok, display_name(spec), out, opts, force,
@@ -151,7 +151,7 @@ def synth_corpus_command(
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     staging.output_directory(out)  # a path that cannot be written fails now, not after the answers
     loaded = load_model(model, device)
-    with Progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn(), console=render.err_console, transient=True) as progress:
+    with render.progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn()) as progress:
         task = progress.add_task("synth", total=opts.n)
         count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task), given), out, force)
     render.info(f"wrote {count} records to {out}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ngspec.cli import render
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt
@@ -83,7 +83,7 @@ def train_eagle_command(
     held, train = examples[:holdout], examples[holdout:]
     start = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=render.err_console, transient=True) as progress:
+    with render.progress(*columns) as progress:
         task = progress.add_task("target features (tokens)", total=sum(len(e.ids) for e in train))
         feats = target_features(loaded.model, train, lambda n: progress.advance(task, n))
         feature_seconds = time.perf_counter() - start

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from ngspec.cli import render
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt
@@ -44,7 +44,7 @@ def build_bigram_command(
     path = out or default_table_path(model_fingerprint(loaded.model, anchor))
     start = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=render.err_console, transient=True) as progress:
+    with render.progress(*columns) as progress:
         task = progress.add_task("next tokens of every token", total=None)
         tables = build_tables(
             loaded.model, anchor, batch_size, lambda done, total: progress.update(task, completed=done, total=total)

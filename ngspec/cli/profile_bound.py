@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from ngspec.cli import render
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt
@@ -128,7 +128,7 @@ def profile_bound_command(
     peaks = measure_peaks(dev, torch_dtype)
     timer = ForwardTimer(TargetModel(net), max(ks), max(ws), warmup=1, repeats=repeats)
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=render.err_console, transient=True) as progress:
+    with render.progress(*columns) as progress:
         task = progress.add_task("timing cells", total=len(cells))
 
         def step(result):

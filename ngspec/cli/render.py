@@ -6,6 +6,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.progress import Progress, ProgressColumn
 from rich.table import Table
 
 console = Console(highlight=False)
@@ -18,6 +19,12 @@ def error(message: str) -> None:
 
 def info(message: str) -> None:
     err_console.print(f"[dim]{message}[/]", soft_wrap=True)
+
+
+def progress(*columns: ProgressColumn | str) -> Progress:
+    """A progress bar on stderr that clears itself when done; shown only on a terminal (in a log
+    it would print nothing useful, and it left a blank line before the next message)."""
+    return Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal)
 
 
 def json_line(obj: object) -> None:

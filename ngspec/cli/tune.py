@@ -102,7 +102,7 @@ def tune_tree_command(
         return report.new_tokens, report.seconds, sum(r.generation.stats.verify_calls for r in results)
 
     def progress_bar() -> Progress:
-        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=render.err_console, transient=True)
+        return render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
     render.info(f"calibrating a {len(big)}-node tree on {len(ids)} prompts, batch size {batch_size} ...")
     with progress_bar() as progress:
