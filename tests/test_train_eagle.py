@@ -132,6 +132,7 @@ def test_corpus_without_pairs_is_refused(tmp_path):
     corpus.write_text(json.dumps({"text": "no pairs here"}) + "\n")
     result = runner.invoke(app, ["train-eagle", "-c", str(corpus), "--out", str(tmp_path / "h")])
     assert result.exit_code == 1 and "usable (instruction, response) examples" in result.output and "--loss-on all" in result.output
+    assert not (tmp_path / "h").exists()  # a refused run leaves no empty head directory behind
 
 
 def test_unroll_below_one_is_refused(tmp_path):
@@ -225,7 +226,7 @@ def test_a_finished_head_is_not_trained_over(tmp_path):
 def test_fine_tuning_a_missing_head_fails_before_the_feature_pass(tmp_path):
     result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path / "h"), "--init-head", str(tmp_path / "none")])
     assert result.exit_code == 1 and "no EAGLE head directory" in result.output and "Traceback" not in result.output
-    assert not any((tmp_path / "h").iterdir())
+    assert not (tmp_path / "h").exists()
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt
 from ngspec.errors import NgspecError
@@ -66,7 +67,6 @@ def train_eagle_command(
         raise NgspecError("--out must differ from --init-head: the head being fine-tuned is read, not overwritten")
     if out.is_dir() and not (out / CHECKPOINT).is_file() and any((out / name).is_file() for name in WEIGHTS):
         raise NgspecError(f"--out {out} already holds a trained head (and no checkpoint to resume); choose another --out, or delete it to train again")
-    out.mkdir(parents=True, exist_ok=True)
     records = iter_records(corpus)
     if max_records is not None:
         records = islice(records, max_records)
@@ -79,6 +79,7 @@ def train_eagle_command(
         kind = "examples (answered records and documents)" if loss_on == "all" else \
             "(instruction, response) examples (with --loss-on all, records without a response are read as documents)"
         raise NgspecError(f"{corpus} gave {len(examples)} usable {kind}; need more than --holdout {holdout}")
+    staging.output_directory(out / "config.json")  # --out itself, made now: an unwritable path fails before the feature pass
     random.Random(seed).shuffle(examples)
     held, train = examples[:holdout], examples[holdout:]
     start = time.perf_counter()
