@@ -1,9 +1,9 @@
 """`bench --batch-size`'s summary: throughput over rounds, ratios to vanilla, per-row tokens per
 call and the rows that match the reference, on hand-made rounds."""
 
-import pytest
-
 import math
+
+import pytest
 
 from ngspec.bench.batched import BatchRound, summarise_batched, versus, versus_note, versus_rows
 from ngspec.bench.interval import rounds_interval

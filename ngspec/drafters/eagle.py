@@ -343,8 +343,7 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
         head = int8.int8_head(head)
     plan = share_plan(target_model, head)
     shared = _shared_vocab(head, lm_head, opts, vocab, plan, quantized)  # gathered once for every drafter (row) of this factory
-    rank = max(max(p) for p in opts.choices)
-    if opts.tree == "static" and rank >= shared.size:
+    if opts.tree == "static" and (rank := max(max(p) for p in opts.choices)) >= shared.size:
         raise NgspecError(f"the static tree asks for a child of rank {rank}, but the head drafts over {shared.size} tokens; use ranks below {shared.size}")
     pool = HeadPool()  # every drafter's head cache is a row of it, so a batch's rows attend together
     return lambda: EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared, pool=pool)
