@@ -26,6 +26,25 @@ def test_help_does_not_load_torch_or_transformers():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_piped_table_keeps_every_column_whole():
+    """Piped to a file, Rich would cut a table to 80 columns ("tok…"); the console is made wide
+    enough instead, and an explicit COLUMNS still wins."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from rich.table import Table; from ngspec.cli import render\n"
+        "t = Table(*[f'column number {i} with a long header' for i in range(5)])\n"
+        "t.add_row(*['1.234x (0.987-1.456)'] * 5); render.console.print(t)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert "…" not in piped and "column number 4 with a long header" in piped
+    narrow = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**env, "COLUMNS": "80"}).stdout
+    assert "…" in narrow
+
+
 @pytest.fixture
 def prompt_file(tmp_path):
     path = tmp_path / "p.txt"

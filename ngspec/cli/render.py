@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from rich.console import Console
 from rich.progress import Progress, ProgressColumn
 from rich.table import Table
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+PIPED_WIDTH = 240
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console; piped or redirected (and with no COLUMNS set), it is wide enough that a bench
+    table keeps every column whole instead of being cut to Rich's default 80 ("tok…")."""
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, highlight=False, width=PIPED_WIDTH)
+    return console
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 def error(message: str) -> None:
