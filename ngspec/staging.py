@@ -3,6 +3,7 @@ rename, so that an interrupted command never leaves half of one behind."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -33,15 +34,21 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
 
 
 def output_directory(out: Path) -> None:
-    """Create the directory ``out`` will be written in (called before a long run, so that a path
-    that cannot be written fails at once, not after the work); ``out`` itself must not be a
-    directory."""
+    """Create the directory ``out`` will be written in and check that a file can be written there
+    (called before a long run, so that a path that cannot be written fails at once, not after the
+    work); ``out`` itself must not be a directory."""
     if Path(out).is_dir():
         raise NgspecError(f"{out} is a directory; give the path of a file to write")
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise NgspecError(f"cannot create the directory for {out}: {exc.strerror or exc}") from None
+    probe = Path(out).with_name(f".{Path(out).name}.tmp")  # the stand-in a write goes through
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise NgspecError(f"cannot write {out}: {exc.strerror or exc}") from None
 
 
 def write_text(out: Path, text: str) -> None:
@@ -53,3 +60,16 @@ def write_text(out: Path, text: str) -> None:
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+_STAND_IN = re.compile(r"\.(.+)\.tmp(-.*)?")
+
+
+def os_error_message(exc: OSError) -> str:
+    """An OSError in one line ("Permission denied: out/table.pt"), naming the path the user gave
+    rather than the temporary stand-in that was being written (``.table.pt.tmp``)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is None:
+        return reason
+    parts = [m.group(1) if (m := _STAND_IN.fullmatch(part)) else part for part in Path(exc.filename).parts]
+    return f"{reason}: {Path(*parts)}"

@@ -44,3 +44,44 @@ def test_output_paths_of_the_wrong_kind_are_refused_before_any_work(tmp_path):
         with staging.staged_directory(afile, force=True):
             pytest.fail("no work starts")
     assert afile.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_an_os_error_names_the_path_the_user_gave():
+    """A failed write reports the output's own name, not the temporary stand-in being written."""
+    assert staging.os_error_message(PermissionError(13, "Permission denied", "/out/.table.pt.tmp")) == "Permission denied: /out/table.pt"
+    inside = OSError(28, "No space left on device", "/out/.store.tmp-k3j9/sa.npy")  # inside a staged directory
+    assert staging.os_error_message(inside) == "No space left on device: /out/store/sa.npy"
+    assert staging.os_error_message(FileNotFoundError(2, "No such file or directory", "data/q.jsonl")) == "No such file or directory: data/q.jsonl"
+    assert staging.os_error_message(OSError("disk went away")) == "disk went away"
+
+
+def test_a_command_that_hits_an_os_error_prints_one_line(monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import friendly
+
+    def command():
+        raise PermissionError(13, "Permission denied", "/out/.bench.json.tmp")
+
+    demo = typer.Typer()
+    demo.command()(friendly(command))
+    monkeypatch.delenv("NGSPEC_DEBUG", raising=False)
+    result = CliRunner().invoke(demo, [])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == ["error: Permission denied: /out/bench.json (set NGSPEC_DEBUG=1 for the traceback)"]
+
+
+def test_output_directory_refuses_a_place_that_cannot_be_written(tmp_path, monkeypatch):
+    """A directory that exists but takes no files (read-only, or /proc) fails before the work."""
+    from pathlib import Path
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "touch", refuse)
+    with pytest.raises(NgspecError, match="cannot write .*table.npz: Permission denied"):
+        staging.output_directory(tmp_path / "table.npz")
+    monkeypatch.undo()
+    staging.output_directory(tmp_path / "table.npz")  # writable: passes, and leaves nothing behind
+    assert list(tmp_path.iterdir()) == []

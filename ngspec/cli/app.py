@@ -15,6 +15,7 @@ import typer
 
 from ngspec.cli import render
 from ngspec.errors import NgspecError
+from ngspec.staging import os_error_message
 
 app = typer.Typer(
     name="ngspec",
@@ -40,6 +41,11 @@ def friendly(command: Callable) -> Callable:
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort):
             raise
+        except OSError as exc:  # a path that cannot be read or written, a full disk
+            if os.environ.get("NGSPEC_DEBUG"):
+                raise
+            render.error(f"{os_error_message(exc)} (set NGSPEC_DEBUG=1 for the traceback)")
+            raise typer.Exit(1) from None
         except Exception as exc:
             if os.environ.get("NGSPEC_DEBUG"):
                 raise

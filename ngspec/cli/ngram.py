@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
+from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt
 from ngspec.errors import NgspecError
@@ -42,6 +43,7 @@ def build_bigram_command(
     loaded = load_model(model, device, dtype)
     anchor = table_anchor(loaded.tokenizer)
     path = out or default_table_path(model_fingerprint(loaded.model, anchor))
+    staging.output_directory(path)  # an unwritable path fails now, not after the tables are built
     start = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with render.progress(*columns) as progress:
