@@ -138,6 +138,7 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["generate", "-p", "{prompt}", "--dtype", "bfloat16", "--device", "cpu"], "float32"),
         (["bench", "-q", "{prompt}", "--category", "rag"], "no prompts of category"),
         (["bench", "-q", "{prompt}", "--versus", "nope"], "is not an arm of this run"),
+        (["bench", "-q", "{prompt}", "--rounds", "0"], "--rounds must be at least 1 (got 0)"),
         (["generate", "-p", "{prompt}", "--check", "--temperature", "0.7"], "--check compares with greedy"),
         (["build-datastore", "-c", "{prompt}", "--num-proc", "0"], "--num-proc"),
         (["synth-corpus", "--out", "{prompt}"], "already exists"),

@@ -122,6 +122,15 @@ def test_self_repetition_bad_input(tmp_path):
     assert result.exit_code == 1 and "leaves none to measure" in result.stderr
     result = runner.invoke(app, ["self-repetition", "--dataset", str(path), "--datastore", str(tmp_path / "nope")])
     assert result.exit_code == 1 and "datastore not found" in result.stderr
+    other = tmp_path / "other.jsonl"  # instructions with no responses: say what was looked for
+    other.write_text(json.dumps({"instruction": "q"}) + "\n" + json.dumps({"instruction": "r"}) + "\n")
+    result = runner.invoke(app, ["self-repetition", "--dataset", str(other)])
+    assert result.exit_code == 1 and "none of its 2 records holds an (input, response) pair" in result.stderr
+    assert "--input-field" in result.stderr and "Traceback" not in result.output
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question_id": 1, "turns": ["q"]}\n{"question_id": 2,\n')
+    result = runner.invoke(app, ["self-repetition", "--dataset", str(path), "--questions", str(questions)])
+    assert result.exit_code == 1 and f"{questions}:2: not valid JSON" in result.stderr
 
 
 def test_interrupted_synthesis_keeps_finished_records_beside_the_output(tmp_path):

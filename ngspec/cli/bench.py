@@ -64,8 +64,9 @@ def bench_command(
     opts = drafting.options()
     if verify not in ("tree", "rows", "both"):
         raise NgspecError(f"--verify must be tree, rows or both (got {verify!r})")
-    if batch_size < 1 or rounds < 1:
-        raise NgspecError(f"--batch-size and --rounds must be at least 1 (got {batch_size} and {rounds})")
+    bad = [f"{flag} must be at least 1 (got {value})" for flag, value in (("--batch-size", batch_size), ("--rounds", rounds)) if value < 1]
+    if bad:
+        raise NgspecError("; ".join(bad))
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size verifies every row's tree in one forward: use --verify tree")
     if batch_size > 1 and versus_arm in HF_ARMS:

@@ -24,8 +24,14 @@ def _questions(path: Optional[Path]) -> dict[str, list[str]]:
         return {}
     if not path.is_file():
         raise NgspecError(f"questions file not found: {path}")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {str(r["question_id"]): r.get("turns", []) for r in rows if "question_id" in r}
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise NgspecError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    return {str(r["question_id"]): r.get("turns", []) for r in rows if isinstance(r, dict) and "question_id" in r}
 
 
 def self_repetition_command(
@@ -55,11 +61,18 @@ def self_repetition_command(
     tok = load_tokenizer(tokenizer or model)
     store = Datastore.open(datastore, tok) if datastore is not None else None
     asked = _questions(questions)
-    pairs = []
+    pairs, records = [], 0
     for i, record in enumerate(iter_records(dataset, split)):
+        records += 1
         pairs.extend(record_pairs(record, str(record.get("question_id", record.get("uuid", i))), asked, input_field, response_field))
         if limit is not None and len(pairs) >= holdout + limit:
             break
+    if not pairs:
+        raise NgspecError(
+            f"{dataset}: none of its {records} records holds an (input, response) pair; expected Magpie "
+            "'instruction' + 'response', ShareGPT 'conversations', OpenAI 'messages', or an answer file "
+            "('question_id' + 'choices', with --questions), or name the fields with --input-field/--response-field"
+        )
     if len(pairs) <= holdout:
         raise NgspecError(f"{dataset} has {len(pairs)} (input, response) pairs; --holdout {holdout} leaves none to measure")
     start = time.perf_counter()
