@@ -351,3 +351,12 @@ def test_training_and_drafting_on_a_bfloat16_model(tmp_path):
     report = evaluate(engine, head, data[-1:], 8, EagleOptions(top_k=3, depth=3, total_tokens=8))
     assert report["prompts"] == 1 and report["tokens_per_call"] >= 1.0
     assert load_head(tmp_path, model).fc.weight.dtype == torch.bfloat16
+
+
+def test_bad_training_options_are_each_named_with_their_value():
+    with pytest.raises(NgspecError) as caught:
+        TrainOptions(epochs=0, lr=-1.0, max_len=4)
+    assert str(caught.value) == "--epochs must be >= 1 (got 0); --max-len must be >= 8 (got 4); --lr must be > 0 (got -1.0)"
+    with pytest.raises(NgspecError, match=r"^--unroll must be >= 1 \(got 0\)$"):
+        TrainOptions(unroll=0)
+    TrainOptions()  # the defaults pass

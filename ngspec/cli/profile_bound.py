@@ -37,6 +37,8 @@ def _device_name(device: torch.device) -> str:
 
 
 def _check_writable(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise NgspecError(f"--out {out} is a file; give a directory for the CSV, JSON and heatmap")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".ngspec-write-test.tmp"

@@ -71,10 +71,16 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.loss_on not in ("response", "all"):
             raise NgspecError(f"--loss-on must be response or all (got {self.loss_on!r})")
-        if self.epochs < 1 or self.batch_tokens < 1 or self.max_len < 8 or self.lr <= 0:
-            raise NgspecError("--epochs, --batch-tokens must be >= 1, --max-len >= 8 and --lr > 0")
-        if self.holdout < 0 or self.checkpoint_every < 1 or self.ce_vocab < 0 or self.unroll < 1:
-            raise NgspecError("--holdout and --ce-vocab must be >= 0, --checkpoint-every and --unroll >= 1")
+        rules = (
+            ("--epochs", self.epochs, 1), ("--batch-tokens", self.batch_tokens, 1), ("--max-len", self.max_len, 8),
+            ("--holdout", self.holdout, 0), ("--ce-vocab", self.ce_vocab, 0), ("--checkpoint-every", self.checkpoint_every, 1),
+            ("--unroll", self.unroll, 1),
+        )
+        bad = [f"{flag} must be >= {least} (got {value})" for flag, value, least in rules if value < least]
+        if not self.lr > 0:
+            bad.append(f"--lr must be > 0 (got {self.lr})")
+        if bad:
+            raise NgspecError("; ".join(bad))
 
 
 @dataclass
