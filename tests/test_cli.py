@@ -160,6 +160,8 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}"], "already exists"),
         (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--batch-size", "0"], "--batch-size"),
         (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--finalists", "0"], "--finalists must be at least 1"),
+        (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--width", "0", "-n", "0"], "--width must be at least 1 (got 0); --max-new-tokens must be at least 1 (got 0)"),
+        (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--min-nodes", "9", "--nodes", "4"], "--min-nodes 9 is more than --nodes 4"),
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}/shape.json"], "cannot create the directory"),
         (["bench", "-q", "{prompt}", "--json-out", "{dir}"], "is a directory; give the path of a file"),
         (["bench", "-q", "{prompt}", "--markdown", "{dir}"], "is a directory; give the path of a file"),

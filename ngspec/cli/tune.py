@@ -72,12 +72,12 @@ def tune_tree_command(
         raise NgspecError(f"no EAGLE head directory at {eagle_head}")
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
-    if not 1 <= min_nodes <= nodes:
-        raise NgspecError("need 1 <= --min-nodes <= --nodes")
-    if width < 1 or depth < 1:
-        raise NgspecError("--width and --depth must be at least 1")
-    if finalists < 1:
-        raise NgspecError("--finalists must be at least 1")
+    counts = (("--nodes", nodes), ("--min-nodes", min_nodes), ("--width", width), ("--depth", depth), ("--finalists", finalists), ("--max-new-tokens", max_new_tokens))
+    bad = [f"{flag} must be at least 1 (got {value})" for flag, value in counts if value < 1]
+    if not bad and min_nodes > nodes:
+        bad.append(f"--min-nodes {min_nodes} is more than --nodes {nodes}")
+    if bad:
+        raise NgspecError("; ".join(bad))
     staging.output_directory(out)
     batch = BatchConfig(batch_size)
     prompts = calibration_prompts(questions, per_category, limit)
