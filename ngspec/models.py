@@ -119,6 +119,16 @@ def _source(spec: str) -> tuple[Path | str, dict]:
     return spec, {}
 
 
+def _offline_hint(exc: OSError) -> str:
+    """For a hub id that could not be fetched: what to do without a network."""
+    if "connect" not in str(exc).lower():
+        return ""
+    return (
+        "\nWithout a network, pass a local model directory or .gguf file (or 'default', the bundled model); "
+        "HF_HUB_OFFLINE=1 skips the hub's retries and fails at once."
+    )
+
+
 def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     """Load tokenizer and model; ``spec`` is 'default', a .gguf file, a directory or a hub id."""
     dev = pick_device(device)
@@ -130,7 +140,7 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra)
     except OSError as exc:
-        raise NgspecError(f"could not load model {spec!r}: {exc}") from exc
+        raise NgspecError(f"could not load model {spec!r}: {exc}{_offline_hint(exc)}") from exc
     return LoadedModel(model.to(dev).eval(), load_tokenizer(spec), display_name(spec))
 
 
@@ -140,7 +150,7 @@ def load_tokenizer(spec: str = DEFAULT_MODEL):
     try:
         return AutoTokenizer.from_pretrained(where, **extra)
     except OSError as exc:
-        raise NgspecError(f"could not load the tokenizer of {spec!r}: {exc}") from exc
+        raise NgspecError(f"could not load the tokenizer of {spec!r}: {exc}{_offline_hint(exc)}") from exc
 
 
 def display_name(spec: str) -> str:
