@@ -45,6 +45,13 @@ def test_a_piped_table_keeps_every_column_whole():
     assert "…" in narrow
 
 
+def test_a_short_table_keeps_its_title_on_one_line(capsys):
+    from ngspec.cli import render
+
+    render.summary_table("trie on SmolLM2-135M-Instruct (cpu, float32)", [("new tokens", "48")])
+    assert capsys.readouterr().out.splitlines()[0].strip() == "trie on SmolLM2-135M-Instruct (cpu, float32)"
+
+
 @pytest.fixture
 def prompt_file(tmp_path):
     path = tmp_path / "p.txt"

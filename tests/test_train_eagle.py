@@ -137,7 +137,7 @@ def test_corpus_without_pairs_is_refused(tmp_path):
 
 def test_unroll_below_one_is_refused(tmp_path):
     result = runner.invoke(app, ["train-eagle", "-c", "corpora/smollm2-self.jsonl", "--out", str(tmp_path / "h"), "--unroll", "0"])
-    assert result.exit_code == 1 and "--unroll >= 1" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and "--unroll must be >= 1 (got 0)" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "h").exists()
 
 

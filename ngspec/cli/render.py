@@ -67,8 +67,13 @@ class TextStream:
         sys.stdout.flush()
 
 
+def _title_width(title: str) -> int:
+    """A table at least as wide as its title, so a short table does not wrap it."""
+    return min(len(title), console.width)
+
+
 def summary_table(title: str, rows: list[tuple[str, str]]) -> None:
-    table = Table(title=title, show_header=False, title_justify="left")
+    table = Table(title=title, show_header=False, title_justify="left", min_width=_title_width(title))
     table.add_column(style="bold")
     table.add_column(justify="right")
     for key, value in rows:
@@ -77,7 +82,7 @@ def summary_table(title: str, rows: list[tuple[str, str]]) -> None:
 
 
 def table(title: str, columns: list[str], rows: list[list[str]]) -> None:
-    t = Table(title=title, title_justify="left")
+    t = Table(title=title, title_justify="left", min_width=_title_width(title))
     for i, col in enumerate(columns):
         t.add_column(col, justify="left" if i == 0 else "right")
     for row in rows:
