@@ -3,6 +3,7 @@ rename, so that an interrupted command never leaves half of one behind."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -43,10 +44,10 @@ def output_directory(out: Path) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise NgspecError(f"cannot create the directory for {out}: {exc.strerror or exc}") from None
-    probe = Path(out).with_name(f".{Path(out).name}.tmp")  # the stand-in a write goes through
-    try:
-        probe.touch()
-        probe.unlink()
+    try:  # a file of our own beside it (never one that may be in use), made and removed
+        handle, probe = tempfile.mkstemp(prefix=f".{Path(out).name}.probe-", dir=Path(out).parent)
+        os.close(handle)
+        os.unlink(probe)
     except OSError as exc:
         raise NgspecError(f"cannot write {out}: {exc.strerror or exc}") from None
 

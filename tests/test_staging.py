@@ -74,14 +74,17 @@ def test_a_command_that_hits_an_os_error_prints_one_line(monkeypatch):
 
 def test_output_directory_refuses_a_place_that_cannot_be_written(tmp_path, monkeypatch):
     """A directory that exists but takes no files (read-only, or /proc) fails before the work."""
-    from pathlib import Path
 
-    def refuse(self, *args, **kwargs):
-        raise PermissionError(13, "Permission denied", str(self))
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(kwargs.get("dir")))
 
-    monkeypatch.setattr(Path, "touch", refuse)
+    monkeypatch.setattr(staging.tempfile, "mkstemp", refuse)
     with pytest.raises(NgspecError, match="cannot write .*table.npz: Permission denied"):
         staging.output_directory(tmp_path / "table.npz")
     monkeypatch.undo()
     staging.output_directory(tmp_path / "table.npz")  # writable: passes, and leaves nothing behind
     assert list(tmp_path.iterdir()) == []
+    busy = tmp_path / ".table.npz.tmp"  # another run's write in progress is left alone
+    busy.write_text("half")
+    staging.output_directory(tmp_path / "table.npz")
+    assert busy.read_text() == "half" and list(tmp_path.iterdir()) == [busy]
