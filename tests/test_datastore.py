@@ -176,3 +176,57 @@ def test_a_directory_of_files_with_different_extra_fields_reads_every_record(tmp
     (corpus / "c.jsonl").write_text('{"instruction": "q3", "response": \n')
     with pytest.raises(NgspecError, match="c.jsonl"):  # the message names the unreadable file
         list(iter_records(str(corpus)))
+
+
+def _check_fails(tokens, sa, meta, message):
+    from ngspec.datastore.format import check_arrays
+
+    with pytest.raises(NgspecError, match=message):
+        check_arrays(tokens, sa, meta)
+
+
+def test_the_content_check_passes_a_good_store_and_names_each_kind_of_damage():
+    """`datastore-info` checks contents, not only sizes: ids in range, one separator per document,
+    the suffix array a permutation of the positions, and sampled neighbours in suffix order. A
+    store damaged in place would otherwise search silently wrong (never out of bounds)."""
+    from ngspec.datastore.format import check_arrays
+
+    rng = random.Random(1)
+    docs = [[rng.randrange(6) for _ in range(rng.randrange(1, 40))] for _ in range(30)]
+    store = Datastore.from_documents(docs, vocab_size=10)
+    tokens, sa, meta = np.array(store.tokens), np.array(store.sa), store.meta
+    assert check_arrays(tokens, sa, meta, sample=len(sa)) == len(sa) - 1  # every neighbour pair compared
+
+    bad = tokens.copy()
+    bad[3] = 12  # above the vocabulary, not the separator
+    _check_fails(bad, sa, meta, "token id 12 at position 3 is outside the vocabulary")
+    bad = tokens.copy()
+    bad[int(np.flatnonzero(tokens == meta.separator)[0])] = 1  # a document's end overwritten
+    _check_fails(bad, sa, meta, "29 document separators, meta.json says 30")
+    bad = sa.copy()
+    bad[5] = len(sa) + 7
+    _check_fails(tokens, bad, meta, "points outside the tokens")
+    bad = sa.copy()
+    bad[5] = bad[6]
+    _check_fails(tokens, bad, meta, "not a permutation")
+    bad = sa.copy()
+    bad[[0, -1]] = bad[[-1, 0]]  # a swap keeps the permutation but breaks the order
+    with pytest.raises(NgspecError, match="out of suffix order"):
+        check_arrays(tokens, bad, meta, sample=len(sa))
+
+
+def test_datastore_info_checks_contents(tmp_path, tokenizer):
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"instruction": f"q{i}", "response": f"The answer number {i} is {i * 7}."} for i in range(30)])
+    out = tmp_path / "ds"
+    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    result = CliRunner().invoke(app, ["datastore-info", str(out), "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["checked"]["neighbours_in_order"] > 0
+    sa = np.load(out / "sa.npy")
+    sa[3] = 10**6
+    np.save(out / "sa.npy", sa)
+    result = CliRunner().invoke(app, ["datastore-info", str(out)])
+    assert result.exit_code == 1 and "points outside the tokens" in result.stderr and "rebuild it" in result.stderr

@@ -81,10 +81,10 @@ def _rss_bytes() -> int:
         return 0
 
 
-def _show(path: Path, meta, json_out: bool, memory: dict | None = None) -> None:
+def _show(path: Path, meta, json_out: bool, memory: dict | None = None, checked: dict | None = None) -> None:
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     if json_out:
-        render.json_line({"path": str(path), "bytes_on_disk": size, **asdict(meta), **(memory or {})})
+        render.json_line({"path": str(path), "bytes_on_disk": size, **asdict(meta), **(memory or {}), **({"checked": checked} if checked else {})})
         return
     render.summary_table(
         f"datastore {path}",
@@ -99,6 +99,7 @@ def _show(path: Path, meta, json_out: bool, memory: dict | None = None) -> None:
             ("built", f"{meta.created} in {meta.build_seconds:.1f} s"),
             ("options", ", ".join(f"{k}={v}" for k, v in meta.build_options.items())),
             *_memory_rows(memory, meta.tokens + meta.documents),
+            *([("checked", f"ids, separators, suffix array (a permutation; {checked['neighbours_in_order']:,} neighbours in order)")] if checked else []),
         ],
     )
 
@@ -113,11 +114,25 @@ def _memory_rows(memory: dict | None, tokens: int) -> list[tuple[str, str]]:
 
 def datastore_info_command(
     path: Annotated[Path, typer.Argument(help="Datastore directory.")],
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Also read both arrays through: ids in range, one separator per document, the suffix array a permutation in suffix order (sampled neighbours). One pass; seconds per 100M tokens.")] = True,
     json_out: JsonOpt = False,
 ) -> None:
-    """Show a datastore's metadata and check that its files are complete and consistent."""
-    store = Datastore.open(path)  # reads the metadata and validates the arrays against it
-    _show(path, store.meta, json_out)
+    """Show a datastore's metadata and check that its files are complete and consistent (sizes
+    always; contents with --check, the default)."""
+    from ngspec.datastore.format import check_arrays
+
+    store = Datastore.open(path)  # reads the metadata and validates the arrays' sizes against it
+    checked = None
+    if check:
+        columns = (TextColumn("checking"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
+        with render.progress(*columns) as progress:
+            task = progress.add_task("checking", total=None)
+            try:
+                pairs = check_arrays(store.tokens, store.sa, store.meta, on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+            except NgspecError as exc:
+                raise NgspecError(f"{path} is damaged: {exc}; rebuild it with ngspec build-datastore") from None
+        checked = {"ids_and_separators": True, "suffix_array_permutation": True, "neighbours_in_order": pairs}
+    _show(path, store.meta, json_out, checked=checked)
 
 
 def synth_corpus_command(

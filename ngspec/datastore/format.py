@@ -103,3 +103,52 @@ def load_arrays(path: Path, meta: DatastoreMeta) -> tuple[np.ndarray, np.ndarray
     if sa.ndim != 1 or len(sa) != len(tokens):
         raise NgspecError(f"{path}/sa.npy does not match tokens.npy (corrupt or truncated)")
     return tokens, sa
+
+
+CHECK_CHUNK = 1 << 22  # entries read at a time while checking
+ORDER_PREFIX = 64  # tokens of two neighbouring suffixes compared when checking their order
+
+
+def check_arrays(tokens: np.ndarray, sa: np.ndarray, meta: DatastoreMeta, sample: int = 4096, on_progress=None) -> int:
+    """Check the arrays' contents, not only their sizes: every id below the vocabulary or the
+    separator, one separator per document, the suffix array a permutation of the positions, and
+    ``sample`` evenly spaced neighbouring entries in suffix order (their first ``ORDER_PREFIX``
+    tokens compared). One pass over each array in chunks, plus one byte per token for the
+    permutation. Returns the number of neighbours compared; raises `NgspecError` naming the damage.
+    ``on_progress(done, total)`` is told the entries read so far."""
+    n, sep = len(tokens), meta.separator
+    total, done = 2 * n, 0
+    separators = 0
+    for start in range(0, n, CHECK_CHUNK):
+        chunk = np.asarray(tokens[start : start + CHECK_CHUNK])
+        outside = np.flatnonzero((chunk >= meta.vocab_size) & (chunk != sep))
+        if len(outside):
+            i = int(outside[0])
+            raise NgspecError(f"token id {int(chunk[i])} at position {start + i} is outside the vocabulary ({meta.vocab_size} ids)")
+        separators += int(np.count_nonzero(chunk == sep))
+        done += len(chunk)
+        if on_progress:
+            on_progress(done, total)
+    if separators != meta.documents:
+        raise NgspecError(f"tokens.npy has {separators} document separators, meta.json says {meta.documents}")
+    seen = np.zeros(n, dtype=bool)
+    for start in range(0, n, CHECK_CHUNK):
+        chunk = np.asarray(sa[start : start + CHECK_CHUNK], dtype=np.int64)
+        outside = np.flatnonzero((chunk < 0) | (chunk >= n))
+        if len(outside):
+            i = int(outside[0])
+            raise NgspecError(f"the suffix array points outside the tokens (entry {start + i}: {int(chunk[i])})")
+        seen[chunk] = True
+        done += len(chunk)
+        if on_progress:
+            on_progress(done, total)
+    if not seen.all():
+        raise NgspecError("the suffix array is not a permutation of the token positions")
+    del seen
+    pairs = np.unique(np.linspace(0, n - 2, num=min(sample, n - 1), dtype=np.int64)) if n > 1 else np.zeros(0, dtype=np.int64)
+    for i in pairs.tolist():
+        a, b = int(sa[i]), int(sa[i + 1])
+        first, second = tokens[a : a + ORDER_PREFIX].tolist(), tokens[b : b + ORDER_PREFIX].tolist()
+        if first > second or (first == second and len(first) < ORDER_PREFIX):
+            raise NgspecError(f"suffix array entries {i} and {i + 1} are out of suffix order")
+    return len(pairs)
