@@ -119,6 +119,22 @@ def _source(spec: str) -> tuple[Path | str, dict]:
     return spec, {}
 
 
+try:  # transformers' configs validate themselves and raise this (not a ValueError) when they disagree
+    from huggingface_hub.errors import StrictDataclassError as _ConfigValidationError
+except ImportError:  # pragma: no cover - older huggingface_hub
+    _ConfigValidationError = ValueError
+
+CONFIG_ERRORS = (TypeError, ValueError, _ConfigValidationError)
+
+
+def config_error_message(exc: Exception) -> str:
+    """The last line of a config's validation error ("The hidden size (512) is not a multiple of
+    the number of attention heads (9)."), without the validator's class name and indentation."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    return last.split(": ", 1)[1] if last.startswith("ValueError: ") else last
+
+
 def _offline_hint(exc: OSError) -> str:
     """For a hub id that could not be fetched: what to do without a network."""
     if "connect" not in str(exc).lower():
@@ -141,6 +157,8 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra)
     except OSError as exc:
         raise NgspecError(f"could not load model {spec!r}: {exc}{_offline_hint(exc)}") from exc
+    except CONFIG_ERRORS as exc:  # a config.json that transformers refuses
+        raise NgspecError(f"could not load model {spec!r}: {config_error_message(exc)}") from exc
     return LoadedModel(model.to(dev).eval(), load_tokenizer(spec), display_name(spec))
 
 

@@ -91,6 +91,10 @@ def test_mismatched_or_broken_heads_are_refused(tmp_path, llama):
     save_file({"fc.weight": torch.zeros(64, 128)}, str(tmp_path / "e" / "model.safetensors"))
     with pytest.raises(NgspecError, match="missing"):
         load_head(tmp_path / "e", llama)
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    (tmp_path / "h" / "config.json").write_text(json.dumps({**config, "hidden_size": config["num_attention_heads"] * 8 + 1}))
+    with pytest.raises(NgspecError, match=r"^\S+config.json is not a Llama-style head config \(The hidden size \(\d+\) is not a multiple"):
+        load_head(tmp_path / "h", llama)  # transformers' own validation, in one line without its class names
 
 
 @pytest.mark.parametrize("layout", ["tree", "rows"])

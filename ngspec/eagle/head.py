@@ -28,6 +28,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from ngspec import staging
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument
+from ngspec.models import CONFIG_ERRORS, config_error_message
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
@@ -218,8 +219,8 @@ def head_config(directory: Path, raw: dict, ignored: tuple[str, ...] = ()) -> Ll
     known = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("architectures", "model_type", *ignored)}
     try:
         config = LlamaConfig(**known)
-    except (TypeError, ValueError) as exc:
-        raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({exc})") from None
+    except CONFIG_ERRORS as exc:
+        raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({config_error_message(exc)})") from None
     config.num_hidden_layers = 1
     return config
 
