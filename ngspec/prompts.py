@@ -21,6 +21,8 @@ class Prompt:
 
 
 def _read_text(path: Path) -> str:
+    if path.is_dir():
+        raise NgspecError(f"{path} is a directory; give a .txt or .jsonl prompt file")
     if not path.is_file():
         raise NgspecError(f"prompt file not found: {path}")
     try:

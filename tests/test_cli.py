@@ -146,6 +146,7 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["bench", "-q", "{prompt}", "--category", "rag"], "no prompts of category"),
         (["bench", "-q", "{prompt}", "--versus", "nope"], "is not an arm of this run"),
         (["bench", "-q", "{prompt}", "--rounds", "0"], "--rounds must be at least 1 (got 0)"),
+        (["generate", "-p", "{dir}"], "is a directory; give a .txt or .jsonl prompt file"),
         (["profile-bound", "--k", "1", "--w", "0", "--out", "{prompt}"], "is a file; give a directory"),
         (["generate", "-p", "{prompt}", "--check", "--temperature", "0.7"], "--check compares with greedy"),
         (["build-datastore", "-c", "{prompt}", "--num-proc", "0"], "--num-proc"),
