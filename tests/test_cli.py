@@ -147,6 +147,8 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["bench", "-q", "{prompt}", "--versus", "nope"], "is not an arm of this run"),
         (["bench", "-q", "{prompt}", "--rounds", "0"], "--rounds must be at least 1 (got 0)"),
         (["generate", "-p", "{dir}"], "is a directory; give a .txt or .jsonl prompt file"),
+        (["generate", "-p", "{prompt}", "--tree-choices", "{dir}"], "is a directory; --tree-choices takes a JSON file"),
+        (["self-repetition", "--dataset", "{prompt}", "--questions", "{dir}"], "is a directory; --questions takes a .jsonl"),
         (["profile-bound", "--k", "1", "--w", "0", "--out", "{prompt}"], "is a file; give a directory"),
         (["generate", "-p", "{prompt}", "--check", "--temperature", "0.7"], "--check compares with greedy"),
         (["build-datastore", "-c", "{prompt}", "--num-proc", "0"], "--num-proc"),

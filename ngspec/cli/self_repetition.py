@@ -22,6 +22,8 @@ from ngspec.metrics.report import measure, tokenize_pairs
 def _questions(path: Optional[Path]) -> dict[str, list[str]]:
     if path is None:
         return {}
+    if path.is_dir():
+        raise NgspecError(f"{path} is a directory; --questions takes a .jsonl question file")
     if not path.is_file():
         raise NgspecError(f"questions file not found: {path}")
     rows = []

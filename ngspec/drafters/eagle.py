@@ -61,6 +61,8 @@ def read_shape(path: Path) -> tuple[tuple[tuple[int, ...], ...], dict]:
         choices = tuple(tuple(_rank(r) for r in p) for p in (meta["choices"] if meta else raw))
     except FileNotFoundError:
         raise NgspecError(f"no tree-choices file at {path}") from None
+    except IsADirectoryError:
+        raise NgspecError(f"{path} is a directory; --tree-choices takes a JSON file (from tune-tree)") from None
     except (json.JSONDecodeError, TypeError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise NgspecError(f"{path}: expected a JSON list of lists of child ranks or a tune-tree file ({exc})") from None
     if not choices:
