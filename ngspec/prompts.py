@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from ngspec.errors import NgspecError
 
@@ -20,18 +21,28 @@ class Prompt:
     category: str | None = None
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path, what: str = "prompt file", takes: str = "give a .txt or .jsonl prompt file") -> str:
+    """The text of a file the user named as ``what`` (refused with the reason when it is a
+    directory, missing or not UTF-8; a byte-order mark is read past)."""
     if path.is_dir():
-        raise NgspecError(f"{path} is a directory; give a .txt or .jsonl prompt file")
+        raise NgspecError(f"{path} is a directory; {takes}")
     if not path.is_file():
-        raise NgspecError(f"prompt file not found: {path}")
+        raise NgspecError(f"{what} not found: {path}")
     try:
-        text = path.read_bytes().decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is not text
+        return path.read_bytes().decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is not text
     except UnicodeDecodeError as exc:
         raise NgspecError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
-    if not text.strip():
-        raise NgspecError(f"prompt file is empty: {path}")
-    return text
+
+
+def jsonl_records(path: Path, text: str) -> Iterator[tuple[int, object]]:
+    """(line number, parsed value) of each non-blank line of a .jsonl file's ``text``."""
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise NgspecError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
 
 
 def _record_prompt(record: object, where: str) -> Prompt:
@@ -58,19 +69,13 @@ def load_prompts(
     """Read a .txt or .jsonl prompt file, optionally keeping one category, the first
     ``per_category`` of every category, and then the first ``limit``."""
     path = Path(path)
-    text = _read_text(path)
+    text = read_text(path)
+    if not text.strip():
+        raise NgspecError(f"prompt file is empty: {path}")
     if path.suffix != ".jsonl":
         prompts = [Prompt(path.stem, text.strip("\n"))]
     else:
-        prompts = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise NgspecError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            prompts.append(_record_prompt(record, f"{path.name}:{lineno}"))
+        prompts = [_record_prompt(record, f"{path.name}:{lineno}") for lineno, record in jsonl_records(path, text)]
     if category is not None:
         known = sorted({p.category for p in prompts if p.category})
         prompts = [p for p in prompts if p.category == category]

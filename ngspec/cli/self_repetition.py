@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,22 +16,14 @@ from ngspec.datastore.index import Datastore
 from ngspec.errors import NgspecError
 from ngspec.metrics.pairs import record_pairs
 from ngspec.metrics.report import measure, tokenize_pairs
+from ngspec.prompts import jsonl_records, read_text
 
 
 def _questions(path: Optional[Path]) -> dict[str, list[str]]:
     if path is None:
         return {}
-    if path.is_dir():
-        raise NgspecError(f"{path} is a directory; --questions takes a .jsonl question file")
-    if not path.is_file():
-        raise NgspecError(f"questions file not found: {path}")
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise NgspecError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    text = read_text(path, "questions file", "--questions takes a .jsonl question file")
+    rows = [record for _, record in jsonl_records(path, text)]
     return {str(r["question_id"]): r.get("turns", []) for r in rows if isinstance(r, dict) and "question_id" in r}
 
 
