@@ -44,12 +44,18 @@ def output_directory(out: Path) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise NgspecError(f"cannot create the directory for {out}: {exc.strerror or exc}") from None
-    try:  # a file of our own beside it (never one that may be in use), made and removed
-        handle, probe = tempfile.mkstemp(prefix=f".{Path(out).name}.probe-", dir=Path(out).parent)
-        os.close(handle)
-        os.unlink(probe)
+    try:
+        probe_writable(Path(out).parent, Path(out).name)
     except OSError as exc:
         raise NgspecError(f"cannot write {out}: {exc.strerror or exc}") from None
+
+
+def probe_writable(directory: Path, name: str = "ngspec") -> None:
+    """Make and remove a file of our own in ``directory`` (a unique name, never one that may be in
+    use); raises OSError when the directory takes no files."""
+    handle, probe = tempfile.mkstemp(prefix=f".{name}.probe-", dir=directory)
+    os.close(handle)
+    os.unlink(probe)
 
 
 def write_text(out: Path, text: str) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
+from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt
 from ngspec.errors import NgspecError
@@ -41,9 +42,7 @@ def _check_writable(out: Path) -> None:
         raise NgspecError(f"--out {out} is a file; give a directory for the CSV, JSON and heatmap")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".ngspec-write-test.tmp"
-        probe.write_text("")
-        probe.unlink()
+        staging.probe_writable(out)
     except OSError as exc:
         raise NgspecError(f"cannot write to output directory {out}: {exc.strerror or exc}") from None
 
