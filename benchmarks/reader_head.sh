@@ -5,21 +5,24 @@
 #   heads/amd-v9                    a head trained on the target's answers to context prompts (section 9)
 #   heads/amd-v34-q25               amd-v9 fine-tuned on Spec-Bench rag and summarization questions 25-80,
 #                                   prompts and the target's answers (--loss-on all); questions 1-24 held out
+#   heads/amd-v41                   amd-v9 fine-tuned the same way on those answers plus the target's answers to
+#                                   the same passages and articles asked three other ways, and to Spec-Bench qa
+#                                   (section 10v: the reference head from then on)
 #   datastores/shipped              the shipped self-written corpora as a datastore
 #   shapes/amd-v23-cpu-b1-3.json    the 3-node static tree [0], [1], [2] that tune-tree chose (section 10g)
 #
-#   bash benchmarks/reader_head.sh            # about 70 min on two CPU cores; resumes: a step whose output exists is skipped
+#   bash benchmarks/reader_head.sh            # about 115 min on two CPU cores; resumes: a step whose output exists is skipped
 #
 # Then, for example (batch 1, whole method against the trie on the 24 held-out prompts):
 #   .venv/bin/python benchmarks/reader_ab.py --questions ../shared/data/spec_bench/question.jsonl --category rag \
-#       --limit 24 --rounds 2 --eagle-head heads/amd-v34-q25 --datastore datastores/shipped \
+#       --limit 24 --rounds 2 --eagle-head heads/amd-v41 --datastore datastores/shipped \
 #       --tuned shapes/amd-v23-cpu-b1-3.json --arms "trie,whole"
 #
 # Generation is greedy and training seeded, so a rebuild gives the same head up to floating-point
 # summation order (another CPU, thread count or batch composition can move a few answers' tokens).
 # Steps and their times on the team's two-core AMD EPYC VM (BENCHMARKS.md sections 9 and 10o):
 # context prompts' answers 24 min, Alpaca answers 2.4 min, amd-v9 30 min, held-out answers 6 min,
-# amd-v34-q25 5.6 min.
+# amd-v34-q25 5.6 min, variant answers 23 min, amd-v41 20 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NG=${NG:-.venv/bin/ngspec}
@@ -64,7 +67,17 @@ step corpus-v34/specbench-q25-answers.jsonl "$NG" synth-corpus --prompts "$W/hel
 step heads/amd-v34-q25/train_report.json "$NG" train-eagle --corpus corpus-v34 --init-head heads/amd-v9 --out heads/amd-v34-q25 \
     --epochs 8 --lr 1e-3 --max-len 2048 --loss-on all
 
-# 3. the datastore and the tree shape the figures used
+# 3. amd-v41: the documents of step 2 asked three other ways, and Spec-Bench qa, answered by the
+#    target; trained with step 2's answers (4 epochs: the corpus is about 4x larger)
+step "$W/variant-prompts.jsonl" "$PY" benchmarks/spec_bench_variants.py "$SPEC" --holdout 24 --out "$W/variant-prompts.jsonl"
+mkdir -p corpus-v41
+step corpus-v41/variant-answers.jsonl "$NG" synth-corpus --prompts "$W/variant-prompts.jsonl" -n 128 \
+    --batch-size 36 --out corpus-v41/variant-answers.jsonl
+cp corpus-v34/specbench-q25-answers.jsonl corpus-v41/
+step heads/amd-v41/train_report.json "$NG" train-eagle --corpus corpus-v41 --init-head heads/amd-v9 --out heads/amd-v41 \
+    --epochs 4 --lr 1e-3 --max-len 2048 --loss-on all
+
+# 4. the datastore and the tree shape the figures used
 step datastores/shipped "$NG" build-datastore --corpus corpora --out datastores/shipped
 [ -e shapes/amd-v23-cpu-b1-3.json ] || echo '[[0], [1], [2]]' >shapes/amd-v23-cpu-b1-3.json
-echo "== ready: heads/amd-v34-q25, datastores/shipped, shapes/amd-v23-cpu-b1-3.json"
+echo "== ready: heads/amd-v34-q25, heads/amd-v41, datastores/shipped, shapes/amd-v23-cpu-b1-3.json"

@@ -1,0 +1,65 @@
+"""In-domain prompts for training a head: each Spec-Bench rag and summarization question outside
+the held-out ones asked again with other instructions over the same passages or article, plus the
+qa questions, for `ngspec synth-corpus --prompts`.
+
+    python benchmarks/spec_bench_variants.py ../shared/data/spec_bench/question.jsonl --holdout 24 \
+        --out bench-out/variant-prompts.jsonl
+    ngspec synth-corpus --prompts bench-out/variant-prompts.jsonl -n 128 --out corpus/variant-answers.jsonl
+
+Why: Spec-Bench holds 80 rag and 80 summarization questions, and a head evaluated on the first 24
+of each has 56 + 56 left to learn from. Asking each of those documents three more questions
+quadruples the target's answers about text of the kind the benchmark uses (Wikipedia passages and
+news articles) without touching a held-out prompt (BENCHMARKS.md section 10v). The same works for
+your own traffic: re-ask your documents with the instructions your users send. Each line is
+``{"prompt": ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RAG_QUESTIONS = (
+    "Summarize these passages in a few sentences.",
+    "What are the most important facts in these passages?",
+    "Write a short paragraph about the main topic of these passages.",
+)
+ARTICLE_INSTRUCTIONS = (
+    "Write a short news summary of this article: ",
+    "What are the key points of this article?\n",
+    "Explain what happened in this article in simple words: ",
+)
+
+
+def variants(rows: list[dict], holdout: int) -> list[str]:
+    """Prompts for every rag and summarization question after the first ``holdout`` of each
+    (three per question), then every qa question."""
+    def training(category: str) -> list[str]:
+        return [r["turns"][0] for r in rows if r["category"] == category][holdout:]
+
+    out = []
+    for prompt in training("rag"):  # passages, then the question on the last line
+        passages = prompt.rsplit("\n", 1)[0]
+        out += [passages + "\n" + q for q in RAG_QUESTIONS]
+    for prompt in training("summarization"):
+        article = prompt.removeprefix("Summarize: ")
+        out += [instruction + article for instruction in ARTICLE_INSTRUCTIONS]
+    return out + [r["turns"][0] for r in rows if r["category"] == "qa"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("questions", type=Path, help="Spec-Bench question.jsonl")
+    ap.add_argument("--holdout", type=int, default=24, help="first rag and summarization questions left out (the evaluation prompts)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    rows = [json.loads(line) for line in args.questions.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = variants(rows, args.holdout)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
+    print(f"{len(prompts)} prompts -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
