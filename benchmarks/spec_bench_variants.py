@@ -20,6 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ngspec.prompts import Prompt, load_prompts
+
 RAG_QUESTIONS = (
     "Summarize these passages in a few sentences.",
     "What are the most important facts in these passages?",
@@ -32,11 +34,13 @@ ARTICLE_INSTRUCTIONS = (
 )
 
 
-def variants(rows: list[dict], holdout: int) -> list[str]:
+def variants(questions: list[Prompt], holdout: int) -> list[str]:
     """Prompts for every rag and summarization question after the first ``holdout`` of each
-    (three per question), then every qa question."""
+    (three per question), then every qa question. ``questions`` as `load_prompts` reads them, the
+    reader `bench` and `reader_ab.py` pick their evaluation prompts with, so the held-out ones are
+    the same prompts."""
     def training(category: str) -> list[str]:
-        return [r["turns"][0] for r in rows if r["category"] == category][holdout:]
+        return [q.text for q in questions if q.category == category][holdout:]
 
     out = []
     for prompt in training("rag"):  # passages, then the question on the last line
@@ -45,7 +49,7 @@ def variants(rows: list[dict], holdout: int) -> list[str]:
     for prompt in training("summarization"):
         article = prompt.removeprefix("Summarize: ")
         out += [instruction + article for instruction in ARTICLE_INSTRUCTIONS]
-    return out + [r["turns"][0] for r in rows if r["category"] == "qa"]
+    return out + [q.text for q in questions if q.category == "qa"]
 
 
 def main() -> None:
@@ -54,8 +58,7 @@ def main() -> None:
     ap.add_argument("--holdout", type=int, default=24, help="first rag and summarization questions left out (the evaluation prompts)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    rows = [json.loads(line) for line in args.questions.read_text(encoding="utf-8").splitlines() if line.strip()]
-    prompts = variants(rows, args.holdout)
+    prompts = variants(load_prompts(args.questions), args.holdout)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
     print(f"{len(prompts)} prompts -> {args.out}")

@@ -21,9 +21,15 @@ def _rows() -> list[dict]:
     return rows
 
 
-def test_held_out_questions_stay_out_and_each_document_is_asked_three_ways():
+def _question_file(tmp_path: Path) -> Path:
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    return questions
+
+
+def test_held_out_questions_stay_out_and_each_document_is_asked_three_ways(tmp_path):
     sv = benchmark_script("spec_bench_variants")
-    prompts = sv.variants(_rows(), holdout=2)
+    prompts = sv.variants(load_prompts(_question_file(tmp_path)), holdout=2)
     text = "\n".join(prompts)
     for held in ("passage 0", "passage 1", "article 0", "article 1", "Who is"):
         assert held not in text
@@ -34,7 +40,6 @@ def test_held_out_questions_stay_out_and_each_document_is_asked_three_ways():
 
 
 def test_the_written_file_is_a_prompt_file_synth_corpus_reads(tmp_path):
-    questions, out = tmp_path / "question.jsonl", tmp_path / "prompts.jsonl"
-    questions.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
-    subprocess.run([sys.executable, str(SCRIPT), str(questions), "--holdout", "3", "--out", str(out)], check=True, capture_output=True)
+    out = tmp_path / "prompts.jsonl"
+    subprocess.run([sys.executable, str(SCRIPT), str(_question_file(tmp_path)), "--holdout", "3", "--out", str(out)], check=True, capture_output=True)
     assert len(load_prompts(out)) == 3 + 3 + 1
