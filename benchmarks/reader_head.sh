@@ -54,13 +54,8 @@ step heads/amd-v9/train_report.json "$NG" train-eagle --corpus corpus-v9 --out h
 
 # 2. amd-v34-q25: Spec-Bench rag and summarization questions 25-80 (questions 1-24 of each are the
 #    evaluation prompts and stay out), answered by the target (128 tokens), prompts included in the loss
-step "$W/heldout-q25-prompts.jsonl" "$PY" - "$SPEC" "$W/heldout-q25-prompts.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-held = [q for c in ("rag", "summarization") for q in [r for r in rows if r["category"] == c][24:]]
-open(sys.argv[2], "w").writelines(json.dumps(q) + "\n" for q in held)
-print(f"{len(held)} questions")
-PY
+step "$W/heldout-q25-prompts.jsonl" "$PY" benchmarks/spec_bench_variants.py "$SPEC" --holdout 24 --originals \
+    --out "$W/heldout-q25-prompts.jsonl"
 mkdir -p corpus-v34
 step corpus-v34/specbench-q25-answers.jsonl "$NG" synth-corpus --prompts "$W/heldout-q25-prompts.jsonl" -n 128 \
     --batch-size 36 --out corpus-v34/specbench-q25-answers.jsonl

@@ -43,3 +43,12 @@ def test_the_written_file_is_a_prompt_file_synth_corpus_reads(tmp_path):
     out = tmp_path / "prompts.jsonl"
     subprocess.run([sys.executable, str(SCRIPT), str(_question_file(tmp_path)), "--holdout", "3", "--out", str(out)], check=True, capture_output=True)
     assert len(load_prompts(out)) == 3 + 3 + 1
+
+
+def test_originals_are_the_questions_after_the_held_out_ones_as_asked(tmp_path):
+    out = tmp_path / "originals.jsonl"
+    subprocess.run([sys.executable, str(SCRIPT), str(_question_file(tmp_path)), "--holdout", "2", "--originals", "--out", str(out)],
+                   check=True, capture_output=True)
+    assert [p.text for p in load_prompts(out)] == [
+        "passage 2 a\npassage 2 b\nWho is 2?", "passage 3 a\npassage 3 b\nWho is 3?",
+        "Summarize: article 2", "Summarize: article 3"]
