@@ -234,9 +234,9 @@ class EagleDrafter:
             asked of whoever drives `drafting`; the first one also scores the caught-up pairs'
             guesses)."""
             nonlocal scored
-            feats, extra = torch.stack([outputs[p] for p in parents]), 0
+            feats, extra = [outputs[p] for p in parents], 0
             if scored is not None:
-                feats, extra, scored = torch.cat([scored, feats]), len(scored), None
+                feats, extra, scored = [*scored.unbind(0), *feats], len(scored), None
             ids, values = yield TopCall(self.vocab, feats, k)
             if extra:
                 self.caught_up[0] += sum(int(g[0] == t) for g, t in zip(ids[:extra], truth))
@@ -260,8 +260,7 @@ class EagleDrafter:
             feats = torch.stack([outputs[nodes[n].parent] for n in batch])
             positions = [base + nodes[n].depth - 1 for n in batch]
             out = yield from self._run([nodes[n].token for n in batch], feats, positions, base, block)
-            for row, n in enumerate(batch):
-                outputs[n] = out[row]
+            outputs.update(zip(batch, out.unbind(0)))  # one view per node, in one operation
 
         if self.opts.tree == "dynamic":
             layer = []

@@ -80,7 +80,7 @@ def run_calls(calls: Sequence[HeadCall]) -> list[torch.Tensor]:
     param = next(head.parameters())
     calls = [_cache_unread(c, param) for c in calls]
     embeds, features, positions = _pair_inputs(
-        embed, [t for c in calls for t in c.tokens], torch.cat([c.features.to(param.device, param.dtype) for c in calls]),
+        embed, [t for c in calls for t in c.tokens], torch.cat([c.features for c in calls]),
         [p for c in calls for p in c.positions], param,
     )
     with attention_function(head, ATTENTION_NAME):

@@ -48,8 +48,9 @@ class SharedVocab:
     # per prompt would quantize them again for every prompt: 26 ms for the default model's draft
     # vocabulary)
     shared_int8: bool = False
-    # the last batch's rows and their layout of extra columns (`_layout`): rows change only when
-    # a prompt is admitted, so every level of every step until then reuses it
+    # the last requests' rows and their layout of extra columns (`_layout`), reused while the same
+    # rows ask in the same order; rebuilt when a prompt is admitted or a level's calling rows
+    # differ, in a fixed number of tensor operations whatever the rows
     batch_layout: tuple | None = field(default=None, repr=False)
     known: frozenset[int] = field(default=frozenset(), repr=False)  # the shared columns' token ids
 
@@ -93,6 +94,10 @@ class RowVocab:
     shared: SharedVocab
     extra: torch.Tensor  # token ids of the row's extra columns, after the shared ones
     _own: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    extra_ids: tuple[int, ...] = field(init=False, repr=False)  # ``extra`` on the host, read once
+
+    def __post_init__(self) -> None:
+        self.extra_ids = tuple(self.extra.tolist())
 
     @property
     def size(self) -> int:
@@ -113,11 +118,13 @@ class RowVocab:
 
 @dataclass
 class TopCall:
-    """One row's request: the ``k`` most likely next tokens after each of ``features`` ([m, H],
-    the head's predicted features), over ``vocab``."""
+    """One row's request: the ``k`` most likely next tokens after each of ``features`` (the
+    head's predicted features, m rows of [H]: a list of them, or an [m, H] tensor), over
+    ``vocab``. A list lets `top_children` stack every call's rows in one operation instead of
+    one per row and call (a batch's host work, BENCHMARKS.md 10w)."""
 
     vocab: RowVocab
-    features: torch.Tensor
+    features: Sequence[torch.Tensor]
     k: int
 
 
@@ -130,7 +137,7 @@ def top_children(calls: Sequence[TopCall]) -> list[Top]:
     """Every call's answer; the calls share one `SharedVocab`."""
     shared = calls[0].vocab.shared
     sizes = [len(c.features) for c in calls]
-    features = torch.cat([c.features for c in calls]) if len(calls) > 1 else calls[0].features
+    features = torch.stack([f for c in calls for f in c.features])
     if len(calls) == 1 and len(calls[0].vocab.extra):
         logits, ids = calls[0].vocab.alone(features)
     else:
@@ -176,13 +183,12 @@ def _layout(shared: SharedVocab, vocabs: Sequence[RowVocab], n: int) -> tuple[to
     """For rows with these vocabularies: the LM-head rows of the union of their extra tokens; for
     each row, which column of [shared | union | -inf] each of its own columns is; the token id of
     every column of [shared | union | -inf] (-1 for -inf)."""
-    extras = [v.extra.tolist() for v in vocabs]
+    extras = [v.extra_ids for v in vocabs]
     union = sorted(set().union(*extras))
     where = {t: n + i for i, t in enumerate(union)}
-    columns = torch.full((len(vocabs), n + max(map(len, extras))), n + len(union), dtype=torch.long)
-    columns[:, :n] = torch.arange(n)
-    for r, extra in enumerate(extras):
-        columns[r, n : n + len(extra)] = torch.tensor([where[t] for t in extra], dtype=torch.long)
+    pad, width = n + len(union), max(map(len, extras))  # pad: the -inf column
+    own = torch.tensor([[where[t] for t in extra] + [pad] * (width - len(extra)) for extra in extras], dtype=torch.long)
+    columns = torch.cat([torch.arange(n).expand(len(vocabs), n), own.reshape(len(vocabs), width)], dim=1)
     device = shared.ids.device
     union_ids = torch.tensor(union, dtype=torch.long, device=device)
     column_ids = torch.cat([shared.ids, union_ids, shared.ids.new_full((1,), -1)])
