@@ -216,7 +216,9 @@ def test_top_k_requests_answered_together_equal_each_row_alone(llama, head):
              for p, m, k in zip(prompts, [2, 1, 3, 4], [3, 5, 4, 30])]
     alone = [top_children([c])[0] for c in calls]
     _same_answers(top_children(calls), alone)
-    _same_answers(top_children(calls[::-1]), alone[::-1])  # the layout cached for the first order is not reused
+    _same_answers(top_children(calls[::-1]), alone[::-1])  # the layout cached for all rows, read in another order
+    _same_answers(top_children(calls[2:0:-1]), alone[2:0:-1])  # ... and for some of them
+    _same_answers(top_children([calls[0], calls[3]]), [alone[0], alone[3]])
     for p, (ids, values) in zip(prompts, alone):
         allowed = set(frequent) | set(p)
         assert all(set(row) <= allowed and len(row) == len(set(row)) for row in ids)

@@ -48,10 +48,9 @@ class SharedVocab:
     # per prompt would quantize them again for every prompt: 26 ms for the default model's draft
     # vocabulary)
     shared_int8: bool = False
-    # the last requests' rows and their layout of extra columns (`_layout`), reused while the same
-    # rows ask in the same order; rebuilt when a prompt is admitted or a level's calling rows
-    # differ, in a fixed number of tensor operations whatever the rows
-    batch_layout: tuple | None = field(default=None, repr=False)
+    # the layout of the extra columns of the rows that last asked together (`_Layout`), reused
+    # while the rows asking are among them
+    batch_layout: "_Layout | None" = field(default=None, repr=False)
     known: frozenset[int] = field(default=frozenset(), repr=False)  # the shared columns' token ids
 
     def __post_init__(self) -> None:
@@ -161,14 +160,13 @@ def _with_extras(logits: torch.Tensor, features: torch.Tensor, calls: Sequence[T
     """Logits [M, shared + widest extras]: each feature row's shared columns, then its own row's
     extras, then -inf; and the token id of each of those columns, per feature row."""
     shared = calls[0].vocab.shared
-    vocabs = tuple(c.vocab for c in calls)
-    last = shared.batch_layout
-    if last is None or len(last[0]) != len(vocabs) or any(a is not b for a, b in zip(last[0], vocabs)):
-        shared.batch_layout = last = (vocabs, *_layout(shared, vocabs, logits.shape[-1]))
-    _, union_weight, columns, column_ids = last
-    combined = torch.cat([logits, _extra_product(features, union_weight), logits.new_full((len(features), 1), float("-inf"))], dim=-1)
-    per_row = columns.repeat_interleave(torch.tensor(sizes, device=columns.device), dim=0)
-    return combined.gather(1, per_row), column_ids[per_row]
+    layout = shared.batch_layout
+    if layout is None or any(id(c.vocab) not in layout.row_of for c in calls):
+        shared.batch_layout = layout = _Layout.build(shared, [c.vocab for c in calls], logits.shape[-1])
+    rows = [layout.row_of[id(c.vocab)] for c, m in zip(calls, sizes) for _ in range(m)]
+    combined = torch.cat([logits, _extra_product(features, layout.union_weight), logits.new_full((len(features), 1), float("-inf"))], dim=-1)
+    per_row = layout.columns[torch.tensor(rows, device=layout.columns.device)]
+    return combined.gather(1, per_row), layout.column_ids[per_row]
 
 
 def _extra_product(features: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -179,17 +177,32 @@ def _extra_product(features: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return features @ weight.T
 
 
-def _layout(shared: SharedVocab, vocabs: Sequence[RowVocab], n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For rows with these vocabularies: the LM-head rows of the union of their extra tokens; for
-    each row, which column of [shared | union | -inf] each of its own columns is; the token id of
-    every column of [shared | union | -inf] (-1 for -inf)."""
-    extras = [v.extra_ids for v in vocabs]
-    union = sorted(set().union(*extras))
-    where = {t: n + i for i, t in enumerate(union)}
-    pad, width = n + len(union), max(map(len, extras))  # pad: the -inf column
-    own = torch.tensor([[where[t] for t in extra] + [pad] * (width - len(extra)) for extra in extras], dtype=torch.long)
-    columns = torch.cat([torch.arange(n).expand(len(vocabs), n), own.reshape(len(vocabs), width)], dim=1)
-    device = shared.ids.device
-    union_ids = torch.tensor(union, dtype=torch.long, device=device)
-    column_ids = torch.cat([shared.ids, union_ids, shared.ids.new_full((1,), -1)])
-    return shared.lm_weight.index_select(0, union_ids), columns.to(device), column_ids
+@dataclass(frozen=True)
+class _Layout:
+    """Where the extra columns of rows with these vocabularies sit: the LM-head rows of the union of
+    their extra tokens (``union_weight``); for each row (``row_of``, by the vocabulary's id), which
+    column of [shared | union | -inf] each of its own columns is (``columns``); the token id of every
+    column of [shared | union | -inf] (``column_ids``, -1 for -inf). Any of these rows, in any
+    order, is answered from it: it is built for the rows asking when one of them is not in the
+    cached one (a prompt was admitted, or a row that did not ask then asks now), and every later
+    level whose rows are among them reuses it (at deeper levels fewer rows ask). ``vocabs`` keeps
+    them alive, so no id is reused while it is cached."""
+
+    vocabs: tuple[RowVocab, ...]
+    row_of: dict[int, int]
+    union_weight: torch.Tensor
+    columns: torch.Tensor
+    column_ids: torch.Tensor
+
+    @staticmethod
+    def build(shared: SharedVocab, vocabs: Sequence[RowVocab], n: int) -> "_Layout":
+        extras = [v.extra_ids for v in vocabs]
+        union = sorted(set().union(*extras))
+        where = {t: n + i for i, t in enumerate(union)}
+        pad, width = n + len(union), max(map(len, extras))  # pad: the -inf column
+        own = torch.tensor([[where[t] for t in extra] + [pad] * (width - len(extra)) for extra in extras], dtype=torch.long)
+        columns = torch.cat([torch.arange(n).expand(len(vocabs), n), own.reshape(len(vocabs), width)], dim=1)
+        device = shared.ids.device
+        union_ids = torch.tensor(union, dtype=torch.long, device=device)
+        column_ids = torch.cat([shared.ids, union_ids, shared.ids.new_full((1,), -1)])
+        return _Layout(tuple(vocabs), {id(v): r for r, v in enumerate(vocabs)}, shared.lm_weight.index_select(0, union_ids), columns.to(device), column_ids)
