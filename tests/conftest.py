@@ -109,3 +109,21 @@ def benchmark_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def tensor_ops(run) -> int:
+    """How many tensor (aten) operations ``run()`` dispatches: on a GPU a small model's batched step
+    is host work, paid per operation, so tests check that it does not grow with rows or nodes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count() as counter:
+        run()
+    return counter.ops
+

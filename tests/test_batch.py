@@ -7,7 +7,7 @@ from typing import Callable
 import pytest
 import torch
 
-from conftest import hf_greedy, repetitive_prompt, started_head
+from conftest import hf_greedy, repetitive_prompt, started_head, tensor_ops
 import ngspec.batch as batch_module
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.batch_target import ROW_ALONE, BatchTarget, choose_split, fold_mask, folded_gqa_attention
@@ -375,25 +375,17 @@ def test_a_batched_verify_and_commit_cost_the_same_tensor_operations_for_any_row
     """On a GPU a small model's batched step is host work, paid per tensor operation: building the
     blocks, the mask, acceptance and the commit must not add operations per row or per node
     (packed, each row attended on its own adds its attention calls, by design)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.ops += 1
-            return func(*args, **(kwargs or {}))
-
     def step_ops(prompts, trees):
         target = BatchTarget(tiny, packed=packed)
         target.keep_features = True
         for p in prompts:
             target.admit(p)
-        Count.ops = 0
-        with Count():
+
+        def step():
             preds = target.verify([p[-1] for p in prompts], trees).greedy()
             target.commit([(0,) if t.size and t.tokens[0] == preds[b][0] else () for b, t in enumerate(trees)])
-        return Count.ops
+
+        return tensor_ops(step)
 
     two = step_ops([[1, 2, 3], [4, 5]], [DraftTree.chain([3, 4, 5, 6, 7]), DraftTree()])
     if packed:  # one attention call for every row's root, one for the row whose tree reaches beyond it

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from conftest import tensor_ops
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.drafters.search import EagleSearchDrafter
@@ -243,24 +244,12 @@ def test_rows_top_k_requests_cost_the_same_tensor_operations_for_any_number_of_r
     """On a GPU a batch's drafting is host work, paid per tensor operation: answering the rows'
     requests, their extra columns laid out afresh (new rows), must not add operations per row or
     per feature row."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.ops += 1
-            return func(*args, **(kwargs or {}))
-
     shared = SharedVocab.build(head, llama.get_output_embeddings(), list(range(0, 40, 2)), lambda x, w: x @ w.T)
     g = torch.Generator().manual_seed(7)
 
     def ops(prompts, rows_each):
         calls = [TopCall(shared.for_prompt(p), list(torch.randn(m, llama.config.hidden_size, generator=g)), 4) for p, m in zip(prompts, rows_each)]
-        Count.ops = 0
-        with Count():
-            top_children(calls)
-        return Count.ops
+        return tensor_ops(lambda: top_children(calls))
 
     two = ops([[1, 3, 5], [41, 43]], [1, 2])
     five = ops([[1, 3, 5], [41, 43], [77, 91], [50, 51, 52, 53], [3]], [3, 1, 2, 4, 1])
