@@ -29,14 +29,17 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
-from transformers import AttentionInterface, DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ngspec.architecture import mask_argument, sliding_window, within_window
 from ngspec.contracts import DraftTree, table_cost
+from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, make_cache, replace_entries, truncate
 from ngspec.rows import attention_function
 from ngspec.target import forward_with_features, prepare_model
@@ -129,12 +132,11 @@ class PackedBlockCache(Cache):
         return self.layers[layer_idx].update(self.packed.padded(key_states), self.packed.padded(value_states))
 
 
-def packed_attention(module, query, key, value, attention_mask, **kwargs):
+def packed_attention(module, query, key, value, attention_mask, packed: PackedRows, **kwargs):
     """The model's attention for packed queries ``[1, heads, total, d]`` over the padded cache
     ``[rows, kv_heads, past + width, d]`` under the usual ``[rows, 1, width, past + width]`` mask:
-    every row's first slots in one call, each longer row's rest in its own (`PackedRows`); the
-    outputs packed as the queries (``[1, total, heads, d]``)."""
-    packed: PackedRows = kwargs.pop("packed_rows")
+    every row's first slots in one call, each longer row's rest in its own (``packed``, bound in
+    for the step); the outputs packed as the queries (``[1, total, heads, d]``)."""
     queries = query[0].transpose(0, 1)  # [total, heads, d]
     _, heads, dim = queries.shape
     rows, split = packed.rows, packed.split
@@ -156,27 +158,29 @@ def packed_attention(module, query, key, value, attention_mask, **kwargs):
     return out[None], None
 
 
-AttentionInterface.register(PACKED_ATTENTION, packed_attention)
-
 
 FOLDED_ATTENTION = "ngspec_folded_gqa"
 
 
-def folded_gqa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def folded_gqa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, folded_masks=None, **kwargs):
     """Grouped-query attention with each key/value head's query heads folded into its queries:
     ``query [rows, heads, q, d]`` read as ``[rows, kv_heads, groups * q, d]`` against the cache as
-    it is, under ``kwargs['folded_mask']`` (the mask repeated per group). PyTorch's CPU SDPA with
-    ``enable_gqa`` (what transformers runs for q > 1) took 0.49 ms a layer for 8 rows of 2 queries
-    at 1,000 keys, and 0.35 ms folded; 0.69 and 0.52 ms at 4 queries (bench-out/v33/gqa_pack.py).
-    transformers folds the same way itself at one query."""
+    it is, under the layer's mask repeated per group: folded once a step for every layer
+    (``folded_masks``, bound in for the step, by the unfolded mask's id: a sliding-window
+    model's layers get one of two masks), else here (a model that slices the masks).
+    PyTorch's CPU SDPA with ``enable_gqa`` (what transformers runs for q > 1) took 0.49 ms a layer
+    for 8 rows of 2 queries at 1,000 keys, and 0.35 ms folded; 0.69 and 0.52 ms at 4 queries
+    (bench-out/v33/gqa_pack.py). transformers folds the same way itself at one query."""
     rows, heads, q, dim = query.shape
     kv_heads = key.shape[1]
-    folded = query.reshape(rows, kv_heads, heads // kv_heads * q, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=kwargs["folded_mask"], scale=scaling)
+    groups = heads // kv_heads
+    folded = query.reshape(rows, kv_heads, groups * q, dim)
+    mask = (folded_masks or {}).get(id(attention_mask))
+    if mask is None or mask.shape[2] != groups * q:
+        mask = fold_mask(attention_mask, groups)
+    out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
     return out.view(rows, heads, q, dim).transpose(1, 2), None
 
-
-AttentionInterface.register(FOLDED_ATTENTION, folded_gqa_attention)
 
 
 def fold_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
@@ -231,6 +235,12 @@ class BatchTarget:
     def __init__(self, model: PreTrainedModel, packed: bool = False) -> None:
         """``packed``: verify rows of different sizes back to back."""
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
+        implementation = model.config._attn_implementation
+        if packed and ALL_ATTENTION_FUNCTIONS.get_interface(implementation, None) is None:
+            raise NgspecError(
+                f"--batch-layout packed runs the model's attention through transformers' registry, which has no "
+                f"{implementation!r} attention ({type(model).__name__}): use --batch-layout padded"
+            )
         self.packed = packed
         # query heads per key/value head, folded into the queries of tree steps on a CPU
         # (`folded_gqa_attention`; 1: not folded)
@@ -238,6 +248,7 @@ class BatchTarget:
         heads, kv_heads = getattr(config, "num_attention_heads", 1), getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", 1)
         fold = self.device.type == "cpu" and os.environ.get("NGSPEC_FOLD_GQA", "1") != "0" and config._attn_implementation == "sdpa"
         self.fold_groups = heads // kv_heads if fold and heads % kv_heads == 0 else 1
+        self.window = sliding_window(config)  # of sliding-window layers, if any
         self.keep_features = False
         self.feature_layers: tuple[int, ...] | None = None
         self.cache: DynamicCache | None = None
@@ -363,25 +374,33 @@ class BatchTarget:
         past = self.valid.to(self.device)[:, None, :].expand(rows, width, start)
         visible = torch.cat([past, block.to(self.device)], dim=2)
         mask = additive_mask(visible[:, None], self.dtype)
+        sliding = None
+        if self.window:  # positions of the cached entries: their order among the row's valid slots
+            valid = self.valid.to(self.device)
+            keys = torch.cat([valid.cumsum(1) - 1, positions.to(self.device)], dim=1)
+            sliding = additive_mask(within_window(visible, positions.to(self.device), keys, self.window)[:, None], self.dtype)
+        attention_mask = mask_argument(self.model.config, mask, sliding)
         packed = self.packed and min(sizes) < width
         if packed:
-            attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.model.config._attn_implementation, ALL_ATTENTION_FUNCTIONS["sdpa"])
+            attend = ALL_ATTENTION_FUNCTIONS[self.model.config._attn_implementation]
             rows_of = PackedRows.build(sizes, attend, self.device)
             index = rows_of.index.to(ids.device)
             ids, positions = ids.view(-1)[index][None], positions.view(-1)[index][None]
-            cache, extra_args = PackedBlockCache(self.cache, rows_of), {"packed_rows": rows_of}
-            roots_at = rows_of.starts
+            cache, roots_at = PackedBlockCache(self.cache, rows_of), rows_of.starts
+            attention = attention_function(self.model, PACKED_ATTENTION, partial(packed_attention, packed=rows_of))
         else:
-            cache, extra_args = self.cache, {}
-            roots_at = [b * width for b in range(rows)]
+            cache, roots_at = self.cache, [b * width for b in range(rows)]
+            attention = nullcontext()
             if self.fold_groups > 1 and width > 1:
-                extra_args = {"folded_mask": fold_mask(mask, self.fold_groups)}
-        attention = PACKED_ATTENTION if packed else FOLDED_ATTENTION if "folded_mask" in extra_args else None
-        with attention_function(self.model, attention) if attention else nullcontext():
+                layer_masks = attention_mask.values() if isinstance(attention_mask, dict) else (attention_mask,)
+                folded = {id(m): fold_mask(m, self.fold_groups) for m in layer_masks}
+                attention = attention_function(self.model, FOLDED_ATTENTION, partial(folded_gqa_attention, folded_masks=folded))
+        with attention:
             out, features = forward_with_features(
                 lambda **extra: self.model(
-                    input_ids=ids.to(self.device), position_ids=positions.to(self.device), attention_mask=mask,
-                    **cache_argument(self.model, cache), use_cache=True, **extra_args, **extra,
+                    input_ids=ids.to(self.device), position_ids=positions.to(self.device),
+                    attention_mask=attention_mask,
+                    **cache_argument(self.model, cache), use_cache=True, **extra,
                 ),
                 self.model, self.keep_features, self.feature_layers,
             )

@@ -83,11 +83,10 @@ def _cache_keyword(module_type: type) -> str:
 
 
 def make_cache(config, capacity: int) -> DynamicCache:
-    """A `DynamicCache` whose full-attention layers are `GrowableLayer`s (sliding ones unchanged)."""
+    """A `DynamicCache` of `GrowableLayer`s, sliding-window layers included: those keep their whole
+    history too, and their masks hide what lies beyond the window (`ngspec.architecture`)."""
     cache = DynamicCache(config=config)
-    cache.layers = [
-        GrowableLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers
-    ]
+    cache.layers = [GrowableLayer(capacity) for _ in cache.layers]
     return cache
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -96,9 +96,13 @@ AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)
 
 
 @contextmanager
-def attention_function(module: torch.nn.Module, name: str = ATTENTION_NAME) -> Iterator[None]:
+def attention_function(module: torch.nn.Module, name: str = ATTENTION_NAME, function: Callable | None = None) -> Iterator[None]:
     """Route ``module``'s attention through the attention function registered as ``name`` (by
-    default `shared_prefix_attention`) for one forward."""
+    default `shared_prefix_attention`) for one forward; ``function``, when given, is registered
+    as ``name`` first: a forward's own data bound into it reaches attention even through layers
+    that do not pass keyword arguments on (StableLM's)."""
+    if function is not None:
+        AttentionInterface.register(name, function)
     config = module.config
     saved = config._attn_implementation
     config._attn_implementation = name

@@ -16,12 +16,13 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ngspec.architecture import check_architecture, mask_argument, sliding_window, within_window
 from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, keep_block, make_cache, truncate
 from ngspec.cpu_linear import tune_linears
 from ngspec.rows import RowBlockCache, forward_rows, full_attention_only
-from ngspec.tree import attention_mask, position_ids, root_to_leaf_paths
+from ngspec.tree import additive_mask, block_positions, block_visibility, root_to_leaf_paths
 
 
 def forward_with_features(call: Callable[..., Any], model: PreTrainedModel, keep: bool, layers: tuple[int, ...] | None) -> tuple[Any, torch.Tensor | None]:
@@ -75,7 +76,9 @@ def prepare_model(model: PreTrainedModel) -> tuple[PreTrainedModel, torch.device
     grouped-query attention under a custom mask instead of materialising repeated K/V every layer
     (same logits; faster trees at long context), and give float32 linear layers the fastest
     product for each row count on this CPU (`ngspec.cpu_linear`); on a GPU, keep attention off
-    cuDNN (`decode_attention`)."""
+    cuDNN (`decode_attention`). A model whose attention cannot verify trees is refused
+    (`check_architecture`)."""
+    check_architecture(model)
     param = next(model.parameters())
     if param.device.type == "cpu":
         os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
@@ -89,6 +92,7 @@ class TargetModel:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
+        self.window = sliding_window(model.config)  # of sliding-window layers, if any
         self.cache: DynamicCache | None = None
         self._row_block: RowBlockCache | None = None
         self._rows_paths: list[list[int]] | None = None  # set while a tree verified as rows awaits commit
@@ -150,10 +154,20 @@ class TargetModel:
         if layout == "rows" and tree.size:
             return self._verify_tree_as_rows(root, tree)
         ids = torch.tensor([[root, *tree.tokens]], dtype=torch.long)
-        kwargs: dict = {"position_ids": position_ids(tree, self.length).to(self.device)}
+        positions = torch.tensor([block_positions(tree, self.length)], dtype=torch.long)
+        kwargs: dict = {"position_ids": positions.to(self.device)}
         if tree.size:
-            kwargs["attention_mask"] = attention_mask(tree, self.length, self.dtype).to(self.device)
+            kwargs["attention_mask"] = self._tree_mask(tree, positions)
         return self._forward(ids, **kwargs)
+
+    def _tree_mask(self, tree: DraftTree, positions: torch.Tensor):
+        """The block's mask over the cache and the tree (per layer type for sliding windows)."""
+        visible = block_visibility(tree, self.length)
+        sliding = None
+        if self.window:
+            keys = torch.cat([torch.arange(self.length)[None], positions], dim=1)
+            sliding = additive_mask(within_window(visible, positions, keys, self.window)[:, None], self.dtype).to(self.device)
+        return mask_argument(self.model.config, additive_mask(visible[:, None], self.dtype).to(self.device), sliding)
 
     def _verify_tree_as_rows(self, root: int, tree: DraftTree) -> torch.Tensor:
         paths = root_to_leaf_paths(tree)

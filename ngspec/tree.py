@@ -1,4 +1,4 @@
-"""Pure tree maths for verification: depths, visibility, attention mask, position ids, paths, and
+"""Pure tree maths for verification: depths, visibility, masks, positions, paths, and
 how many nodes pay for their verify cost (`most_paying`; for a batch, `joint_width` when its rows
 are padded to one width, `packed_sizes` when they are packed back to back).
 
@@ -82,26 +82,19 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.masked_fill_(~visible, torch.finfo(dtype).min)
 
 
-def attention_mask(tree: DraftTree, past_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive float mask ``[1, 1, n+1, past_len + n+1]``: 0 where visible, dtype-min elsewhere.
-
-    Float rather than bool because eager attention adds the mask to the scores.
-    """
+def block_visibility(tree: DraftTree, past_len: int) -> torch.Tensor:
+    """Bool ``[1, n+1, past_len + n+1]``: what each block index sees of ``past_len`` cached
+    positions (all of them) and of the block (`visibility`)."""
     vis = visibility(tree)
     n = vis.shape[0]
-    full = torch.ones(n, past_len + n, dtype=torch.bool)
-    full[:, past_len:] = vis
-    return additive_mask(full, dtype)[None, None]
+    visible = torch.ones(1, n, past_len + n, dtype=torch.bool)
+    visible[0, :, past_len:] = vis
+    return visible
 
 
 def block_positions(tree: DraftTree, past_len: int) -> list[int]:
     """Position of every block index: tokens already cached plus depth (root has depth 0)."""
     return [past_len] + [past_len + d for d in depths(tree)]
-
-
-def position_ids(tree: DraftTree, past_len: int) -> torch.Tensor:
-    """`block_positions` as a ``[1, n+1]`` tensor."""
-    return torch.tensor([block_positions(tree, past_len)], dtype=torch.long)
 
 
 def root_to_leaf_paths(tree: DraftTree) -> list[list[int]]:

@@ -429,7 +429,7 @@ def test_folded_grouped_query_attention_is_the_attention_of_repeated_keys():
     visible = torch.rand(rows, 1, q, keys) > 0.3
     visible[..., 0] = True
     mask = additive_mask(visible, torch.float32)
-    out, _ = folded_gqa_attention(None, query, key, value, mask, scaling=0.3, folded_mask=fold_mask(mask, heads // kv_heads))
+    out, _ = folded_gqa_attention(None, query, key, value, mask, scaling=0.3, folded_masks={id(mask): fold_mask(mask, heads // kv_heads)})
     repeated = torch.nn.functional.scaled_dot_product_attention(
         query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), attn_mask=mask, scale=0.3,
     )

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ngspec.contracts import DraftTree, table_cost
-from ngspec.tree import attention_mask, batch_blocks, children, depths, joint_width, packed_sizes, position_ids, root_to_leaf_paths, visibility
+from ngspec.tree import additive_mask, batch_blocks, block_positions, block_visibility, children, depths, joint_width, packed_sizes, root_to_leaf_paths, visibility
 
 # root -> a(0) -> b(1)
 #      -> a(0) -> c(2)
@@ -31,13 +31,13 @@ def test_visibility_hand_worked():
 
 
 def test_mask_and_positions_with_past():
-    mask = attention_mask(TREE, past_len=3, dtype=torch.float32)
+    mask = additive_mask(block_visibility(TREE, past_len=3)[:, None], torch.float32)
     assert mask.shape == (1, 1, 5, 8)
     assert torch.all(mask[0, 0, :, :3] == 0)  # the cached prefix is visible to every node
     visible = mask[0, 0, :, 3:] == 0
     assert torch.equal(visible, visibility(TREE))
     assert mask[0, 0, 2, 6].item() == torch.finfo(torch.float32).min
-    assert position_ids(TREE, 3).tolist() == [[3, 4, 5, 5, 4]]
+    assert block_positions(TREE, 3) == [3, 4, 5, 5, 4]
 
 
 def test_batch_blocks_pad_every_row_to_the_widest_tree():
@@ -45,7 +45,7 @@ def test_batch_blocks_pad_every_row_to_the_widest_tree():
     ids, positions, visible = batch_blocks([5, 6, 9], [TREE, chain, DraftTree()], [3, 10, 1])
     assert ids.tolist() == [[5, 10, 11, 12, 13], [6, 7, 8, 6, 6], [9, 9, 9, 9, 9]]
     # each row's own block as a single row would verify it; padding one past the root
-    assert positions[0].tolist() == position_ids(TREE, 3)[0].tolist()
+    assert positions[0].tolist() == block_positions(TREE, 3)
     assert positions[1].tolist() == [10, 11, 12, 11, 11] and positions[2].tolist() == [1, 2, 2, 2, 2]
     assert torch.equal(visible[0], visibility(TREE))
     assert torch.equal(visible[1, :3, :3], visibility(chain)) and not visible[1, :3, 3:].any()

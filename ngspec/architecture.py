@@ -1,0 +1,76 @@
+"""What a model's attention must offer the engine, and the sliding-window masks some families need.
+
+The engine verifies a draft tree in one forward: explicit position ids, its own 4D mask, and a KV
+cache it can cut back when drafts are rejected. A model is refused, with one clear message, when
+its attention cannot take that: ALiBi models place tokens by cache index rather than position
+(BLOOM, MPT, Falcon with ``alibi``), recurrent and linear-attention layers keep a state that a
+rejected draft cannot be taken back from (Mamba, Jamba, Qwen3-Next), and chunked attention
+(Llama 4) needs masks the engine does not build.
+
+Sliding-window layers (Mistral v0.1, Phi-3-mini-4k, Gemma 2 and 3, Qwen2 with its window on)
+attend only to the last ``sliding_window`` positions. transformers keeps only those in a sliding
+layer's cache, which a verification block cannot use: a rejected draft would already have pushed
+out entries the next step needs. So every layer keeps its whole history (`ngspec.kv.make_cache`;
+memory as for full attention), and sliding layers get a mask that also hides the keys more than
+the window back, counted in positions, not cache slots (a batch's slots hold padding and holes):
+key j is visible from query i when ``pos(j) > pos(i) - window``, as in transformers'
+``sliding_window_overlay``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from ngspec.errors import NgspecError
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def check_architecture(model: PreTrainedModel) -> None:
+    """Raise `NgspecError` naming why ``model``'s attention cannot verify draft trees, if it cannot."""
+    config = model.config
+    name = type(model).__name__
+    if "position_ids" not in inspect.signature(type(model).forward).parameters or getattr(config, "alibi", False):
+        raise NgspecError(
+            f"{name} does not take position ids (ALiBi or recurrent), so a draft tree cannot be verified in one "
+            "forward: ngspec supports models with rotary or learned positions (Llama, Qwen, Mistral, Gemma, Phi, GPT-2, ...)"
+        )
+    other = sorted(set(getattr(config, "layer_types", None) or ()) - set(LAYER_TYPES))
+    if other:
+        raise NgspecError(
+            f"{name} has {', '.join(other)} layers: ngspec verifies drafts through full and sliding-window attention "
+            "only (a recurrent state cannot be taken back from a rejected draft; chunked masks are not built)"
+        )
+    layers = {type(layer).__name__ for layer in DynamicCache(config=config).layers if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer)}
+    if layers:
+        raise NgspecError(f"{name}'s cache has {', '.join(sorted(layers))} layers, which ngspec cannot cut back after a rejected draft")
+
+
+def sliding_window(config) -> int | None:
+    """The window of the model's sliding-window layers, or None when every layer sees all."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window or (types is not None and "sliding_attention" not in types):
+        return None
+    return int(window)
+
+
+def mask_argument(config, full: torch.Tensor, sliding: torch.Tensor | None):
+    """The ``attention_mask`` a forward takes: ``full`` alone, or with ``sliding`` for the sliding
+    layers, one per layer type where the model names its layers' types (Gemma, Qwen2), else the
+    sliding one for every layer (Mistral, Phi-3)."""
+    if sliding is None:
+        return full
+    if getattr(config, "layer_types", None) is None:
+        return sliding
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
+def within_window(visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """``visible [rows, q, keys]`` also hiding keys ``window`` or more positions before their
+    query; positions ``[rows, q]`` and ``[rows, keys]``."""
+    return visible & (key_positions[:, None, :] > query_positions[:, :, None] - window)

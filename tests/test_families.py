@@ -1,0 +1,144 @@
+"""Model families other than Llama and Qwen2 against the oracle (transformers' plain greedy), on tiny
+random models: sliding-window attention (Mistral, Phi-3, Gemma 2 and 3, Qwen2 with its window on)
+with prompts longer than the window, layers that do not pass keyword arguments on to attention
+(StableLM), learned and partial rotary positions (GPT-2, Phi), models without grouped-query
+attention; and a clear refusal of the families whose attention a draft tree cannot be verified
+through (ALiBi, recurrent or chunked layers)."""
+
+import random
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from conftest import OracleDrafter, hf_greedy
+from ngspec.architecture import sliding_window
+from ngspec.batch import BatchConfig, generate_batch
+from ngspec.batch_target import BatchTarget
+from ngspec.decode import DecodeConfig, Stopper, generate
+from ngspec.errors import NgspecError
+from ngspec.target import TargetModel
+
+VOCAB = 96
+WINDOW = 8  # far shorter than the prompts, so every sliding layer hides most of the context
+
+SIZES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+FAMILIES = {  # name: (model_type, config overrides)
+    "mistral": ("mistral", dict(num_key_value_heads=2, sliding_window=WINDOW)),  # every layer slides
+    "phi3": ("phi3", dict(num_key_value_heads=2, sliding_window=WINDOW)),
+    "gemma2": ("gemma2", dict(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=64)),  # eager, soft-capped
+    "gemma3": ("gemma3_text", dict(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])),
+    "qwen2-window": ("qwen2", dict(num_key_value_heads=2, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
+    "qwen3": ("qwen3", dict(num_key_value_heads=2)),
+    "gemma": ("gemma", dict(num_key_value_heads=2, head_dim=16)),
+    "granite": ("granite", dict(num_key_value_heads=2)),  # scaled embeddings, residuals and logits
+    "phi": ("phi", dict()),  # partial rotary
+    "gpt2": ("gpt2", dict()),  # learned positions
+    "stablelm": ("stablelm", dict(num_key_value_heads=2)),  # its layers drop attention's keyword arguments
+    "gpt_neox": ("gpt_neox", dict()),
+    "opt": ("opt", dict(ffn_dim=128, word_embed_proj_dim=64)),
+}
+
+
+def family_model(name: str, seed: int = 1):
+    model_type, overrides = FAMILIES[name]
+    config = AutoConfig.for_model(model_type, **{**SIZES, **overrides})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)  # sharp logits: few near-ties
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request):
+    model = family_model(request.param)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(12, 60))] for _ in range(5)]
+    return request.param, model, prompts, [hf_greedy(model, p, 30) for p in prompts]
+
+
+def test_sliding_families_are_recognised():
+    assert sliding_window(family_model("mistral").config) == WINDOW
+    assert sliding_window(family_model("gemma3").config) == WINDOW
+    assert sliding_window(family_model("qwen2-window").config) == WINDOW
+    assert sliding_window(family_model("stablelm").config) is None
+    assert sliding_window(AutoConfig.for_model("qwen2", sliding_window=WINDOW, use_sliding_window=False)) is None
+
+
+def test_trees_match_plain_greedy(family):
+    name, model, prompts, expected = family
+    target = TargetModel(model)
+    for case, (prompt, want) in enumerate(zip(prompts, expected)):
+        got = generate(target, OracleDrafter(want, VOCAB, seed=case), prompt, DecodeConfig(max_new_tokens=30))
+        assert got.token_ids == want, f"{name} prompt {case}"
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_batched_rows_match_plain_greedy(family, layout):
+    name, model, prompts, expected = family
+    if layout == "packed" and model.config._attn_implementation == "eager":  # Gemma 2: soft-capped, eager
+        with pytest.raises(NgspecError, match="use --batch-layout padded"):
+            BatchTarget(model, packed=True)
+        return
+    results, _ = generate_batch(
+        model, prompts, lambda: OracleDrafter(expected[0] + expected[1], VOCAB, seed=3), DecodeConfig(max_new_tokens=30),
+        BatchConfig(3, 2, 0.0, layout=layout), lambda: Stopper(frozenset()),
+    )
+    for i, (result, want) in enumerate(zip(results, expected)):
+        assert result.error is None, f"{name} prompt {i}: {result.error}"
+        assert result.generation.token_ids == want, f"{name} prompt {i}"
+
+
+def test_folded_attention_folds_each_mask_once_a_step(monkeypatch):
+    """On a CPU a batch's tree steps fold grouped-query heads into the queries, with the step's
+    mask folded once, not once a layer (each layer's fold is what its attention would get
+    unfolded: the batched tests above check the outputs)."""
+    import ngspec.batch_target as module
+
+    folds, verifies = [], []
+    monkeypatch.setattr(module, "fold_mask", lambda mask, groups, fold=module.fold_mask: folds.append(1) or fold(mask, groups))
+    verify = module.BatchTarget.verify
+    monkeypatch.setattr(module.BatchTarget, "verify", lambda self, *a, **k: verifies.append(1) or verify(self, *a, **k))
+    model = family_model("mistral")  # two layers, one mask
+    assert BatchTarget(model).fold_groups == 2
+    prompts = [list(range(3, 40)), list(range(10, 30))]
+    want = hf_greedy(model, prompts[0], 20)
+    generate_batch(model, prompts, lambda: OracleDrafter(want, VOCAB), DecodeConfig(max_new_tokens=20), BatchConfig(2, 0, 0.0), lambda: Stopper(frozenset()))
+    assert folds and len(folds) <= len(verifies)
+
+
+def _refusal(model_type: str, **overrides) -> str:
+    config = AutoConfig.for_model(model_type, **{**SIZES, **overrides})
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with pytest.raises(NgspecError) as single:
+        TargetModel(model)
+    with pytest.raises(NgspecError) as batch:
+        BatchTarget(model)
+    assert str(single.value) == str(batch.value)
+    return str(single.value)
+
+
+def test_alibi_models_are_refused_clearly():
+    assert "position" in _refusal("bloom", n_embed=64, n_layer=2, n_head=4)
+    assert "position" in _refusal("falcon", num_key_value_heads=4, alibi=True)
+
+
+def test_recurrent_and_chunked_layers_are_refused_clearly():
+    assert "linear_attention" in _refusal("qwen3_next", num_key_value_heads=2, num_hidden_layers=4)
+    assert "chunked_attention" in _refusal("llama4_text", num_key_value_heads=2, num_hidden_layers=4)
+
+
+def test_generate_on_a_family_ngspec_cannot_verify_is_one_clear_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+    from ngspec.models import load_tokenizer
+
+    bloom = AutoModelForCausalLM.from_config(AutoConfig.for_model("bloom", **{**SIZES, "n_embed": 64, "n_layer": 2, "n_head": 4}))
+    bloom.save_pretrained(tmp_path / "bloom")
+    load_tokenizer().save_pretrained(tmp_path / "bloom")
+    (tmp_path / "p.txt").write_text("Say hello.")
+    result = CliRunner().invoke(app, ["generate", "-p", str(tmp_path / "p.txt"), "-n", "4", "--model", str(tmp_path / "bloom")])
+    assert result.exit_code == 1
+    assert "BloomForCausalLM does not take position ids" in result.stderr and "Traceback" not in result.output + result.stderr
