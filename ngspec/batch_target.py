@@ -158,7 +158,6 @@ def packed_attention(module, query, key, value, attention_mask, packed: PackedRo
     return out[None], None
 
 
-
 FOLDED_ATTENTION = "ngspec_folded_gqa"
 
 
@@ -180,7 +179,6 @@ def folded_gqa_attention(module, query, key, value, attention_mask, scaling=None
         mask = fold_mask(attention_mask, groups)
     out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
     return out.view(rows, heads, q, dim).transpose(1, 2), None
-
 
 
 def fold_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:

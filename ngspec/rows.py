@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from functools import partial
 from typing import Callable, Iterator
 
 import torch
@@ -55,15 +56,16 @@ def shared_prefix_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    shared_prefix: Cache | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention of ``query [k, heads, q, d]`` over the shared prefix plus each row's own keys.
 
-    ``key``/``value`` are the rows' own ``[k, kv_heads, q, d]``; the prefix is the committed cache
-    passed to the model's forward as ``shared_prefix``. Returns ``[k, q, heads, d]`` like transformers'
+    ``key``/``value`` are the rows' own ``[k, kv_heads, q, d]``; the prefix is the committed cache,
+    bound in for the forward (`forward_rows`). Returns ``[k, q, heads, d]`` like transformers'
     attention functions.
     """
-    prefix = kwargs["shared_prefix"].layers[module.layer_idx]
+    prefix = shared_prefix.layers[module.layer_idx]
     rows, heads, q, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
@@ -92,17 +94,14 @@ def shared_prefix_attention(
     return out.permute(1, 3, 0, 2, 4).reshape(rows, q, heads, dim), None
 
 
-AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)
-
-
 @contextmanager
-def attention_function(module: torch.nn.Module, name: str = ATTENTION_NAME, function: Callable | None = None) -> Iterator[None]:
-    """Route ``module``'s attention through the attention function registered as ``name`` (by
-    default `shared_prefix_attention`) for one forward; ``function``, when given, is registered
-    as ``name`` first: a forward's own data bound into it reaches attention even through layers
-    that do not pass keyword arguments on (StableLM's)."""
-    if function is not None:
-        AttentionInterface.register(name, function)
+def attention_function(module: torch.nn.Module, name: str, function: Callable) -> Iterator[None]:
+    """Route ``module``'s attention through ``function``, registered with transformers as ``name``,
+    for one forward. The forward's own data is bound into ``function`` (`functools.partial`), so
+    it reaches attention even through layers that do not pass keyword arguments on (StableLM's).
+    Afterwards the registry holds the bare function again: the bound data (a cache, the head's
+    pool rows) is not kept alive by it."""
+    AttentionInterface.register(name, function)
     config = module.config
     saved = config._attn_implementation
     config._attn_implementation = name
@@ -110,6 +109,7 @@ def attention_function(module: torch.nn.Module, name: str = ATTENTION_NAME, func
         yield
     finally:
         config._attn_implementation = saved
+        AttentionInterface.register(name, getattr(function, "func", function))
 
 
 def forward_rows(model: PreTrainedModel, prefix: Cache, ids: torch.Tensor, **kwargs):
@@ -122,14 +122,13 @@ def forward_rows(model: PreTrainedModel, prefix: Cache, ids: torch.Tensor, **kwa
     block = RowBlockCache(prefix, len(prefix.layers))
     dtype = next(model.parameters()).dtype
     unused_mask = torch.zeros(rows, 1, width, width, dtype=dtype, device=ids.device)
-    with attention_function(model):
+    with attention_function(model, ATTENTION_NAME, partial(shared_prefix_attention, shared_prefix=prefix)):
         out = model(
             input_ids=ids,
             position_ids=positions,
             attention_mask=unused_mask,  # 4D so that transformers builds none; causality is in the attention
             **cache_argument(model, block),
             use_cache=True,
-            shared_prefix=prefix,
             **kwargs,
         )
     return out, block

@@ -66,11 +66,17 @@ def test_sliding_families_are_recognised():
     assert sliding_window(AutoConfig.for_model("qwen2", sliding_window=WINDOW, use_sliding_window=False)) is None
 
 
-def test_trees_match_plain_greedy(family):
+@pytest.mark.parametrize("layout", ["tree", "rows"])
+def test_trees_match_plain_greedy(family, layout):
     name, model, prompts, expected = family
     target = TargetModel(model)
+    cfg = DecodeConfig(max_new_tokens=30, verify=layout)
+    if layout == "rows" and sliding_window(model.config):
+        with pytest.raises(NgspecError, match="use tree verification"):
+            generate(target, OracleDrafter(expected[0], VOCAB), prompts[0], cfg)
+        return
     for case, (prompt, want) in enumerate(zip(prompts, expected)):
-        got = generate(target, OracleDrafter(want, VOCAB, seed=case), prompt, DecodeConfig(max_new_tokens=30))
+        got = generate(target, OracleDrafter(want, VOCAB, seed=case), prompt, cfg)
         assert got.token_ids == want, f"{name} prompt {case}"
 
 

@@ -65,3 +65,16 @@ def test_discard_after_tree_verify_restores_the_cache(tiny):
     target.discard()
     again = target.verify(prompt[-1], DraftTree.chain([7, 8, 9]))
     torch.testing.assert_close(first, again)
+
+
+def test_the_attention_registry_keeps_nothing_of_a_forward(tiny):
+    """Row verification binds the committed cache into its attention function for one forward;
+    afterwards transformers' registry holds the bare function, not a reference to that cache."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from ngspec import rows
+
+    target = TargetModel(tiny)
+    target.prefill([1, 2, 3, 4])
+    target.verify(5, DraftTree((6, 7, 8), (-1, 0, -1)), layout="rows")
+    assert ALL_ATTENTION_FUNCTIONS[rows.ATTENTION_NAME] is rows.shared_prefix_attention

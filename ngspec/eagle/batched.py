@@ -17,11 +17,11 @@ the tree is drafted).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Generator, Sequence
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.eagle.pool import PoolRow, pooled_attention
@@ -60,16 +60,12 @@ class HeadCall:
 Drafting = Generator["HeadCall | TopCall", object, DraftTree]
 
 
-def head_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention of every call's pairs over its row's cache (`pooled_attention`):
-    ``kwargs['head_rows']`` holds the calls, whose pairs ``query [1, heads, M, d]`` holds one call
-    after another."""
-    calls = kwargs["head_rows"]
+def head_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, calls: Sequence[HeadCall] = (), **kwargs):
+    """Attention of every call's pairs over its row's cache (`pooled_attention`): ``calls``,
+    bound in for the forward, whose pairs ``query [1, heads, M, d]`` holds one call after
+    another."""
     assert all(c.block is not None or c.seen == c.cache.length for c in calls), "a causal call sees its row's whole cache"
     return pooled_attention([c.cache for c in calls], [c.seen for c in calls], [c.visible() for c in calls], query, key, value, scaling), None
-
-
-AttentionInterface.register(ATTENTION_NAME, head_attention)
 
 
 @torch.inference_mode()
@@ -83,8 +79,8 @@ def run_calls(calls: Sequence[HeadCall]) -> list[torch.Tensor]:
         embed, [t for c in calls for t in c.tokens], torch.cat([c.features for c in calls]),
         [p for c in calls for p in c.positions], param,
     )
-    with attention_function(head, ATTENTION_NAME):
-        out = head(embeds, features, positions, None, None, head_rows=calls)[0]
+    with attention_function(head, ATTENTION_NAME, partial(head_attention, calls=calls)):
+        out = head(embeds, features, positions, None, None)[0]
     return list(out.split([len(c.tokens) for c in calls]))
 
 
