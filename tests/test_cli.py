@@ -161,7 +161,7 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["generate", "-p", "{prompt}", "-d", "eagle+search"], "need --eagle-head"),
         (["generate", "-p", "{prompt}", "--k", "1,2"], "takes one number here"),
         (["generate", "-p", "{prompt}", "--batch-size", "0"], "--batch-size must be at least 1"),
-        (["generate", "-p", "{prompt}", "--batch-size", "2", "--check"], "without --check"),
+        (["generate", "-p", "{prompt}", "--batch-size", "2", "--verify", "rows"], "use --verify tree"),
         (["generate", "-p", "{prompt}", "--rearrange-every", "-1"], "--rearrange-every"),
         (["generate", "-p", "{prompt}", "--rearrange-min-share", "1.5"], "--rearrange-min-share must be in [0, 1)"),
         (["generate", "-p", "{prompt}", "--batch-layout", "ragged"], "--batch-layout must be one of padded, packed"),
@@ -245,9 +245,12 @@ def test_batched_generate_matches_one_at_a_time_and_a_long_prompt_fails_alone(tm
     assert rows_alone[-1]["batch"]["rearrange_min_share"] == 0.0
     assert rows_alone[-1]["batch"]["rearrangements"] == rows_alone[-1]["batch"]["steps"]  # every step, whatever it frees
     assert {r["id"]: r.get("token_ids") for r in rows_alone if "id" in r} == {r["id"]: r.get("token_ids") for r in lines if "id" in r}
-    packed = invoke("generate", "-p", prompts, "-d", "trie", "-n", 16, "--batch-size", 2, "--json", "--batch-layout", "packed")
+    packed = invoke("generate", "-p", prompts, "-d", "trie", "-n", 16, "--batch-size", 2, "--json", "--batch-layout", "packed", "--check")
     packed_rows = [json.loads(x) for x in packed.stdout.strip().splitlines()]
     assert lines[-1]["batch"]["layout"] == "padded" and packed_rows[-1]["batch"]["layout"] == "packed"
+    # --check in a batch: every finished row against its own plain greedy decoding
+    assert [r["greedy_check"]["exact_match"] for r in packed_rows if "token_ids" in r] == [True, True]
+    assert packed_rows[-1]["batch"]["identical_to_plain_greedy"] == 2
     assert {r["id"]: r.get("token_ids") for r in packed_rows if "id" in r} == {r["id"]: r.get("token_ids") for r in lines if "id" in r}
     for pid in ("a", "b"):
         single = tmp_path / f"{pid}.txt"

@@ -86,10 +86,25 @@ def _search_summary(stats: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
-def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json_out: bool) -> None:
+def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json_out: bool, check: bool) -> None:
     """Batched generation: each prompt's text and record as it finishes, then the batch summary;
-    prompts that cannot run fail alone (exit code 1 at the end)."""
-    failed = []
+    prompts that cannot run fail alone (exit code 1 at the end). With ``check``, every row is
+    compared with its own plain greedy decoding once the batch is done (outside its timing), and
+    the records follow then."""
+    from ngspec.check import check_against_greedy
+
+    failed, checked = [], []
+
+    def show(record: dict) -> None:
+        if json_out:
+            render.json_line(record)
+            return
+        render.console.rule(f"prompt {record['id']}")
+        render.console.print(record["text"], markup=False, highlight=False)
+        identical = "" if "greedy_check" not in record else ", identical to plain greedy" if record["greedy_check"]["exact_match"] else (
+            f", NOT identical to plain greedy from token {record['greedy_check']['first_mismatch']} (top-2 margin {record['greedy_check']['near_tie_margin']:.4g})"
+        )
+        render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}{identical}")
 
     def on_finish(result: BatchResult) -> None:
         prompt = prompts[result.index]
@@ -102,14 +117,15 @@ def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json
             return
         gen = result.generation
         record = result_record(prompt.id, len(ids[result.index]), engine.detokenize(gen.token_ids), gen, drafter)
-        if json_out:
-            render.json_line(record)
-            return
-        render.console.rule(f"prompt {prompt.id}")
-        render.console.print(record["text"], markup=False, highlight=False)
-        render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}")
+        if check:
+            checked.append((result.index, record))
+        else:
+            show(record)
 
     results, report = engine.run_batch(ids, new_drafter, cfg, batch, on_finish)
+    for index, record in checked:
+        record["greedy_check"] = check_against_greedy(engine, ids[index], results[index].generation.token_ids, cfg).as_dict()
+        show(record)
     done = [r.generation for r in results if r.generation is not None]
     calls = sum(g.stats.verify_calls for g in done)
     summary = {
@@ -117,6 +133,8 @@ def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json
         "joint_sizing": batch.joint_sizing, "layout": batch.layout, "prompts": len(prompts), "failed": len(failed),
         "mean_tokens_per_call": sum(len(g.token_ids) for g in done) / calls if calls else 0.0, **report.as_dict(),
     }
+    if check:
+        summary["identical_to_plain_greedy"] = sum(r["greedy_check"]["exact_match"] for _, r in checked)
     if json_out:
         render.json_line({"batch": summary})
     else:
@@ -135,6 +153,7 @@ def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json
                 ("cache entries freed (rows x slots)", str(summary["freed_entries"])),
                 ("mean share of cache slots that are holes", f"{100 * summary['mean_hole_share']:.0f}%"),
                 ("peak cache slots per row", str(summary["peak_cache_slots"])),
+                *([("rows identical to plain greedy", f"{summary['identical_to_plain_greedy']} of {len(checked)}")] if check else []),
             ],
         )
     if failed:
@@ -161,7 +180,7 @@ def generate_command(
     rearrange_min_share: Annotated[Optional[float], typer.Option("--rearrange-min-share", help="Compact only when that frees at least this share of the cache's slots (compaction copies the whole cache); 0 = at every check. [default: 0.2, measured on CPU]")] = None,
     batch_layout: Annotated[str, typer.Option("--batch-layout", help="With --batch-size > 1: padded (every row's tree padded to the widest, one width chosen for all) or packed (rows back to back, each row keeps the nodes that pay for their share of the step; lost to padded on a two-core CPU, BENCHMARKS.md 10n).")] = "padded",
     rows_alone: Annotated[bool, typer.Option("--size-rows-alone", help="With --batch-size > 1: each row sizes its draft tree by itself. Default: one width for the whole batch, chosen from every row's estimates (one forward pays for the widest tree).")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16).")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16). In a batch every row is checked after the batch (its timing excludes the checks).")] = False,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
@@ -186,8 +205,8 @@ def generate_command(
     every = BatchConfig.rearrange_every if rearrange_every is None else rearrange_every
     min_share = BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share
     batch = BatchConfig(batch_size, every, min_share, joint_sizing=not rows_alone, layout=batch_layout)
-    if batch_size > 1 and (check or verify != "tree"):
-        raise NgspecError("--batch-size > 1 works with --verify tree and without --check (use --check on single prompts)")
+    if batch_size > 1 and verify != "tree":
+        raise NgspecError("--batch-size > 1 verifies trees: use --verify tree (rows are for one prompt at a time)")
     prompts = load_prompts(prompt_file)
     engine = load_engine(model, device, dtype, profile)
     res = drafting.resources(engine, [drafter])
@@ -196,7 +215,7 @@ def generate_command(
     if batch_size > 1:
         ids = [encode(tokenizer, p.text, raw) for p in prompts]
         opts = rows_options(opts, k, w, engine.profile, max(map(len, ids)), engine.target.device.type)
-        _run_batch(engine, prompts, ids, lambda: make_drafter(drafter, opts, res.tables, res.eagle, res.datastore, calibration), fit_rows(cfg, drafter, opts), batch, drafter, json_out)
+        _run_batch(engine, prompts, ids, lambda: make_drafter(drafter, opts, res.tables, res.eagle, res.datastore, calibration), fit_rows(cfg, drafter, opts), batch, drafter, json_out, check)
         return
     for prompt in prompts:
         ids = encode(tokenizer, prompt.text, raw)
