@@ -29,7 +29,9 @@ FAMILIES = {  # name: (model_type, config overrides)
     "gemma2": ("gemma2", dict(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=64)),  # eager, soft-capped
     "gemma3": ("gemma3_text", dict(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])),
     "qwen2-window": ("qwen2", dict(num_key_value_heads=2, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
+    "cohere2": ("cohere2", dict(num_key_value_heads=2, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])),
     "qwen3": ("qwen3", dict(num_key_value_heads=2)),
+    "mixtral": ("mixtral", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),  # experts routed per token
     "gemma": ("gemma", dict(num_key_value_heads=2, head_dim=16)),
     "granite": ("granite", dict(num_key_value_heads=2)),  # scaled embeddings, residuals and logits
     "phi": ("phi", dict()),  # partial rotary
