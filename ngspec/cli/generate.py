@@ -61,6 +61,15 @@ def _check_rows(check: dict | None) -> list[tuple[str, str]]:
     ]
 
 
+def _check_note(check: dict | None) -> str:
+    """A batch row's check, as the end of its one-line summary."""
+    if check is None:
+        return ""
+    if check["exact_match"]:
+        return ", identical to plain greedy"
+    return f", NOT identical to plain greedy from token {check['first_mismatch']} (top-2 logit margin there {check['near_tie_margin']:.4g})"
+
+
 def _rows_summary(stats: dict | None, opts: DrafterOptions | None) -> list[tuple[str, str]]:
     if not stats or opts is None:
         return []
@@ -101,10 +110,7 @@ def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json
             return
         render.console.rule(f"prompt {record['id']}")
         render.console.print(record["text"], markup=False, highlight=False)
-        identical = "" if "greedy_check" not in record else ", identical to plain greedy" if record["greedy_check"]["exact_match"] else (
-            f", NOT identical to plain greedy from token {record['greedy_check']['first_mismatch']} (top-2 margin {record['greedy_check']['near_tie_margin']:.4g})"
-        )
-        render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}{identical}")
+        render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}{_check_note(record.get('greedy_check'))}")
 
     def on_finish(result: BatchResult) -> None:
         prompt = prompts[result.index]
