@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from conftest import OracleDrafter, hf_greedy
+from conftest import OracleDrafter, hf_greedy, started_head
 from ngspec.architecture import sliding_window
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.batch_target import BatchTarget
@@ -96,6 +96,27 @@ def test_batched_rows_match_plain_greedy(family, layout):
     for i, (result, want) in enumerate(zip(results, expected)):
         assert result.error is None, f"{name} prompt {i}: {result.error}"
         assert result.generation.token_ids == want, f"{name} prompt {i}"
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3", "gpt2", "mistral"])
+def test_an_eagle_head_started_for_the_family_drafts_losslessly(name):
+    """train-eagle's start (`init_from_target`) on layers unlike Llama's (Phi-3's fused
+    projections, GPT-2's blocks, Gemma's norms), and `eagle+search` on the family at batch 1 and
+    in a batch."""
+    from ngspec.drafters import DrafterOptions, make_drafter
+    from ngspec.drafters.eagle import EagleOptions, eagle_factory
+
+    model = family_model(name)
+    factory = eagle_factory(model, started_head(model), EagleOptions(top_k=3, depth=3, total_tokens=8))
+    opts = DrafterOptions(search_depth=6, deepen=True)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(12, 50))] * 2 for _ in range(3)]  # repeats: the search finds matches
+    expected = [hf_greedy(model, p, 24) for p in prompts]
+    cfg = DecodeConfig(max_new_tokens=24)
+    target = TargetModel(model)
+    assert [generate(target, make_drafter("eagle+search", opts, None, factory, None), p, cfg).token_ids for p in prompts] == expected
+    results, _ = generate_batch(model, prompts, lambda: make_drafter("eagle+search", opts, None, factory, None), cfg, BatchConfig(2), lambda: Stopper(frozenset()))
+    assert [r.generation.token_ids for r in results] == expected
 
 
 def test_folded_attention_folds_each_mask_once_a_step(monkeypatch):

@@ -92,12 +92,23 @@ def attention_keys_values(attn: nn.Module, x: torch.Tensor, position_embeddings:
     return apply_rotary_pos_emb(keys, keys, cos, sin)[1], values
 
 
+def last_layer(target: PreTrainedModel) -> nn.Module | None:
+    """``target``'s last decoder layer (``layers``, GPT-2's ``h``), or None if it has no list of them."""
+    decoder = target.get_decoder()
+    for name in ("layers", "h", "blocks"):
+        layers = getattr(decoder, name, None)
+        if isinstance(layers, nn.ModuleList) and len(layers):
+            return layers[-1]
+    return None
+
+
 def head_config_for(target: PreTrainedModel) -> LlamaConfig:
     """A head shaped like one layer of ``target`` (same hidden size, heads and vocabulary)."""
     tc = target.config
+    q_proj = getattr(getattr(last_layer(target), "self_attn", None), "q_proj", None)
     return LlamaConfig(
         hidden_size=tc.hidden_size,
-        intermediate_size=tc.intermediate_size,
+        intermediate_size=getattr(tc, "intermediate_size", None) or 4 * tc.hidden_size,
         num_attention_heads=tc.num_attention_heads,
         num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
         head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
@@ -107,7 +118,7 @@ def head_config_for(target: PreTrainedModel) -> LlamaConfig:
         max_position_embeddings=getattr(tc, "max_position_embeddings", 2048),
         num_hidden_layers=1,
         tie_word_embeddings=False,
-        attention_bias=getattr(target.model.layers[-1].self_attn.q_proj, "bias", None) is not None,
+        attention_bias=getattr(q_proj, "bias", None) is not None,
     )
 
 
@@ -115,15 +126,23 @@ def init_from_target(head: EagleHead, target: PreTrainedModel) -> None:
     """Start training from something sensible: fc passes the feature through (plus a small random
     mix of the embedding) and the decoder layer copies the target's last layer with its output
     projections zeroed, so the untrained head predicts "the same feature again" and each branch
-    starts from weights that already read this model's features."""
-    last = target.model.layers[-1]
+    starts from weights that already read this model's features.
+
+    Only what the target names and shapes as Llama does is copied. The rest keeps its random
+    start (biases 0): Phi-3's fused projections, GPT-2's blocks, and Gemma's norms, which scale
+    by one plus their weight and sit elsewhere in the layer."""
+    last = last_layer(target)
     layer = head.layers[0]
     for name in ("self_attn", "mlp", "post_attention_layernorm"):
-        target_part = getattr(last, name).state_dict()
-        part = getattr(layer, name)
+        source = getattr(last, name, None)
+        gemma_norm = name.endswith("layernorm") and type(source).__name__.startswith("Gemma")
+        target_part = source.state_dict() if source is not None and not gemma_norm else {}
         with torch.no_grad():
-            for key, value in part.state_dict().items():  # e.g. Qwen2 has no o_proj bias: keep it 0
-                value.copy_(target_part[key]) if key in target_part else value.zero_()
+            for key, value in getattr(layer, name).state_dict().items():
+                if key in target_part and target_part[key].shape == value.shape:
+                    value.copy_(target_part[key])
+                elif key.endswith("bias"):  # e.g. Qwen2 has no o_proj bias
+                    value.zero_()
     hidden = head.config.hidden_size
     with torch.no_grad():
         layer.self_attn.o_proj.weight.zero_()
