@@ -235,3 +235,18 @@ def test_engine_sizes_drafts_from_a_profile_per_context(tmp_path, tiny):
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
     out = engine.run(prompt, make_drafter("trie"), DecodeConfig(max_new_tokens=20)).token_ids
     assert out == hf_greedy(tiny, prompt, 20)
+
+
+def test_a_sliding_window_model_is_timed_as_trees(tmp_path):
+    """Rows share one prefix cache, which sliding-window layers cannot: the default (both layouts)
+    times trees only and says so; asking for rows is one clear line."""
+    path = tmp_path / "slide" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**TINY, "model_type": "mistral", "sliding_window": 4, "vocab_size": 96}))
+    grid = ["--k", "1,2", "--w", "0,1", "--context", "8", "--repeats", 1]
+    result = invoke("profile-bound", "--shape", path, *grid, "--out", tmp_path / "o", "--json")
+    assert result.exit_code == 0, result.output
+    assert {t["layout"] for t in json.loads(result.stdout.strip().splitlines()[-1])["transitions"]} == {"tree"}
+    assert "timing the tree layout only" in result.stderr
+    rows = invoke("profile-bound", "--shape", path, *grid, "--layout", "rows", "--out", tmp_path / "r")
+    assert rows.exit_code == 1 and "use --layout tree" in rows.stderr

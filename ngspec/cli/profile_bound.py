@@ -122,7 +122,10 @@ def profile_bound_command(
     if longest > window:
         raise NgspecError(f"context {max(contexts)} plus a block of up to {longest - max(contexts)} tokens exceeds the model's window of {window}")
     if "rows" in layouts and not full_attention_only(net):
-        raise NgspecError(f"{name} has sliding-window layers; the rows layout needs full attention everywhere (use --layout tree)")
+        if layout == "rows":
+            raise NgspecError(f"{name} has sliding-window layers; the rows layout needs full attention everywhere (use --layout tree)")
+        layouts = ["tree"]
+        render.info(f"{name} has sliding-window layers: timing the tree layout only (rows need full attention everywhere)")
 
     cells = grid(layouts, contexts, ks, ws)
     render.info("measuring peak compute and bandwidth ...")
