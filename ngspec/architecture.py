@@ -5,7 +5,8 @@ cache it can cut back when drafts are rejected. A model is refused, with one cle
 its attention cannot take that: ALiBi models place tokens by cache index rather than position
 (BLOOM, MPT, Falcon with ``alibi``), recurrent and linear-attention layers keep a state that a
 rejected draft cannot be taken back from (Mamba, Jamba, Qwen3-Next), and chunked attention
-(Llama 4) needs masks the engine does not build.
+(Llama 4) needs masks the engine does not build. Rotary frequencies that switch with a forward's
+longest position (longrope) bound how deep a block may reach (`rope_switch`).
 
 Sliding-window layers (Mistral v0.1, Phi-3-mini-4k, Gemma 2 and 3, Qwen2 with its window on)
 attend only to the last ``sliding_window`` positions. transformers keeps only those in a sliding
@@ -57,6 +58,27 @@ def sliding_window(config) -> int | None:
     if not window or (types is not None and "sliding_attention" not in types):
         return None
     return int(window)
+
+
+def rope_switch(config) -> int | None:
+    """The position count at which the model's rotary frequencies switch for a whole forward, or
+    None. transformers' ``longrope`` (Phi-3 and Phi-4 with 128k contexts) uses its short factors
+    while a forward's longest position is within ``original_max_position_embeddings`` and its long
+    factors for every token of a forward that reaches past it. Plain decoding computes each
+    position by itself, so a block that straddles the switch would differ from it (by 0.04-0.06 in
+    the logits of a tiny model), and a batch would switch every row when its longest row does."""
+    params = getattr(config, "rope_parameters", None) or {}
+    sets = [params] if "rope_type" in params else [p for p in params.values() if isinstance(p, dict)]
+    switches = [int(p["original_max_position_embeddings"]) for p in sets if p.get("rope_type") == "longrope" and p.get("original_max_position_embeddings")]
+    return min(switches, default=None)
+
+
+def rope_depth(position: int, switch: int | None, limit: int) -> int:
+    """The deepest draft node (at most ``limit``) a block rooted at ``position`` may hold so that
+    it does not straddle the switch (`rope_switch`): the whole block before it, or all past it."""
+    if switch is None or position >= switch:
+        return limit
+    return min(limit, switch - 1 - position)
 
 
 def mask_argument(config, full: torch.Tensor, sliding: torch.Tensor | None):

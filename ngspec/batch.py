@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ngspec.architecture import rope_depth
 from ngspec.batch_target import BatchTarget
 from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
 from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token, check_prompt, out_of_room
@@ -112,6 +113,18 @@ class _Row:
     reason: str | None = None
 
 
+def check_rope_switch(prompt: Sequence[int], max_new_tokens: int, switch: int | None, batch_size: int) -> None:
+    """In a batch one forward's longest position decides every row's rotary frequencies where
+    they switch (longrope, `ngspec.architecture.rope_switch`), so a row that could reach the
+    switch would change the other rows' outputs: it is refused (and fails alone)."""
+    if switch is not None and batch_size > 1 and len(prompt) + max_new_tokens >= switch:
+        raise NgspecError(
+            f"this model switches its rotary frequencies for a whole forward at {switch} positions (longrope), so in a "
+            f"batch every row must stay below that: {len(prompt)} prompt tokens plus {max_new_tokens} new ones "
+            "could reach it; decode this prompt with --batch-size 1"
+        )
+
+
 def generate_batch(
     model,
     prompts: Sequence[Sequence[int]],
@@ -155,6 +168,7 @@ def generate_batch(
             prompt = list(prompts[index])
             try:
                 check_prompt(prompt, target.max_length)
+                check_rope_switch(prompt, cfg.max_new_tokens, target.rope_switch, batch.batch_size)
             except NgspecError as exc:
                 results[index] = BatchResult(index, error=str(exc))
                 if on_finish:
@@ -212,7 +226,10 @@ def generate_batch(
             proposed = propose_together([r.drafter for r in rows], contexts)
         else:
             proposed = [r.drafter.propose(c) for r, c in zip(rows, contexts)]
-        trees = [tree.truncated(ctx.max_nodes, max_depth=ctx.max_nodes) for tree, ctx in zip(proposed, contexts)]
+        trees = [
+            tree.truncated(ctx.max_nodes, max_depth=rope_depth(target.lengths[b], target.rope_switch, ctx.max_nodes))
+            for b, (tree, ctx) in enumerate(zip(proposed, contexts))
+        ]
         draft_s = [(time.perf_counter() - t0) / len(rows)] * len(rows)  # drafting is shared: each row's share
         # size the rows' trees together: packed, each row by what its nodes gain against the
         # batch's total; padded, one width that every row pays for

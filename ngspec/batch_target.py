@@ -37,7 +37,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ngspec.architecture import mask_argument, sliding_window, within_window
+from ngspec.architecture import mask_argument, rope_switch, sliding_window, within_window
 from ngspec.contracts import DraftTree, table_cost
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, make_cache, replace_entries, truncate
@@ -247,6 +247,7 @@ class BatchTarget:
         fold = self.device.type == "cpu" and os.environ.get("NGSPEC_FOLD_GQA", "1") != "0" and config._attn_implementation == "sdpa"
         self.fold_groups = heads // kv_heads if fold and heads % kv_heads == 0 else 1
         self.window = sliding_window(config)  # of sliding-window layers, if any
+        self.rope_switch = rope_switch(config)  # where longrope frequencies switch, if they do
         self.keep_features = False
         self.feature_layers: tuple[int, ...] | None = None
         self.cache: DynamicCache | None = None

@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ngspec.architecture import rope_depth
 from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats, table_cost
 from ngspec.errors import NgspecError
 from ngspec.perf.online import StepTimes
@@ -145,7 +146,8 @@ def generate(
         table = target.verify_cost()
         costs = times.corrected(table) if cfg.learn_costs else table
         ctx = DraftContext(prompt + out, len(prompt), min(cfg.max_draft_nodes, window), costs, features, step_seconds=times.plain_seconds)
-        tree = drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=budget - 1)
+        depth = rope_depth(target.length, target.rope_switch, budget - 1)
+        tree = drafter.propose(ctx).truncated(ctx.max_nodes, max_depth=depth)
         t1 = time.perf_counter()
         draft_s = t1 - t0
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ngspec.architecture import check_architecture, mask_argument, sliding_window, within_window
+from ngspec.architecture import check_architecture, mask_argument, rope_switch, sliding_window, within_window
 from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, keep_block, make_cache, truncate
@@ -93,6 +93,7 @@ class TargetModel:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
         self.window = sliding_window(model.config)  # of sliding-window layers, if any
+        self.rope_switch = rope_switch(model.config)  # where longrope frequencies switch, if they do
         self.cache: DynamicCache | None = None
         self._row_block: RowBlockCache | None = None
         self._rows_paths: list[list[int]] | None = None  # set while a tree verified as rows awaits commit

@@ -171,3 +171,66 @@ def test_generate_on_a_family_ngspec_cannot_verify_is_one_clear_line(tmp_path):
     result = CliRunner().invoke(app, ["generate", "-p", str(tmp_path / "p.txt"), "-n", "4", "--model", str(tmp_path / "bloom")])
     assert result.exit_code == 1
     assert "BloomForCausalLM does not take position ids" in result.stderr and "Traceback" not in result.output + result.stderr
+
+
+SWITCH = 40  # longrope's original_max_position_embeddings: short factors within it, long past it
+
+
+def longrope_model():
+    head_half = 8  # rotary factors per half head (head size 16)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * head_half,
+            "long_factor": [4.0 + i for i in range(head_half)], "original_max_position_embeddings": SWITCH, "factor": 4.0}
+    config = AutoConfig.for_model("llama", **{**SIZES, "num_key_value_heads": 2, "rope_parameters": rope})
+    torch.manual_seed(1)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def plain_logits(model, prompt, tokens):
+    """Logits at each of ``tokens`` fed one forward at a time after ``prompt`` (plain decoding)."""
+    from transformers import DynamicCache
+
+    from ngspec.kv import cache_argument
+
+    with torch.inference_mode():
+        cache = cache_argument(model, DynamicCache(config=model.config))
+        model(torch.tensor([prompt]), **cache)
+        return torch.stack([model(torch.tensor([[t]]), **cache).logits[0, -1] for t in tokens])
+
+
+def test_a_block_across_the_longrope_switch_is_what_plain_decoding_is_not():
+    """The premise of `rope_switch`: a block that straddles the switch gets long factors for every
+    token, plain decoding short ones before it; blocks on one side of it match plain decoding."""
+    from ngspec.architecture import rope_switch
+    from ngspec.contracts import DraftTree
+
+    model = longrope_model()
+    assert rope_switch(model.config) == SWITCH
+    prompt, chain = list(range(5, 41)), [50, 51, 52, 53, 54, 55]  # positions 36..42 straddle 40
+    target = TargetModel(model)
+    target.prefill(prompt)
+    across = target.verify(7, DraftTree.chain(chain))
+    assert (across - plain_logits(model, prompt, [7] + chain)).abs().max() > 1e-3
+    target.discard()
+    before = target.verify(7, DraftTree.chain(chain[:3]))  # positions 36..39
+    assert torch.allclose(before, plain_logits(model, prompt, [7] + chain[:3]), atol=1e-5)
+
+
+def test_blocks_never_straddle_the_longrope_switch_and_batches_keep_below_it(monkeypatch):
+    from ngspec.tree import depths
+
+    model = longrope_model()
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (20, 30, 36, 5)]
+    expected = [hf_greedy(model, p, 24) for p in prompts]
+    blocks = []  # (first, last) position of every verified block
+    verify = TargetModel.verify
+    monkeypatch.setattr(TargetModel, "verify", lambda self, root, tree, *a: blocks.append((self.length, self.length + max(depths(tree), default=0))) or verify(self, root, tree, *a))
+    target = TargetModel(model)
+    for case, (prompt, want) in enumerate(zip(prompts, expected)):
+        assert generate(target, OracleDrafter(want, VOCAB, seed=case), prompt, DecodeConfig(max_new_tokens=24)).token_ids == want
+    assert not [b for b in blocks if b[0] < SWITCH <= b[1]]
+    assert any(b[0] < SWITCH - 1 and b[1] == SWITCH - 1 for b in blocks)  # cut at the switch, not before
+    results, _ = generate_batch(model, prompts, lambda: OracleDrafter(expected[3], VOCAB), DecodeConfig(max_new_tokens=24), BatchConfig(2), lambda: Stopper(frozenset()))
+    assert [r.error is None for r in results] == [False, False, False, True]  # 20 + 24 reaches 40
+    assert "decode this prompt with --batch-size 1" in results[0].error
+    assert results[3].generation.token_ids == expected[3]
