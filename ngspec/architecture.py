@@ -5,7 +5,8 @@ cache it can cut back when drafts are rejected. A model is refused, with one cle
 its attention cannot take that: ALiBi models place tokens by cache index rather than position
 (BLOOM, MPT, Falcon with ``alibi``), recurrent and linear-attention layers keep a state that a
 rejected draft cannot be taken back from (Mamba, Jamba, Qwen3-Next), and chunked attention
-(Llama 4) needs masks the engine does not build. Rotary frequencies that switch with a forward's
+(Llama 4) needs masks the engine does not build; a model that numbers positions its own way
+(RoBERTa's start after the padding index) would see explicit positions differently. Rotary frequencies that switch with a forward's
 longest position (longrope) bound how deep a block may reach (`rope_switch`).
 
 Sliding-window layers (Mistral v0.1, Phi-3-mini-4k, Gemma 2 and 3, Qwen2 with its window on)
@@ -49,15 +50,30 @@ def check_architecture(model: PreTrainedModel) -> None:
     layers = {type(layer).__name__ for layer in DynamicCache(config=config).layers if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer)}
     if layers:
         raise NgspecError(f"{name}'s cache has {', '.join(sorted(layers))} layers, which ngspec cannot cut back after a rejected draft")
+    if _numbers_positions_its_own_way(model):
+        raise NgspecError(
+            f"{name} numbers positions its own way (RoBERTa-style models start after the padding index), so tokens "
+            "verified at explicit positions 0, 1, 2, ... would not match its plain decoding"
+        )
 
 
-def sliding_window(config) -> int | None:
-    """The window of the model's sliding-window layers, or None when every layer sees all."""
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if not window or (types is not None and "sliding_attention" not in types):
-        return None
-    return int(window)
+@torch.inference_mode()
+def _numbers_positions_its_own_way(model: PreTrainedModel) -> bool:
+    """Whether six tokens given no position ids come out other than with positions 0-5 (two
+    forwards of six tokens: cheap next to loading the model)."""
+    device = next(model.parameters()).device
+    ids = (torch.arange(1, 7, device=device) % model.config.vocab_size)[None]
+    own = model(input_ids=ids, use_cache=False).logits
+    given = model(input_ids=ids, position_ids=torch.arange(6, device=device)[None], use_cache=False).logits
+    return not torch.allclose(own.float(), given.float(), rtol=1e-3, atol=1e-3)
+
+
+def sliding_window(model: PreTrainedModel) -> int | None:
+    """The window transformers' own cache gives the model's sliding layers, or None. That cache,
+    not the layers, decides what plain decoding sees: a config with a ``sliding_window`` makes
+    every layer a sliding one there, even a Llama's, whose own masks never slide."""
+    windows = {layer.sliding_window for layer in DynamicCache(config=model.config).layers if isinstance(layer, DynamicSlidingWindowLayer)}
+    return min(windows) if windows else None
 
 
 def rope_switch(config) -> int | None:

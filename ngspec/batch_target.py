@@ -172,13 +172,17 @@ def folded_gqa_attention(module, query, key, value, attention_mask, scaling=None
     (bench-out/v33/gqa_pack.py). transformers folds the same way itself at one query."""
     rows, heads, q, dim = query.shape
     kv_heads = key.shape[1]
+    if attention_mask.shape[1] != 1:  # a mask per head (Doge): attention as transformers runs it
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     groups = heads // kv_heads
     folded = query.reshape(rows, kv_heads, groups * q, dim)
     mask = (folded_masks or {}).get(id(attention_mask))
     if mask is None or mask.shape[2] != groups * q:
         mask = fold_mask(attention_mask, groups)
     out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
-    return out.view(rows, heads, q, dim).transpose(1, 2), None
+    # [rows, q, heads, d_v], contiguous as transformers' own attention returns it (AFMoE views it);
+    # values may be narrower than queries (multi-head latent attention)
+    return out.reshape(rows, heads, q, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 def fold_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
@@ -246,7 +250,7 @@ class BatchTarget:
         heads, kv_heads = getattr(config, "num_attention_heads", 1), getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", 1)
         fold = self.device.type == "cpu" and os.environ.get("NGSPEC_FOLD_GQA", "1") != "0" and config._attn_implementation == "sdpa"
         self.fold_groups = heads // kv_heads if fold and heads % kv_heads == 0 else 1
-        self.window = sliding_window(config)  # of sliding-window layers, if any
+        self.window = sliding_window(model)  # of sliding-window layers, if any
         self.rope_switch = rope_switch(config)  # where longrope frequencies switch, if they do
         self.keep_features = False
         self.feature_layers: tuple[int, ...] | None = None

@@ -132,10 +132,3 @@ def forward_rows(model: PreTrainedModel, prefix: Cache, ids: torch.Tensor, **kwa
             **kwargs,
         )
     return out, block
-
-
-def full_attention_only(model: PreTrainedModel) -> bool:
-    """Rows share the prefix only where every layer attends to the whole prefix."""
-    config = model.config
-    types = getattr(config, "layer_types", None) or []
-    return all(t == "full_attention" for t in types) and not getattr(config, "sliding_window", None)

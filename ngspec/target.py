@@ -21,7 +21,7 @@ from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, keep_block, make_cache, truncate
 from ngspec.cpu_linear import tune_linears
-from ngspec.rows import RowBlockCache, forward_rows, full_attention_only
+from ngspec.rows import RowBlockCache, forward_rows
 from ngspec.tree import additive_mask, block_positions, block_visibility, root_to_leaf_paths
 
 
@@ -78,7 +78,7 @@ def prepare_model(model: PreTrainedModel) -> tuple[PreTrainedModel, torch.device
     product for each row count on this CPU (`ngspec.cpu_linear`); on a GPU, keep attention off
     cuDNN (`decode_attention`). A model whose attention cannot verify trees is refused
     (`check_architecture`)."""
-    check_architecture(model)
+    check_architecture(model.eval())
     param = next(model.parameters())
     if param.device.type == "cpu":
         os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
@@ -92,7 +92,7 @@ class TargetModel:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
-        self.window = sliding_window(model.config)  # of sliding-window layers, if any
+        self.window = sliding_window(model)  # of sliding-window layers, if any
         self.rope_switch = rope_switch(model.config)  # where longrope frequencies switch, if they do
         self.cache: DynamicCache | None = None
         self._row_block: RowBlockCache | None = None
@@ -157,7 +157,7 @@ class TargetModel:
         ids = torch.tensor([[root, *tree.tokens]], dtype=torch.long)
         positions = torch.tensor([block_positions(tree, self.length)], dtype=torch.long)
         kwargs: dict = {"position_ids": positions.to(self.device)}
-        if tree.size:
+        if tree.size or self.window:  # a lone root: transformers' causal mask, unless layers slide
             kwargs["attention_mask"] = self._tree_mask(tree, positions)
         return self._forward(ids, **kwargs)
 
@@ -201,7 +201,7 @@ class TargetModel:
         """Logits ``[k, 1 + w, vocab]`` for k rows ``[root, *row]`` (rows padded to the longest
         one, which changes nothing before the padding), all continuing the committed cache."""
         assert self.cache is not None, "prefill first"
-        if not full_attention_only(self.model):
+        if self.window:
             raise NgspecError("row verification needs a model whose layers all use full attention; use tree verification")
         width = max((len(r) for r in rows), default=0)
         ids = torch.tensor([[root, *r, *[root] * (width - len(r))] for r in rows], dtype=torch.long)

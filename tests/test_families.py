@@ -16,6 +16,7 @@ from ngspec.architecture import sliding_window
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.batch_target import BatchTarget
 from ngspec.decode import DecodeConfig, Stopper, generate
+from ngspec.drafters import make_drafter
 from ngspec.errors import NgspecError
 from ngspec.target import TargetModel
 
@@ -61,11 +62,30 @@ def family(request):
 
 
 def test_sliding_families_are_recognised():
-    assert sliding_window(family_model("mistral").config) == WINDOW
-    assert sliding_window(family_model("gemma3").config) == WINDOW
-    assert sliding_window(family_model("qwen2-window").config) == WINDOW
-    assert sliding_window(family_model("stablelm").config) is None
-    assert sliding_window(AutoConfig.for_model("qwen2", sliding_window=WINDOW, use_sliding_window=False)) is None
+    assert sliding_window(family_model("mistral")) == WINDOW
+    assert sliding_window(family_model("gemma3")) == WINDOW
+    assert sliding_window(family_model("qwen2-window")) == WINDOW
+    assert sliding_window(family_model("stablelm")) is None
+    qwen2_off = AutoConfig.for_model("qwen2", **{**SIZES, "sliding_window": WINDOW, "use_sliding_window": False})
+    assert sliding_window(AutoModelForCausalLM.from_config(qwen2_off)) is None
+    mellum = AutoConfig.for_model("mellum", **{**SIZES, "sliding_window": WINDOW})  # a window, every layer full
+    assert sliding_window(AutoModelForCausalLM.from_config(mellum)) is None
+
+
+def test_a_window_in_a_llama_config_slides_as_in_transformers_own_decoding():
+    """A Llama config that carries a ``sliding_window`` gets sliding cache layers in transformers'
+    own decoding (its prompt attends fully, each later token to the window), though Llama's masks
+    never slide: the engine matches that, drafting or not."""
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **{**SIZES, "num_key_value_heads": 2, "sliding_window": WINDOW}))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    assert sliding_window(model) == WINDOW
+    target, rng = TargetModel(model.eval()), random.Random(6)
+    for case in range(4):
+        prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(20, 60))]
+        want = hf_greedy(model, prompt, 30)
+        for drafter in (OracleDrafter(want, VOCAB, seed=case), make_drafter("vanilla")):
+            assert generate(target, drafter, prompt, DecodeConfig(max_new_tokens=30)).token_ids == want, f"case {case}"
 
 
 @pytest.mark.parametrize("layout", ["tree", "rows"])
@@ -73,7 +93,7 @@ def test_trees_match_plain_greedy(family, layout):
     name, model, prompts, expected = family
     target = TargetModel(model)
     cfg = DecodeConfig(max_new_tokens=30, verify=layout)
-    if layout == "rows" and sliding_window(model.config):
+    if layout == "rows" and sliding_window(model):
         with pytest.raises(NgspecError, match="use tree verification"):
             generate(target, OracleDrafter(expected[0], VOCAB), prompts[0], cfg)
         return
@@ -151,6 +171,10 @@ def _refusal(model_type: str, **overrides) -> str:
 def test_alibi_models_are_refused_clearly():
     assert "position" in _refusal("bloom", n_embed=64, n_layer=2, n_head=4)
     assert "position" in _refusal("falcon", num_key_value_heads=4, alibi=True)
+
+
+def test_models_that_number_positions_their_own_way_are_refused_clearly():
+    assert "numbers positions its own way" in _refusal("xlm-roberta", is_decoder=True)
 
 
 def test_recurrent_and_chunked_layers_are_refused_clearly():

@@ -94,7 +94,7 @@ def profile_bound_command(
     from ngspec.perf.report import analyse, transitions, write_outputs
     from ngspec.perf.roofline import measure_peaks
     from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
-    from ngspec.rows import full_attention_only
+    from ngspec.architecture import sliding_window
     from ngspec.target import TargetModel
 
     layouts = list(LAYOUTS) if layout == "both" else [layout]
@@ -121,7 +121,7 @@ def profile_bound_command(
     longest = max(contexts) + max(max(ks) * (max(ws) + 1), 1 + max(ks) * max(ws))
     if longest > window:
         raise NgspecError(f"context {max(contexts)} plus a block of up to {longest - max(contexts)} tokens exceeds the model's window of {window}")
-    if "rows" in layouts and not full_attention_only(net):
+    if "rows" in layouts and sliding_window(net):
         if layout == "rows":
             raise NgspecError(f"{name} has sliding-window layers; the rows layout needs full attention everywhere (use --layout tree)")
         layouts = ["tree"]

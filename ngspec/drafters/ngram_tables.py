@@ -32,9 +32,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from ngspec.architecture import sliding_window
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, make_cache
-from ngspec.rows import forward_rows, full_attention_only
+from ngspec.rows import forward_rows
 
 TABLE_FORMAT = 1
 TOP_K = 16  # bigram continuations kept per token
@@ -114,7 +115,7 @@ def bigram_topk(
     top_k = min(top_k, vocab)
     table = np.zeros((vocab, top_k), dtype=np.int64)
     prefix = None
-    if anchor and full_attention_only(model):  # the anchor's cache is computed once and shared
+    if anchor and sliding_window(model) is None:  # the anchor's cache is computed once and shared
         prefix = make_cache(model.config, capacity=len(anchor))
         model(input_ids=torch.tensor([list(anchor)], device=device), **cache_argument(model, prefix), use_cache=True)
     for start in range(0, vocab, batch_size):
