@@ -62,7 +62,7 @@ def _numbers_positions_its_own_way(model: PreTrainedModel) -> bool:
     """Whether six tokens given no position ids come out other than with positions 0-5 (two
     forwards of six tokens: cheap next to loading the model)."""
     device = next(model.parameters()).device
-    ids = (torch.arange(1, 7, device=device) % model.config.vocab_size)[None]
+    ids = (torch.arange(1, 7, device=device) % model.get_input_embeddings().weight.shape[0])[None]
     own = model(input_ids=ids, use_cache=False).logits
     given = model(input_ids=ids, position_ids=torch.arange(6, device=device)[None], use_cache=False).logits
     return not torch.allclose(own.float(), given.float(), rtol=1e-3, atol=1e-3)

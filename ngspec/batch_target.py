@@ -144,10 +144,11 @@ def packed_attention(module, query, key, value, attention_mask, packed: PackedRo
     placed[packed.first_slot] = queries[packed.first]
     placed = placed.view(rows, split, heads, dim).transpose(1, 2)
     got, _ = packed.attend(module, placed, key, value, attention_mask[:, :, :split], **kwargs)
-    got = got.reshape(rows * split, heads, dim)[packed.first_slot]  # [rows, split, heads, d] -> packed
+    d_v = value.shape[-1]  # narrower than the queries' in multi-head latent attention
+    got = got.reshape(rows * split, heads, d_v)[packed.first_slot]  # [rows, split, heads, d_v] -> packed
     if not packed.rest:
         return got[None], None
-    out = queries.new_empty(queries.shape)
+    out = queries.new_empty(queries.shape[0], heads, d_v)
     out[packed.first] = got
     for b, at, n in packed.rest:
         own, _ = packed.attend(

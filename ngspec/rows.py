@@ -26,6 +26,7 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument
 
 ATTENTION_NAME = "ngspec_shared_prefix"
@@ -67,6 +68,8 @@ def shared_prefix_attention(
     """
     prefix = shared_prefix.layers[module.layer_idx]
     rows, heads, q, dim = query.shape
+    if key.shape[-1] != dim or value.shape[-1] != dim:
+        raise NgspecError("row verification needs queries, keys and values of one width (not latent attention); use tree verification")
     kv_heads = key.shape[1]
     groups = heads // kv_heads
     scale = scaling if scaling is not None else 1.0 / math.sqrt(dim)
@@ -86,12 +89,13 @@ def shared_prefix_attention(
     weights_own = (scores_own - top).exp_()
     total = weights_prefix.sum(-1, keepdim=True) + weights_own.sum(-1, keepdim=True)
     out = torch.matmul(weights_prefix.to(value.dtype).view(kv_heads, -1, past), prefix.values[0])
-    out = out.view(kv_heads, rows, groups, q, dim).float()
+    d_v = value.shape[-1]  # narrower than the queries' in multi-head latent attention
+    out = out.view(kv_heads, rows, groups, q, d_v).float()
     own_v = value.permute(1, 0, 2, 3)[:, :, None]  # [kv_heads, rows, 1, q, d]
     out = out + torch.matmul(weights_own.to(value.dtype), own_v).float()
     out = (out / total).to(query.dtype)
     # [kv_heads, rows, groups, q, d] -> [rows, q, heads, d]
-    return out.permute(1, 3, 0, 2, 4).reshape(rows, q, heads, dim), None
+    return out.permute(1, 3, 0, 2, 4).reshape(rows, q, heads, d_v), None
 
 
 @contextmanager

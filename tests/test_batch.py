@@ -2,6 +2,7 @@
 sizes 1, 4 and 8, with and without cache rearrangement; the cache bookkeeping itself."""
 
 import random
+from types import SimpleNamespace
 from typing import Callable
 
 import pytest
@@ -420,6 +421,29 @@ def test_packed_attention_splits_rows_by_the_queries_work():
     assert choose_split([3, 2]) == 3
     assert choose_split([4, 2, 2, 2, 2, 2, 2, 2]) == 2
     assert choose_split([1, 1]) == 1
+
+
+def test_folded_attention_takes_a_mask_per_head_and_narrower_values():
+    """A mask per head (Doge) goes to transformers' own attention; values narrower than the queries
+    (multi-head latent attention) give outputs of their width."""
+    torch.manual_seed(0)
+    rows, heads, kv_heads, q, keys = 2, 4, 2, 3, 7
+    query, key, value = torch.randn(rows, heads, q, 16), torch.randn(rows, kv_heads, keys, 16), torch.randn(rows, kv_heads, keys, 8)
+    visible = torch.rand(rows, heads, q, keys) > 0.3
+    visible[..., 0] = True
+    per_head = additive_mask(visible, torch.float32)
+    attention_module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
+    out, _ = folded_gqa_attention(attention_module, query, key, value, per_head, scaling=0.25)
+    repeated = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(2, dim=1), value.repeat_interleave(2, dim=1), attn_mask=per_head, scale=0.25,
+    )
+    assert out.shape == (rows, q, heads, 8) and torch.allclose(out, repeated.transpose(1, 2), atol=1e-6)
+    shared = per_head[:, :1]
+    out, _ = folded_gqa_attention(attention_module, query, key, value, shared, scaling=0.25)
+    repeated = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(2, dim=1), value.repeat_interleave(2, dim=1), attn_mask=shared, scale=0.25,
+    )
+    assert out.shape == (rows, q, heads, 8) and out.is_contiguous() and torch.allclose(out, repeated.transpose(1, 2), atol=1e-6)
 
 
 def test_folded_grouped_query_attention_is_the_attention_of_repeated_keys():

@@ -38,6 +38,7 @@ FAMILIES = {  # name: (model_type, config overrides)
     "phi": ("phi", dict()),  # partial rotary
     "gpt2": ("gpt2", dict()),  # learned positions
     "stablelm": ("stablelm", dict(num_key_value_heads=2)),  # its layers drop attention's keyword arguments
+    "minicpm3": ("minicpm3", dict(num_key_value_heads=4)),  # latent attention: values narrower than queries
     "gpt_neox": ("gpt_neox", dict()),
     "opt": ("opt", dict(ffn_dim=128, word_embed_proj_dim=64)),
 }
@@ -93,7 +94,7 @@ def test_trees_match_plain_greedy(family, layout):
     name, model, prompts, expected = family
     target = TargetModel(model)
     cfg = DecodeConfig(max_new_tokens=30, verify=layout)
-    if layout == "rows" and sliding_window(model):
+    if layout == "rows" and (sliding_window(model) or name == "minicpm3"):  # rows share one prefix, of full width
         with pytest.raises(NgspecError, match="use tree verification"):
             generate(target, OracleDrafter(expected[0], VOCAB), prompts[0], cfg)
         return
