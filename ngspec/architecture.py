@@ -33,7 +33,10 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def check_architecture(model: PreTrainedModel) -> None:
-    """Raise `NgspecError` naming why ``model``'s attention cannot verify draft trees, if it cannot."""
+    """Raise `NgspecError` naming why ``model``'s attention cannot verify draft trees, if it cannot.
+    A model that passed is marked and not probed again (0.1 s for the default model on a CPU)."""
+    if getattr(model, "_ngspec_architecture_checked", False):
+        return
     config = model.config
     name = type(model).__name__
     if "position_ids" not in inspect.signature(type(model).forward).parameters or getattr(config, "alibi", False):
@@ -55,6 +58,7 @@ def check_architecture(model: PreTrainedModel) -> None:
             f"{name} numbers positions its own way (RoBERTa-style models start after the padding index), so tokens "
             "verified at explicit positions 0, 1, 2, ... would not match its plain decoding"
         )
+    model._ngspec_architecture_checked = True
 
 
 @torch.inference_mode()
