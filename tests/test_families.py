@@ -259,3 +259,15 @@ def test_blocks_never_straddle_the_longrope_switch_and_batches_keep_below_it(mon
     assert [r.error is None for r in results] == [False, False, False, True]  # 20 + 24 reaches 40
     assert "decode this prompt with --batch-size 1" in results[0].error
     assert results[3].generation.token_ids == expected[3]
+
+
+def test_the_family_sweep_script_reports_exact_and_refused(capsys, monkeypatch):
+    import sys
+
+    from conftest import benchmark_script
+
+    monkeypatch.setattr(sys, "argv", ["family_sweep.py", "mistral", "bloom"])
+    benchmark_script("family_sweep").main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["mistral", "b1", "3/3", "|", "b3", "3/3"]
+    assert lines[1].startswith("bloom") and "REFUSED" in lines[1]
