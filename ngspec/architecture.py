@@ -28,6 +28,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from ngspec.errors import NgspecError
+from ngspec.tree import additive_mask
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -101,15 +102,19 @@ def rope_depth(position: int, switch: int | None, limit: int) -> int:
     return min(limit, switch - 1 - position)
 
 
-def mask_argument(config, full: torch.Tensor, sliding: torch.Tensor | None):
-    """The ``attention_mask`` a forward takes: ``full`` alone, or with ``sliding`` for the sliding
-    layers, one per layer type where the model names its layers' types (Gemma, Qwen2), else the
-    sliding one for every layer (Mistral, Phi-3)."""
-    if sliding is None:
-        return full
+def block_masks(config, visible: torch.Tensor, positions: torch.Tensor, past_positions: torch.Tensor, window: int | None, dtype: torch.dtype):
+    """The ``attention_mask`` a verification forward takes, from what its block sees,
+    ``visible [rows, q, past + q]``, its positions ``[rows, q]`` and those of the cached entries
+    ``[rows, past]``: the additive mask alone, or with the sliding layers' own (`within_window`),
+    one per layer type where the model names its layers' types (Gemma, Qwen2), else the sliding
+    one for every layer (Mistral, Phi-3)."""
+    if not window:
+        return additive_mask(visible[:, None], dtype)
+    keys = torch.cat([past_positions, positions], dim=1)
+    sliding = additive_mask(within_window(visible, positions, keys, window)[:, None], dtype)
     if getattr(config, "layer_types", None) is None:
         return sliding
-    return {"full_attention": full, "sliding_attention": sliding}
+    return {"full_attention": additive_mask(visible[:, None], dtype), "sliding_attention": sliding}
 
 
 def within_window(visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:

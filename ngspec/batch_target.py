@@ -37,13 +37,13 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ngspec.architecture import mask_argument, rope_switch, sliding_window, within_window
+from ngspec.architecture import block_masks, rope_switch, sliding_window
 from ngspec.contracts import DraftTree, table_cost
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, make_cache, replace_entries, truncate
 from ngspec.rows import attention_function
 from ngspec.target import forward_with_features, prepare_model
-from ngspec.tree import additive_mask, batch_blocks
+from ngspec.tree import batch_blocks
 
 PACKED_ATTENTION = "ngspec_packed_rows"
 
@@ -375,15 +375,11 @@ class BatchTarget:
         ids, positions, block = batch_blocks(roots, trees, self.lengths)
         width = ids.shape[1]
         sizes = [1 + t.size for t in trees]
-        past = self.valid.to(self.device)[:, None, :].expand(rows, width, start)
-        visible = torch.cat([past, block.to(self.device)], dim=2)
-        mask = additive_mask(visible[:, None], self.dtype)
-        sliding = None
-        if self.window:  # positions of the cached entries: their order among the row's valid slots
-            valid = self.valid.to(self.device)
-            keys = torch.cat([valid.cumsum(1) - 1, positions.to(self.device)], dim=1)
-            sliding = additive_mask(within_window(visible, positions.to(self.device), keys, self.window)[:, None], self.dtype)
-        attention_mask = mask_argument(self.model.config, mask, sliding)
+        valid = self.valid.to(self.device)
+        visible = torch.cat([valid[:, None, :].expand(rows, width, start), block.to(self.device)], dim=2)
+        # a cached entry's position: its order among the row's valid slots (sliding windows only)
+        past = valid.cumsum(1) - 1 if self.window else None
+        attention_mask = block_masks(self.model.config, visible, positions.to(self.device), past, self.window, self.dtype)
         packed = self.packed and min(sizes) < width
         if packed:
             attend = ALL_ATTENTION_FUNCTIONS[self.model.config._attn_implementation]

@@ -16,13 +16,13 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ngspec.architecture import check_architecture, mask_argument, rope_switch, sliding_window, within_window
+from ngspec.architecture import block_masks, check_architecture, rope_switch, sliding_window
 from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, keep_block, make_cache, truncate
 from ngspec.cpu_linear import tune_linears
 from ngspec.rows import RowBlockCache, forward_rows
-from ngspec.tree import additive_mask, block_positions, block_visibility, root_to_leaf_paths
+from ngspec.tree import block_positions, block_visibility, root_to_leaf_paths
 
 
 def forward_with_features(call: Callable[..., Any], model: PreTrainedModel, keep: bool, layers: tuple[int, ...] | None) -> tuple[Any, torch.Tensor | None]:
@@ -163,12 +163,10 @@ class TargetModel:
 
     def _tree_mask(self, tree: DraftTree, positions: torch.Tensor):
         """The block's mask over the cache and the tree (per layer type for sliding windows)."""
-        visible = block_visibility(tree, self.length)
-        sliding = None
-        if self.window:
-            keys = torch.cat([torch.arange(self.length)[None], positions], dim=1)
-            sliding = additive_mask(within_window(visible, positions, keys, self.window)[:, None], self.dtype).to(self.device)
-        return mask_argument(self.model.config, additive_mask(visible[:, None], self.dtype).to(self.device), sliding)
+        past = torch.arange(self.length)[None] if self.window else None
+        masks = block_masks(self.model.config, block_visibility(tree, self.length), positions, past, self.window, self.dtype)
+        # built on the host and copied over once each, as a host-bound GPU step wants
+        return {kind: m.to(self.device) for kind, m in masks.items()} if isinstance(masks, dict) else masks.to(self.device)
 
     def _verify_tree_as_rows(self, root: int, tree: DraftTree) -> torch.Tensor:
         paths = root_to_leaf_paths(tree)

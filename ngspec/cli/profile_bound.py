@@ -88,13 +88,13 @@ def profile_bound_command(
     """
     import torch
 
+    from ngspec.architecture import sliding_window
     from ngspec.models import pick_device, pick_dtype
     from ngspec.perf.device_profile import build_profile, save_profile as write_profile
     from ngspec.perf.plots import heatmap
     from ngspec.perf.report import analyse, transitions, write_outputs
     from ngspec.perf.roofline import measure_peaks
     from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
-    from ngspec.architecture import sliding_window
     from ngspec.target import TargetModel
 
     layouts = list(LAYOUTS) if layout == "both" else [layout]
