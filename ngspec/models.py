@@ -145,8 +145,23 @@ def _offline_hint(exc: OSError) -> str:
     )
 
 
-def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """Load tokenizer and model; ``spec`` is 'default', a .gguf file, a directory or a hub id."""
+def _needs_trust(exc: Exception) -> bool:
+    """Whether transformers refused to run a model's own code because it was not trusted."""
+    return "trust_remote_code" in str(exc)
+
+
+def _untrusted(spec: str, what: str) -> NgspecError:
+    return NgspecError(
+        f"{what} {spec!r} comes with its own Python code (auto_map in its config); "
+        "read that code, then pass --trust-remote-code to run it"
+    )
+
+
+def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False) -> LoadedModel:
+    """Load tokenizer and model; ``spec`` is 'default', a .gguf file, a directory or a hub id.
+
+    A model or tokenizer that comes with its own code is refused unless ``trust_remote_code``
+    (never an interactive question: transformers asks one when the choice is left open)."""
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)
     if dev.type == "cpu" and torch_dtype != torch.float32:
@@ -154,21 +169,27 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     where, extra = _source(spec)
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **extra)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
     except OSError as exc:
         raise NgspecError(f"could not load model {spec!r}: {exc}{_offline_hint(exc)}") from exc
     except CONFIG_ERRORS as exc:  # a config.json that transformers refuses
+        if _needs_trust(exc):
+            raise _untrusted(spec, "model") from exc
         raise NgspecError(f"could not load model {spec!r}: {config_error_message(exc)}") from exc
-    return LoadedModel(model.to(dev).eval(), load_tokenizer(spec), display_name(spec))
+    return LoadedModel(model.to(dev).eval(), load_tokenizer(spec, trust_remote_code), display_name(spec))
 
 
-def load_tokenizer(spec: str = DEFAULT_MODEL):
-    """Just the tokenizer of a model spec (same forms as `load_model`)."""
+def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
+    """Just the tokenizer of a model spec (same forms and trust as `load_model`)."""
     where, extra = _source(spec)
     try:
-        return AutoTokenizer.from_pretrained(where, **extra)
+        return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
     except OSError as exc:
         raise NgspecError(f"could not load the tokenizer of {spec!r}: {exc}{_offline_hint(exc)}") from exc
+    except ValueError as exc:
+        if _needs_trust(exc):
+            raise _untrusted(spec, "the tokenizer of") from exc
+        raise
 
 
 def display_name(spec: str) -> str:

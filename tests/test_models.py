@@ -23,3 +23,59 @@ def test_a_model_config_that_transformers_refuses_is_one_clear_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 512, "num_attention_heads": 9, "vocab_size": 100}))
     with pytest.raises(NgspecError, match=r"^could not load model '.*': The hidden size \(512\) is not a multiple of the number of attention heads \(9\)\.$"):
         models.load_model(str(tmp_path))
+
+
+CUSTOM_CODE = '''
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class OwnLlamaConfig(LlamaConfig):
+    model_type = "ngspec-own-llama"
+
+
+class OwnLlamaForCausalLM(LlamaForCausalLM):
+    config_class = OwnLlamaConfig
+'''
+
+
+def _model_with_own_code(path):
+    """A tiny Llama saved as a model that ships its own code (auto_map), with the default tokenizer."""
+    import importlib.util
+
+    import torch
+
+    path.mkdir()
+    (path / "own_llama.py").write_text(CUSTOM_CODE)
+    spec = importlib.util.spec_from_file_location("own_llama_for_test", path / "own_llama.py")
+    own = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(own)
+    tok = models.load_tokenizer()
+    config = own.OwnLlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    config.auto_map = {"AutoConfig": "own_llama.OwnLlamaConfig", "AutoModelForCausalLM": "own_llama.OwnLlamaForCausalLM"}
+    torch.manual_seed(0)
+    own.OwnLlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_a_model_with_its_own_code_runs_only_with_trust_remote_code(tmp_path):
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    where = _model_with_own_code(tmp_path / "own")
+    with pytest.raises(NgspecError, match=r"comes with its own Python code .*pass --trust-remote-code"):
+        models.load_model(str(where), "cpu")
+    assert type(models.load_model(str(where), "cpu", trust_remote_code=True).model).__name__ == "OwnLlamaForCausalLM"
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Repeat: one two three, one two three, one two three")
+    args = ["generate", "-p", str(prompt), "-m", str(where), "-n", "12", "--device", "cpu", "--check", "--json"]
+    refused = CliRunner().invoke(app, args, input="y\n")  # never asks: an answer on stdin changes nothing
+    assert refused.exit_code == 1 and "--trust-remote-code" in refused.output and "Traceback" not in refused.output
+    trusted = CliRunner().invoke(app, [*args, "--trust-remote-code"])
+    assert trusted.exit_code == 0, trusted.output
+    import json
+
+    record = json.loads(trusted.stdout.strip().splitlines()[-1])
+    assert record["greedy_check"]["exact_match"] and record["new_tokens"] == 12

@@ -13,7 +13,7 @@ from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
-from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt
+from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, TrustRemoteCodeOpt
 from ngspec.drafters import check_drafter
 from ngspec.errors import NgspecError
 
@@ -26,6 +26,7 @@ def bench_command(
     limit: Annotated[Optional[int], typer.Option(help="Use the first N questions (after --category and --per-category).")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="Use the first N questions of every category (a spread over MT-bench's eight).")] = None,
     model: ModelOpt = "default",
+    trust_remote_code: TrustRemoteCodeOpt = False,
     max_new_tokens: MaxNewTokensOpt = 256,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -80,7 +81,7 @@ def bench_command(
     for path in (markdown_out, json_path):
         if path is not None:
             staging.output_directory(path)
-    engine = load_engine(model, device, dtype, profile)
+    engine = load_engine(model, device, dtype, profile, trust_remote_code)
     if ks is None or ws is None:  # unset: the profile's (k, w) at the first prompt's length, else the defaults
         defaults = rows_options(opts, None, None, engine.profile, 0, engine.target.device.type)
         ks = ks or [defaults.k]

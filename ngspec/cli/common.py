@@ -83,7 +83,7 @@ def rows_options(
     return replace(opts, k=k, w=w)
 
 
-def load_engine(model: str, device: str, dtype: str, profile: Path | None = None) -> Engine:
+def load_engine(model: str, device: str, dtype: str, profile: Path | None = None, trust_remote_code: bool = False) -> Engine:
     """The engine for ``model``; ``profile`` (from `profile-bound --save-profile`) replaces the
     built-in calibration of verify costs."""
     from ngspec.cli.render import info
@@ -94,7 +94,7 @@ def load_engine(model: str, device: str, dtype: str, profile: Path | None = None
 
     device_profile = load_profile(profile) if profile is not None else None  # bad files fail first
     info(f"loading model {model} ...")
-    loaded = load_model(model, device, dtype)
+    loaded = load_model(model, device, dtype, trust_remote_code)
     if device_profile is not None:
         device_profile.check_model(loaded.name, profile)
     tune_linears(loaded.model, notify=info)  # the Engine would do it silently

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColum
 
 from ngspec import staging
 from ngspec.cli import render
-from ngspec.cli.options import JsonOpt, ModelOpt
+from ngspec.cli.options import JsonOpt, ModelOpt, TrustRemoteCodeOpt
 from ngspec.datastore.build import BuildOptions, build_datastore
 from ngspec.datastore.corpus import FORMATS
 from ngspec.datastore.index import Datastore
@@ -32,6 +32,7 @@ def build_datastore_command(
     corpus: Annotated[str, typer.Option("--corpus", "-c", help="A .jsonl/.json/.parquet file, a directory of them, or a datasets name.")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory [default: datastores/<corpus name>].")] = None,
     model: ModelOpt = "default",
+    trust_remote_code: TrustRemoteCodeOpt = False,
     tokenizer: TokenizerOpt = None,
     text: Annotated[str, typer.Option(help="responses (assistant side only, as READER does) or all (user turns too).")] = "responses",
     fmt: Annotated[Optional[str], typer.Option("--format", help=f"Record format: {', '.join(FORMATS)} [default: detected].")] = None,
@@ -56,7 +57,7 @@ def build_datastore_command(
         os.environ["TOKENIZERS_PARALLELISM"] = "true"
     out = out or _default_out(corpus)
     spec = tokenizer or model
-    tok = load_tokenizer(spec)
+    tok = load_tokenizer(spec, trust_remote_code)
     rss_before = _rss_bytes()
     with render.progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} records"), TimeElapsedColumn()) as progress:
         task = progress.add_task("tokenising", total=max_records)
@@ -140,6 +141,7 @@ def synth_corpus_command(
     n: Annotated[Optional[int], typer.Option("--n", help="Records to generate (default: 100, or every prompt of --prompts).")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Answer these instructions (.txt, or .jsonl with 'prompt', 'text' or 'turns'; the first turn is used) instead of letting the model write its own: the target's own answers to your prompts, EAGLE's training recipe.")] = None,
     model: ModelOpt = "default",
+    trust_remote_code: TrustRemoteCodeOpt = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per response.")] = 256,
     batch_size: Annotated[int, typer.Option(help="Prompts generated together.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for sampling the instructions.")] = 0,
@@ -165,7 +167,7 @@ def synth_corpus_command(
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     staging.output_directory(out)  # a path that cannot be written fails now, not after the answers
-    loaded = load_model(model, device)
+    loaded = load_model(model, device, trust_remote_code=trust_remote_code)
     with render.progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn()) as progress:
         task = progress.add_task("synth", total=opts.n)
         count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task), given), out, force)

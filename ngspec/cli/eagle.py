@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 
 from ngspec import staging
 from ngspec.cli import render
-from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt
+from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TrustRemoteCodeOpt
 from ngspec.errors import NgspecError
 
 
@@ -20,6 +20,7 @@ def train_eagle_command(
     corpus: Annotated[str, typer.Option("--corpus", "-c", help="Records in any format build-datastore reads (the model's own responses are best, e.g. corpora/smollm2-self.jsonl).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the head (public EAGLE-1 layout), checkpoints and train_report.json.")],
     model: ModelOpt = "default",
+    trust_remote_code: TrustRemoteCodeOpt = False,
     epochs: Annotated[int, typer.Option(help="Passes over the training examples.")] = 4,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warm-up then cosine decay).")] = 1e-3,
     batch_tokens: Annotated[int, typer.Option(help="Tokens per optimiser step.")] = 4096,
@@ -71,7 +72,7 @@ def train_eagle_command(
     if max_records is not None:
         records = islice(records, max_records)
     render.info(f"loading model {model} ...")
-    loaded = load_model(model, device, dtype)
+    loaded = load_model(model, device, dtype, trust_remote_code)
     if init_head is not None:
         initial_head(loaded.model, opts.init_head)  # a wrong head fails now, not after the feature pass
     examples = examples_from_records(records, loaded.tokenizer, max_len, documents=loss_on == "all")

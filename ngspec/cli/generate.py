@@ -10,7 +10,7 @@ from ngspec.cli import render
 from ngspec.cli.common import decode_config, fit_rows, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, single_value, with_drafting_options
 from ngspec.cli.options import (
-    DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt,
+    DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt, TrustRemoteCodeOpt,
     StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt,
 )
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, check_drafter, make_drafter
@@ -171,6 +171,7 @@ def generate_command(
     prompt_file: PromptFileArg,
     drafter: Annotated[str, typer.Option("--drafter", "-d", help=f"One of: {DRAFTERS}.")] = "trie",
     model: ModelOpt = "default",
+    trust_remote_code: TrustRemoteCodeOpt = False,
     max_new_tokens: MaxNewTokensOpt = 256,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -214,7 +215,7 @@ def generate_command(
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size > 1 verifies trees: use --verify tree (rows are for one prompt at a time)")
     prompts = load_prompts(prompt_file)
-    engine = load_engine(model, device, dtype, profile)
+    engine = load_engine(model, device, dtype, profile, trust_remote_code)
     res = drafting.resources(engine, [drafter])
     tokenizer = engine.loaded.tokenizer
     calibration = Calibration()  # the drafters' estimates, carried from prompt to prompt (and row to row)

@@ -11,12 +11,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 
 from ngspec import staging
 from ngspec.cli import render
-from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt
+from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TrustRemoteCodeOpt
 from ngspec.errors import NgspecError
 
 
 def build_bigram_command(
     model: ModelOpt = "default",
+    trust_remote_code: TrustRemoteCodeOpt = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the tables here (default: the cache, where generate and bench find them).")] = None,
     batch_size: Annotated[int, typer.Option(help="Tokens per batched forward pass.")] = 512,
     device: DeviceOpt = "auto",
@@ -40,7 +41,7 @@ def build_bigram_command(
     if out is not None and (out.is_dir() or not out.parent.is_dir()):
         raise NgspecError(f"--out must be a file path in an existing directory (got {out})")
     render.info(f"loading model {model} ...")
-    loaded = load_model(model, device, dtype)
+    loaded = load_model(model, device, dtype, trust_remote_code)
     anchor = table_anchor(loaded.tokenizer)
     path = out or default_table_path(model_fingerprint(loaded.model, anchor))
     staging.output_directory(path)  # an unwritable path fails now, not after the tables are built

@@ -36,3 +36,11 @@ ProfileOpt = Annotated[Optional[Path], typer.Option("--profile", help="Device pr
 VerifyOpt = Annotated[str, typer.Option("--verify", help="tree: one forward over the draft tree under a tree mask; rows: each root-to-leaf path as its own batch row, all sharing the context's KV cache (the paper's layout). Both are lossless.")]
 
 PromptFileArg = Annotated[Path, typer.Option("--prompt-file", "-p", help=".txt (one prompt) or .jsonl ({'prompt': ...} or Spec-Bench {'turns': [...]}) file.")]
+
+TrustRemoteCodeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-remote-code",
+        help="Run the Python code a model or tokenizer ships with (an auto_map in its config) as transformers loads it. Read that code first; without this flag such models are refused.",
+    ),
+]

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 
 from ngspec import staging
 from ngspec.cli import render
-from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt
+from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, TrustRemoteCodeOpt
 from ngspec.errors import NgspecError
 
 if TYPE_CHECKING:  # torch loads when the command runs, not for --help
@@ -47,7 +47,7 @@ def _check_writable(out: Path) -> None:
         raise NgspecError(f"cannot write to output directory {out}: {exc.strerror or exc}") from None
 
 
-def _load(model: Optional[str], shape: Optional[str], device: torch.device, dtype: torch.dtype):
+def _load(model: Optional[str], shape: Optional[str], device: torch.device, dtype: torch.dtype, trust_remote_code: bool):
     """(name, model) for --model or --shape."""
     if model and shape:
         raise NgspecError("give --model or --shape, not both")
@@ -60,12 +60,13 @@ def _load(model: Optional[str], shape: Optional[str], device: torch.device, dtyp
     from ngspec.models import load_model
 
     render.info(f"loading model {model or 'default'} ...")
-    loaded = load_model(model or "default", str(device), str(dtype).removeprefix("torch."))
+    loaded = load_model(model or "default", str(device), str(dtype).removeprefix("torch."), trust_remote_code)
     return loaded.name, loaded.model
 
 
 def profile_bound_command(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="A model `generate` accepts (default: the bundled SmolLM2-135M-Instruct).")] = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     shape: Annotated[Optional[str], typer.Option(help="Time an architecture with random weights instead: smollm2-135m, llama-7b, mistral-7b, llama3-8b, or a config.json path.")] = None,
     k: Annotated[Optional[str], typer.Option("--k", help="Rows: list and ranges, e.g. 1..32 or 1,2,4,8 (default: 1..32 on GPU, 1,2,4,8,16 on CPU).")] = None,
     w: Annotated[Optional[str], typer.Option("--w", help="Speculated tokens per row, e.g. 0..15 (default: 0..15 on GPU, 0,1,2,3,5,7 on CPU).")] = None,
@@ -116,7 +117,7 @@ def profile_bound_command(
     if save_profile is not None:
         _check_writable(save_profile.parent)
 
-    name, net = _load(model, shape, dev, torch_dtype)
+    name, net = _load(model, shape, dev, torch_dtype, trust_remote_code)
     window = int(getattr(net.config, "max_position_embeddings", 1 << 30))
     longest = max(contexts) + max(max(ks) * (max(ws) + 1), 1 + max(ks) * max(ws))
     if longest > window:

@@ -10,7 +10,7 @@ import typer
 
 from ngspec.cli import render
 from ngspec.cli.datastore import TokenizerOpt
-from ngspec.cli.options import JsonOpt, ModelOpt
+from ngspec.cli.options import JsonOpt, ModelOpt, TrustRemoteCodeOpt
 from ngspec.datastore.corpus import iter_records
 from ngspec.datastore.index import Datastore
 from ngspec.errors import NgspecError
@@ -35,6 +35,7 @@ def self_repetition_command(
     datastore: Annotated[Optional[Path], typer.Option(help="Also search this datastore (built with the same tokenizer).")] = None,
     holdout: Annotated[int, typer.Option(help="Use the first N responses as the datastore and measure the rest (the paper's 'with datastore' setting).")] = 0,
     model: ModelOpt = "default",
+    trust_remote_code: TrustRemoteCodeOpt = False,
     tokenizer: TokenizerOpt = None,
     split: Annotated[str, typer.Option(help="Split, for a datasets name.")] = "train",
     limit: Annotated[Optional[int], typer.Option(help="Measure at most this many (input, response) pairs.")] = None,
@@ -51,7 +52,7 @@ def self_repetition_command(
         raise NgspecError("--holdout must be >= 0 and --limit >= 1")
     from ngspec.models import load_tokenizer  # torch and transformers: not for --help
 
-    tok = load_tokenizer(tokenizer or model)
+    tok = load_tokenizer(tokenizer or model, trust_remote_code)
     store = Datastore.open(datastore, tok) if datastore is not None else None
     asked = _questions(questions)
     pairs, records = [], 0

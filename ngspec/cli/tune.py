@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.common import load_engine
-from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, RawOpt
+from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, RawOpt, TrustRemoteCodeOpt
 from ngspec.errors import NgspecError
 
 MT_BENCH = Path(__file__).resolve().parents[1] / "data" / "mt_bench.jsonl"
@@ -33,6 +33,7 @@ def tune_tree_command(
     eagle_head: Annotated[Path, typer.Option("--eagle-head", help="The EAGLE-1 head to tune a tree for (`ngspec train-eagle` makes one).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the tuned shape (JSON; load it with --tree static --tree-choices FILE).")],
     model: ModelOpt = "default",
+    trust_remote_code: TrustRemoteCodeOpt = False,
     questions: Annotated[Optional[Path], typer.Option("--questions", "-q", help="Calibration questions (jsonl with 'turns' or 'prompt'); default: the bundled MT-bench questions.")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="First N questions of every category (default: 1 of each of the bundled MT-bench's eight; every question of your --questions).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="At most this many questions (after --per-category).")] = None,
@@ -81,7 +82,7 @@ def tune_tree_command(
     staging.output_directory(out)
     batch = BatchConfig(batch_size)
     prompts = calibration_prompts(questions, per_category, limit)
-    engine = load_engine(model, device, dtype)
+    engine = load_engine(model, device, dtype, trust_remote_code=trust_remote_code)
     ids = [encode(engine.loaded.tokenizer, p.text, raw) for p in prompts]
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, max_draft_nodes=nodes)
     head = load_head(eagle_head, engine.loaded.model)  # read once; every candidate tree reuses it
