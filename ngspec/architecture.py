@@ -12,11 +12,13 @@ longest position (longrope) bound how deep a block may reach (`rope_switch`).
 Sliding-window layers (Mistral v0.1, Phi-3-mini-4k, Gemma 2 and 3, Qwen2 with its window on)
 attend only to the last ``sliding_window`` positions. transformers keeps only those in a sliding
 layer's cache, which a verification block cannot use: a rejected draft would already have pushed
-out entries the next step needs. So every layer keeps its whole history (`ngspec.kv.make_cache`;
-memory as for full attention), and sliding layers get a mask that also hides the keys more than
-the window back, counted in positions, not cache slots (a batch's slots hold padding and holes):
-key j is visible from query i when ``pos(j) > pos(i) - window``, as in transformers'
-``sliding_window_overlay``.
+out entries the next step needs. So sliding layers keep what a block may still see, and get a mask
+that also hides the keys more than the window back, counted in positions, not cache slots (a
+batch's slots hold padding and holes): key j is visible from query i when
+``pos(j) > pos(i) - window``, as in transformers' ``sliding_window_overlay``. One sequence drops a
+sliding layer's entries once every later query is past them (`ngspec.target`), so its memory and
+attention work stay bounded by the window; a batch keeps them (a young row still sees the prefix
+the others have passed).
 """
 
 from __future__ import annotations
@@ -77,8 +79,17 @@ def sliding_window(model: PreTrainedModel) -> int | None:
     """The window transformers' own cache gives the model's sliding layers, or None. That cache,
     not the layers, decides what plain decoding sees: a config with a ``sliding_window`` makes
     every layer a sliding one there, even a Llama's, whose own masks never slide."""
-    windows = {layer.sliding_window for layer in DynamicCache(config=model.config).layers if isinstance(layer, DynamicSlidingWindowLayer)}
+    windows = {layer.sliding_window for layer in _sliding_cache_layers(model.config).values()}
     return min(windows) if windows else None
+
+
+def sliding_layers(config) -> tuple[int, ...]:
+    """The indices of the layers `sliding_window` applies to (the ones given its mask)."""
+    return tuple(_sliding_cache_layers(config))
+
+
+def _sliding_cache_layers(config) -> dict:
+    return {i: layer for i, layer in enumerate(DynamicCache(config=config).layers) if isinstance(layer, DynamicSlidingWindowLayer)}
 
 
 def rope_switch(config) -> int | None:
@@ -102,16 +113,17 @@ def rope_depth(position: int, switch: int | None, limit: int) -> int:
     return min(limit, switch - 1 - position)
 
 
-def block_masks(config, visible: torch.Tensor, positions: torch.Tensor, past_positions: torch.Tensor, window: int | None, dtype: torch.dtype):
+def block_masks(config, visible: torch.Tensor, positions: torch.Tensor, past_positions: torch.Tensor, window: int | None, dtype: torch.dtype, sliding_from: int = 0):
     """The ``attention_mask`` a verification forward takes, from what its block sees,
     ``visible [rows, q, past + q]``, its positions ``[rows, q]`` and those of the cached entries
     ``[rows, past]``: the additive mask alone, or with the sliding layers' own (`within_window`),
     one per layer type where the model names its layers' types (Gemma, Qwen2), else the sliding
-    one for every layer (Mistral, Phi-3)."""
+    one for every layer (Mistral, Phi-3). The sliding layers' caches start at slot
+    ``sliding_from`` (their older entries dropped), so their mask does too."""
     if not window:
         return additive_mask(visible[:, None], dtype)
-    keys = torch.cat([past_positions, positions], dim=1)
-    sliding = additive_mask(within_window(visible, positions, keys, window)[:, None], dtype)
+    keys = torch.cat([past_positions, positions], dim=1)[:, sliding_from:]
+    sliding = additive_mask(within_window(visible[:, :, sliding_from:], positions, keys, window)[:, None], dtype)
     if getattr(config, "layer_types", None) is None:
         return sliding
     return {"full_attention": additive_mask(visible[:, None], dtype), "sliding_attention": sliding}

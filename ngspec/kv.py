@@ -8,6 +8,10 @@ a copy of the new entries only and rollback is a length change.
 After a verification forward the cache holds ``start`` committed positions followed by the whole
 block (root + tree nodes). Committing moves the kept block entries next to the committed ones with
 one gather per layer and drops the rest.
+
+A sliding-window layer may also drop its oldest entries once no later query can see them
+(`drop_front`); its ``dropped`` count maps positions to its slots (slot = position - dropped), so
+committing and cutting back work on every layer alike.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class GrowableLayer(DynamicLayer):
     def __init__(self, capacity: int = 512) -> None:
         super().__init__()
         self.capacity = capacity
+        self.dropped = 0  # leading positions dropped (`drop_front`): slot = position - dropped
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -69,6 +74,16 @@ class GrowableLayer(DynamicLayer):
         self.keys, self.values = self._keys[:, :, :used], self._values[:, :, :used]
 
 
+    def drop_front(self, n: int) -> None:
+        """Drop the first ``n`` entries (ones no later query may see), moving the rest into a
+        buffer twice their size (plus room for a block), so the memory they held is freed."""
+        keys, values = self.keys[:, :, n:], self.values[:, :, n:]
+        kept = keys.shape[-2]
+        self.keys, self.values = keys, values  # views into the old buffers, copied out by _reserve
+        self._reserve(keys, values, 2 * kept + 64, kept)
+        self.dropped += n
+
+
 def cache_argument(module: torch.nn.Module, cache) -> dict:
     """The keyword that hands ``cache`` to ``module``'s forward: transformers 5.24 renamed
     ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40); modules that do not
@@ -95,14 +110,15 @@ def keep_block(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
     n_keep = len(offsets)
     contiguous = list(offsets) == list(range(n_keep))
     if not contiguous:
-        src = torch.as_tensor(offsets, dtype=torch.long) + start
+        src = torch.as_tensor(offsets, dtype=torch.long)
     for layer in cache.layers:
+        first = start - getattr(layer, "dropped", 0)  # the block's first slot in this layer
         if not contiguous:
-            src_dev = src.to(layer.keys.device)
-            layer.keys[:, :, start : start + n_keep] = layer.keys.index_select(2, src_dev)
-            layer.values[:, :, start : start + n_keep] = layer.values.index_select(2, src_dev)
-        layer.keys = layer.keys[:, :, : start + n_keep]
-        layer.values = layer.values[:, :, : start + n_keep]
+            src_dev = (src + first).to(layer.keys.device)
+            layer.keys[:, :, first : first + n_keep] = layer.keys.index_select(2, src_dev)
+            layer.values[:, :, first : first + n_keep] = layer.values.index_select(2, src_dev)
+        layer.keys = layer.keys[:, :, : first + n_keep]
+        layer.values = layer.values[:, :, : first + n_keep]
 
 
 def replace_entries(cache: DynamicCache, transform) -> None:
@@ -117,8 +133,9 @@ def replace_entries(cache: DynamicCache, transform) -> None:
 
 
 def truncate(cache: DynamicCache, length: int) -> None:
-    """Drop every entry after the first ``length`` (a view change with growable layers)."""
+    """Drop every entry after the first ``length`` positions (a view change with growable layers)."""
     for layer in cache.layers:
-        if layer.keys is not None and layer.keys.shape[-2] > length:
-            layer.keys = layer.keys[:, :, :length]
-            layer.values = layer.values[:, :, :length]
+        end = length - getattr(layer, "dropped", 0)
+        if layer.keys is not None and layer.keys.shape[-2] > end:
+            layer.keys = layer.keys[:, :, :end]
+            layer.values = layer.values[:, :, :end]

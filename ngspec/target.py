@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ngspec.architecture import block_masks, check_architecture, rope_switch, sliding_window
+from ngspec.architecture import block_masks, check_architecture, rope_switch, sliding_layers, sliding_window
 from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, keep_block, make_cache, truncate
@@ -93,6 +93,8 @@ class TargetModel:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
         self.window = sliding_window(model)  # of sliding-window layers, if any
+        self.sliding = sliding_layers(model.config) if self.window else ()
+        self.dropped = 0  # leading positions the sliding layers' caches no longer hold
         self.rope_switch = rope_switch(model.config)  # where longrope frequencies switch, if they do
         self.cache: DynamicCache | None = None
         self._row_block: RowBlockCache | None = None
@@ -140,7 +142,8 @@ class TargetModel:
         ids = torch.tensor([list(prompt)], dtype=torch.long)
         logits = self._forward(ids, logits_to_keep=1)
         self._pending = [self._block_hidden] if self.keep_features else []
-        self.length = len(prompt)
+        self.length, self.dropped = len(prompt), 0
+        self._drop_unseen()
         return logits[-1]
 
     @torch.inference_mode()
@@ -164,7 +167,7 @@ class TargetModel:
     def _tree_mask(self, tree: DraftTree, positions: torch.Tensor):
         """The block's mask over the cache and the tree (per layer type for sliding windows)."""
         past = torch.arange(self.length)[None] if self.window else None
-        masks = block_masks(self.model.config, block_visibility(tree, self.length), positions, past, self.window, self.dtype)
+        masks = block_masks(self.model.config, block_visibility(tree, self.length), positions, past, self.window, self.dtype, self.dropped)
         # built on the host and copied over once each, as a host-bound GPU step wants
         return {kind: m.to(self.device) for kind, m in masks.items()} if isinstance(masks, dict) else masks.to(self.device)
 
@@ -193,6 +196,19 @@ class TargetModel:
         if self.keep_features:
             self._pending.append(self._block_hidden[keep])
         self.length += 1 + len(path)
+        self._drop_unseen()
+
+    def _drop_unseen(self) -> None:
+        """Drop the sliding layers' entries that no later query can see (positions up to
+        ``length - window``: the next block starts at ``length``), once a window's worth has
+        gathered, so those layers hold at most about two windows, as transformers' own cache holds
+        one, and attend over no more. Each drop copies what is left once per window of tokens."""
+        unseen = self.length - self.window + 1 - self.dropped if self.window else 0
+        if unseen < max(self.window or 0, 1):
+            return
+        for i in self.sliding:
+            self.cache.layers[i].drop_front(unseen)
+        self.dropped += unseen
 
     @torch.inference_mode()
     def verify_rows(self, root: int, rows: Sequence[Sequence[int]]) -> torch.Tensor:

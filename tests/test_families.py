@@ -101,6 +101,10 @@ def test_trees_match_plain_greedy(family, layout):
     for case, (prompt, want) in enumerate(zip(prompts, expected)):
         got = generate(target, OracleDrafter(want, VOCAB, seed=case), prompt, cfg)
         assert got.token_ids == want, f"{name} prompt {case}"
+        held = [layer.keys.shape[-2] for layer in target.cache.layers]
+        if target.window:  # sliding layers drop what no later query sees; the others keep all
+            assert target.dropped > 0 and all(held[i] == target.length - target.dropped < 2 * WINDOW for i in target.sliding)
+        assert all(h == target.length for i, h in enumerate(held) if i not in target.sliding)
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])

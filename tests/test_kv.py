@@ -107,3 +107,30 @@ def test_cache_goes_under_the_name_the_module_knows(tiny):
     assert cache_argument(_KnowsNewName(), "c") == {"cache": "c"}
     (name,) = cache_argument(tiny, None)  # whichever transformers is installed
     assert name in inspect.signature(type(tiny).forward).parameters
+
+
+def test_a_layer_that_dropped_its_oldest_entries_commits_and_cuts_back_by_position():
+    """Entries hold their own position; one layer drops its first 5 (as a sliding layer past its
+    window does): committing a block's kept entries and cutting back after a rejected block leave
+    each layer holding exactly the positions it should, and the dropped layer's buffer shrinks."""
+    from ngspec.kv import GrowableLayer, keep_block, truncate
+
+    def positions(n):
+        return torch.arange(n, dtype=torch.float32).view(1, 1, n, 1)
+
+    cache = DynamicCache()
+    cache.layers = [GrowableLayer(capacity=256), GrowableLayer(capacity=256)]
+    for layer in cache.layers:
+        layer.update(positions(12), positions(12))
+    cache.layers[1].drop_front(5)
+    assert cache.layers[1].dropped == 5 and cache.layers[1]._keys.shape[-2] < 256
+    for layer in cache.layers:  # a block of 4 entries at positions 12-15; keep the 1st and 3rd
+        layer.update(positions(16)[:, :, 12:], positions(16)[:, :, 12:])
+    keep_block(cache, 12, [0, 2])
+    assert cache.layers[0].keys.flatten().tolist() == [*range(12), 12, 14]
+    assert cache.layers[1].keys.flatten().tolist() == [*range(5, 12), 12, 14]
+    assert cache.layers[1].values.flatten().tolist() == [*range(5, 12), 12, 14]
+    for layer in cache.layers:  # another block, rejected whole
+        layer.update(positions(3), positions(3))
+    truncate(cache, 14)
+    assert [layer.keys.shape[-2] for layer in cache.layers] == [14, 9]
