@@ -104,7 +104,7 @@ def main() -> None:
         "tokens_per_second": {a: round(statistics.median(v), 2) for a, v in rates.items()},
         "drop_over_keep": round(statistics.median(d / k for d, k in zip(rates["drop"], rates["keep"])), 3),
         "drop_over_transformers": round(statistics.median(d / t for d, t in zip(rates["drop"], rates["transformers"])), 3),
-        "cache_mib": {a: round(b / 2**20, 1) for a, b in held.items()},
+        "cache_mib": {a: round(b / 2**20, 3) for a, b in held.items()},
         "identical": tokens["drop"] == tokens["keep"] == tokens["transformers"],
     }
     print(json.dumps(report, indent=1))

@@ -275,3 +275,18 @@ def test_the_family_sweep_script_reports_exact_and_refused(capsys, monkeypatch):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["mistral", "b1", "3/3", "|", "b3", "3/3"]
     assert lines[1].startswith("bloom") and "REFUSED" in lines[1]
+
+
+def test_the_sliding_cache_script_times_three_arms_that_agree(capsys, monkeypatch):
+    import json
+    import sys
+
+    from conftest import benchmark_script
+
+    script = benchmark_script("sliding_cache")
+    monkeypatch.setattr(script, "SIZES", dict(SIZES, num_hidden_layers=6, num_key_value_heads=2))
+    monkeypatch.setattr(sys, "argv", ["sliding_cache.py", "--family", "gemma3", "--window", "8", "--context", "40", "-n", "6", "--rounds", "1"])
+    script.main()
+    report = json.loads(capsys.readouterr().out)
+    assert report["identical"] and set(report["tokens_per_second"]) == {"keep", "drop", "transformers"}
+    assert report["cache_mib"]["drop"] < report["cache_mib"]["keep"] / 2
