@@ -17,8 +17,8 @@ that also hides the keys more than the window back, counted in positions, not ca
 batch's slots hold padding and holes): key j is visible from query i when
 ``pos(j) > pos(i) - window``, as in transformers' ``sliding_window_overlay``. One sequence drops a
 sliding layer's entries once every later query is past them (`ngspec.target`), so its memory and
-attention work stay bounded by the window; a batch keeps them (a young row still sees the prefix
-the others have passed).
+attention work stay bounded by the window; a batch keeps them (its rows share cache columns, and a
+younger row still needs columns the others are past).
 """
 
 from __future__ import annotations

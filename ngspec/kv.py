@@ -73,7 +73,6 @@ class GrowableLayer(DynamicLayer):
         self._values[:, :, :used] = values
         self.keys, self.values = self._keys[:, :, :used], self._values[:, :, :used]
 
-
     def drop_front(self, n: int) -> None:
         """Drop the first ``n`` entries (ones no later query may see), moving the rest into a
         buffer twice their size (plus room for a block), so the memory they held is freed."""

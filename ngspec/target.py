@@ -203,8 +203,10 @@ class TargetModel:
         ``length - window``: the next block starts at ``length``), once a window's worth has
         gathered, so those layers hold at most about two windows, as transformers' own cache holds
         one, and attend over no more. Each drop copies what is left once per window of tokens."""
-        unseen = self.length - self.window + 1 - self.dropped if self.window else 0
-        if unseen < max(self.window or 0, 1):
+        if not self.window:
+            return
+        unseen = self.length - self.window + 1 - self.dropped
+        if unseen < self.window:
             return
         for i in self.sliding:
             self.cache.layers[i].drop_front(unseen)
