@@ -79,3 +79,19 @@ def test_a_model_with_its_own_code_runs_only_with_trust_remote_code(tmp_path):
 
     record = json.loads(trusted.stdout.strip().splitlines()[-1])
     assert record["greedy_check"]["exact_match"] and record["new_tokens"] == 12
+
+
+def test_a_tokenizer_with_its_own_code_runs_only_with_trust_remote_code(tmp_path):
+    """self-repetition and build-datastore load only the tokenizer: it is held to the same flag."""
+    import json
+
+    tok = models.load_tokenizer()
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": len(tok)}))
+    (tmp_path / "own_tok.py").write_text("from transformers import PreTrainedTokenizerFast\n\n\nclass OwnTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    settings.update(tokenizer_class="OwnTokenizer", auto_map={"AutoTokenizer": [None, "own_tok.OwnTokenizer"]})
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(NgspecError, match=r"^the tokenizer of '.*' comes with its own Python code .*--trust-remote-code"):
+        models.load_tokenizer(str(tmp_path))
+    assert type(models.load_tokenizer(str(tmp_path), trust_remote_code=True)).__name__ == "OwnTokenizer"
