@@ -37,7 +37,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ngspec.architecture import block_masks, rope_switch, sliding_window
+from ngspec.architecture import block_masks, rope_switch, sliding_layers, sliding_window
 from ngspec.contracts import DraftTree, table_cost
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, make_cache, replace_entries, truncate
@@ -252,6 +252,8 @@ class BatchTarget:
         fold = self.device.type == "cpu" and os.environ.get("NGSPEC_FOLD_GQA", "1") != "0" and config._attn_implementation == "sdpa"
         self.fold_groups = heads // kv_heads if fold and heads % kv_heads == 0 else 1
         self.window = sliding_window(model)  # of sliding-window layers, if any
+        self.sliding = sliding_layers(config) if self.window else ()
+        self.dropped = 0  # leading slots the sliding layers no longer hold: every row's entries there are past its window
         self.rope_switch = rope_switch(config)  # where longrope frequencies switch, if they do
         self.keep_features = False
         self.feature_layers: tuple[int, ...] | None = None
@@ -301,16 +303,19 @@ class BatchTarget:
             self.lengths, self.pending = [n], [[]]
             row = 0
         else:
-            if n > self.slots:
-                self._grow(n - self.slots)
+            # the prompt's first entry the sliding layers still need must land in a slot they hold
+            at = max(0, self.dropped - max(0, n - self.window + 1)) if self.window else 0
+            if at + n > self.slots:
+                self._grow(at + n - self.slots)
             if row is None:
                 self._add_row()
                 row = self.rows - 1
             for layer, src in zip(self.cache.layers, own.layers):
-                layer.keys[row, :, :n] = src.keys[0]
-                layer.values[row, :, :n] = src.values[0]
+                first = max(at, layer.dropped)  # entries before a sliding layer's first slot are past the window
+                layer.keys[row, :, first - layer.dropped : at + n - layer.dropped] = src.keys[0, :, first - at :]
+                layer.values[row, :, first - layer.dropped : at + n - layer.dropped] = src.values[0, :, first - at :]
             self.valid[row] = False
-            self.valid[row, :n] = True
+            self.valid[row, at : at + n] = True
             self.lengths[row] = n
             self.pending[row] = []
         if features is not None:
@@ -342,11 +347,22 @@ class BatchTarget:
 
     @torch.inference_mode()
     def rearrange(self) -> None:
-        """Compact the cache: every row's live entries first, in order; holes dropped."""
+        """Compact the cache: every row's live entries first, in order; holes dropped. Slot s then
+        holds every row's position s, so the sliding layers keep the slots from the shortest row's
+        first entry within its window on."""
         width = max(self.lengths)
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # live slots first
         order = order.to(self.device)[:, None, :, None]
-        replace_entries(self.cache, lambda t: t.gather(2, order.expand(t.shape[0], t.shape[1], width, t.shape[3])))
+        dropped = max(0, min(self.lengths) - self.window + 1) if self.window else 0
+        sliding = set(self.sliding)
+        for i, layer in enumerate(self.cache.layers):
+            # a slot a sliding layer no longer holds has only entries past their row's window,
+            # which its mask hides: any entry will do there
+            index = (order[:, :, dropped:] - self.dropped).clamp(min=0) if i in sliding else order
+            layer.replace(*(t.gather(2, index.expand(t.shape[0], t.shape[1], index.shape[2], t.shape[3])) for t in (layer.keys, layer.values)))
+            if i in sliding:
+                layer.dropped = dropped
+        self.dropped = dropped
         self.valid = torch.arange(width)[None, :] < torch.tensor(self.lengths)[:, None]
 
     # -- one verification step ---------------------------------------------------------------------
@@ -379,7 +395,7 @@ class BatchTarget:
         visible = torch.cat([valid[:, None, :].expand(rows, width, start), block.to(self.device)], dim=2)
         # a cached entry's position: its order among the row's valid slots (sliding windows only)
         past = valid.cumsum(1) - 1 if self.window else None
-        attention_mask = block_masks(self.model.config, visible, positions.to(self.device), past, self.window, self.dtype)
+        attention_mask = block_masks(self.model.config, visible, positions.to(self.device), past, self.window, self.dtype, self.dropped)
         packed = self.packed and min(sizes) < width
         if packed:
             attend = ALL_ATTENTION_FUNCTIONS[self.model.config._attn_implementation]
@@ -434,6 +450,23 @@ class BatchTarget:
             for b, part in enumerate(kept.split([1 + len(p) for p in paths])):
                 self.pending[b].append(part)
         self._block = None
+        self._drop_unseen()
+
+    def _drop_unseen(self) -> None:
+        """Drop the sliding layers' leading slots once a window's worth holds, for every row,
+        only holes and entries past its window (positions up to ``length - window``): the slots
+        before the earliest of the rows' first entries still within their windows. Checked only
+        once the sliding layers hold two windows (a cumulative sum over the valid map)."""
+        if not self.window or self.slots - self.dropped < 2 * self.window:
+            return
+        counts = self.valid.cumsum(1)  # live entries up to each slot, per row
+        needed = (torch.tensor(self.lengths) - self.window + 2).clamp(min=1)  # ... up to a row's first within its window
+        drop = int((counts < needed[:, None]).sum(1).min()) - self.dropped
+        if drop < self.window:
+            return
+        for i in self.sliding:
+            self.cache.layers[i].drop_front(drop)
+        self.dropped += drop
 
     @torch.inference_mode()
     def take_features(self, row: int) -> torch.Tensor | None:

@@ -108,12 +108,20 @@ def test_trees_match_plain_greedy(family, layout):
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
-def test_batched_rows_match_plain_greedy(family, layout):
+def test_batched_rows_match_plain_greedy(family, layout, monkeypatch):
     name, model, prompts, expected = family
     if layout == "packed" and model.config._attn_implementation == "eager":  # Gemma 2: soft-capped, eager
         with pytest.raises(NgspecError, match="use --batch-layout padded"):
             BatchTarget(model, packed=True)
         return
+    held = []  # after each step: slots of every layer, the batch's slots, and what sliding layers dropped
+    commit = BatchTarget.commit
+
+    def recording(self, paths):
+        commit(self, paths)
+        held.append(([layer.keys.shape[-2] for layer in self.cache.layers], self.slots, self.dropped, self.sliding))
+
+    monkeypatch.setattr(BatchTarget, "commit", recording)
     results, _ = generate_batch(
         model, prompts, lambda: OracleDrafter(expected[0] + expected[1], VOCAB, seed=3), DecodeConfig(max_new_tokens=30),
         BatchConfig(3, 2, 0.0, layout=layout), lambda: Stopper(frozenset()),
@@ -121,6 +129,9 @@ def test_batched_rows_match_plain_greedy(family, layout):
     for i, (result, want) in enumerate(zip(results, expected)):
         assert result.error is None, f"{name} prompt {i}: {result.error}"
         assert result.generation.token_ids == want, f"{name} prompt {i}"
+    # sliding layers drop the slots every row is past (rows admitted later start beyond them)
+    assert all(n == slots - (dropped if i in sliding else 0) for layers, slots, dropped, sliding in held for i, n in enumerate(layers))
+    assert any(dropped for _, _, dropped, _ in held) == bool(sliding_window(model))
 
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3", "gpt2", "mistral"])
