@@ -10,6 +10,10 @@ tokens. Reports decoding tokens per second (the prefill excluded: it is the same
 all), the bytes the cache holds at the end, and whether the three arms' tokens are identical.
 
     python benchmarks/sliding_cache.py --family mistral --window 512 --context 4096 -n 64 --rounds 3
+
+With ``--batch-size B`` (> 1) B prompts of that length (different random tokens) are decoded
+together by `generate_batch`, without compaction in either arm, and transformers' arm is left out
+(its batches pad prompts, a different computation).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ngspec.decode import DecodeConfig, generate
+from ngspec.batch import BatchConfig, generate_batch
+from ngspec.batch_target import BatchTarget
+from ngspec.decode import DecodeConfig, Stopper, generate
 from ngspec.drafters import make_drafter
 from ngspec.target import TargetModel
 
@@ -62,6 +68,30 @@ def run_ngspec(target: TargetModel, prompt: list[int], n: int, keep_all: bool) -
     return gen.token_ids, rate, cache_bytes(target.cache.layers)
 
 
+def run_batch(model, prompts: list[list[int]], n: int, keep_all: bool) -> tuple[list[list[int]], float, int]:
+    """The batch's decoding tokens per second (all rows' tokens after their first, over the time
+    after the prefills) and the bytes its cache holds at the end."""
+    drop, commit = BatchTarget._drop_unseen, BatchTarget.commit
+    held = []
+
+    def commit_and_weigh(self, paths):
+        commit(self, paths)
+        held[:] = [cache_bytes(self.cache.layers)]
+
+    if keep_all:
+        BatchTarget._drop_unseen = lambda self: None
+    BatchTarget.commit = commit_and_weigh
+    try:
+        t0 = time.perf_counter()
+        results, report = generate_batch(model, prompts, lambda: make_drafter("vanilla"), DecodeConfig(max_new_tokens=n),
+                                         BatchConfig(len(prompts), 0), lambda: Stopper(frozenset()))
+        seconds = time.perf_counter() - t0
+    finally:
+        BatchTarget._drop_unseen, BatchTarget.commit = drop, commit
+    tokens = [r.generation.token_ids for r in results]
+    return tokens, sum(len(t) - 1 for t in tokens) / (seconds - report.prefill_seconds), held[0]
+
+
 @torch.inference_mode()
 def run_transformers(model, prompt: list[int], n: int) -> tuple[list[int], float, int]:
     ids = torch.tensor([prompt])
@@ -81,16 +111,22 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens")
     ap.add_argument("-n", "--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("-b", "--batch-size", type=int, default=1, help="rows decoded together (> 1: no transformers arm)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     model = build(args.family, args.window)
-    target = TargetModel(model)
-    prompt = torch.randint(3, SIZES["vocab_size"], (args.context,), generator=torch.Generator().manual_seed(1)).tolist()
-    arms = {"keep": lambda: run_ngspec(target, prompt, args.max_new_tokens, True),
-            "drop": lambda: run_ngspec(target, prompt, args.max_new_tokens, False),
-            "transformers": lambda: run_transformers(model, prompt, args.max_new_tokens)}
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, SIZES["vocab_size"], (args.context,), generator=gen).tolist() for _ in range(args.batch_size)]
+    if args.batch_size > 1:
+        arms = {"keep": lambda: run_batch(model, prompts, args.max_new_tokens, True),
+                "drop": lambda: run_batch(model, prompts, args.max_new_tokens, False)}
+    else:
+        target = TargetModel(model)
+        arms = {"keep": lambda: run_ngspec(target, prompts[0], args.max_new_tokens, True),
+                "drop": lambda: run_ngspec(target, prompts[0], args.max_new_tokens, False),
+                "transformers": lambda: run_transformers(model, prompts[0], args.max_new_tokens)}
     rates: dict[str, list[float]] = {a: [] for a in arms}
     tokens, held = {}, {}
     arms["drop"]()  # warm-up
@@ -100,12 +136,12 @@ def main() -> None:
             rates[arm].append(rate)
     report = {
         "family": args.family, "window": args.window, "context": args.context, "new_tokens": args.max_new_tokens,
-        "rounds": args.rounds, "threads": torch.get_num_threads(),
+        "batch_size": args.batch_size, "rounds": args.rounds, "threads": torch.get_num_threads(),
         "tokens_per_second": {a: round(statistics.median(v), 2) for a, v in rates.items()},
         "drop_over_keep": round(statistics.median(d / k for d, k in zip(rates["drop"], rates["keep"])), 3),
-        "drop_over_transformers": round(statistics.median(d / t for d, t in zip(rates["drop"], rates["transformers"])), 3),
+        **({"drop_over_transformers": round(statistics.median(d / t for d, t in zip(rates["drop"], rates["transformers"])), 3)} if "transformers" in rates else {}),
         "cache_mib": {a: round(b / 2**20, 3) for a, b in held.items()},
-        "identical": tokens["drop"] == tokens["keep"] == tokens["transformers"],
+        "identical": all(t == tokens["drop"] for t in tokens.values()),
     }
     print(json.dumps(report, indent=1))
 
