@@ -15,10 +15,10 @@ layer's cache, which a verification block cannot use: a rejected draft would alr
 out entries the next step needs. So sliding layers keep what a block may still see, and get a mask
 that also hides the keys more than the window back, counted in positions, not cache slots (a
 batch's slots hold padding and holes): key j is visible from query i when
-``pos(j) > pos(i) - window``, as in transformers' ``sliding_window_overlay``. One sequence drops a
-sliding layer's entries once every later query is past them (`ngspec.target`), so its memory and
-attention work stay bounded by the window; a batch keeps them (its rows share cache columns, and a
-younger row still needs columns the others are past).
+``pos(j) > pos(i) - window``, as in transformers' ``sliding_window_overlay``. A sliding layer's
+entries are dropped once every later query is past them (`ngspec.target` for one sequence,
+`ngspec.batch_target` for the slots every row of a batch is past), so its memory and attention
+work do not grow with the context, and its mask starts where its cache does (``sliding_from``).
 """
 
 from __future__ import annotations

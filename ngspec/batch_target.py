@@ -22,6 +22,11 @@ every row's live entries first, written back into the layer's own buffer: no sec
 loop checks every N steps (`--rearrange-every`) and compacts when that frees enough
 (`--rearrange-min-share`). A new prompt is prefilled on its own and written
 into a free row; finished rows are dropped.
+
+Sliding-window layers drop the leading slots that hold, for every row, only holes and entries
+beyond its window (``dropped``: their slot s is the batch's slot ``s + dropped``); a compaction
+keeps theirs from the shortest row's first entry within its window on, and a prompt admitted later
+is written to end at the last slot, beside the other rows' newest entries.
 """
 
 from __future__ import annotations
@@ -303,8 +308,10 @@ class BatchTarget:
             self.lengths, self.pending = [n], [[]]
             row = 0
         else:
-            # the prompt's first entry the sliding layers still need must land in a slot they hold
-            at = max(0, self.dropped - max(0, n - self.window + 1)) if self.window else 0
+            # with sliding layers, the prompt ends at the last slot, beside the other rows' newest
+            # entries, so that its entries within the window hold back no drop; those must land
+            # in slots the sliding layers hold
+            at = max(0, self.slots - n, self.dropped - max(0, n - self.window + 1)) if self.window else 0
             if at + n > self.slots:
                 self._grow(at + n - self.slots)
             if row is None:
