@@ -308,12 +308,12 @@ class BatchTarget:
             self.lengths, self.pending = [n], [[]]
             row = 0
         else:
-            # with sliding layers, the prompt ends at the last slot, beside the other rows' newest
-            # entries, so that its entries within the window hold back no drop; those must land
-            # in slots the sliding layers hold
-            at = max(0, self.slots - n, self.dropped - max(0, n - self.window + 1)) if self.window else 0
-            if at + n > self.slots:
-                self._grow(at + n - self.slots)
+            if n > self.slots:
+                self._grow(n - self.slots) if not self.window else self._grow_front(n - self.slots, max(0, n - self.window + 1))
+            # with sliding layers the prompt ends at the last slot, beside the other rows' newest
+            # entries, so that its entries within the window hold back no drop
+            at = self.slots - n if self.window else 0
+            assert at + max(0, n - self.window + 1) >= self.dropped if self.window else True, "a prompt's window must land in held slots"
             if row is None:
                 self._add_row()
                 row = self.rows - 1
@@ -336,6 +336,22 @@ class BatchTarget:
             layer.update(layer.keys.new_zeros(b, h, extra, d), layer.values.new_zeros(b, h, extra, layer.values.shape[-1]))
         self.valid = torch.cat([self.valid, torch.zeros(self.rows, extra, dtype=torch.bool)], dim=1)
 
+    def _grow_front(self, extra: int, hold_from: int) -> None:
+        """Put ``extra`` empty slots before every row's (holes), so that a longer prompt ends at
+        the last slot as the others do; the sliding layers then hold the slots from ``hold_from``
+        on (that prompt's first entry within its window) or from where they held them, whichever
+        is first: slots they did not hold are only added as far as that needs."""
+        sliding = set(self.sliding)
+        dropped = min(self.dropped + extra, hold_from)
+        for i, layer in enumerate(self.cache.layers):
+            now = dropped if i in sliding else 0
+            pad = layer.dropped + extra - now
+            if pad:
+                layer.replace(*(torch.cat([t.new_zeros(*t.shape[:2], pad, t.shape[3]), t], dim=2) for t in (layer.keys, layer.values)))
+            layer.dropped = now
+        self.dropped = dropped
+        self.valid = torch.cat([torch.zeros(self.rows, extra, dtype=torch.bool), self.valid], dim=1)
+
     def _add_row(self) -> None:
         replace_entries(self.cache, lambda t: torch.cat([t, t.new_zeros(1, *t.shape[1:])]))
         self.valid = torch.cat([self.valid, torch.zeros(1, self.slots, dtype=torch.bool)])
@@ -354,13 +370,14 @@ class BatchTarget:
 
     @torch.inference_mode()
     def rearrange(self) -> None:
-        """Compact the cache: every row's live entries first, in order; holes dropped. Slot s then
-        holds every row's position s, so the sliding layers keep the slots from the shortest row's
-        first entry within its window on."""
+        """Compact the cache: every row's live entries last, in order, ending at the last slot;
+        holes dropped but those a shorter row needs before its first entry. Every row's newest
+        entries then share the last slots, so the sliding layers keep only the last ``window - 1``
+        slots (or the longest row's entries, if shorter)."""
         width = max(self.lengths)
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # live slots first
+        order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -width:]  # holes first, live slots last
         order = order.to(self.device)[:, None, :, None]
-        dropped = max(0, min(self.lengths) - self.window + 1) if self.window else 0
+        dropped = width - min(width, self.window - 1) if self.window else 0
         sliding = set(self.sliding)
         for i, layer in enumerate(self.cache.layers):
             # a slot a sliding layer no longer holds has only entries past their row's window,
@@ -370,7 +387,7 @@ class BatchTarget:
             if i in sliding:
                 layer.dropped = dropped
         self.dropped = dropped
-        self.valid = torch.arange(width)[None, :] < torch.tensor(self.lengths)[:, None]
+        self.valid = torch.arange(width)[None, :] >= width - torch.tensor(self.lengths)[:, None]
 
     # -- one verification step ---------------------------------------------------------------------
 

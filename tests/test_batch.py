@@ -294,6 +294,8 @@ def test_compaction_runs_only_when_it_frees_the_minimum_share(tiny, tiny_datasto
 
 
 def test_rearrange_keeps_live_entries_in_order_and_drops_holes(tiny):
+    """Compacted, every row's live entries end at the last slot (a sliding-window model's rows
+    then share their newest slots, all its sliding layers keep)."""
     target = BatchTarget(tiny)
     target.admit([1, 2, 3, 4, 5])
     target.admit([6, 7])
@@ -310,14 +312,14 @@ def test_rearrange_keeps_live_entries_in_order_and_drops_holes(tiny):
     for old, layer in zip(before, target.cache.layers):
         for b, n in enumerate(target.lengths):
             live = valid[b].nonzero().flatten()
-            assert torch.equal(layer.keys[b, :, :n], old[b, :, live])
-    assert target.valid.sum(dim=1).tolist() == [8, 3]
+            assert torch.equal(layer.keys[b, :, 8 - n :], old[b, :, live])  # every row ends at the last slot
+    assert target.valid.tolist() == [[True] * 8, [False] * 5 + [True] * 3]
     assert [layer._keys.data_ptr() for layer in target.cache.layers] == buffers  # compacted in place
 
     target.drop([1])
-    assert target.lengths == [3] and target.valid.tolist() == [[True] * 3 + [False] * 5]
+    assert target.lengths == [3] and target.valid.tolist() == [[False] * 5 + [True] * 3]
     for old, layer in zip(before, target.cache.layers):
-        assert torch.equal(layer.keys[0, :, :3], old[1, :, valid[1].nonzero().flatten()])
+        assert torch.equal(layer.keys[0, :, 5:], old[1, :, valid[1].nonzero().flatten()])
 
 
 def test_discard_forgets_the_block_and_batch_costs_are_a_table(tiny):

@@ -302,3 +302,47 @@ def test_the_sliding_cache_script_times_arms_that_agree(batch, capsys, monkeypat
     report = json.loads(capsys.readouterr().out)
     assert report["identical"] and set(report["tokens_per_second"]) == {"keep", "drop"} | ({"transformers"} if batch == 1 else set())
     assert report["cache_mib"]["drop"] < report["cache_mib"]["keep"] / 2
+
+
+def test_sliding_layers_of_a_batch_hold_about_two_windows_whatever_the_order_of_prompts():
+    """Prompts admitted later, shorter or longer than the batch so far, end at its last slot (a
+    longer one puts holes before the others), beside the other rows' newest entries: the sliding
+    layers drop back to about two windows within a window of steps, and every row still decodes
+    as plain greedy does."""
+    from ngspec.contracts import DraftTree
+
+    model = family_model("mistral")
+    target = BatchTarget(model)
+    prompts, out = [], []
+
+    def admit(prompt, row=None):
+        first = int(target.admit(prompt, row).argmax())
+        if row is None:
+            prompts.append(prompt)
+            out.append([first])
+        else:
+            prompts[row], out[row] = prompt, [first]
+
+    def steps(n):
+        for _ in range(n):
+            verified = target.verify([o[-1] for o in out], [DraftTree.chain([])] * target.rows)
+            target.commit([[]] * target.rows)
+            for o, best in zip(out, verified.greedy()):
+                o.append(best[0])
+        assert [layer.keys.shape[-2] for layer in target.cache.layers] == [target.slots - target.dropped] * 2
+
+    admit(list(range(3, 13)))  # 10 tokens
+    admit(list(range(20, 80)))  # 60: holes go before the first row's 10
+    assert target.valid[0].tolist() == [False] * 50 + [True] * 10
+    steps(WINDOW)
+    assert target.slots - target.dropped < 2 * WINDOW
+    for b in range(2):
+        assert out[b] == hf_greedy(model, prompts[b], len(out[b]))
+    admit(list(range(30, 50)), 0)  # 20 tokens, where the batch has 68 slots
+    steps(WINDOW)
+    assert target.slots - target.dropped < 2 * WINDOW
+    target.rearrange()  # every row ends at the last slot: the sliding layers keep window - 1
+    assert target.slots - target.dropped == WINDOW - 1
+    steps(WINDOW)
+    for b in range(2):
+        assert out[b] == hf_greedy(model, prompts[b], len(out[b]))
