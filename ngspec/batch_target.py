@@ -18,15 +18,16 @@ call reads its cache a second time. On a GPU a 135M model's step is host work, w
 tensor operations per layer would cost more than the padding.
 
 Holes cost memory and attention time, so `rearrange` compacts the cache (one gather per layer puts
-every row's live entries first, written back into the layer's own buffer: no second cache); the
+every row's live entries last, written back into the layer's own buffer: no second cache); the
 loop checks every N steps (`--rearrange-every`) and compacts when that frees enough
 (`--rearrange-min-share`). A new prompt is prefilled on its own and written
 into a free row; finished rows are dropped.
 
 Sliding-window layers drop the leading slots that hold, for every row, only holes and entries
-beyond its window (``dropped``: their slot s is the batch's slot ``s + dropped``); a compaction
-keeps theirs from the shortest row's first entry within its window on, and a prompt admitted later
-is written to end at the last slot, beside the other rows' newest entries.
+beyond its window (``dropped``: their slot s is the batch's slot ``s + dropped``). For that to free
+anything every row's newest entries must share the last slots: a compaction puts every row's
+live entries at the end, and a prompt admitted later is written to end at the last slot (a longer
+one puts holes before the other rows).
 """
 
 from __future__ import annotations
@@ -308,12 +309,13 @@ class BatchTarget:
             self.lengths, self.pending = [n], [[]]
             row = 0
         else:
-            if n > self.slots:
-                self._grow(n - self.slots) if not self.window else self._grow_front(n - self.slots, max(0, n - self.window + 1))
-            # with sliding layers the prompt ends at the last slot, beside the other rows' newest
-            # entries, so that its entries within the window hold back no drop
-            at = self.slots - n if self.window else 0
-            assert at + max(0, n - self.window + 1) >= self.dropped if self.window else True, "a prompt's window must land in held slots"
+            at = 0
+            if self.window:  # the prompt ends at the last slot, beside the other rows' newest entries
+                if n > self.slots:
+                    self._grow_front(n - self.slots, max(0, n - self.window + 1))
+                at = self.slots - n
+            elif n > self.slots:
+                self._grow(n - self.slots)
             if row is None:
                 self._add_row()
                 row = self.rows - 1
@@ -370,10 +372,10 @@ class BatchTarget:
 
     @torch.inference_mode()
     def rearrange(self) -> None:
-        """Compact the cache: every row's live entries last, in order, ending at the last slot;
-        holes dropped but those a shorter row needs before its first entry. Every row's newest
-        entries then share the last slots, so the sliding layers keep only the last ``window - 1``
-        slots (or the longest row's entries, if shorter)."""
+        """Compact the cache: every row's live entries last, in order, ending at the last slot (a
+        shorter row starts with holes); other holes dropped. Every row's newest entries then share
+        the last slots, so the sliding layers keep only the last ``window - 1`` slots (all of them,
+        if fewer)."""
         width = max(self.lengths)
         order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -width:]  # holes first, live slots last
         order = order.to(self.device)[:, None, :, None]
