@@ -30,6 +30,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from ngspec.errors import NgspecError
+from ngspec.kv import cache_argument, make_cache
 from ngspec.tree import additive_mask
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -37,7 +38,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 
 def check_architecture(model: PreTrainedModel) -> None:
     """Raise `NgspecError` naming why ``model``'s attention cannot verify draft trees, if it cannot.
-    A model that passed is marked and not probed again (0.1 s for the default model on a CPU)."""
+    A model that passed is marked and not probed again (`_probe`)."""
     if getattr(model, "_ngspec_architecture_checked", False):
         return
     config = model.config
@@ -56,23 +57,50 @@ def check_architecture(model: PreTrainedModel) -> None:
     layers = {type(layer).__name__ for layer in DynamicCache(config=config).layers if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer)}
     if layers:
         raise NgspecError(f"{name}'s cache has {', '.join(sorted(layers))} layers, which ngspec cannot cut back after a rejected draft")
-    if _numbers_positions_its_own_way(model):
-        raise NgspecError(
-            f"{name} numbers positions its own way (RoBERTa-style models start after the padding index), so tokens "
-            "verified at explicit positions 0, 1, 2, ... would not match its plain decoding"
-        )
+    why = _probe(model)
+    if why:
+        raise NgspecError(f"{name} {why}")
     model._ngspec_architecture_checked = True
 
 
 @torch.inference_mode()
-def _numbers_positions_its_own_way(model: PreTrainedModel) -> bool:
-    """Whether six tokens given no position ids come out other than with positions 0-5 (two
-    forwards of six tokens: cheap next to loading the model)."""
+def _probe(model: PreTrainedModel) -> str | None:
+    """Why six tokens through the model do not behave as verifying a draft tree needs, or None.
+    Four small forwards (0.27 s for the default model on two CPU cores), that also guard code
+    loaded with ``--trust-remote-code``: the six tokens with positions 0-5 and a cache, which must
+    then hold their keys and values, and without either (a model that numbers positions its own
+    way); and under a mask that hides the first three tokens from the last three, whose logits
+    must then be those of the last three alone at positions 3-5 (a model that ignores or refuses a
+    custom mask would verify trees wrongly)."""
     device = next(model.parameters()).device
     ids = (torch.arange(1, 7, device=device) % model.get_input_embeddings().weight.shape[0])[None]
-    own = model(input_ids=ids, use_cache=False).logits
-    given = model(input_ids=ids, position_ids=torch.arange(6, device=device)[None], use_cache=False).logits
-    return not torch.allclose(own.float(), given.float(), rtol=1e-3, atol=1e-3)
+    positions = torch.arange(6, device=device)[None]
+
+    def same(a, b) -> bool:
+        return torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3)
+
+    cache = make_cache(model.config, capacity=8)
+    try:
+        given = model(input_ids=ids, position_ids=positions, **cache_argument(model, cache), use_cache=True).logits
+    except Exception as exc:  # noqa: BLE001 - whatever the model's own code raises
+        return f"does not run with explicit positions and a transformers cache ({type(exc).__name__} in its forward: {exc})"
+    if not same(model(input_ids=ids, use_cache=False).logits, given):
+        return (
+            "numbers positions its own way (RoBERTa-style models start after the padding index), so tokens "
+            "verified at explicit positions 0, 1, 2, ... would not match its plain decoding"
+        )
+    if any(layer.keys is None or layer.keys.shape[-2] != 6 for layer in cache.layers):
+        return "does not keep its keys and values in transformers' cache, so a verified block cannot continue a cached context"
+    visible = torch.ones(6, 6, dtype=torch.bool, device=device).tril()
+    visible[3:, :3] = False
+    masks = block_masks(model.config, visible[None], positions, positions[:, :0], sliding_window(model), given.dtype)
+    try:
+        hidden = model(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False).logits[0, 3:]
+    except Exception as exc:  # noqa: BLE001 - whatever the model's own code raises
+        return f"does not take a custom 4D attention mask ({type(exc).__name__} in its forward), which verifying a draft tree needs"
+    if not same(hidden, model(input_ids=ids[:, 3:], position_ids=positions[:, 3:], use_cache=False).logits[0]):
+        return "does not honour a custom 4D attention mask, which verifying a draft tree needs"
+    return None
 
 
 def sliding_window(model: PreTrainedModel) -> int | None:

@@ -193,6 +193,25 @@ def test_models_that_number_positions_their_own_way_are_refused_clearly():
     assert "numbers positions its own way" in _refusal("xlm-roberta", is_decoder=True)
 
 
+def test_models_without_a_cache_or_a_custom_mask_are_refused_clearly():
+    assert "does not keep its keys and values" in _refusal("openai-gpt", n_embd=64, n_layer=2, n_head=4)
+    assert "does not take a custom 4D attention mask (AssertionError" in _refusal("xlm", emb_dim=64, n_layers=2, n_heads=4)
+
+
+def test_a_model_that_ignores_a_custom_mask_is_refused_clearly():
+    """Code loaded with --trust-remote-code may drop the mask a tree needs: verified trees would
+    then differ from plain decoding, silently, so the probe refuses it."""
+    from transformers import LlamaForCausalLM
+
+    class MaskBlind(LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, **kwargs):
+            return super().forward(input_ids=input_ids, position_ids=position_ids, cache=cache, **kwargs)
+
+    model = MaskBlind(AutoConfig.for_model("llama", **SIZES)).eval()
+    with pytest.raises(NgspecError, match="^MaskBlind does not honour a custom 4D attention mask"):
+        TargetModel(model)
+
+
 def test_recurrent_and_chunked_layers_are_refused_clearly():
     assert "linear_attention" in _refusal("qwen3_next", num_key_value_heads=2, num_hidden_layers=4)
     assert "chunked_attention" in _refusal("llama4_text", num_key_value_heads=2, num_hidden_layers=4)
