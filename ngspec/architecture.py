@@ -69,9 +69,10 @@ def _probe(model: PreTrainedModel) -> str | None:
     Four small forwards (0.27 s for the default model on two CPU cores), that also guard code
     loaded with ``--trust-remote-code``: the six tokens with positions 0-5 and a cache, which must
     then hold their keys and values, and without either (a model that numbers positions its own
-    way); and under a mask that hides the first three tokens from the last three, whose logits
-    must then be those of the last three alone at positions 3-5 (a model that ignores or refuses a
-    custom mask would verify trees wrongly)."""
+    way); and under a causal mask that hides the first three tokens from the last three, whose
+    logits must then be those of the last three alone at positions 3-5 under a causal mask (a model
+    that ignores or refuses a custom mask would verify trees wrongly; an encoder used as a decoder,
+    attending both ways by itself, passes, as it decodes as plain decoding does)."""
     device = next(model.parameters()).device
     ids = (torch.arange(1, 7, device=device) % model.get_input_embeddings().weight.shape[0])[None]
     positions = torch.arange(6, device=device)[None]
@@ -91,14 +92,18 @@ def _probe(model: PreTrainedModel) -> str | None:
         )
     if any(layer.keys is None or layer.keys.shape[-2] != 6 for layer in cache.layers):
         return "does not keep its keys and values in transformers' cache, so a verified block cannot continue a cached context"
-    visible = torch.ones(6, 6, dtype=torch.bool, device=device).tril()
-    visible[3:, :3] = False
-    masks = block_masks(model.config, visible[None], positions, positions[:, :0], sliding_window(model), given.dtype)
+    def masked(visible: torch.Tensor, at: slice) -> torch.Tensor:
+        masks = block_masks(model.config, visible[None], positions[:, at], positions[:, :0], sliding_window(model), given.dtype)
+        return model(input_ids=ids[:, at], position_ids=positions[:, at], attention_mask=masks, use_cache=False).logits[0]
+
+    causal = torch.ones(6, 6, dtype=torch.bool, device=device).tril()
+    hidden = causal.clone()
+    hidden[3:, :3] = False
     try:
-        hidden = model(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False).logits[0, 3:]
+        apart = masked(hidden, slice(0, 6))[3:]
     except Exception as exc:  # noqa: BLE001 - whatever the model's own code raises
         return f"does not take a custom 4D attention mask ({type(exc).__name__} in its forward), which verifying a draft tree needs"
-    if not same(hidden, model(input_ids=ids[:, 3:], position_ids=positions[:, 3:], use_cache=False).logits[0]):
+    if not same(apart, masked(causal[:3, :3], slice(3, 6))):
         return "does not honour a custom 4D attention mask, which verifying a draft tree needs"
     return None
 
