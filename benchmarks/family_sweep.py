@@ -43,7 +43,7 @@ def _alarm(*_):
     raise _Timeout()
 
 
-MAX_PARAMETERS = 50_000_000  # what the small config leaves at its defaults (a multimodal model's towers) can be billions
+MAX_PARAMETERS = 500_000_000  # what the small config leaves at its defaults (a multimodal model's towers) can be billions
 
 
 class TooBig(Exception):
