@@ -6,8 +6,9 @@ its attention cannot take that: ALiBi models place tokens by cache index rather 
 (BLOOM, MPT, Falcon with ``alibi``), recurrent and linear-attention layers keep a state that a
 rejected draft cannot be taken back from (Mamba, Jamba, Qwen3-Next), and chunked attention
 (Llama 4) needs masks the engine does not build; a model that numbers positions its own way
-(RoBERTa's start after the padding index) would see explicit positions differently. Rotary frequencies that switch with a forward's
-longest position (longrope) bound how deep a block may reach (`rope_switch`).
+(RoBERTa's start after the padding index) would see explicit positions differently. Rotary
+frequencies that switch with a forward's longest position (longrope) bound how deep a block may
+reach (`rope_switch`).
 
 Sliding-window layers (Mistral v0.1, Phi-3-mini-4k, Gemma 2 and 3, Qwen2 with its window on)
 attend only to the last ``sliding_window`` positions. transformers keeps only those in a sliding
@@ -92,8 +93,10 @@ def _probe(model: PreTrainedModel) -> str | None:
         )
     if any(layer.keys is None or layer.keys.shape[-2] != 6 for layer in cache.layers):
         return "does not keep its keys and values in transformers' cache, so a verified block cannot continue a cached context"
+    window = sliding_window(model)
+
     def masked(visible: torch.Tensor, at: slice) -> torch.Tensor:
-        masks = block_masks(model.config, visible[None], positions[:, at], positions[:, :0], sliding_window(model), given.dtype)
+        masks = block_masks(model.config, visible[None], positions[:, at], positions[:, :0], window, given.dtype)
         return model(input_ids=ids[:, at], position_ids=positions[:, at], attention_mask=masks, use_cache=False).logits[0]
 
     causal = torch.ones(6, 6, dtype=torch.bool, device=device).tril()

@@ -46,7 +46,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from ngspec.architecture import block_masks, rope_switch, sliding_layers, sliding_window
 from ngspec.contracts import DraftTree, table_cost
 from ngspec.errors import NgspecError
-from ngspec.kv import cache_argument, make_cache, replace_entries, truncate
+from ngspec.kv import cache_argument, drop_front, dropped, make_cache, replace_entries, truncate
 from ngspec.rows import attention_function
 from ngspec.target import forward_with_features, prepare_model
 from ngspec.tree import batch_blocks
@@ -259,7 +259,6 @@ class BatchTarget:
         self.fold_groups = heads // kv_heads if fold and heads % kv_heads == 0 else 1
         self.window = sliding_window(model)  # of sliding-window layers, if any
         self.sliding = sliding_layers(config) if self.window else ()
-        self.dropped = 0  # leading slots the sliding layers no longer hold: every row's entries there are past its window
         self.rope_switch = rope_switch(config)  # where longrope frequencies switch, if they do
         self.keep_features = False
         self.feature_layers: tuple[int, ...] | None = None
@@ -278,6 +277,11 @@ class BatchTarget:
     @property
     def slots(self) -> int:
         return self.valid.shape[1]
+
+    @property
+    def dropped(self) -> int:
+        """Leading slots the sliding layers no longer hold: every row's entries there are past its window."""
+        return dropped(self.cache, self.sliding)
 
     def use(self) -> CacheUse:
         return CacheUse(self.slots, sum(self.lengths), self.rows)
@@ -344,14 +348,13 @@ class BatchTarget:
         on (that prompt's first entry within its window) or from where they held them, whichever
         is first: slots they did not hold are only added as far as that needs."""
         sliding = set(self.sliding)
-        dropped = min(self.dropped + extra, hold_from)
+        held_from = min(self.dropped + extra, hold_from)
         for i, layer in enumerate(self.cache.layers):
-            now = dropped if i in sliding else 0
+            now = held_from if i in sliding else 0
             pad = layer.dropped + extra - now
             if pad:
                 layer.replace(*(torch.cat([t.new_zeros(*t.shape[:2], pad, t.shape[3]), t], dim=2) for t in (layer.keys, layer.values)))
             layer.dropped = now
-        self.dropped = dropped
         self.valid = torch.cat([torch.zeros(self.rows, extra, dtype=torch.bool), self.valid], dim=1)
 
     def _add_row(self) -> None:
@@ -379,16 +382,16 @@ class BatchTarget:
         width = max(self.lengths)
         order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -width:]  # holes first, live slots last
         order = order.to(self.device)[:, None, :, None]
-        dropped = width - min(width, self.window - 1) if self.window else 0
+        held_from = width - min(width, self.window - 1) if self.window else 0
+        # a slot a sliding layer no longer holds has only entries past their row's window, which
+        # its mask hides: any entry will do there
+        sliding_order = (order[:, :, held_from:] - self.dropped).clamp(min=0) if self.sliding else None
         sliding = set(self.sliding)
         for i, layer in enumerate(self.cache.layers):
-            # a slot a sliding layer no longer holds has only entries past their row's window,
-            # which its mask hides: any entry will do there
-            index = (order[:, :, dropped:] - self.dropped).clamp(min=0) if i in sliding else order
+            index = sliding_order if i in sliding else order
             layer.replace(*(t.gather(2, index.expand(t.shape[0], t.shape[1], index.shape[2], t.shape[3])) for t in (layer.keys, layer.values)))
             if i in sliding:
-                layer.dropped = dropped
-        self.dropped = dropped
+                layer.dropped = held_from
         self.valid = torch.arange(width)[None, :] >= width - torch.tensor(self.lengths)[:, None]
 
     # -- one verification step ---------------------------------------------------------------------
@@ -490,9 +493,7 @@ class BatchTarget:
         drop = int((counts < needed[:, None]).sum(1).min()) - self.dropped
         if drop < self.window:
             return
-        for i in self.sliding:
-            self.cache.layers[i].drop_front(drop)
-        self.dropped += drop
+        drop_front(self.cache, self.sliding, drop)
 
     @torch.inference_mode()
     def take_features(self, row: int) -> torch.Tensor | None:

@@ -83,6 +83,17 @@ class GrowableLayer(DynamicLayer):
         self.dropped += n
 
 
+def dropped(cache: DynamicCache | None, layers: Sequence[int]) -> int:
+    """The leading positions ``layers`` (sliding ones, dropping together) no longer hold."""
+    return cache.layers[layers[0]].dropped if cache is not None and layers else 0
+
+
+def drop_front(cache: DynamicCache, layers: Sequence[int], n: int) -> None:
+    """Drop the first ``n`` entries of each of ``layers`` (`GrowableLayer.drop_front`)."""
+    for i in layers:
+        cache.layers[i].drop_front(n)
+
+
 def cache_argument(module: torch.nn.Module, cache) -> dict:
     """The keyword that hands ``cache`` to ``module``'s forward: transformers 5.24 renamed
     ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40); modules that do not

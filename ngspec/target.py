@@ -19,7 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ngspec.architecture import block_masks, check_architecture, rope_switch, sliding_layers, sliding_window
 from ngspec.contracts import DraftTree
 from ngspec.errors import NgspecError
-from ngspec.kv import cache_argument, keep_block, make_cache, truncate
+from ngspec.kv import cache_argument, drop_front, dropped, keep_block, make_cache, truncate
 from ngspec.cpu_linear import tune_linears
 from ngspec.rows import RowBlockCache, forward_rows
 from ngspec.tree import block_positions, block_visibility, root_to_leaf_paths
@@ -94,7 +94,6 @@ class TargetModel:
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
         self.window = sliding_window(model)  # of sliding-window layers, if any
         self.sliding = sliding_layers(model.config) if self.window else ()
-        self.dropped = 0  # leading positions the sliding layers' caches no longer hold
         self.rope_switch = rope_switch(model.config)  # where longrope frequencies switch, if they do
         self.cache: DynamicCache | None = None
         self._row_block: RowBlockCache | None = None
@@ -142,7 +141,7 @@ class TargetModel:
         ids = torch.tensor([list(prompt)], dtype=torch.long)
         logits = self._forward(ids, logits_to_keep=1)
         self._pending = [self._block_hidden] if self.keep_features else []
-        self.length, self.dropped = len(prompt), 0
+        self.length = len(prompt)
         self._drop_unseen()
         return logits[-1]
 
@@ -208,9 +207,12 @@ class TargetModel:
         unseen = self.length - self.window + 1 - self.dropped
         if unseen < self.window:
             return
-        for i in self.sliding:
-            self.cache.layers[i].drop_front(unseen)
-        self.dropped += unseen
+        drop_front(self.cache, self.sliding, unseen)
+
+    @property
+    def dropped(self) -> int:
+        """Leading positions the sliding layers' caches no longer hold."""
+        return dropped(self.cache, self.sliding)
 
     @torch.inference_mode()
     def verify_rows(self, root: int, rows: Sequence[Sequence[int]]) -> torch.Tensor:
