@@ -101,10 +101,22 @@ def load_prompts(
 def encode(tokenizer, text: str, raw: bool = False) -> list[int]:
     """Token ids for ``text``: wrapped in the chat template (when the tokenizer has one) unless raw."""
     if not raw and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
+        return encode_messages(tokenizer, [{"role": "user", "content": text}])
     return list(tokenizer(text)["input_ids"])
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids for chat ``messages`` ({'role': ..., 'content': ...}) through the chat template,
+    ready for the assistant's answer."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise NgspecError("chat messages need a tokenizer with a chat template; give text or token ids instead")
+    bad = [m for m in messages if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str)]
+    if bad:
+        raise NgspecError(f"a chat message needs a 'role' and a 'content', both strings (got {bad[0]!r})")
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except Exception as exc:  # the template's own checks (e.g. roles that must alternate) raise anything
+        raise NgspecError(f"the chat template refused these messages: {exc}") from exc
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)

@@ -301,8 +301,8 @@ def test_generate_summarises_the_search_branch_and_the_head():
 def test_a_run_carries_each_drafters_calibration_from_prompt_to_prompt(tmp_path, monkeypatch):
     """generate (one at a time and batched) gives every prompt's drafter the run's calibration;
     bench gives each arm its own, across the prompts."""
+    import ngspec.api as api
     import ngspec.bench.runner as runner
-    import ngspec.cli.generate as generate
     from ngspec.drafters import make_drafter
 
     seen = []
@@ -312,7 +312,7 @@ def test_a_run_carries_each_drafters_calibration_from_prompt_to_prompt(tmp_path,
         seen.append((name, getattr(drafter, "calibration", None)))
         return drafter
 
-    monkeypatch.setattr(generate, "make_drafter", recording)
+    monkeypatch.setattr(api, "make_drafter", recording)
     monkeypatch.setattr(runner, "make_drafter", recording)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate([PROMPT, "Count from one to ten.", PROMPT])))

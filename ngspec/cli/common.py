@@ -83,19 +83,23 @@ def rows_options(
     return replace(opts, k=k, w=w)
 
 
-def load_engine(model: str, device: str, dtype: str, profile: Path | None = None, trust_remote_code: bool = False) -> Engine:
+def load_engine(
+    model: str, device: str, dtype: str, profile: Path | None = None, trust_remote_code: bool = False, quiet: bool = False
+) -> Engine:
     """The engine for ``model``; ``profile`` (from `profile-bound --save-profile`) replaces the
-    built-in calibration of verify costs."""
+    built-in calibration of verify costs; ``quiet``: no progress lines on stderr."""
     from ngspec.cli.render import info
     from ngspec.cpu_linear import tune_linears
     from ngspec.engine import Engine
     from ngspec.models import load_model
     from ngspec.perf.device_profile import load_profile
 
+    notify = None if quiet else info
     device_profile = load_profile(profile) if profile is not None else None  # bad files fail first
-    info(f"loading model {model} ...")
+    if notify:
+        notify(f"loading model {model} ...")
     loaded = load_model(model, device, dtype, trust_remote_code)
     if device_profile is not None:
         device_profile.check_model(loaded.name, profile)
-    tune_linears(loaded.model, notify=info)  # the Engine would do it silently
+    tune_linears(loaded.model, notify=notify)  # the Engine would do it silently
     return Engine(loaded, profile=device_profile)

@@ -7,47 +7,24 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from ngspec.cli import render
-from ngspec.cli.common import decode_config, fit_rows, load_engine, rows_options, sampling_config
-from ngspec.cli.drafting import Drafting, single_value, with_drafting_options
+from ngspec.cli.common import decode_config, load_engine, sampling_config
+from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import (
     DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt, TrustRemoteCodeOpt,
     StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt,
 )
-from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, check_drafter, make_drafter
+from ngspec.drafters import ROW_DRAFTERS, DrafterOptions
 from ngspec.errors import NgspecError
-from ngspec.prompts import encode, load_prompts
+from ngspec.prompts import load_prompts
 
 if TYPE_CHECKING:  # torch and transformers load when a command runs, not for --help
+    from ngspec.api import Output, Speculator
     from ngspec.batch import BatchResult
-    from ngspec.decode import Generation
 
 
-def result_record(prompt_id: str, prompt_tokens: int, text: str, gen: Generation, drafter: str) -> dict:
+def result_record(prompt_id: str, drafter: str, output: Output) -> dict:
     """The per-prompt JSON record (also the source of the human summary)."""
-    calls = gen.stats.verify_calls
-    accepted = [s.accepted for s in gen.stats.steps]
-    return {
-        "id": prompt_id,
-        "drafter": drafter,
-        "text": text,
-        "token_ids": gen.token_ids,
-        "prompt_tokens": prompt_tokens,
-        "new_tokens": len(gen.token_ids),
-        "seconds": gen.seconds,
-        "tokens_per_second": len(gen.token_ids) / gen.seconds if gen.seconds else 0.0,
-        "verify_calls": calls,
-        # tokens emitted per target forward pass, the bonus token included and the prefill
-        # counted as the first call (plain decoding gives exactly 1.0)
-        "mean_tokens_per_call": sum(accepted) / calls if calls else 0.0,
-        "draft_seconds": gen.stats.draft_seconds,
-        "draft_share": gen.stats.draft_seconds / gen.seconds if gen.seconds else 0.0,
-        # the prompt's forward, which no drafter shortens
-        "prefill_seconds": gen.stats.prefill_seconds,
-        "prefill_share": gen.stats.prefill_seconds / gen.seconds if gen.seconds else 0.0,
-        "mean_tree_size": sum(s.tree_size for s in gen.stats.steps) / calls if calls else 0.0,
-        "finish_reason": gen.finish_reason,
-        **({"drafter_stats": gen.drafter_stats} if gen.drafter_stats is not None else {}),
-    }
+    return {"id": prompt_id, "drafter": drafter, **output.as_dict()}
 
 
 def _check_rows(check: dict | None) -> list[tuple[str, str]]:
@@ -95,14 +72,14 @@ def _search_summary(stats: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
-def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json_out: bool, check: bool) -> None:
+def _run_batch(spec: Speculator, prompts, ids, cfg, batch, json_out: bool, check: bool) -> None:
     """Batched generation: each prompt's text and record as it finishes, then the batch summary;
     prompts that cannot run fail alone (exit code 1 at the end). With ``check``, every row is
     compared with its own plain greedy decoding once the batch is done (outside its timing), and
     the records follow then."""
-    from ngspec.check import check_against_greedy
+    from ngspec.api import Output
 
-    failed, checked = [], []
+    drafter, failed, checked = spec.drafter, [], []
 
     def show(record: dict) -> None:
         if json_out:
@@ -122,16 +99,17 @@ def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json
                 render.error(f"prompt {prompt.id}: {result.error}")
             return
         gen = result.generation
-        record = result_record(prompt.id, len(ids[result.index]), engine.detokenize(gen.token_ids), gen, drafter)
+        output = Output.of(gen, len(ids[result.index]), spec.detokenize(gen.token_ids))
         if check:
-            checked.append((result.index, record))
+            checked.append((result.index, output))
         else:
-            show(record)
+            show(result_record(prompt.id, drafter, output))
 
-    results, report = engine.run_batch(ids, new_drafter, cfg, batch, on_finish)
-    for index, record in checked:
-        record["greedy_check"] = check_against_greedy(engine, ids[index], results[index].generation.token_ids, cfg).as_dict()
-        show(record)
+    results, report = spec.run_batch(ids, cfg, batch, on_finish)
+    records = []
+    for index, output in checked:
+        records.append(result_record(prompts[index].id, drafter, spec.checked(output, ids[index], cfg)))
+        show(records[-1])
     done = [r.generation for r in results if r.generation is not None]
     calls = sum(g.stats.verify_calls for g in done)
     summary = {
@@ -140,12 +118,12 @@ def _run_batch(engine, prompts, ids, new_drafter, cfg, batch, drafter: str, json
         "mean_tokens_per_call": sum(len(g.token_ids) for g in done) / calls if calls else 0.0, **report.as_dict(),
     }
     if check:
-        summary["identical_to_plain_greedy"] = sum(r["greedy_check"]["exact_match"] for _, r in checked)
+        summary["identical_to_plain_greedy"] = sum(r["greedy_check"]["exact_match"] for r in records)
     if json_out:
         render.json_line({"batch": summary})
     else:
         render.summary_table(
-            f"{drafter}, batch of {batch.batch_size} on {engine.loaded.name} ({engine.target.device})",
+            f"{drafter}, batch of {batch.batch_size} on {spec.engine.loaded.name} ({spec.engine.target.device})",
             [
                 ("prompts (failed)", f"{len(prompts)} ({len(failed)})"),
                 ("new tokens", str(summary["new_tokens"])),
@@ -197,15 +175,10 @@ def generate_command(
 
     Example: ngspec generate -p examples/rag_ngspec.txt --drafter trie
     """
+    from ngspec.api import Output, Speculator, check_choice
     from ngspec.batch import BatchConfig
-    from ngspec.check import check_against_greedy
-    from ngspec.drafters.trie import Calibration
 
-    check_drafter(drafter)  # validate everything before loading anything
-    drafting.check([drafter])
-    opts = drafting.options()
-    k, w = single_value(drafting.k, "k"), single_value(drafting.w, "w")
-    rows_options(opts, k, w, None, 0)  # validates --k/--w
+    check_choice(drafter, drafting)  # validate everything before loading anything
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
     if check and not cfg.sampling.greedy:
         raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
@@ -215,25 +188,20 @@ def generate_command(
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size > 1 verifies trees: use --verify tree (rows are for one prompt at a time)")
     prompts = load_prompts(prompt_file)
-    engine = load_engine(model, device, dtype, profile, trust_remote_code)
-    res = drafting.resources(engine, [drafter])
-    tokenizer = engine.loaded.tokenizer
-    calibration = Calibration()  # the drafters' estimates, carried from prompt to prompt (and row to row)
+    # the drafters' estimates are carried from prompt to prompt (and row to row) in the Speculator
+    spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code), drafter, drafting)
     if batch_size > 1:
-        ids = [encode(tokenizer, p.text, raw) for p in prompts]
-        opts = rows_options(opts, k, w, engine.profile, max(map(len, ids)), engine.target.device.type)
-        _run_batch(engine, prompts, ids, lambda: make_drafter(drafter, opts, res.tables, res.eagle, res.datastore, calibration), fit_rows(cfg, drafter, opts), batch, drafter, json_out, check)
+        _run_batch(spec, prompts, [spec.encode(p.text, raw) for p in prompts], cfg, batch, json_out, check)
         return
+    engine = spec.engine
     for prompt in prompts:
-        ids = encode(tokenizer, prompt.text, raw)
+        ids = spec.encode(prompt.text, raw)
         stream = None if json_out else render.TextStream(engine.detokenize)
         if stream is not None and len(prompts) > 1:
             render.console.rule(f"prompt {prompt.id}")
-        prompt_opts = rows_options(opts, k, w, engine.profile, len(ids), engine.target.device.type)
-        gen = engine.run(ids, make_drafter(drafter, prompt_opts, res.tables, res.eagle, res.datastore, calibration), fit_rows(cfg, drafter, prompt_opts), on_tokens=stream)
-        record = result_record(prompt.id, len(ids), engine.detokenize(gen.token_ids), gen, drafter)
-        if check:
-            record["greedy_check"] = check_against_greedy(engine, ids, gen.token_ids, cfg).as_dict()
+        gen = spec.run(ids, cfg, on_tokens=stream)
+        output = Output.of(gen, len(ids), spec.detokenize(gen.token_ids))
+        record = result_record(prompt.id, drafter, spec.checked(output, ids, cfg) if check else output)
         if json_out:
             render.json_line(record)
             continue
@@ -249,7 +217,7 @@ def generate_command(
                 ("drafting share of time", f"{100 * record['draft_share']:.1f}%"),
                 ("prefill share of time", f"{100 * record['prefill_share']:.1f}%"),
                 ("finished by", record["finish_reason"]),
-                *_rows_summary(record.get("drafter_stats"), prompt_opts if drafter in ROW_DRAFTERS else None),
+                *_rows_summary(record.get("drafter_stats"), spec.options_for(len(ids)) if drafter in ROW_DRAFTERS else None),
                 *_search_summary(record.get("drafter_stats")),
                 *_check_rows(record.get("greedy_check")),
             ],

@@ -46,21 +46,20 @@ def json_line(obj: object) -> None:
 
 
 class TextStream:
-    """Prints decoded text as tokens arrive, decoding the whole run so far to get spacing right."""
+    """Prints decoded text as tokens arrive (`ngspec.api.TextDeltas` to stdout)."""
 
     def __init__(self, detokenize) -> None:
-        self.detokenize = detokenize
-        self.tokens: list[int] = []
-        self.shown = ""
+        from ngspec.api import TextDeltas
+
+        self._deltas = TextDeltas(detokenize, self._write)
 
     def __call__(self, new_tokens: list[int]) -> None:
-        self.tokens.extend(new_tokens)
-        text = self.detokenize(self.tokens)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-            return
-        sys.stdout.write(text[len(self.shown) :])
+        self._deltas(new_tokens)
+
+    @staticmethod
+    def _write(text: str) -> None:
+        sys.stdout.write(text)
         sys.stdout.flush()
-        self.shown = text
 
     def finish(self) -> None:
         sys.stdout.write("\n")

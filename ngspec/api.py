@@ -1,0 +1,328 @@
+"""The Python API: a model and a drafter, ready to generate. `ngspec generate` runs through it.
+
+    from ngspec import Speculator
+
+    spec = Speculator.load("default", drafter="trie")          # or Speculator.from_model(model, tokenizer)
+    out = spec.generate("Summarise: ...", max_new_tokens=128)  # a str, chat messages or token ids
+    print(out.text, out.mean_tokens_per_call, out.tokens_per_second)
+    outs = spec.generate_batch(prompts, batch_size=8)          # one Output per prompt, in order
+
+Every output is token-identical to plain greedy decoding of the same model (with ``temperature``
+> 0, identical in distribution). Drafter options are the keyword arguments of `generate`'s
+options, without the dashes: ``--eagle-head DIR`` is ``eagle_head="DIR"``, ``--num-draft 16`` is
+``num_draft=16``. Bad input raises `ngspec.errors.NgspecError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from difflib import get_close_matches
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
+
+from ngspec.cli.common import decode_config, fit_rows, load_engine, rows_options, sampling_config
+from ngspec.cli.drafting import Drafting, single_value
+from ngspec.drafters import DrafterOptions, check_drafter, make_drafter
+from ngspec.errors import NgspecError
+
+if TYPE_CHECKING:
+    from ngspec.batch import BatchConfig, BatchReport, BatchResult
+    from ngspec.decode import DecodeConfig, Generation
+    from ngspec.engine import Engine
+
+# a prompt: text (wrapped in the model's chat template unless raw), chat messages
+# ([{"role": ..., "content": ...}, ...], through the chat template) or token ids (fed as they are)
+Prompt = Union[str, Sequence[dict], Sequence[int]]
+
+PATH_OPTIONS = {"bigram_table", "eagle_head", "tree_choices", "datastore"}
+
+
+@dataclass(frozen=True)
+class Output:
+    """One prompt's generation and how it went (the record `ngspec generate --json` prints)."""
+
+    text: str | None  # None for a model loaded without a tokenizer
+    token_ids: list[int]
+    prompt_tokens: int
+    new_tokens: int
+    seconds: float
+    tokens_per_second: float
+    verify_calls: int
+    # tokens emitted per target forward pass, the bonus token included and the prefill counted as
+    # the first call (plain decoding gives exactly 1.0)
+    mean_tokens_per_call: float
+    draft_seconds: float
+    draft_share: float
+    prefill_seconds: float  # the prompt's forward, which no drafter shortens
+    prefill_share: float
+    mean_tree_size: float
+    finish_reason: str  # eos | stop | length | context | error
+    drafter_stats: dict | None = None  # per drafter: rows per strategy, search branch sources, ...
+    greedy_check: dict | None = None  # with check=True: whether plain greedy decoding gives the same
+    error: str | None = None  # a batch row that could not run (finish_reason "error")
+
+    @classmethod
+    def of(cls, gen: Generation, prompt_tokens: int, text: str | None) -> Output:
+        calls = gen.stats.verify_calls
+        steps = gen.stats.steps
+        share = (lambda s: s / gen.seconds) if gen.seconds else (lambda s: 0.0)
+        return cls(
+            text=text,
+            token_ids=list(gen.token_ids),
+            prompt_tokens=prompt_tokens,
+            new_tokens=len(gen.token_ids),
+            seconds=gen.seconds,
+            tokens_per_second=share(len(gen.token_ids)),
+            verify_calls=calls,
+            mean_tokens_per_call=sum(s.accepted for s in steps) / calls if calls else 0.0,
+            draft_seconds=gen.stats.draft_seconds,
+            draft_share=share(gen.stats.draft_seconds),
+            prefill_seconds=gen.stats.prefill_seconds,
+            prefill_share=share(gen.stats.prefill_seconds),
+            mean_tree_size=sum(s.tree_size for s in steps) / calls if calls else 0.0,
+            finish_reason=gen.finish_reason,
+            drafter_stats=gen.drafter_stats,
+        )
+
+    @classmethod
+    def failed(cls, error: str, prompt_tokens: int) -> Output:
+        return cls(None, [], prompt_tokens, 0, 0.0, 0.0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "error", error=error)
+
+    def as_dict(self) -> dict:
+        """The JSON record: every field, leaving out those that are None (no stats, no check, no error)."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k == "text"}
+
+
+class TextDeltas:
+    """New text as tokens arrive: the whole run so far is decoded each time (spacing depends on
+    neighbours), and an incomplete multi-byte character waits for the rest."""
+
+    def __init__(self, detokenize: Callable[[list[int]], str], on_text: Callable[[str], None]) -> None:
+        self.detokenize = detokenize
+        self.on_text = on_text
+        self.tokens: list[int] = []
+        self.shown = ""
+
+    def __call__(self, new_tokens: list[int]) -> None:
+        self.tokens.extend(new_tokens)
+        text = self.detokenize(self.tokens)
+        if text.endswith("\ufffd"):
+            return
+        if len(text) > len(self.shown):
+            self.on_text(text[len(self.shown) :])
+        self.shown = text
+
+
+def drafting_options(options: dict[str, Any]) -> Drafting:
+    """`Drafting` from keyword arguments named like `generate`'s drafter options."""
+    known = sorted(f.name for f in fields(Drafting))
+    for name in options:
+        if name not in known:
+            close = get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(known)}"
+            raise NgspecError(f"unknown drafter option {name!r}; {hint}")
+    values = {}
+    for name, value in options.items():
+        if name in PATH_OPTIONS and value is not None:
+            value = Path(value).expanduser()
+        elif name in ("k", "w") and value is not None:
+            value = str(value)
+        values[name] = value
+    return Drafting(**values)
+
+
+def check_choice(drafter: str, drafting: Drafting) -> None:
+    """Refuse a drafter, options or files that cannot work, before any model loads."""
+    check_drafter(drafter)
+    drafting.check([drafter])
+    rows_options(drafting.options(), single_value(drafting.k, "k"), single_value(drafting.w, "w"), None, 0)
+
+
+class Speculator:
+    """A loaded model and one drafter with everything it needs (n-gram tables, an EAGLE head, a
+    datastore). The drafters' estimates of what pays are carried from prompt to prompt, as in one
+    `ngspec generate` run."""
+
+    def __init__(self, engine: Engine, drafter: str = "trie", drafting: Drafting | None = None) -> None:
+        from ngspec.drafters.trie import Calibration
+
+        drafting = drafting or Drafting()
+        check_choice(drafter, drafting)
+        self.engine = engine
+        self.drafter = drafter
+        self._k, self._w = single_value(drafting.k, "k"), single_value(drafting.w, "w")
+        self._opts = drafting.options()
+        self._resources = drafting.resources(engine, [drafter])
+        self._calibration = Calibration()
+
+    @classmethod
+    def load(
+        cls,
+        model: str = "default",
+        drafter: str = "trie",
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        profile: str | Path | None = None,
+        trust_remote_code: bool = False,
+        **options: Any,
+    ) -> Speculator:
+        """Load ``model`` ('default': the bundled SmolLM2-135M-Instruct; a .gguf file, a local
+        directory or a Hugging Face id) and ready ``drafter``; ``options`` are its drafter options
+        (``eagle_head=``, ``datastore=``, ``num_draft=``, ...). ``profile``: a device profile from
+        `profile-bound --save-profile`."""
+        drafting = drafting_options(options)
+        check_choice(drafter, drafting)  # before the model loads
+        engine = load_engine(model, device, dtype, None if profile is None else Path(profile), trust_remote_code, quiet=True)
+        return cls(engine, drafter, drafting)
+
+    @classmethod
+    def from_model(cls, model, tokenizer=None, drafter: str = "trie", *, name: str | None = None, **options: Any) -> Speculator:
+        """Wrap a transformers causal LM you already loaded (on its device, in its dtype).
+        Without a tokenizer, prompts must be token ids and outputs carry no text. ``name`` keys
+        the cached verify-cost calibration (default: the model's path, or its type and size).
+        On a CPU float32 model, ngspec gives its linear layers the fastest CPU kernels in place."""
+        from ngspec.engine import Engine
+        from ngspec.models import LoadedModel
+
+        drafting = drafting_options(options)
+        check_choice(drafter, drafting)
+        if name is None:
+            size = sum(p.numel() for p in model.parameters())
+            name = getattr(model, "name_or_path", "") or f"{model.config.model_type}-{size}"
+        return cls(Engine(LoadedModel(model.eval(), tokenizer, name)), drafter, drafting)
+
+    # the engine's level: token ids and configs (what `ngspec generate` calls)
+
+    def options_for(self, context: int) -> DrafterOptions:
+        """The drafter options for a prompt of ``context`` tokens (row drafters' (k, w) from the
+        device profile or the device's default, where not given)."""
+        return rows_options(self._opts, self._k, self._w, self.engine.profile, context, self.engine.target.device.type)
+
+    def new_drafter(self, opts: DrafterOptions):
+        res = self._resources
+        return make_drafter(self.drafter, opts, res.tables, res.eagle, res.datastore, self._calibration)
+
+    def run(self, ids: list[int], cfg: DecodeConfig, on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+        opts = self.options_for(len(ids))
+        return self.engine.run(ids, self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), on_tokens)
+
+    def run_batch(
+        self, ids: list[list[int]], cfg: DecodeConfig, batch: BatchConfig, on_finish: Callable[[BatchResult], None] | None = None
+    ) -> tuple[list[BatchResult], BatchReport]:
+        opts = self.options_for(max(map(len, ids)))
+        return self.engine.run_batch(ids, lambda: self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), batch, on_finish)
+
+    def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
+        """Token ids for a prompt: text through the chat template (unless ``raw``), chat messages
+        through the chat template, token ids as they are."""
+        from ngspec.prompts import encode, encode_messages
+
+        if isinstance(prompt, str):
+            return encode(self._tokenizer("text prompts"), prompt, raw)
+        prompt = list(prompt)
+        if prompt and all(isinstance(m, dict) for m in prompt):
+            return encode_messages(self._tokenizer("chat messages"), prompt)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise NgspecError("a prompt is a str, a list of chat messages ({'role': ..., 'content': ...}) or a list of token ids")
+        vocab = self.engine.loaded.model.get_input_embeddings().num_embeddings
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise NgspecError(f"token id {bad[0]} is outside the model's vocabulary (0..{vocab - 1})")
+        return prompt
+
+    def detokenize(self, ids: list[int]) -> str | None:
+        return None if self.engine.loaded.tokenizer is None else self.engine.detokenize(ids)
+
+    def _tokenizer(self, what: str):
+        if self.engine.loaded.tokenizer is None:
+            raise NgspecError(f"{what} need a tokenizer: pass one to Speculator.from_model, or give token ids")
+        return self.engine.loaded.tokenizer
+
+    def _config(self, max_new_tokens, temperature, top_p, top_k, seed, stop) -> DecodeConfig:
+        if stop:
+            self._tokenizer("stop strings")
+        return decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), list(stop or ()))
+
+    def checked(self, out: Output, ids: list[int], cfg: DecodeConfig) -> Output:
+        """``out`` with its `greedy_check`: plain greedy decoding of ``ids`` on the model's stock
+        layers, compared token for token (a failed row stays as it is)."""
+        if out.error is not None:
+            return out
+        from ngspec.check import check_against_greedy
+
+        return replace(out, greedy_check=check_against_greedy(self.engine, ids, out.token_ids, cfg).as_dict())
+
+    # the user's level: prompts and keyword arguments
+
+    def generate(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 256,
+        *,
+        raw: bool = False,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+        check: bool = False,
+    ) -> Output:
+        """Generate for one prompt. ``on_text`` receives the new text as verified tokens arrive
+        (streaming); ``check`` also decodes plainly and fills ``Output.greedy_check``."""
+        cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop)
+        if check and not cfg.sampling.greedy:
+            raise NgspecError("check compares with greedy decoding: use it with temperature 0")
+        ids = self.encode(prompt, raw)
+        stream = None
+        if on_text is not None:
+            self._tokenizer("streamed text (on_text)")
+            stream = TextDeltas(self.engine.detokenize, on_text)
+        gen = self.run(ids, cfg, stream)
+        out = Output.of(gen, len(ids), self.detokenize(gen.token_ids))
+        return self.checked(out, ids, cfg) if check else out
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        max_new_tokens: int = 256,
+        *,
+        batch_size: int = 8,
+        raw: bool = False,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        rearrange_every: int | None = None,
+        rearrange_min_share: float | None = None,
+        layout: str = "padded",
+        check: bool = False,
+    ) -> list[Output]:
+        """Generate for many prompts, ``batch_size`` at a time (a finished prompt's slot goes to
+        the next). One Output per prompt, in order; a prompt that cannot run (longer than the
+        context window) gets ``finish_reason="error"`` and its ``error``, and the others finish.
+        ``rearrange_every`` / ``rearrange_min_share``: as `generate --rearrange-every` /
+        ``--rearrange-min-share`` (defaults measured on a CPU)."""
+        from ngspec.batch import BatchConfig
+
+        cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop)
+        if check and not cfg.sampling.greedy:
+            raise NgspecError("check compares with greedy decoding: use it with temperature 0")
+        batch = BatchConfig(
+            batch_size,
+            BatchConfig.rearrange_every if rearrange_every is None else rearrange_every,
+            BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share,
+            layout=layout,
+        )
+        if not prompts:
+            return []
+        ids = [self.encode(p, raw) for p in prompts]
+        results, _ = self.run_batch(ids, cfg, batch)
+        outs = [
+            Output.failed(r.error, len(ids[r.index])) if r.generation is None
+            else Output.of(r.generation, len(ids[r.index]), self.detokenize(r.generation.token_ids))
+            for r in results
+        ]
+        return [self.checked(out, x, cfg) for out, x in zip(outs, ids)] if check else outs

@@ -1,0 +1,152 @@
+"""The Python API (`ngspec.Speculator`): token-identical to plain greedy decoding through every
+door (a model passed in or loaded, one prompt or a batch, text, chat messages or token ids), its
+options reach the drafters, and bad input raises one clear `NgspecError`."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from conftest import hf_greedy, repetitive_prompt, started_head
+from ngspec import NgspecError, Output, Speculator
+from test_lossless import VOCAB
+
+
+@pytest.fixture(scope="module")
+def prompts_and_expected(tiny):
+    rng = random.Random(11)
+    prompts = [repetitive_prompt(rng, VOCAB, rng.randrange(5, 80)) for _ in range(5)]
+    eos = tiny.generation_config.eos_token_id  # the API stops at the model's EOS, as transformers does
+    return prompts, [hf_greedy(tiny, p, 24, eos) for p in prompts]
+
+
+@pytest.mark.parametrize("drafter", ["vanilla", "trie", "prompt-lookup", "context-ngram", "search"])
+def test_a_model_passed_in_generates_its_plain_greedy_tokens(tiny, prompts_and_expected, drafter):
+    spec = Speculator.from_model(tiny, drafter=drafter)
+    prompts, expected = prompts_and_expected
+    for prompt, want in zip(prompts, expected):
+        out = spec.generate(prompt, max_new_tokens=24)
+        assert out.token_ids == want
+        assert out.text is None  # no tokenizer
+        assert out.new_tokens == len(want) and out.prompt_tokens == len(prompt)
+        assert out.finish_reason == ("length" if len(want) == 24 else "eos")
+        assert out.verify_calls >= 1 and out.mean_tokens_per_call == pytest.approx(len(want) / out.verify_calls)
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_a_batch_gives_each_prompt_its_own_plain_greedy_tokens_in_order(tiny, prompts_and_expected, batch_size):
+    prompts, expected = prompts_and_expected
+    too_long = [1] * 600  # the tiny model's context window is 512
+    outs = Speculator.from_model(tiny, drafter="trie").generate_batch(prompts[:2] + [too_long] + prompts[2:], max_new_tokens=24, batch_size=batch_size)
+    assert [o.token_ids for o in outs[:2] + outs[3:]] == expected
+    failed = outs[2]
+    assert failed.finish_reason == "error" and failed.token_ids == [] and "context window is 512" in failed.error
+    assert all(o.error is None for o in outs[:2] + outs[3:])
+
+
+def test_options_reach_the_drafter(tiny, prompts_and_expected):
+    """A row drafter's (k, w) and the trie's node cap are the keyword arguments given."""
+    prompts, expected = prompts_and_expected
+    rows = Speculator.from_model(tiny, drafter="context-ngram", k=3, w=2)
+    assert (rows.options_for(10).k, rows.options_for(10).w) == (3, 2)
+    out = rows.generate(prompts[0], max_new_tokens=24)
+    assert out.token_ids == expected[0] and out.drafter_stats is not None
+    capped = Speculator.from_model(tiny, drafter="trie", num_draft=1).generate(prompts[0], max_new_tokens=24)
+    assert capped.token_ids == expected[0] and capped.mean_tree_size <= 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"drafter": "tri"}, "unknown drafter"),
+        ({"nume_draft": 4}, "did you mean num_draft"),
+        ({"eagle_head": "some/head"}, "--eagle-head is only used by the eagle"),
+        ({"drafter": "eagle"}, "need --eagle-head"),
+        ({"drafter": "search", "datastore": "no/such/store"}, "no datastore at"),
+        ({"num_draft": 0}, "--num-draft must be >= 1"),
+        ({"drafter": "context-ngram", "k": 0}, "--k must be >= 1"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
+    kwargs = {"drafter": "trie", **kwargs}
+    with pytest.raises(NgspecError, match=message):
+        Speculator.from_model(tiny, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda s: s.generate("some text"), "text prompts need a tokenizer"),
+        (lambda s: s.generate([{"role": "user", "content": "hi"}]), "chat messages need a tokenizer"),
+        (lambda s: s.generate([1, 2], stop=["x"]), "stop strings need a tokenizer"),
+        (lambda s: s.generate([1, 2], on_text=print), r"streamed text \(on_text\) need a tokenizer"),
+        (lambda s: s.generate([1, 200]), r"token id 200 is outside the model's vocabulary \(0..95\)"),
+        (lambda s: s.generate([1, True]), "a prompt is a str"),
+        (lambda s: s.generate([1, 2.0]), "a prompt is a str"),
+        (lambda s: s.generate([]), "the prompt is empty"),
+        (lambda s: s.generate([1, 2], max_new_tokens=0), "--max-new-tokens must be at least 1"),
+        (lambda s: s.generate([1, 2], temperature=0.5, check=True), "check compares with greedy decoding"),
+        (lambda s: s.generate([1, 2], top_p=0.0, temperature=1.0), "top_p"),
+        (lambda s: s.generate_batch([[1, 2]], batch_size=0), "--batch-size must be at least 1"),
+        (lambda s: s.generate_batch([[1, 2]], layout="diagonal"), "--batch-layout must be one of"),
+    ],
+)
+def test_bad_input_raises_one_clear_error(tiny, call, message):
+    with pytest.raises(NgspecError, match=message):
+        call(Speculator.from_model(tiny, drafter="trie"))
+
+
+def test_an_empty_batch_gives_no_outputs(tiny):
+    assert Speculator.from_model(tiny).generate_batch([]) == []
+
+
+def test_importing_ngspec_loads_neither_torch_nor_transformers():
+    code = "import sys, ngspec; ngspec.__version__; assert 'torch' not in sys.modules and 'transformers' not in sys.modules; ngspec.NgspecError"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.slow
+def test_the_default_model_from_text_messages_and_stream_matches_plain_greedy():
+    spec = Speculator.load("default", drafter="trie")
+    pieces: list[str] = []
+    out = spec.generate("Repeat exactly: the cat sat on the mat, the cat sat on the mat.", max_new_tokens=24, on_text=pieces.append, check=True)
+    assert out.greedy_check["exact_match"] is True
+    assert "".join(pieces) == out.text and out.text
+    chat = [{"role": "system", "content": "Answer in one sentence."}, {"role": "user", "content": "What does a trie store?"}]
+    outs = spec.generate_batch([chat, "Count from one to five."], max_new_tokens=16, batch_size=2, check=True)
+    assert [o.greedy_check["exact_match"] for o in outs] == [True, True]
+    # a message list goes through the chat template, system turn included
+    ids = spec.encode(chat)
+    assert spec.engine.detokenize(ids).count("Answer in one sentence.") == 1
+    with pytest.raises(NgspecError, match="needs a 'role' and a 'content'"):
+        spec.encode([{"role": "user"}])
+    record = out.as_dict()
+    assert json.loads(json.dumps(record))["token_ids"] == out.token_ids and "error" not in record
+
+
+@pytest.mark.slow
+def test_eagle_search_with_a_head_and_a_datastore_on_disk(tmp_path, default_model):
+    """The path options (eagle_head=, datastore=) are read from disk, and the output is exact."""
+    from ngspec.datastore.build import BuildOptions, build_datastore
+    from ngspec.eagle.head import save_head
+
+    save_head(started_head(default_model.model), tmp_path / "head")
+    prompt = "Explain in two sentences what a suffix array is."
+    plain = Speculator.from_model(default_model.model, default_model.tokenizer, "vanilla").generate(prompt, max_new_tokens=20)
+    corpus = tmp_path / "c.jsonl"  # the model's own answer: only the datastore holds it
+    corpus.write_text(json.dumps({"instruction": "Say hi", "response": plain.text}) + "\n")
+    build_datastore(str(corpus), default_model.tokenizer, "smol", tmp_path / "ds", BuildOptions())
+    spec = Speculator.from_model(
+        default_model.model, default_model.tokenizer, "eagle+search",
+        eagle_head=str(tmp_path / "head"), datastore=tmp_path / "ds", deepen=True, search_depth=8,
+    )
+    out = spec.generate(prompt, max_new_tokens=20)
+    assert out.token_ids == plain.token_ids
+    assert out.drafter_stats["search_branch_from"]["datastore"] > 0
+
+
+def test_output_as_dict_leaves_out_what_is_absent():
+    out = Output.failed("too long", 7)
+    assert out.as_dict()["error"] == "too long" and "greedy_check" not in out.as_dict() and out.as_dict()["text"] is None
