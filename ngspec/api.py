@@ -239,10 +239,13 @@ class Speculator:
             raise NgspecError(f"{what} need a tokenizer: pass one to Speculator.from_model, or give token ids")
         return self.engine.loaded.tokenizer
 
-    def _config(self, max_new_tokens, temperature, top_p, top_k, seed, stop) -> DecodeConfig:
+    def _config(self, max_new_tokens, temperature, top_p, top_k, seed, stop, check) -> DecodeConfig:
         if stop:
             self._tokenizer("stop strings")
-        return decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), list(stop or ()))
+        cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), list(stop or ()))
+        if check and not cfg.sampling.greedy:
+            raise NgspecError("check compares with greedy decoding: use it with temperature 0")
+        return cfg
 
     def checked(self, out: Output, ids: list[int], cfg: DecodeConfig) -> Output:
         """``out`` with its `greedy_check`: plain greedy decoding of ``ids`` on the model's stock
@@ -271,9 +274,7 @@ class Speculator:
     ) -> Output:
         """Generate for one prompt. ``on_text`` receives the new text as verified tokens arrive
         (streaming); ``check`` also decodes plainly and fills ``Output.greedy_check``."""
-        cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop)
-        if check and not cfg.sampling.greedy:
-            raise NgspecError("check compares with greedy decoding: use it with temperature 0")
+        cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, check)
         ids = self.encode(prompt, raw)
         stream = None
         if on_text is not None:
@@ -307,9 +308,7 @@ class Speculator:
         ``--rearrange-min-share`` (defaults measured on a CPU)."""
         from ngspec.batch import BatchConfig
 
-        cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop)
-        if check and not cfg.sampling.greedy:
-            raise NgspecError("check compares with greedy decoding: use it with temperature 0")
+        cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, check)
         batch = BatchConfig(
             batch_size,
             BatchConfig.rearrange_every if rearrange_every is None else rearrange_every,
