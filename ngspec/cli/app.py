@@ -63,10 +63,12 @@ def _register() -> None:
     from ngspec.cli.ngram import build_bigram_command
     from ngspec.cli.profile_bound import profile_bound_command
     from ngspec.cli.self_repetition import self_repetition_command
+    from ngspec.cli.serve import serve_command
     from ngspec.cli.tune import tune_tree_command
 
     commands = [
         ("generate", generate_command, "Generate with a drafter, token-identical to plain decoding; speed and acceptance."),
+        ("serve", serve_command, "Serve OpenAI-compatible completions over HTTP, sped up by a drafter."),
         ("bench", bench_command, "Compare drafters with vanilla and transformers' generate on a question set."),
         ("build-datastore", build_datastore_command, "Build a suffix-array datastore from a corpus."),
         ("datastore-info", datastore_info_command, "Show and check a datastore."),

@@ -1,0 +1,54 @@
+"""`ngspec serve`: an OpenAI-compatible endpoint for one model and drafter (see `ngspec.server`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ngspec.cli import render
+from ngspec.cli.common import load_engine
+from ngspec.cli.drafting import Drafting, with_drafting_options
+from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, ModelOpt, ProfileOpt, TrustRemoteCodeOpt
+from ngspec.errors import NgspecError
+
+
+@with_drafting_options
+def serve_command(
+    drafter: Annotated[str, typer.Option("--drafter", "-d", help=f"One of: {DRAFTERS}.")] = "trie",
+    model: ModelOpt = "default",
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    profile: ProfileOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface; there is no authentication).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port, printed at start).")] = 8000,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="New tokens per request when the request gives no max_tokens.")] = 256,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Do not log each request on stderr.")] = False,
+    drafting: Drafting = Drafting(),
+) -> None:
+    """Serve the model over HTTP with OpenAI's completions and chat completions API, every answer
+    token-identical to plain greedy decoding (temperature 0, the default) and sped up by the
+    drafter. Requests run one at a time; each response adds an `ngspec` object with tokens per
+    call and speed.
+
+    Example: ngspec serve -d trie --port 8000, then point an OpenAI client at http://127.0.0.1:8000/v1
+    """
+    from ngspec.api import Speculator, check_choice
+    from ngspec.server import make_server
+
+    check_choice(drafter, drafting)
+    if not 0 <= port <= 65535:
+        raise NgspecError(f"--port must be in 0..65535 (got {port})")
+    if max_tokens < 1:
+        raise NgspecError(f"--max-tokens must be at least 1 (got {max_tokens})")
+    spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code), drafter, drafting)
+    server = make_server(spec, host, port, max_tokens, log=None if quiet else render.info)
+    bound_host, bound_port = server.server_address[:2]
+    render.info(f"serving {spec.engine.loaded.name} with the {drafter} drafter at http://{bound_host}:{bound_port}/v1 (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        render.info("stopped")
+    finally:
+        server.server_close()

@@ -1,0 +1,277 @@
+"""`ngspec serve`: an OpenAI-compatible HTTP endpoint over one `Speculator` (standard library only).
+
+Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (a prompt as text, fed raw,
+or token ids) and ``POST /v1/chat/completions`` (messages through the chat template), each with
+``"stream": true`` for server-sent events. Requests are served one at a time: the model and its
+cache belong to one generation. Greedy (``temperature`` 0, the default here) is token-identical
+to plain decoding; ``temperature`` > 0 samples, identical in distribution. Every response carries
+an ``ngspec`` object (tokens per call, speed, drafting share) and the choices' ``token_ids``.
+Bad requests get HTTP 400 with OpenAI's error shape and one readable message.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, Callable
+
+from ngspec.errors import NgspecError
+
+if TYPE_CHECKING:
+    from ngspec.api import Output, Speculator
+
+# OpenAI request fields that would change the output: refused unless left out, null or at one of
+# these neutral values; fields that do not (user, metadata, stream_options, ...) are ignored
+NEUTRAL = {
+    "n": (1,), "best_of": (1,), "frequency_penalty": (0,), "presence_penalty": (0,), "logprobs": (False,),
+    "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "logit_bias": ({},), "tools": ([],),
+    "response_format": ({"type": "text"},),
+}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+MAX_BODY = 64 * 2**20
+
+
+class BadRequest(NgspecError):
+    """A request the server refuses (HTTP 400 or the given status)."""
+
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _number(body: dict, name: str, default, kind: type, low=None, high=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+        raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'} (got {value!r})")
+    value = kind(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise BadRequest(f"'{name}' must be in [{low}, {high if high is not None else 'inf'}] (got {value})")
+    return value
+
+
+def generation_kwargs(body: dict, max_tokens_default: int) -> dict[str, Any]:
+    """The `Speculator.generate` keyword arguments of an OpenAI request body."""
+    for name, neutral in NEUTRAL.items():
+        value = body.get(name)
+        if value is not None and value not in neutral:
+            raise BadRequest(f"'{name}' is not supported (leave it out, or {neutral[0]!r})")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise BadRequest("'stop' must be a string or a list of non-empty strings")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    return {
+        "max_new_tokens": _number({"max_tokens": max_tokens}, "max_tokens", max_tokens_default, int, 1),
+        "temperature": _number(body, "temperature", 0.0, float, 0.0, 2.0),
+        "top_p": _number(body, "top_p", 1.0, float, 0.0, 1.0),
+        "top_k": _number(body, "top_k", 0, int, 0),
+        "seed": _number(body, "seed", None, int),
+        "stop": stop or (),
+    }
+
+
+def completion_prompt(body: dict):
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    raise BadRequest("'prompt' must be a non-empty string or a list of token ids (one prompt per request)")
+
+
+def chat_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list of {'role': ..., 'content': ...}")
+    out = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # content parts: only text parts can be fed to a text model
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                raise BadRequest("only text content parts ({'type': 'text', 'text': ...}) are supported")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
+            raise BadRequest(f"a message needs a 'role' and a text 'content' (got {m!r})")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def ngspec_stats(out: Output, drafter: str) -> dict:
+    return {
+        "drafter": drafter,
+        "mean_tokens_per_call": out.mean_tokens_per_call,
+        "verify_calls": out.verify_calls,
+        "tokens_per_second": out.tokens_per_second,
+        "seconds": out.seconds,
+        "draft_share": out.draft_share,
+        "prefill_share": out.prefill_share,
+        "finish_reason": out.finish_reason,
+    }
+
+
+class Service:
+    """What the HTTP handler calls: requests in, response bodies (or event chunks) out, one
+    generation at a time."""
+
+    def __init__(self, spec: Speculator, max_tokens_default: int = 256) -> None:
+        self.spec = spec
+        self.max_tokens_default = max_tokens_default
+        self.model_id = spec.engine.loaded.name
+        self._lock = threading.Lock()
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": 0, "owned_by": "ngspec"}]}
+
+    def complete(self, body: dict, chat: bool, emit: Callable[[dict], None] | None = None) -> dict | None:
+        """The response body, or with ``emit`` (streaming) each chunk handed to it and None."""
+        kwargs = generation_kwargs(body, self.max_tokens_default)
+        if chat:
+            prompt, raw = chat_messages(body), False
+        else:
+            prompt, raw = completion_prompt(body), True
+        kind = "chat.completion" if chat else "text_completion"
+        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_id}
+
+        def piece(text: str | None, finish: str | None, role: bool = False) -> dict:
+            if chat:
+                delta = {"role": "assistant"} if role else {}
+                if text:
+                    delta["content"] = text
+                return {**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return {**head, "object": "text_completion", "choices": [{"index": 0, "text": text or "", "finish_reason": finish}]}
+
+        sent = []  # a chat stream opens with the assistant's role, sent with the first text
+
+        def stream(text: str | None, finish: str | None = None) -> dict:
+            chunk = piece(text, finish, role=chat and not sent)
+            sent.append(chunk)
+            return chunk
+
+        with self._lock:
+            try:
+                ids = self.spec.encode(prompt, raw)
+                on_text = None if emit is None else (lambda text: emit(stream(text)))
+                # nothing is sent before the prompt's checks (its length, the sampling settings)
+                out = self.spec.generate(ids, on_text=on_text, **kwargs)
+            except NgspecError as exc:
+                raise BadRequest(str(exc)) from exc
+        usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.new_tokens, "total_tokens": out.prompt_tokens + out.new_tokens}
+        finish = FINISH[out.finish_reason]
+        extra = {"usage": usage, "ngspec": ngspec_stats(out, self.spec.drafter)}
+        if emit is not None:
+            last = stream(None, finish)
+            last["choices"][0]["token_ids"] = out.token_ids
+            emit({**last, **extra})
+            return None
+        text = out.text or ""
+        choice = {"index": 0, "finish_reason": finish, "token_ids": out.token_ids}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None})
+        return {**head, "object": kind, "choices": [choice], **extra}
+
+
+class Handler(BaseHTTPRequestHandler):
+    service: Service  # set on the class `make_server` builds
+    protocol_version = "HTTP/1.1"
+    log: Callable[[str], None] | None = None
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's name)
+        if self.log is not None:
+            self.log(f"{self.address_string()} {format % args}")
+
+    def _send(self, status: HTTPStatus, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": None}})
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        path = self.path.split("?")[0].rstrip("/")
+        if path == "/health":
+            self._send(HTTPStatus.OK, {"status": "ok"})
+        elif path == "/v1/models":
+            self._send(HTTPStatus.OK, self.service.models())
+        else:
+            self._error(HTTPStatus.NOT_FOUND, f"no route GET {self.path}; try POST /v1/completions or /v1/chat/completions")
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?")[0].rstrip("/")
+        if path not in ("/v1/completions", "/v1/chat/completions"):
+            self._error(HTTPStatus.NOT_FOUND, f"no route POST {self.path}; try /v1/completions or /v1/chat/completions")
+            return
+        try:
+            body = self._body()
+            if body.get("stream"):
+                self._stream(body, chat=path.endswith("chat/completions"))
+            else:
+                self._send(HTTPStatus.OK, self.service.complete(body, chat=path.endswith("chat/completions")))
+        except BadRequest as exc:
+            self._error(exc.status, str(exc))
+        except BrokenPipeError:  # the client went away mid-stream
+            pass
+        except Exception as exc:  # never a traceback to the client; the server keeps serving
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _body(self) -> dict:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            raise BadRequest("Content-Length is not a number") from None
+        if length > MAX_BODY:
+            raise BadRequest(f"request body over {MAX_BODY // 2**20} MiB", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+        try:
+            body = json.loads(self.rfile.read(length) or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"the request body is not valid JSON ({exc})") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return body
+
+    def _stream(self, body: dict, chat: bool) -> None:
+        started = False
+
+        def emit(chunk: dict) -> None:
+            nonlocal started
+            if not started:  # headers only once the request has passed its checks
+                self.send_response(HTTPStatus.OK)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                started = True
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+
+        try:
+            self.service.complete(body, chat, emit)
+        except BadRequest as exc:
+            if not started:
+                raise
+            emit({"error": {"message": str(exc), "type": "invalid_request_error"}})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+
+def make_server(spec: Speculator, host: str = "127.0.0.1", port: int = 8000, max_tokens_default: int = 256, log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
+    """A server bound to (host, port) (port 0: any free port, read ``server.server_address``);
+    call ``serve_forever()`` on it."""
+    handler = type("NgspecHandler", (Handler,), {"service": Service(spec, max_tokens_default), "log": staticmethod(log) if log else None})
+    try:
+        return ThreadingHTTPServer((host, port), handler)
+    except OSError as exc:
+        raise NgspecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc

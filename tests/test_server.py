@@ -1,0 +1,176 @@
+"""`ngspec serve` (`ngspec.server`): OpenAI-shaped answers token-identical to plain greedy
+decoding, streamed or not; bad requests get a 400 with one readable message and the server keeps
+serving."""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+
+import pytest
+
+from conftest import hf_greedy, repetitive_prompt
+from ngspec import NgspecError, Speculator
+from ngspec.server import make_server
+from test_cli import invoke
+from test_lossless import VOCAB
+
+
+@contextmanager
+def serving(spec):
+    server = make_server(spec, port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def call(url: str, path: str, body=None, raw: bytes | None = None) -> tuple[int, dict | list[dict]]:
+    """(status, the JSON body), or for a stream the list of its events' JSON."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text, status, kind = response.read().decode(), response.status, response.headers["Content-Type"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    if kind == "text/event-stream":
+        events = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+        assert events[-1] == "[DONE]"
+        return status, [json.loads(e) for e in events[:-1]]
+    return status, json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny):
+    with serving(Speculator.from_model(tiny, drafter="trie")) as url:
+        yield url
+
+
+def test_completions_of_token_ids_are_plain_greedy(tiny, tiny_server):
+    rng = random.Random(3)
+    eos = tiny.generation_config.eos_token_id
+    for _ in range(3):
+        prompt = repetitive_prompt(rng, VOCAB, 40)
+        status, body = call(tiny_server, "/v1/completions", {"prompt": prompt, "max_tokens": 20})
+        assert status == 200
+        choice = body["choices"][0]
+        assert choice["token_ids"] == hf_greedy(tiny, prompt, 20, eos)
+        assert choice["finish_reason"] in ("length", "stop") and choice["text"] == ""  # no tokenizer
+        assert body["usage"] == {"prompt_tokens": 40, "completion_tokens": len(choice["token_ids"]), "total_tokens": 40 + len(choice["token_ids"])}
+        assert body["ngspec"]["drafter"] == "trie" and body["ngspec"]["mean_tokens_per_call"] >= 1.0
+
+
+@pytest.mark.parametrize(
+    "path, body, status, message",
+    [
+        ("/v1/completions", None, 400, "must be a JSON object"),
+        ("/v1/completions", [1, 2], 400, "must be a JSON object"),
+        ("/v1/completions", {"prompt": []}, 400, "'prompt' must be a non-empty string or a list of token ids"),
+        ("/v1/completions", {"prompt": [1, 2], "n": 2}, 400, "'n' is not supported"),
+        ("/v1/completions", {"prompt": [1, 2], "logprobs": 3}, 400, "'logprobs' is not supported"),
+        ("/v1/completions", {"prompt": [1, 2], "temperature": "hot"}, 400, "'temperature' must be a number"),
+        ("/v1/completions", {"prompt": [1, 2], "temperature": 3}, 400, r"'temperature' must be in \[0.0, 2.0\]"),
+        ("/v1/completions", {"prompt": [1, 2], "max_tokens": 0}, 400, "'max_tokens' must be in"),
+        ("/v1/completions", {"prompt": [1, 2], "max_tokens": 2.5}, 400, "'max_tokens' must be an integer"),
+        ("/v1/completions", {"prompt": [1, 2], "stop": [""]}, 400, "'stop' must be a string or a list"),
+        ("/v1/completions", {"prompt": [1, 2], "stop": "x"}, 400, "stop strings need a tokenizer"),
+        ("/v1/completions", {"prompt": [1, 999]}, 400, "outside the model's vocabulary"),
+        ("/v1/completions", {"prompt": [1] * 600}, 400, "context window is 512"),
+        ("/v1/completions", {"prompt": [1, 2], "stream": True}, 400, r"streamed text \(on_text\) need a tokenizer"),
+        ("/v1/completions", {"prompt": "text"}, 400, "text prompts need a tokenizer"),
+        ("/v1/chat/completions", {"messages": []}, 400, "'messages' must be a non-empty list"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "only text content parts"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 400, "chat messages need a tokenizer"),
+        ("/v1/embeddings", {}, 404, "no route POST /v1/embeddings"),
+    ],
+)
+def test_a_bad_request_gets_one_clear_message_and_the_server_keeps_serving(tiny_server, path, body, status, message):
+    got, answer = call(tiny_server, path, body, raw=b"" if body is None else None)
+    assert got == status
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert re.search(message, answer["error"]["message"]), answer
+    assert call(tiny_server, "/health")[1] == {"status": "ok"}
+
+
+def test_invalid_json_and_unknown_get_routes(tiny_server):
+    status, answer = call(tiny_server, "/v1/completions", raw=b"{bad")
+    assert status == 400 and "not valid JSON" in answer["error"]["message"]
+    assert call(tiny_server, "/v1/models")[1]["data"][0]["owned_by"] == "ngspec"
+    assert call(tiny_server, "/v2/models")[0] == 404
+
+
+def test_a_port_in_use_is_refused_in_one_line(tiny):
+    spec = Speculator.from_model(tiny)
+    server = make_server(spec, port=0)
+    try:
+        with pytest.raises(NgspecError, match=f"cannot listen on 127.0.0.1:{server.server_address[1]}"):
+            make_server(spec, port=server.server_address[1])
+    finally:
+        server.server_close()
+
+
+def test_serve_refuses_bad_options_before_loading():
+    for args, message in ((["--port", 70000], "--port must be in 0..65535"), (["--max-tokens", 0], "--max-tokens must be at least 1"), (["-d", "nope"], "unknown drafter")):
+        result = invoke("serve", *args)
+        assert result.exit_code == 1 and message in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_chat_and_completions_on_the_default_model_streamed_or_not(default_model):
+    spec = Speculator.from_model(default_model.model, default_model.tokenizer, "trie")
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Repeat: the cat sat on the mat, the cat sat on the mat."}]
+    plain = Speculator.from_model(default_model.model, default_model.tokenizer, "vanilla").generate(messages, max_new_tokens=24)
+    with serving(spec) as url:
+        status, body = call(url, "/v1/chat/completions", {"model": "anything", "messages": messages, "max_tokens": 24, "temperature": 0, "logprobs": False, "user": "me"})
+        assert status == 200 and body["object"] == "chat.completion"
+        choice = body["choices"][0]
+        assert choice["token_ids"] == plain.token_ids and choice["message"] == {"role": "assistant", "content": plain.text}
+        assert choice["finish_reason"] == ("stop" if plain.finish_reason == "eos" else "length")
+
+        status, events = call(url, "/v1/chat/completions", {"messages": messages, "max_tokens": 24, "stream": True})
+        assert status == 200 and all(e["object"] == "chat.completion.chunk" for e in events)
+        assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == plain.text
+        assert events[-1]["choices"][0]["token_ids"] == plain.token_ids and events[-1]["usage"]["completion_tokens"] == len(plain.token_ids)
+
+        status, events = call(url, "/v1/completions", {"prompt": ["The cat sat on the mat. The cat"], "max_tokens": 8, "stream": True, "stop": ["mat"]})
+        text = "".join(e["choices"][0]["text"] for e in events)
+        assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length") and text.count("mat") <= 1
+
+        # refused before the stream opens: a plain 400, not an event
+        status, answer = call(url, "/v1/completions", {"prompt": "word " * 9000, "stream": True})
+        assert status == 400 and "context window is 8192" in answer["error"]["message"]
+
+
+@pytest.mark.slow
+def test_the_serve_command_starts_answers_and_stops_on_sigterm():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ngspec.cli.app", "serve", "--port", "0", "-d", "prompt-lookup", "--max-tokens", "4"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        lines = []
+        while not any("serving" in line for line in lines):
+            line = proc.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        url = re.search(r"http://[\d.]+:\d+", lines[-1]).group(0)
+        status, body = call(url, "/v1/completions", {"prompt": "One, two, three, four,"})
+        assert status == 200 and body["usage"]["completion_tokens"] <= 4 and body["ngspec"]["drafter"] == "prompt-lookup"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
