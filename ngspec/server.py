@@ -1,7 +1,7 @@
 """`ngspec serve`: an OpenAI-compatible HTTP endpoint over one `Speculator` (standard library only).
 
 Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (a prompt as text, fed raw,
-or token ids) and ``POST /v1/chat/completions`` (messages through the chat template), each with
+or token ids; a list of prompts is decoded as one batch) and ``POST /v1/chat/completions`` (messages through the chat template), each with
 ``"stream": true`` for server-sent events. Requests are served one at a time: the model and its
 cache belong to one generation. Greedy (``temperature`` 0, the default here) is token-identical
 to plain decoding; ``temperature`` > 0 samples, identical in distribution. Every response carries
@@ -77,15 +77,18 @@ def generation_kwargs(body: dict, max_tokens_default: int) -> dict[str, Any]:
     }
 
 
-def completion_prompt(body: dict):
+def _is_ids(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+
+
+def completion_prompts(body: dict) -> list:
+    """A completions request's prompts: one string or token-id list, or a list of them."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str) and prompt:
+    if (isinstance(prompt, str) and prompt) or _is_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all((isinstance(p, str) and p) or _is_ids(p) for p in prompt):
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    raise BadRequest("'prompt' must be a non-empty string or a list of token ids (one prompt per request)")
+    raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a list of those")
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -122,9 +125,10 @@ class Service:
     """What the HTTP handler calls: requests in, response bodies (or event chunks) out, one
     generation at a time."""
 
-    def __init__(self, spec: Speculator, max_tokens_default: int = 256) -> None:
+    def __init__(self, spec: Speculator, max_tokens_default: int = 256, batch_size: int = 8) -> None:
         self.spec = spec
         self.max_tokens_default = max_tokens_default
+        self.batch_size = batch_size
         self.model_id = spec.engine.loaded.name
         self._lock = threading.Lock()
 
@@ -137,7 +141,12 @@ class Service:
         if chat:
             prompt, raw = chat_messages(body), False
         else:
-            prompt, raw = completion_prompt(body), True
+            prompts, raw = completion_prompts(body), True
+            if len(prompts) > 1:
+                if emit is not None:
+                    raise BadRequest("'stream' takes one prompt per request")
+                return self._batch(prompts, kwargs)
+            prompt = prompts[0]
         kind = "chat.completion" if chat else "text_completion"
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_id}
 
@@ -176,6 +185,29 @@ class Service:
         choice = {"index": 0, "finish_reason": finish, "token_ids": out.token_ids}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None})
         return {**head, "object": kind, "choices": [choice], **extra}
+
+
+    def _batch(self, prompts: list, kwargs: dict) -> dict:
+        """Several completions prompts, decoded together ``batch_size`` at a time."""
+        with self._lock:
+            try:
+                outs = self.spec.generate_batch(prompts, batch_size=self.batch_size, raw=True, **kwargs)
+            except NgspecError as exc:
+                raise BadRequest(str(exc)) from exc
+        failed = [f"prompt {i}: {o.error}" for i, o in enumerate(outs) if o.error is not None]
+        if failed:
+            raise BadRequest("; ".join(failed))
+        choices = [
+            {"index": i, "text": o.text or "", "logprobs": None, "finish_reason": FINISH[o.finish_reason], "token_ids": o.token_ids, "ngspec": ngspec_stats(o, self.spec.drafter)}
+            for i, o in enumerate(outs)
+        ]
+        prompt_tokens, new_tokens, calls = (sum(getattr(o, f) for o in outs) for f in ("prompt_tokens", "new_tokens", "verify_calls"))
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_id, "object": "text_completion",
+            "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": new_tokens, "total_tokens": prompt_tokens + new_tokens},
+            "ngspec": {"drafter": self.spec.drafter, "batch_size": min(self.batch_size, len(outs)), "mean_tokens_per_call": new_tokens / calls if calls else 0.0},
+        }
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -267,10 +299,15 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-def make_server(spec: Speculator, host: str = "127.0.0.1", port: int = 8000, max_tokens_default: int = 256, log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
+def make_server(
+    spec: Speculator, host: str = "127.0.0.1", port: int = 8000, max_tokens_default: int = 256, batch_size: int = 8,
+    log: Callable[[str], None] | None = None,
+) -> ThreadingHTTPServer:
     """A server bound to (host, port) (port 0: any free port, read ``server.server_address``);
-    call ``serve_forever()`` on it."""
-    handler = type("NgspecHandler", (Handler,), {"service": Service(spec, max_tokens_default), "log": staticmethod(log) if log else None})
+    call ``serve_forever()`` on it. ``batch_size``: rows decoded together for a completions
+    request with a list of prompts."""
+    service = Service(spec, max_tokens_default, batch_size)
+    handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None})
     try:
         return ThreadingHTTPServer((host, port), handler)
     except OSError as exc:

@@ -71,12 +71,30 @@ def test_completions_of_token_ids_are_plain_greedy(tiny, tiny_server):
         assert body["ngspec"]["drafter"] == "trie" and body["ngspec"]["mean_tokens_per_call"] >= 1.0
 
 
+def test_a_list_of_prompts_is_decoded_as_one_batch_each_plain_greedy(tiny, tiny_server):
+    rng = random.Random(4)
+    eos = tiny.generation_config.eos_token_id
+    prompts = [repetitive_prompt(rng, VOCAB, rng.randrange(10, 60)) for _ in range(5)]
+    status, body = call(tiny_server, "/v1/completions", {"prompt": prompts, "max_tokens": 16})
+    assert status == 200
+    assert [c["index"] for c in body["choices"]] == list(range(5))
+    assert [c["token_ids"] for c in body["choices"]] == [hf_greedy(tiny, p, 16, eos) for p in prompts]
+    assert body["usage"]["prompt_tokens"] == sum(map(len, prompts)) and body["ngspec"]["batch_size"] == 5
+    assert all(c["ngspec"]["verify_calls"] >= 1 for c in body["choices"])
+    # one prompt that cannot run fails the request, naming it
+    status, answer = call(tiny_server, "/v1/completions", {"prompt": [prompts[0], [1] * 600], "max_tokens": 4})
+    assert status == 400 and answer["error"]["message"].startswith("prompt 1: the prompt has 600 tokens")
+    status, answer = call(tiny_server, "/v1/completions", {"prompt": prompts[:2], "stream": True})
+    assert status == 400 and "'stream' takes one prompt per request" in answer["error"]["message"]
+
+
 @pytest.mark.parametrize(
     "path, body, status, message",
     [
         ("/v1/completions", None, 400, "must be a JSON object"),
         ("/v1/completions", [1, 2], 400, "must be a JSON object"),
-        ("/v1/completions", {"prompt": []}, 400, "'prompt' must be a non-empty string or a list of token ids"),
+        ("/v1/completions", {"prompt": []}, 400, "'prompt' must be a non-empty string, a list of token ids, or a list of those"),
+        ("/v1/completions", {"prompt": ["a", ""]}, 400, "'prompt' must be a non-empty string"),
         ("/v1/completions", {"prompt": [1, 2], "n": 2}, 400, "'n' is not supported"),
         ("/v1/completions", {"prompt": [1, 2], "logprobs": 3}, 400, "'logprobs' is not supported"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": "hot"}, 400, "'temperature' must be a number"),
@@ -121,7 +139,7 @@ def test_a_port_in_use_is_refused_in_one_line(tiny):
 
 
 def test_serve_refuses_bad_options_before_loading():
-    for args, message in ((["--port", 70000], "--port must be in 0..65535"), (["--max-tokens", 0], "--max-tokens must be at least 1"), (["-d", "nope"], "unknown drafter")):
+    for args, message in ((["--port", 70000], "--port must be in 0..65535"), (["--max-tokens", 0], "--max-tokens must be at least 1"), (["-b", 0], "--batch-size must be at least 1"), (["-d", "nope"], "unknown drafter")):
         result = invoke("serve", *args)
         assert result.exit_code == 1 and message in result.stderr, result.stderr
 

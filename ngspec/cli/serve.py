@@ -24,6 +24,7 @@ def serve_command(
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface; there is no authentication).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port, printed at start).")] = 8000,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="New tokens per request when the request gives no max_tokens.")] = 256,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Rows decoded together for a completions request with a list of prompts (each row token-identical to its own plain decoding).")] = 8,
     quiet: Annotated[bool, typer.Option("--quiet", help="Do not log each request on stderr.")] = False,
     drafting: Drafting = Drafting(),
 ) -> None:
@@ -42,8 +43,10 @@ def serve_command(
         raise NgspecError(f"--port must be in 0..65535 (got {port})")
     if max_tokens < 1:
         raise NgspecError(f"--max-tokens must be at least 1 (got {max_tokens})")
+    if batch_size < 1:
+        raise NgspecError(f"--batch-size must be at least 1 (got {batch_size})")
     spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code), drafter, drafting)
-    server = make_server(spec, host, port, max_tokens, log=None if quiet else render.info)
+    server = make_server(spec, host, port, max_tokens, batch_size, log=None if quiet else render.info)
     bound_host, bound_port = server.server_address[:2]
     render.info(f"serving {spec.engine.loaded.name} with the {drafter} drafter at http://{bound_host}:{bound_port}/v1 (Ctrl-C stops)")
     try:
