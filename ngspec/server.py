@@ -2,8 +2,9 @@
 
 Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (a prompt as text, fed raw,
 or token ids; a list of prompts is decoded as one batch) and ``POST /v1/chat/completions`` (messages through the chat template), each with
-``"stream": true`` for server-sent events. Requests are served one at a time: the model and its
-cache belong to one generation. Greedy (``temperature`` 0, the default here) is token-identical
+``"stream": true`` for server-sent events. Generations run one at a time on the thread that
+loaded the model (`Worker`; the model and its cache belong to one generation); HTTP threads only
+parse and answer. Greedy (``temperature`` 0, the default here) is token-identical
 to plain decoding; ``temperature`` > 0 samples, identical in distribution. Every response carries
 an ``ngspec`` object (tokens per call, speed, drafting share) and the choices' ``token_ids``.
 Bad requests get HTTP 400 with OpenAI's error shape and one readable message.
@@ -12,9 +13,12 @@ Bad requests get HTTP 400 with OpenAI's error shape and one readable message.
 from __future__ import annotations
 
 import json
+import queue
+import socket
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable
@@ -121,16 +125,50 @@ def ngspec_stats(out: Output, drafter: str) -> dict:
     }
 
 
+class Worker:
+    """Runs submitted work, one item at a time, on the thread that calls `run`.
+
+    `ngspec serve` runs it on the thread that loaded the model, and HTTP on other threads: on a
+    CPU, torch from a second thread starts a second OpenMP team, and with more OpenMP threads
+    than cores libgomp stops letting idle workers spin, which made a decoding step about 1.5x
+    slower on two cores even on the first thread (BENCHMARKS.md 10z)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+
+    def submit(self, work: Callable) -> Future:
+        future: Future = Future()
+        self._queue.put((work, future))
+        return future
+
+    def run(self) -> None:
+        """Until `stop`; a KeyboardInterrupt (Ctrl-C, or SIGTERM in `ngspec serve`) ends it too."""
+        while (item := self._queue.get()) is not None:
+            work, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(work())
+            except Exception as exc:
+                future.set_exception(exc)
+            except BaseException:  # interrupted mid-generation: fail the request, then stop
+                future.set_exception(BadRequest("the server is stopping", HTTPStatus.SERVICE_UNAVAILABLE))
+                raise
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+
 class Service:
     """What the HTTP handler calls: requests in, response bodies (or event chunks) out, one
     generation at a time."""
 
     def __init__(self, spec: Speculator, max_tokens_default: int = 256, batch_size: int = 8) -> None:
+        self.worker = Worker()
         self.spec = spec
         self.max_tokens_default = max_tokens_default
         self.batch_size = batch_size
         self.model_id = spec.engine.loaded.name
-        self._lock = threading.Lock()
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": 0, "owned_by": "ngspec"}]}
@@ -165,14 +203,9 @@ class Service:
             sent.append(chunk)
             return chunk
 
-        with self._lock:
-            try:
-                ids = self.spec.encode(prompt, raw)
-                on_text = None if emit is None else (lambda text: emit(stream(text)))
-                # nothing is sent before the prompt's checks (its length, the sampling settings)
-                out = self.spec.generate(ids, on_text=on_text, **kwargs)
-            except NgspecError as exc:
-                raise BadRequest(str(exc)) from exc
+        on_text = None if emit is None else (lambda text: emit(stream(text)))
+        # nothing is sent before the prompt's checks (its length, the sampling settings)
+        out = self._on_worker(lambda: self.spec.generate(self.spec.encode(prompt, raw), on_text=on_text, **kwargs))
         usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.new_tokens, "total_tokens": out.prompt_tokens + out.new_tokens}
         finish = FINISH[out.finish_reason]
         extra = {"usage": usage, "ngspec": ngspec_stats(out, self.spec.drafter)}
@@ -186,14 +219,18 @@ class Service:
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None})
         return {**head, "object": kind, "choices": [choice], **extra}
 
+    def _on_worker(self, work: Callable):
+        """Run ``work`` on the generation thread (requests queue there) and wait for it."""
+        try:
+            return self.worker.submit(work).result()
+        except BadRequest:
+            raise
+        except NgspecError as exc:  # a prompt longer than the context window, a bad sampling setting
+            raise BadRequest(str(exc)) from exc
 
     def _batch(self, prompts: list, kwargs: dict) -> dict:
         """Several completions prompts, decoded together ``batch_size`` at a time."""
-        with self._lock:
-            try:
-                outs = self.spec.generate_batch(prompts, batch_size=self.batch_size, raw=True, **kwargs)
-            except NgspecError as exc:
-                raise BadRequest(str(exc)) from exc
+        outs = self._on_worker(lambda: self.spec.generate_batch(prompts, batch_size=self.batch_size, raw=True, **kwargs))
         failed = [f"prompt {i}: {o.error}" for i, o in enumerate(outs) if o.error is not None]
         if failed:
             raise BadRequest("; ".join(failed))
@@ -214,6 +251,12 @@ class Handler(BaseHTTPRequestHandler):
     service: Service  # set on the class `make_server` builds
     protocol_version = "HTTP/1.1"
     log: Callable[[str], None] | None = None
+
+    def setup(self) -> None:
+        super().setup()
+        # each response (headers, then the body or an event) goes out at once: with Nagle's
+        # algorithm the second write waited for the client's delayed ACK, about 40 ms a request
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's name)
         if self.log is not None:
@@ -303,12 +346,27 @@ def make_server(
     spec: Speculator, host: str = "127.0.0.1", port: int = 8000, max_tokens_default: int = 256, batch_size: int = 8,
     log: Callable[[str], None] | None = None,
 ) -> ThreadingHTTPServer:
-    """A server bound to (host, port) (port 0: any free port, read ``server.server_address``);
-    call ``serve_forever()`` on it. ``batch_size``: rows decoded together for a completions
-    request with a list of prompts."""
+    """A server bound to (host, port) (port 0: any free port, read ``server.server_address``).
+    `serve` runs it; ``batch_size``: rows decoded together for a completions request with a list
+    of prompts. Its `Service` is ``server.service``."""
     service = Service(spec, max_tokens_default, batch_size)
     handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None})
     try:
-        return ThreadingHTTPServer((host, port), handler)
+        server = ThreadingHTTPServer((host, port), handler)
     except OSError as exc:
         raise NgspecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    server.daemon_threads = True
+    server.service = service
+    return server
+
+
+def serve(server: ThreadingHTTPServer) -> None:
+    """Answer HTTP on a background thread and generate on this one (the thread that loaded the
+    model), until Ctrl-C or `server.service.worker.stop()`."""
+    http = threading.Thread(target=server.serve_forever, name="ngspec-http", daemon=True)
+    http.start()
+    try:
+        server.service.worker.run()
+    finally:
+        server.shutdown()
+        server.server_close()

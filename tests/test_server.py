@@ -18,7 +18,7 @@ import pytest
 
 from conftest import hf_greedy, repetitive_prompt
 from ngspec import NgspecError, Speculator
-from ngspec.server import make_server
+from ngspec.server import make_server, serve
 from test_cli import invoke
 from test_lossless import VOCAB
 
@@ -26,13 +26,14 @@ from test_lossless import VOCAB
 @contextmanager
 def serving(spec):
     server = make_server(spec, port=0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=serve, args=(server,), daemon=True)  # generates on that thread
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
-        server.shutdown()
-        server.server_close()
+        server.service.worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
 
 
 def call(url: str, path: str, body=None, raw: bytes | None = None) -> tuple[int, dict | list[dict]]:
@@ -192,3 +193,19 @@ def test_the_serve_command_starts_answers_and_stops_on_sigterm():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_worker_runs_work_on_the_thread_that_runs_it_and_passes_errors_back():
+    from ngspec.server import Worker
+
+    worker = Worker()
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    done = worker.submit(threading.get_ident)
+    failed = worker.submit(lambda: 1 / 0)
+    assert done.result(timeout=10) == runner.ident  # not the submitting thread's
+    with pytest.raises(ZeroDivisionError):
+        failed.result(timeout=10)
+    worker.stop()
+    runner.join(timeout=10)
+    assert not runner.is_alive()

@@ -36,7 +36,7 @@ def serve_command(
     Example: ngspec serve -d trie --port 8000, then point an OpenAI client at http://127.0.0.1:8000/v1
     """
     from ngspec.api import Speculator, check_choice
-    from ngspec.server import make_server
+    from ngspec.server import make_server, serve
 
     check_choice(drafter, drafting)
     if not 0 <= port <= 65535:
@@ -50,8 +50,6 @@ def serve_command(
     bound_host, bound_port = server.server_address[:2]
     render.info(f"serving {spec.engine.loaded.name} with the {drafter} drafter at http://{bound_host}:{bound_port}/v1 (Ctrl-C stops)")
     try:
-        server.serve_forever()
+        serve(server)  # generates on this thread, the one that loaded the model
     except KeyboardInterrupt:
         render.info("stopped")
-    finally:
-        server.server_close()
