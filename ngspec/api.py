@@ -15,6 +15,8 @@ options, without the dashes: ``--eagle-head DIR`` is ``eagle_head="DIR"``, ``--n
 
 from __future__ import annotations
 
+import threading
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from difflib import get_close_matches
 from pathlib import Path
@@ -154,6 +156,7 @@ class Speculator:
         self._opts = drafting.options()
         self._resources = drafting.resources(engine, [drafter])
         self._calibration = Calibration()
+        self._thread = threading.get_ident()  # the thread that loaded it (see `_warn_other_thread`)
 
     @classmethod
     def load(
@@ -204,12 +207,29 @@ class Speculator:
         return make_drafter(self.drafter, opts, res.tables, res.eagle, res.datastore, self._calibration)
 
     def run(self, ids: list[int], cfg: DecodeConfig, on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+        self._warn_other_thread()
         opts = self.options_for(len(ids))
         return self.engine.run(ids, self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), on_tokens)
+
+    def _warn_other_thread(self) -> None:
+        """Once: a CPU model run from a thread other than the one that loaded it. torch then keeps
+        a second OpenMP team, and with more OpenMP threads than cores libgomp stops letting idle
+        workers spin: decoding steps on two cores took 37 ms instead of 24, on every thread
+        (BENCHMARKS.md 10z)."""
+        if self._thread is None or threading.get_ident() == self._thread:
+            return
+        self._thread = None
+        if self.engine.target.device.type == "cpu":
+            warnings.warn(
+                "ngspec: this Speculator runs on a thread other than the one that loaded it; on a CPU, torch used "
+                "from several threads decodes up to 1.5x slower. Load and generate on one thread (ngspec serve does).",
+                RuntimeWarning, stacklevel=3,
+            )
 
     def run_batch(
         self, ids: list[list[int]], cfg: DecodeConfig, batch: BatchConfig, on_finish: Callable[[BatchResult], None] | None = None
     ) -> tuple[list[BatchResult], BatchReport]:
+        self._warn_other_thread()
         opts = self.options_for(max(map(len, ids)))
         return self.engine.run_batch(ids, lambda: self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), batch, on_finish)
 
@@ -300,12 +320,14 @@ class Speculator:
         rearrange_min_share: float | None = None,
         layout: str = "padded",
         check: bool = False,
+        on_output: Callable[[int, Output], None] | None = None,
     ) -> list[Output]:
         """Generate for many prompts, ``batch_size`` at a time (a finished prompt's slot goes to
         the next). One Output per prompt, in order; a prompt that cannot run (longer than the
         context window) gets ``finish_reason="error"`` and its ``error``, and the others finish.
-        ``rearrange_every`` / ``rearrange_min_share``: as `generate --rearrange-every` /
-        ``--rearrange-min-share`` (defaults measured on a CPU)."""
+        ``on_output(index, output)`` is called as each prompt finishes (before any check), to
+        write results as they come. ``rearrange_every`` / ``rearrange_min_share``: as `generate
+        --rearrange-every` / ``--rearrange-min-share`` (defaults measured on a CPU)."""
         from ngspec.batch import BatchConfig
 
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, check)
@@ -318,10 +340,13 @@ class Speculator:
         if not prompts:
             return []
         ids = [self.encode(p, raw) for p in prompts]
-        results, _ = self.run_batch(ids, cfg, batch)
-        outs = [
-            Output.failed(r.error, len(ids[r.index])) if r.generation is None
-            else Output.of(r.generation, len(ids[r.index]), self.detokenize(r.generation.token_ids))
-            for r in results
-        ]
+        outs: list[Output | None] = [None] * len(ids)
+
+        def finished(r: BatchResult) -> None:
+            gen = r.generation
+            outs[r.index] = Output.failed(r.error, len(ids[r.index])) if gen is None else Output.of(gen, len(ids[r.index]), self.detokenize(gen.token_ids))
+            if on_output is not None:
+                on_output(r.index, outs[r.index])
+
+        self.run_batch(ids, cfg, batch, finished)
         return [self.checked(out, x, cfg) for out, x in zip(outs, ids)] if check else outs

@@ -6,6 +6,8 @@ import json
 import random
 import subprocess
 import sys
+import threading
+import warnings
 
 import pytest
 
@@ -39,7 +41,11 @@ def test_a_model_passed_in_generates_its_plain_greedy_tokens(tiny, prompts_and_e
 def test_a_batch_gives_each_prompt_its_own_plain_greedy_tokens_in_order(tiny, prompts_and_expected, batch_size):
     prompts, expected = prompts_and_expected
     too_long = [1] * 600  # the tiny model's context window is 512
-    outs = Speculator.from_model(tiny, drafter="trie").generate_batch(prompts[:2] + [too_long] + prompts[2:], max_new_tokens=24, batch_size=batch_size)
+    seen = []
+    outs = Speculator.from_model(tiny, drafter="trie").generate_batch(
+        prompts[:2] + [too_long] + prompts[2:], max_new_tokens=24, batch_size=batch_size, on_output=lambda i, o: seen.append((i, o)),
+    )
+    assert sorted(i for i, _ in seen) == list(range(len(outs))) and all(outs[i] is o for i, o in seen)
     assert [o.token_ids for o in outs[:2] + outs[3:]] == expected
     failed = outs[2]
     assert failed.finish_reason == "error" and failed.token_ids == [] and "context window is 512" in failed.error
@@ -150,3 +156,16 @@ def test_eagle_search_with_a_head_and_a_datastore_on_disk(tmp_path, default_mode
 def test_output_as_dict_leaves_out_what_is_absent():
     out = Output.failed("too long", 7)
     assert out.as_dict()["error"] == "too long" and "greedy_check" not in out.as_dict() and out.as_dict()["text"] is None
+
+
+def test_a_cpu_speculator_run_from_another_thread_warns_once(tiny):
+    spec = Speculator.from_model(tiny)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(spec.generate([1, 2, 3], max_new_tokens=2)))
+    with pytest.warns(RuntimeWarning, match="runs on a thread other than the one that loaded it"):
+        thread.start()
+        thread.join()
+    assert len(results) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec.generate([1, 2, 3], max_new_tokens=2)  # once only

@@ -22,6 +22,9 @@ from ngspec.server import make_server, serve
 from test_cli import invoke
 from test_lossless import VOCAB
 
+# the tests load their models on the main thread and serve from another (`ngspec serve` does both on one)
+pytestmark = pytest.mark.filterwarnings("ignore:ngspec. this Speculator runs on a thread other:RuntimeWarning")
+
 
 @contextmanager
 def serving(spec):
