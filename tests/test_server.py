@@ -212,3 +212,18 @@ def test_the_worker_runs_work_on_the_thread_that_runs_it_and_passes_errors_back(
     worker.stop()
     runner.join(timeout=10)
     assert not runner.is_alive()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, phases", [("serve_overhead", ("direct", "http", "http stream")), ("torch_threads", ("main alone", "main, 2nd gone"))])
+def test_the_serving_benchmarks_run_and_find_the_same_tokens(script, phases, monkeypatch, capsys):
+    from conftest import BENCHMARKS, benchmark_script
+
+    module = benchmark_script(script)
+    questions = BENCHMARKS.parent / "examples" / "prompts.jsonl"
+    monkeypatch.setattr(sys, "argv", [script, "--questions", str(questions), "--limit", "1", "-n", "3", "--rounds", "1"])
+    module.main()
+    lines = capsys.readouterr().out.splitlines()
+    for phase in phases:
+        line = next(x for x in lines if x.startswith(phase))
+        assert line.endswith("identical tokens 1/1") or line.endswith("identical tokens: True"), line
