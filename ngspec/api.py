@@ -28,7 +28,7 @@ from ngspec.drafters import DrafterOptions, check_drafter, make_drafter
 from ngspec.errors import NgspecError
 
 if TYPE_CHECKING:
-    from ngspec.batch import BatchConfig, BatchReport, BatchResult
+    from ngspec.batch import BatchConfig, BatchReport, BatchResult, Request
     from ngspec.decode import DecodeConfig, Generation
     from ngspec.engine import Engine
 
@@ -227,11 +227,34 @@ class Speculator:
             )
 
     def run_batch(
-        self, ids: list[list[int]], cfg: DecodeConfig, batch: BatchConfig, on_finish: Callable[[BatchResult], None] | None = None
+        self, ids: list[list[int]], cfg: DecodeConfig, batch: BatchConfig, on_finish: Callable[[BatchResult], None] | None = None,
+        feed: Callable[[], list[Request]] | None = None,
     ) -> tuple[list[BatchResult], BatchReport]:
+        """`generate_batch` with this drafter; ``feed``: requests (from `request`) taken as they
+        arrive, until no row is left."""
         self._warn_other_thread()
-        opts = self.options_for(max(map(len, ids)))
-        return self.engine.run_batch(ids, lambda: self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), batch, on_finish)
+        opts = self.options_for(max(map(len, ids), default=0))
+        return self.engine.run_batch(ids, lambda: self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), batch, on_finish, feed)
+
+    def request(
+        self, index: int, prompt: Prompt, max_new_tokens: int = 256, *, raw: bool = False, temperature: float = 0.0,
+        top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+    ) -> Request:
+        """One prompt with its own settings (as `generate` takes them), for a batch that takes
+        prompts as they arrive (``run_batch(..., feed=)``; `ngspec serve` batches so)."""
+        import torch
+
+        from ngspec.batch import Request
+
+        cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, False)
+        on_tokens = None
+        if on_text is not None:
+            self._tokenizer("streamed text (on_text)")
+            on_tokens = TextDeltas(self.engine.detokenize, on_text)
+        sampling = cfg.sampling
+        gen = torch.Generator().manual_seed(seed) if seed is not None and not sampling.greedy else None
+        return Request(index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), on_tokens, gen)
 
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids for a prompt: text through the chat template (unless ``raw``), chat messages

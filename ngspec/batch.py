@@ -22,7 +22,7 @@ decoding.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -36,7 +36,7 @@ from ngspec.eagle.batched import propose_together
 from ngspec.errors import NgspecError
 from ngspec.perf.online import StepTimes
 from ngspec.tree import joint_width, packed_sizes
-from ngspec.verify import accept_argmax, accept_sampled
+from ngspec.verify import SamplingConfig, accept_argmax, accept_sampled
 
 
 LAYOUTS = ("padded", "packed")
@@ -102,15 +102,44 @@ class BatchResult:
 
 
 @dataclass
-class _Row:
+class Request:
+    """A prompt with settings of its own, for a batch that takes prompts as they arrive (``feed``
+    of `generate_batch`: `ngspec serve` batches concurrent requests so). ``gen``: its sampling's
+    random generator (None: greedy, or unseeded)."""
+
     index: int
     prompt: list[int]
-    drafter: Drafter
+    max_new_tokens: int
+    sampling: SamplingConfig
     stopper: Stopper
+    on_tokens: Callable[[list[int]], None] | None = None
+    gen: torch.Generator | None = None
+
+
+@dataclass
+class _Row:
+    request: Request
+    drafter: Drafter
     start: float
     out: list[int] = field(default_factory=list)
     stats: RunStats = field(default_factory=RunStats)
     reason: str | None = None
+
+    @property
+    def index(self) -> int:
+        return self.request.index
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt
+
+    @property
+    def stopper(self) -> Stopper:
+        return self.request.stopper
+
+    def emit(self, tokens: list[int]) -> None:
+        if self.request.on_tokens is not None and tokens:
+            self.request.on_tokens(tokens)
 
 
 def check_rope_switch(prompt: Sequence[int], max_new_tokens: int, switch: int | None, batch_size: int) -> None:
@@ -134,15 +163,19 @@ def generate_batch(
     new_stopper: Callable[[], Stopper],
     verify_cost: Callable[[int], tuple[float, ...]] = lambda context: (),
     on_finish: Callable[[BatchResult], None] | None = None,
+    feed: Callable[[], list[Request]] | None = None,
 ) -> tuple[list[BatchResult], BatchReport]:
-    """Generate for every prompt, ``batch.batch_size`` at a time; results in input order."""
+    """Generate for every prompt, ``batch.batch_size`` at a time; results in input order.
+    ``feed``, when given, is asked before every step for requests that arrived since (each with
+    its own budget, sampling, stops and token callback); they fill free slots and rows up to the
+    batch size, and the call returns once no row is left (results in the order of their index)."""
     if cfg.verify != "tree":
         raise NgspecError("batched generation verifies trees (--verify tree); rows layout is for batch size 1")
     target = BatchTarget(model, packed=batch.layout == "packed")
     gen = torch.Generator().manual_seed(cfg.sampling.seed) if not cfg.sampling.greedy and cfg.sampling.seed is not None else None
     results: dict[int, BatchResult] = {}
     report = BatchReport()
-    waiting = list(range(len(prompts)))
+    waiting = deque(Request(i, list(p), cfg.max_new_tokens, cfg.sampling, new_stopper(), gen=gen) for i, p in enumerate(prompts))
     rows: list[_Row] = []
     # what this batch's verify calls take, fitted per number of rows (a step of fewer rows costs
     # less): rescales the cost table, as at batch 1
@@ -164,44 +197,51 @@ def generate_batch(
     def admit(slot: int | None) -> _Row | None:
         """Start the next waiting prompt that fits, in ``slot`` (None: a new row)."""
         while waiting:
-            index = waiting.pop(0)
-            prompt = list(prompts[index])
+            request = waiting.popleft()
             try:
-                check_prompt(prompt, target.max_length)
-                check_rope_switch(prompt, cfg.max_new_tokens, target.rope_switch, batch.batch_size)
+                check_prompt(request.prompt, target.max_length)
+                check_rope_switch(request.prompt, request.max_new_tokens, target.rope_switch, batch.batch_size)
             except NgspecError as exc:
-                results[index] = BatchResult(index, error=str(exc))
+                results[request.index] = BatchResult(request.index, error=str(exc))
                 if on_finish:
-                    on_finish(results[index])
+                    on_finish(results[request.index])
                 continue
             drafter = new_drafter()
             target.keep_features = target.keep_features or bool(getattr(drafter, "needs_features", False))
             target.feature_layers = getattr(drafter, "feature_layers", None)
-            row = _Row(index, prompt, drafter, new_stopper(), time.perf_counter())
-            root = _first_token(target.admit(prompt, slot), cfg.sampling, gen)
+            row = _Row(request, drafter, time.perf_counter())
+            root = _first_token(target.admit(request.prompt, slot), request.sampling, request.gen)
             row.stats.prefill_seconds = time.perf_counter() - row.start
             report.prefill_seconds += row.stats.prefill_seconds
             row.out, row.reason = row.stopper.cut([], [root])
             row.stats.steps.append(StepStats(0, len(row.out), 0.0, 0.0))  # the prefill
-            drafter.start(prompt)
+            drafter.start(request.prompt)
             drafter.observe(row.out)
+            row.emit(row.out)
             return row
         return None
 
-    for _ in range(batch.batch_size):
-        row = admit(None)
-        if row is None:
-            break
-        rows.append(row)
+    def fill() -> None:
+        """New rows for waiting prompts, up to the batch size."""
+        while len(rows) < batch.batch_size and waiting:
+            row = admit(None)
+            if row is None:
+                break
+            rows.append(row)
 
+    if feed is not None:
+        waiting.extend(feed())
+    fill()
     while rows:
+        if feed is not None:
+            waiting.extend(feed())
         # rows that are done hand their slot to the next prompt, or leave the batch; a finished
         # row is let go before the next is admitted, so that the head-cache row its drafter holds
         # is free for the new drafter (indexed: `enumerate` would keep its last pair alive)
         for b in range(len(rows)):
             row = rows[b]
             if row.reason is None:
-                row.reason = out_of_room(len(row.out), target.lengths[b], cfg.max_new_tokens, target.max_length)
+                row.reason = out_of_room(len(row.out), target.lengths[b], row.request.max_new_tokens, target.max_length)
             if row.reason is not None:
                 finish(row)
                 rows[b] = row = None
@@ -212,6 +252,7 @@ def generate_batch(
             rows = [rows[b] for b in keep]
             if not rows:
                 break
+        fill()  # prompts that arrived while every slot was busy
         if any(r.reason is not None for r in rows):  # an admitted prompt already ended (EOS first)
             continue
 
@@ -246,16 +287,19 @@ def generate_batch(
                 trees[b] = trees[b].truncated(sizes[b], max_depth=sizes[b])
                 if hasattr(row.drafter, "keep"):
                     row.drafter.keep(trees[b].size)
-            budget = cfg.max_new_tokens - len(row.out)
+            budget = row.request.max_new_tokens - len(row.out)
             trees[b] = trees[b].truncated(trees[b].size, max_depth=budget - 1)
 
         step_cost = target.step_cost(table, [t.size for t in trees])  # by the measured table: no timing noise
         t1 = time.perf_counter()
         verified = target.verify([r.out[-1] for r in rows], trees)
-        if cfg.sampling.greedy:  # one argmax and one copy to the host for every row
-            verdicts = [accept_argmax(t, preds) for t, preds in zip(trees, verified.greedy())]
-        else:
-            verdicts = [accept_sampled(t, verified.row(b).cpu(), cfg.sampling, gen) for b, t in enumerate(trees)]
+        # greedy rows: one argmax and one copy to the host for every row; sampled rows: their own
+        argmax = verified.greedy() if any(r.request.sampling.greedy for r in rows) else None
+        verdicts = [
+            accept_argmax(t, argmax[b]) if r.request.sampling.greedy
+            else accept_sampled(t, verified.row(b).cpu(), r.request.sampling, r.request.gen)
+            for b, (r, t) in enumerate(zip(rows, trees))
+        ]
         target.commit([v.path for v in verdicts])
         times[len(rows)].record(step_cost, time.perf_counter() - t1)  # the verdicts read waited for the device
         report.steps += 1
@@ -270,6 +314,7 @@ def generate_batch(
             row.stats.steps.append(StepStats(tree.size, len(new), d, step_cost))
             row.out.extend(new)
             row.drafter.observe(new)
+            row.emit(new)
 
         if batch.rearrange_every and report.steps % batch.rearrange_every == 0:
             if target.freeable_share() < batch.rearrange_min_share:
@@ -282,5 +327,5 @@ def generate_batch(
                 report.freed_entries += (before - target.slots) * target.rows
 
     report.seconds = time.perf_counter() - began
-    return [results[i] for i in range(len(prompts))], report
+    return [results[i] for i in sorted(results)], report
 

@@ -79,6 +79,10 @@ class Engine:
     def detokenize(self, ids: list[int]) -> str:
         return self.loaded.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def stopper(self, cfg: DecodeConfig) -> Stopper:
+        """EOS (the config's, else the model's) and the config's stop strings."""
+        return Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
+
     def run(
         self,
         prompt_ids: list[int],
@@ -86,8 +90,7 @@ class Engine:
         cfg: DecodeConfig,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> Generation:
-        stopper = Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
-        return generate(self.target, drafter, prompt_ids, self._config(cfg), stopper, on_tokens)
+        return generate(self.target, drafter, prompt_ids, self._config(cfg), self.stopper(cfg), on_tokens)
 
     def _config(self, cfg: DecodeConfig) -> DecodeConfig:
         """An assumed cost (``cost_slope``) stands as given: not rescaled by the run's step times."""
@@ -102,14 +105,13 @@ class Engine:
         table = cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes, batch)
         return lambda context: table
 
-    def run_batch(self, prompts: list[list[int]], new_drafter: Callable[[], Drafter], cfg: DecodeConfig, batch: BatchConfig, on_finish=None):
+    def run_batch(self, prompts: list[list[int]], new_drafter: Callable[[], Drafter], cfg: DecodeConfig, batch: BatchConfig, on_finish=None, feed=None):
         """`generate_batch` on this model: results in prompt order and the batch's cache report.
-        Drafters size their trees from verify costs measured at this batch size."""
-        def stopper() -> Stopper:
-            return Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
-
-        costs = self.batch_costs(min(batch.batch_size, len(prompts)))
-        return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, stopper, costs, on_finish)
+        Drafters size their trees from verify costs measured at this batch size (the full batch
+        size when ``feed`` may bring more prompts)."""
+        rows = batch.batch_size if feed is not None else min(batch.batch_size, len(prompts))
+        costs = self.batch_costs(max(rows, 1))
+        return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, lambda: self.stopper(cfg), costs, on_finish, feed)
 
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False) -> tuple[list[int], float]:

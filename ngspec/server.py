@@ -18,7 +18,9 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable
@@ -45,6 +47,9 @@ class BadRequest(NgspecError):
     def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
         super().__init__(message)
         self.status = status
+
+
+STOPPING = BadRequest("the server is stopping", HTTPStatus.SERVICE_UNAVAILABLE)
 
 
 def _number(body: dict, name: str, default, kind: type, low=None, high=None):
@@ -125,25 +130,57 @@ def ngspec_stats(out: Output, drafter: str) -> dict:
     }
 
 
+@dataclass
+class Pending:
+    """A one-prompt request waiting for the generation thread, to join the running batch."""
+
+    prompt: Any
+    raw: bool
+    kwargs: dict
+    on_text: Callable[[str], None] | None = None
+    future: Future = field(default_factory=Future)
+
+
 class Worker:
-    """Runs submitted work, one item at a time, on the thread that calls `run`.
+    """Runs submitted work, one item at a time, on the thread that calls `run`; `Pending`
+    requests go to ``batch`` (with `arrived`, to take those that come while it runs).
 
     `ngspec serve` runs it on the thread that loaded the model, and HTTP on other threads: on a
     CPU, torch from a second thread starts a second OpenMP team, and with more OpenMP threads
-    than cores libgomp stops letting idle workers spin, which made a decoding step about 1.5x
-    slower on two cores even on the first thread (BENCHMARKS.md 10z)."""
+    than cores libgomp stops letting idle workers spin, which made decoding about 1.4x slower on
+    two cores, on both threads (BENCHMARKS.md 10z)."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch: Callable[[Pending, Callable[[], list[Pending]]], None] | None = None) -> None:
         self._queue: queue.Queue = queue.Queue()
+        self._deferred: deque = deque()  # work that came while a batch ran, in order
+        self._batch = batch
 
     def submit(self, work: Callable) -> Future:
         future: Future = Future()
         self._queue.put((work, future))
         return future
 
+    def join_batch(self, pending: Pending) -> Future:
+        self._queue.put(pending)
+        return pending.future
+
+    def arrived(self) -> list[Pending]:
+        """The requests queued since the last call (without waiting); other work waits for the
+        batch to end."""
+        out = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return out
+            (out if isinstance(item, Pending) else self._deferred).append(item)
+
     def run(self) -> None:
         """Until `stop`; a KeyboardInterrupt (Ctrl-C, or SIGTERM in `ngspec serve`) ends it too."""
-        while (item := self._queue.get()) is not None:
+        while (item := self._deferred.popleft() if self._deferred else self._queue.get()) is not None:
+            if isinstance(item, Pending):
+                self._batch(item, self.arrived)
+                continue
             work, future = item
             if not future.set_running_or_notify_cancel():
                 continue
@@ -152,7 +189,7 @@ class Worker:
             except Exception as exc:
                 future.set_exception(exc)
             except BaseException:  # interrupted mid-generation: fail the request, then stop
-                future.set_exception(BadRequest("the server is stopping", HTTPStatus.SERVICE_UNAVAILABLE))
+                future.set_exception(STOPPING)
                 raise
 
     def stop(self) -> None:
@@ -160,15 +197,61 @@ class Worker:
 
 
 class Service:
-    """What the HTTP handler calls: requests in, response bodies (or event chunks) out, one
-    generation at a time."""
+    """What the HTTP handler calls: requests in, response bodies (or event chunks) out. With
+    ``batch_size`` > 1, concurrent one-prompt requests are decoded together, each joining the
+    running batch at its next step (a slot freed by a finished request, or a new row)."""
 
     def __init__(self, spec: Speculator, max_tokens_default: int = 256, batch_size: int = 8) -> None:
-        self.worker = Worker()
+        self.worker = Worker(self._run_batch)
         self.spec = spec
         self.max_tokens_default = max_tokens_default
         self.batch_size = batch_size
         self.model_id = spec.engine.loaded.name
+
+    def _run_batch(self, first: Pending, arrived: Callable[[], list[Pending]]) -> None:
+        """On the generation thread: decode ``first`` and every request that arrives while rows
+        remain, as one batch; each request's future gets its Output (or its error)."""
+        from ngspec.api import Output
+        from ngspec.batch import BatchConfig
+        from ngspec.cli.common import decode_config, sampling_config
+
+        joined: dict[int, tuple[Pending, int]] = {}  # request index: (its pending, prompt tokens)
+        first_ones = [first]
+
+        def feed() -> list:
+            pendings = first_ones + arrived()
+            first_ones.clear()
+            requests = []
+            for p in pendings:
+                if not p.future.set_running_or_notify_cancel():
+                    continue
+                index = len(joined) + len(requests)
+                try:
+                    request = self.spec.request(index, p.prompt, raw=p.raw, on_text=p.on_text, **p.kwargs)
+                except NgspecError as exc:
+                    p.future.set_exception(BadRequest(str(exc)))
+                    continue
+                joined[index] = (p, len(request.prompt))
+                requests.append(request)
+            return requests
+
+        def finished(result) -> None:
+            pending, prompt_tokens = joined[result.index]
+            if result.error is not None:
+                pending.future.set_exception(BadRequest(result.error))
+                return
+            gen = result.generation
+            pending.future.set_result(Output.of(gen, prompt_tokens, self.spec.detokenize(gen.token_ids)))
+
+        cfg = decode_config(self.max_tokens_default, sampling_config(0.0, 1.0, 0, None), None)  # each request brings its own
+        try:
+            self.spec.run_batch([], cfg, BatchConfig(self.batch_size), finished, feed)
+        except BaseException as exc:  # a bug or an interrupt: no request waits for ever
+            for pending, _ in joined.values():
+                if not pending.future.done():
+                    pending.future.set_exception(exc if isinstance(exc, Exception) else STOPPING)
+            if not isinstance(exc, Exception):
+                raise
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": 0, "owned_by": "ngspec"}]}
@@ -205,7 +288,10 @@ class Service:
 
         on_text = None if emit is None else (lambda text: emit(stream(text)))
         # nothing is sent before the prompt's checks (its length, the sampling settings)
-        out = self._on_worker(lambda: self.spec.generate(self.spec.encode(prompt, raw), on_text=on_text, **kwargs))
+        if self.batch_size > 1:
+            out = self._wait(self.worker.join_batch(Pending(prompt, raw, kwargs, on_text)))
+        else:
+            out = self._wait(self.worker.submit(lambda: self.spec.generate(self.spec.encode(prompt, raw), on_text=on_text, **kwargs)))
         usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.new_tokens, "total_tokens": out.prompt_tokens + out.new_tokens}
         finish = FINISH[out.finish_reason]
         extra = {"usage": usage, "ngspec": ngspec_stats(out, self.spec.drafter)}
@@ -219,10 +305,11 @@ class Service:
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None})
         return {**head, "object": kind, "choices": [choice], **extra}
 
-    def _on_worker(self, work: Callable):
-        """Run ``work`` on the generation thread (requests queue there) and wait for it."""
+    @staticmethod
+    def _wait(future: Future):
+        """The generation thread's answer to one request."""
         try:
-            return self.worker.submit(work).result()
+            return future.result()
         except BadRequest:
             raise
         except NgspecError as exc:  # a prompt longer than the context window, a bad sampling setting
@@ -230,7 +317,7 @@ class Service:
 
     def _batch(self, prompts: list, kwargs: dict) -> dict:
         """Several completions prompts, decoded together ``batch_size`` at a time."""
-        outs = self._on_worker(lambda: self.spec.generate_batch(prompts, batch_size=self.batch_size, raw=True, **kwargs))
+        outs = self._wait(self.worker.submit(lambda: self.spec.generate_batch(prompts, batch_size=self.batch_size, raw=True, **kwargs)))
         failed = [f"prompt {i}: {o.error}" for i, o in enumerate(outs) if o.error is not None]
         if failed:
             raise BadRequest("; ".join(failed))
@@ -317,19 +404,26 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def _stream(self, body: dict, chat: bool) -> None:
-        started = False
+        """Server-sent events. ``emit`` runs on the generation thread (inside a batch with other
+        requests): a client gone mid-stream must not stop the batch, so its writes fail silently."""
+        started, gone = False, False
 
         def emit(chunk: dict) -> None:
-            nonlocal started
-            if not started:  # headers only once the request has passed its checks
-                self.send_response(HTTPStatus.OK)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                started = True
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            self.wfile.flush()
+            nonlocal started, gone
+            if gone:
+                return
+            try:
+                if not started:  # headers only once the request has passed its checks
+                    self.send_response(HTTPStatus.OK)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    started = True
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            except OSError:  # the client went away
+                gone = True
 
         try:
             self.service.complete(body, chat, emit)
@@ -337,9 +431,10 @@ class Handler(BaseHTTPRequestHandler):
             if not started:
                 raise
             emit({"error": {"message": str(exc), "type": "invalid_request_error"}})
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
         self.close_connection = True
+        if not gone:
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
 
 
 def make_server(

@@ -496,3 +496,47 @@ def test_prefill_time_is_reported_apart_from_drafting_and_verification(tiny, mon
     assert report.prefill_seconds == pytest.approx(sum(rows))
     assert report.as_dict()["prefill_share"] == pytest.approx(report.prefill_seconds / report.seconds)
     assert 3 * slow <= report.prefill_seconds < report.seconds
+
+
+@pytest.mark.parametrize("drafter", ["trie", "eagle+search"])
+@pytest.mark.parametrize("batch_size", [2, 4])
+def test_prompts_fed_while_the_batch_runs_join_it_and_each_matches_its_own_plain_greedy(tiny, tiny_eagle, tiny_datastore, prompts_and_expected, drafter, batch_size):
+    """`feed`: requests arrive at later steps with budgets, token callbacks and sampling of their
+    own; they take free slots and new rows, and every greedy row equals its own plain decoding."""
+    from ngspec.batch import Request
+    from ngspec.verify import SamplingConfig
+
+    prompts, expected = prompts_and_expected
+    streamed: dict[int, list[int]] = {}
+    budgets = [30, 12, 30, 5, 30, 20, 30, 30, 9]
+
+    sampled = 5  # one row samples with its own seeded generator; the greedy rows stay exact beside it
+
+    def request(i: int) -> Request:
+        sampling, gen = (SamplingConfig(temperature=1.0, seed=1), torch.Generator().manual_seed(1)) if i == sampled else (SamplingConfig(), None)
+        return Request(i, prompts[i], budgets[i], sampling, Stopper(frozenset()), on_tokens=lambda t, i=i: streamed.setdefault(i, []).extend(t), gen=gen)
+
+    arrivals = {1: [request(1), request(2)], 2: [request(3)], 4: [request(i) for i in range(4, 9)]}
+    calls = []
+
+    def feed() -> list[Request]:
+        calls.append(len(calls))
+        return arrivals.pop(len(calls) - 1, [])
+
+    finished = []
+    # the batch starts from the first prompt (as a list); the others are fed while it runs
+    results, report = generate_batch(
+        tiny, prompts[:1], lambda: make_drafter(drafter, DrafterOptions(search_depth=6, deepen=True), None, tiny_eagle, tiny_datastore),
+        DecodeConfig(max_new_tokens=30), BatchConfig(batch_size, 3, 0.0), lambda: Stopper(frozenset()), on_finish=finished.append, feed=feed,
+    )
+    assert not arrivals  # every group was taken while the batch ran
+    assert [r.index for r in results] == list(range(9)) and all(r.error is None for r in results)
+    for i, result in enumerate(results):
+        if i == sampled:
+            assert len(result.generation.token_ids) == budgets[i]
+        else:
+            assert result.generation.token_ids == expected[i][: budgets[i]], f"prompt {i}"
+        if i:
+            assert streamed[i] == result.generation.token_ids  # fed requests stream their tokens
+    assert sorted(r.index for r in finished) == list(range(9))
+    assert report.new_tokens == sum(budgets)

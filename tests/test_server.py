@@ -27,12 +27,13 @@ pytestmark = pytest.mark.filterwarnings("ignore:ngspec. this Speculator runs on 
 
 
 @contextmanager
-def serving(spec):
-    server = make_server(spec, port=0)
+def serving(spec, batch_size: int = 8, with_server: bool = False):
+    server = make_server(spec, port=0, batch_size=batch_size)
     thread = threading.Thread(target=serve, args=(server,), daemon=True)  # generates on that thread
     thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield (url, server) if with_server else url
     finally:
         server.service.worker.stop()
         thread.join(timeout=30)
@@ -227,3 +228,70 @@ def test_the_serving_benchmarks_run_and_find_the_same_tokens(script, phases, mon
     for phase in phases:
         line = next(x for x in lines if x.startswith(phase))
         assert line.endswith("identical tokens 1/1") or line.endswith("identical tokens: True"), line
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_concurrent_requests_are_decoded_together_each_plain_greedy(tiny, batch_size, monkeypatch):
+    """Requests that arrive while the generation thread is busy join one batch (at most
+    ``batch_size`` rows, the rest taking slots as rows finish); each answer is its own plain
+    greedy decoding with its own max_tokens, and a prompt too long fails alone."""
+    import ngspec.engine as engine_module
+
+    batches = []
+    real = engine_module.generate_batch
+    monkeypatch.setattr(engine_module, "generate_batch", lambda *a, **k: batches.append(1) or real(*a, **k))
+    rng = random.Random(9)
+    eos = tiny.generation_config.eos_token_id
+    prompts = [repetitive_prompt(rng, VOCAB, rng.randrange(10, 50)) for _ in range(5)] + [[1] * 600]
+    budgets = [16, 4, 16, 9, 12, 4]
+    with serving(Speculator.from_model(tiny, drafter="trie"), batch_size, with_server=True) as (url, server):
+        gate = threading.Event()
+        busy = server.service.worker.submit(gate.wait)  # the generation thread waits: every request queues
+        answers = [None] * len(prompts)
+
+        def ask(i: int) -> None:
+            answers[i] = call(url, "/v1/completions", {"prompt": prompts[i], "max_tokens": budgets[i]})
+
+        askers = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for t in askers:
+            t.start()
+        while server.service.worker._queue.qsize() < len(prompts):  # all six queued behind the gate
+            threading.Event().wait(0.01)
+        gate.set()
+        busy.result(timeout=10)
+        for t in askers:
+            t.join(timeout=60)
+    for i, (status, body) in enumerate(answers[:-1]):
+        assert status == 200 and body["choices"][0]["token_ids"] == hf_greedy(tiny, prompts[i], budgets[i], eos), i
+    status, body = answers[-1]
+    assert status == 400 and "context window is 512" in body["error"]["message"]
+    assert len(batches) == (1 if batch_size > 1 else 0)  # one batch for all (batch size 1: one generate each)
+
+
+@pytest.mark.slow
+def test_a_client_gone_mid_stream_does_not_stop_the_batch(default_model):
+    import http.client
+
+    spec = Speculator.from_model(default_model.model, default_model.tokenizer, "trie")
+    question = "Count from one to forty, in words, separated by commas."
+    plain = Speculator.from_model(default_model.model, default_model.tokenizer, "vanilla").generate(question, max_new_tokens=40)
+    with serving(spec, with_server=True) as (url, server):
+        gate = threading.Event()
+        server.service.worker.submit(gate.wait)  # both requests queue, then run as one batch
+        port = server.server_address[1]
+        leaving = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        leaving.request("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": question}], "max_tokens": 40, "stream": True}), {"Content-Type": "application/json"})
+        answers = []
+        staying = threading.Thread(target=lambda: answers.append(call(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": question}], "max_tokens": 40})))
+        staying.start()
+        while server.service.worker._queue.qsize() < 2:
+            threading.Event().wait(0.01)
+        gate.set()
+        response = leaving.getresponse()
+        assert response.status == 200 and response.fp.readline().startswith(b"data: ")
+        response.close()
+        leaving.close()  # gone after the first event
+        staying.join(timeout=120)
+        status, body = answers[0]
+        assert status == 200 and body["choices"][0]["token_ids"] == plain.token_ids
+        assert call(url, "/health")[1] == {"status": "ok"}

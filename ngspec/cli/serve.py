@@ -24,14 +24,14 @@ def serve_command(
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface; there is no authentication).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port, printed at start).")] = 8000,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="New tokens per request when the request gives no max_tokens.")] = 256,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Rows decoded together for a completions request with a list of prompts (each row token-identical to its own plain decoding).")] = 8,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Rows decoded together: requests that arrive while others run join their batch, and a completions request's list of prompts is one batch (each row token-identical to its own plain decoding). 1: one request at a time, through the single-sequence path.")] = 8,
     quiet: Annotated[bool, typer.Option("--quiet", help="Do not log each request on stderr.")] = False,
     drafting: Drafting = Drafting(),
 ) -> None:
     """Serve the model over HTTP with OpenAI's completions and chat completions API, every answer
     token-identical to plain greedy decoding (temperature 0, the default) and sped up by the
-    drafter. Requests run one at a time; each response adds an `ngspec` object with tokens per
-    call and speed.
+    drafter. Concurrent requests are decoded together (--batch-size rows); each response adds an
+    `ngspec` object with tokens per call and speed.
 
     Example: ngspec serve -d trie --port 8000, then point an OpenAI client at http://127.0.0.1:8000/v1
     """
@@ -47,6 +47,9 @@ def serve_command(
         raise NgspecError(f"--batch-size must be at least 1 (got {batch_size})")
     spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code), drafter, drafting)
     server = make_server(spec, host, port, max_tokens, batch_size, log=None if quiet else render.info)
+    if batch_size > 1:  # measured once per machine and cached; before the first request, not during it
+        render.info(f"verify costs at batch size {batch_size} (measured once per machine) ...")
+        spec.engine.batch_costs(batch_size)
     bound_host, bound_port = server.server_address[:2]
     render.info(f"serving {spec.engine.loaded.name} with the {drafter} drafter at http://{bound_host}:{bound_port}/v1 (Ctrl-C stops)")
     try:
