@@ -12,6 +12,7 @@ Bad requests get HTTP 400 with OpenAI's error shape and one readable message.
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import socket
@@ -216,7 +217,7 @@ class Service:
         from ngspec.cli.common import decode_config, sampling_config
 
         joined: dict[int, tuple[Pending, int]] = {}  # request index: (its pending, prompt tokens)
-        first_ones = [first]
+        first_ones, indices = [first], itertools.count()
 
         def feed() -> list:
             pendings = first_ones + arrived()
@@ -225,7 +226,7 @@ class Service:
             for p in pendings:
                 if not p.future.set_running_or_notify_cancel():
                     continue
-                index = len(joined) + len(requests)
+                index = next(indices)
                 try:
                     request = self.spec.request(index, p.prompt, raw=p.raw, on_text=p.on_text, **p.kwargs)
                 except NgspecError as exc:

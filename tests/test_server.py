@@ -295,3 +295,21 @@ def test_a_client_gone_mid_stream_does_not_stop_the_batch(default_model):
         status, body = answers[0]
         assert status == 200 and body["choices"][0]["token_ids"] == plain.token_ids
         assert call(url, "/health")[1] == {"status": "ok"}
+
+
+def test_requests_arriving_over_several_steps_each_get_their_own_answer(tiny):
+    """The generation thread's batch takes requests at several steps (each feed call brings some):
+    every request's future gets its own answer, plain greedy with its own budget."""
+    from ngspec.server import Pending, Service
+
+    service = Service(Speculator.from_model(tiny, drafter="trie"), batch_size=3)
+    rng = random.Random(12)
+    eos = tiny.generation_config.eos_token_id
+    prompts = [repetitive_prompt(rng, VOCAB, rng.randrange(8, 40)) for _ in range(8)]
+    budgets = [20, 6, 14, 3, 20, 9, 11, 5]
+    pendings = [Pending(p, True, {"max_new_tokens": n}) for p, n in zip(prompts, budgets)]
+    arrivals = iter([pendings[1:3], [], [pendings[3]], pendings[4:7], [], [pendings[7]]])
+    service._run_batch(pendings[0], lambda: next(arrivals, []))
+    assert next(arrivals, None) is None  # every group joined the batch
+    for p, prompt, n in zip(pendings, prompts, budgets):
+        assert p.future.result(timeout=0).token_ids == hf_greedy(tiny, prompt, n, eos)
