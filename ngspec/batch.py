@@ -15,8 +15,10 @@ steps take (`ngspec.perf.online.StepTimes`, as at batch size 1), fitted per numb
 batch drains to fewer rows once no prompt waits, and those cheaper steps mixed into one fit swung
 its slope from 0.25x to 3.7x the table's (BENCHMARKS.md 10s). A
 finished row hands its slot to the next waiting prompt; a prompt that cannot run (longer than the
-context window) fails alone with a clear message. Every row's output equals its own plain
-decoding.
+context window) fails alone with a clear message. Prompts may also arrive while the batch runs
+(``feed``: `ngspec serve`'s concurrent requests), each with its own budget, sampling, stops and
+token callback, taking freed slots and new rows up to the batch size. Every row's output equals
+its own plain decoding.
 """
 
 from __future__ import annotations
