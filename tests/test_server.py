@@ -313,3 +313,15 @@ def test_requests_arriving_over_several_steps_each_get_their_own_answer(tiny):
     assert next(arrivals, None) is None  # every group joined the batch
     for p, prompt, n in zip(pendings, prompts, budgets):
         assert p.future.result(timeout=0).token_ids == hf_greedy(tiny, prompt, n, eos)
+
+
+@pytest.mark.slow
+def test_the_concurrency_benchmark_runs_and_finds_the_same_tokens(monkeypatch, capsys):
+    from conftest import BENCHMARKS, benchmark_script
+
+    module = benchmark_script("serve_concurrency")
+    questions = BENCHMARKS.parent / "examples" / "prompts.jsonl"
+    monkeypatch.setattr(sys, "argv", ["serve_concurrency", "--questions", str(questions), "--limit", "3", "-n", "3", "--clients", "1,3", "--batch-size", "3", "--rounds", "1"])
+    module.main()
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("clients")]
+    assert len(lines) == 4 and all(x.endswith("identical tokens: True") for x in lines)
