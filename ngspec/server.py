@@ -1,13 +1,16 @@
 """`ngspec serve`: an OpenAI-compatible HTTP endpoint over one `Speculator` (standard library only).
 
 Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (a prompt as text, fed raw,
-or token ids; a list of prompts is decoded as one batch) and ``POST /v1/chat/completions`` (messages through the chat template), each with
-``"stream": true`` for server-sent events. Generations run one at a time on the thread that
-loaded the model (`Worker`; the model and its cache belong to one generation); HTTP threads only
-parse and answer. Greedy (``temperature`` 0, the default here) is token-identical
-to plain decoding; ``temperature`` > 0 samples, identical in distribution. Every response carries
-an ``ngspec`` object (tokens per call, speed, drafting share) and the choices' ``token_ids``.
-Bad requests get HTTP 400 with OpenAI's error shape and one readable message.
+or token ids; a list of prompts is decoded as one batch) and ``POST /v1/chat/completions``
+(messages through the chat template), each with ``"stream": true`` for server-sent events.
+
+The model runs on one thread, the one that loaded it (`Worker`, `serve`); HTTP threads only parse
+and answer. Requests that arrive while others are decoded join their batch at the next step
+(`Service._run_batch`, through `generate_batch`'s ``feed``), each with its own budget, sampling,
+stops and stream. Greedy (``temperature`` 0, the default here) is token-identical to plain
+decoding; ``temperature`` > 0 samples, identical in distribution. Every response carries an
+``ngspec`` object (tokens per call, speed, drafting share) and the choices' ``token_ids``. Bad
+requests get HTTP 400 with OpenAI's error shape and one readable message.
 """
 
 from __future__ import annotations
