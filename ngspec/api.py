@@ -58,7 +58,7 @@ class Output:
     prefill_seconds: float  # the prompt's forward, which no drafter shortens
     prefill_share: float
     mean_tree_size: float
-    finish_reason: str  # eos | stop | length | context | error
+    finish_reason: str  # eos | stop | length | context | error (| cancelled, for a fed request)
     drafter_stats: dict | None = None  # per drafter: rows per strategy, search branch sources, ...
     greedy_check: dict | None = None  # with check=True: whether plain greedy decoding gives the same
     error: str | None = None  # a batch row that could not run (finish_reason "error")
@@ -239,10 +239,11 @@ class Speculator:
     def request(
         self, index: int, prompt: Prompt, max_new_tokens: int = 256, *, raw: bool = False, temperature: float = 0.0,
         top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop: Sequence[str] = (),
-        on_text: Callable[[str], None] | None = None,
+        on_text: Callable[[str], None] | None = None, cancelled: Callable[[], bool] | None = None,
     ) -> Request:
         """One prompt with its own settings (as `generate` takes them), for a batch that takes
-        prompts as they arrive (``run_batch(..., feed=)``; `ngspec serve` batches so)."""
+        prompts as they arrive (``run_batch(..., feed=)``; `ngspec serve` batches so).
+        ``cancelled``: asked before each step; True ends it (finish reason "cancelled")."""
         import torch
 
         from ngspec.batch import Request
@@ -254,7 +255,7 @@ class Speculator:
             on_tokens = TextDeltas(self.engine.detokenize, on_text)
         sampling = cfg.sampling
         gen = torch.Generator().manual_seed(seed) if seed is not None and not sampling.greedy else None
-        return Request(index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), on_tokens, gen)
+        return Request(index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), on_tokens, gen, cancelled)
 
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids for a prompt: text through the chat template (unless ``raw``), chat messages

@@ -116,6 +116,7 @@ class Request:
     stopper: Stopper
     on_tokens: Callable[[list[int]], None] | None = None
     gen: torch.Generator | None = None
+    cancelled: Callable[[], bool] | None = None  # asked before each step: True ends the row ("cancelled")
 
 
 @dataclass
@@ -242,6 +243,8 @@ def generate_batch(
         # is free for the new drafter (indexed: `enumerate` would keep its last pair alive)
         for b in range(len(rows)):
             row = rows[b]
+            if row.reason is None and row.request.cancelled is not None and row.request.cancelled():
+                row.reason = "cancelled"  # e.g. a streaming client that left: its slot goes to the next prompt
             if row.reason is None:
                 row.reason = out_of_room(len(row.out), target.lengths[b], row.request.max_new_tokens, target.max_length)
             if row.reason is not None:

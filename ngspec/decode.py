@@ -43,7 +43,7 @@ class DecodeConfig:
 class Generation:
     token_ids: list[int]
     seconds: float
-    finish_reason: str  # eos | stop | length | context
+    finish_reason: str  # eos | stop | length | context (| cancelled: a batch row whose request was cancelled)
     stats: RunStats
     drafter_stats: dict | None = None
 

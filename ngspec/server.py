@@ -41,7 +41,7 @@ NEUTRAL = {
     "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "logit_bias": ({},), "tools": ([],),
     "response_format": ({"type": "text"},),
 }
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 MAX_BODY = 64 * 2**20
 
 
@@ -142,6 +142,7 @@ class Pending:
     raw: bool
     kwargs: dict
     on_text: Callable[[str], None] | None = None
+    gone: Callable[[], bool] | None = None  # the streaming client left: its row stops
     future: Future = field(default_factory=Future)
 
 
@@ -231,7 +232,7 @@ class Service:
                     continue
                 index = next(indices)
                 try:
-                    request = self.spec.request(index, p.prompt, raw=p.raw, on_text=p.on_text, **p.kwargs)
+                    request = self.spec.request(index, p.prompt, raw=p.raw, on_text=p.on_text, cancelled=p.gone, **p.kwargs)
                 except NgspecError as exc:
                     p.future.set_exception(BadRequest(str(exc)))
                     continue
@@ -260,8 +261,9 @@ class Service:
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": 0, "owned_by": "ngspec"}]}
 
-    def complete(self, body: dict, chat: bool, emit: Callable[[dict], None] | None = None) -> dict | None:
-        """The response body, or with ``emit`` (streaming) each chunk handed to it and None."""
+    def complete(self, body: dict, chat: bool, emit: Callable[[dict], None] | None = None, gone: Callable[[], bool] | None = None) -> dict | None:
+        """The response body, or with ``emit`` (streaming) each chunk handed to it and None;
+        ``gone``: whether the streaming client has left (its batch row then stops)."""
         kwargs = generation_kwargs(body, self.max_tokens_default)
         if chat:
             prompt, raw = chat_messages(body), False
@@ -293,7 +295,7 @@ class Service:
         on_text = None if emit is None else (lambda text: emit(stream(text)))
         # nothing is sent before the prompt's checks (its length, the sampling settings)
         if self.batch_size > 1:
-            out = self._wait(self.worker.join_batch(Pending(prompt, raw, kwargs, on_text)))
+            out = self._wait(self.worker.join_batch(Pending(prompt, raw, kwargs, on_text, gone)))
         else:
             out = self._wait(self.worker.submit(lambda: self.spec.generate(self.spec.encode(prompt, raw), on_text=on_text, **kwargs)))
         usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.new_tokens, "total_tokens": out.prompt_tokens + out.new_tokens}
@@ -430,7 +432,7 @@ class Handler(BaseHTTPRequestHandler):
                 gone = True
 
         try:
-            self.service.complete(body, chat, emit)
+            self.service.complete(body, chat, emit, lambda: gone)
         except BadRequest as exc:
             if not started:
                 raise

@@ -540,3 +540,20 @@ def test_prompts_fed_while_the_batch_runs_join_it_and_each_matches_its_own_plain
             assert streamed[i] == result.generation.token_ids  # fed requests stream their tokens
     assert sorted(r.index for r in finished) == list(range(9))
     assert report.new_tokens == sum(budgets)
+
+
+def test_a_cancelled_request_ends_at_the_next_step_and_frees_its_slot(tiny, prompts_and_expected):
+    from ngspec.batch import Request
+    from ngspec.verify import SamplingConfig
+
+    prompts, expected = prompts_and_expected
+    got: list[int] = []
+    leaving = Request(1, prompts[1], 30, SamplingConfig(), Stopper(frozenset()), on_tokens=got.extend, cancelled=lambda: len(got) >= 3)
+    arrivals = [[leaving], [], [], [Request(i, prompts[i], 30, SamplingConfig(), Stopper(frozenset())) for i in (2, 3)]]
+    results, _ = generate_batch(
+        tiny, prompts[:1], lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=30), BatchConfig(2, 0, 0.0),
+        lambda: Stopper(frozenset()), feed=lambda: arrivals.pop(0) if arrivals else [],
+    )
+    gone = results[1].generation
+    assert gone.finish_reason == "cancelled" and 3 <= len(gone.token_ids) < 30 and gone.token_ids == expected[1][: len(gone.token_ids)]
+    assert [r.generation.token_ids for r in (results[0], results[2], results[3])] == [expected[0], expected[2], expected[3]]

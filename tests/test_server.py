@@ -269,9 +269,20 @@ def test_concurrent_requests_are_decoded_together_each_plain_greedy(tiny, batch_
 
 
 @pytest.mark.slow
-def test_a_client_gone_mid_stream_does_not_stop_the_batch(default_model):
+def test_a_client_gone_mid_stream_does_not_stop_the_batch_and_its_row_ends(default_model, monkeypatch):
     import http.client
 
+    import ngspec.engine as engine_module
+
+    batches = []
+    real = engine_module.generate_batch
+
+    def recorded(*args, **kwargs):
+        results, report = real(*args, **kwargs)
+        batches.append(results)
+        return results, report
+
+    monkeypatch.setattr(engine_module, "generate_batch", recorded)
     spec = Speculator.from_model(default_model.model, default_model.tokenizer, "trie")
     question = "Count from one to forty, in words, separated by commas."
     plain = Speculator.from_model(default_model.model, default_model.tokenizer, "vanilla").generate(question, max_new_tokens=40)
@@ -295,6 +306,11 @@ def test_a_client_gone_mid_stream_does_not_stop_the_batch(default_model):
         status, body = answers[0]
         assert status == 200 and body["choices"][0]["token_ids"] == plain.token_ids
         assert call(url, "/health")[1] == {"status": "ok"}
+    # the leaving client's row stopped at the step after it left, not at its 40 tokens
+    (results,) = batches
+    left, stayed = sorted((r.generation for r in results), key=lambda g: g.finish_reason != "cancelled")
+    assert left.finish_reason == "cancelled" and len(left.token_ids) < len(plain.token_ids)
+    assert stayed.token_ids == plain.token_ids
 
 
 def test_requests_arriving_over_several_steps_each_get_their_own_answer(tiny):
