@@ -56,6 +56,10 @@ class BadRequest(NgspecError):
 STOPPING = BadRequest("the server is stopping", HTTPStatus.SERVICE_UNAVAILABLE)
 
 
+class ClientGone(Exception):
+    """A streaming client left: its generation stops (one request at a time, `--batch-size 1`)."""
+
+
 def _number(body: dict, name: str, default, kind: type, low=None, high=None):
     value = body.get(name, default)
     if value is None:
@@ -294,10 +298,19 @@ class Service:
 
         on_text = None if emit is None else (lambda text: emit(stream(text)))
         # nothing is sent before the prompt's checks (its length, the sampling settings)
-        if self.batch_size > 1:
+        if self.batch_size > 1:  # a client that left ends its row at the next step
             out = self._wait(self.worker.join_batch(Pending(prompt, raw, kwargs, on_text, gone)))
         else:
-            out = self._wait(self.worker.submit(lambda: self.spec.generate(self.spec.encode(prompt, raw), on_text=on_text, **kwargs)))
+            def on_text_alone(text: str) -> None:
+                if gone is not None and gone():
+                    raise ClientGone  # ends this request's generation
+                on_text(text)
+
+            work = lambda: self.spec.generate(self.spec.encode(prompt, raw), on_text=on_text and on_text_alone, **kwargs)  # noqa: E731
+            try:
+                out = self._wait(self.worker.submit(work))
+            except ClientGone:
+                return None
         usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.new_tokens, "total_tokens": out.prompt_tokens + out.new_tokens}
         finish = FINISH[out.finish_reason]
         extra = {"usage": usage, "ngspec": ngspec_stats(out, self.spec.drafter)}

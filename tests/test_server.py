@@ -40,6 +40,15 @@ def serving(spec, batch_size: int = 8, with_server: bool = False):
         assert not thread.is_alive()
 
 
+def hold(server) -> threading.Event:
+    """Keep the generation thread busy until the returned event is set (requests queue behind
+    it); returns once it is held, so the queue holds only what comes after."""
+    held, gate = threading.Event(), threading.Event()
+    server.service.worker.submit(lambda: held.set() or gate.wait())
+    assert held.wait(timeout=30)
+    return gate
+
+
 def call(url: str, path: str, body=None, raw: bytes | None = None) -> tuple[int, dict | list[dict]]:
     """(status, the JSON body), or for a stream the list of its events' JSON."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
@@ -245,8 +254,7 @@ def test_concurrent_requests_are_decoded_together_each_plain_greedy(tiny, batch_
     prompts = [repetitive_prompt(rng, VOCAB, rng.randrange(10, 50)) for _ in range(5)] + [[1] * 600]
     budgets = [16, 4, 16, 9, 12, 4]
     with serving(Speculator.from_model(tiny, drafter="trie"), batch_size, with_server=True) as (url, server):
-        gate = threading.Event()
-        busy = server.service.worker.submit(gate.wait)  # the generation thread waits: every request queues
+        gate = hold(server)  # the generation thread waits: every request queues
         answers = [None] * len(prompts)
 
         def ask(i: int) -> None:
@@ -258,7 +266,6 @@ def test_concurrent_requests_are_decoded_together_each_plain_greedy(tiny, batch_
         while server.service.worker._queue.qsize() < len(prompts):  # all six queued behind the gate
             threading.Event().wait(0.01)
         gate.set()
-        busy.result(timeout=10)
         for t in askers:
             t.join(timeout=60)
     for i, (status, body) in enumerate(answers[:-1]):
@@ -287,8 +294,7 @@ def test_a_client_gone_mid_stream_does_not_stop_the_batch_and_its_row_ends(defau
     question = "Count from one to forty, in words, separated by commas."
     plain = Speculator.from_model(default_model.model, default_model.tokenizer, "vanilla").generate(question, max_new_tokens=40)
     with serving(spec, with_server=True) as (url, server):
-        gate = threading.Event()
-        server.service.worker.submit(gate.wait)  # both requests queue, then run as one batch
+        gate = hold(server)  # both requests queue, then run as one batch
         port = server.server_address[1]
         leaving = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         leaving.request("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": question}], "max_tokens": 40, "stream": True}), {"Content-Type": "application/json"})
@@ -341,3 +347,28 @@ def test_the_concurrency_benchmark_runs_and_finds_the_same_tokens(monkeypatch, c
     module.main()
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("clients")]
     assert len(lines) == 4 and all(x.endswith("identical tokens: True") for x in lines)
+
+
+@pytest.mark.slow
+def test_one_request_at_a_time_a_client_gone_mid_stream_stops_its_generation(default_model):
+    """`--batch-size 1`: the generation of a streaming client that left stops at its next text,
+    and the server answers the next request (from a fresh cache) exactly."""
+    import http.client
+
+    spec = Speculator.from_model(default_model.model, default_model.tokenizer, "trie")
+    question = "Count from one to sixty, in words, separated by commas."
+    plain = Speculator.from_model(default_model.model, default_model.tokenizer, "vanilla").generate(question, max_new_tokens=60)
+    steps = []
+    real = spec.generate
+    spec.generate = lambda *a, **k: steps.append(real(*a, **k)) or steps[-1]
+    with serving(spec, batch_size=1, with_server=True) as (url, server):
+        gate = hold(server)
+        leaving = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=60)
+        leaving.request("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": question}], "max_tokens": 60, "stream": True}), {"Content-Type": "application/json"})
+        while server.service.worker._queue.qsize() < 1:
+            threading.Event().wait(0.01)
+        leaving.close()  # gone before its first event
+        gate.set()
+        status, body = call(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": question}], "max_tokens": 60})
+        assert status == 200 and body["choices"][0]["token_ids"] == plain.token_ids
+    assert len(steps) == 1  # the leaving request's generation never finished
