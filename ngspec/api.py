@@ -189,7 +189,6 @@ class Speculator:
         from ngspec.models import LoadedModel
 
         drafting = drafting_options(options)
-        check_choice(drafter, drafting)
         if name is None:
             size = sum(p.numel() for p in model.parameters())
             name = getattr(model, "name_or_path", "") or f"{model.config.model_type}-{size}"
@@ -249,13 +248,9 @@ class Speculator:
         from ngspec.batch import Request
 
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, False)
-        on_tokens = None
-        if on_text is not None:
-            self._tokenizer("streamed text (on_text)")
-            on_tokens = TextDeltas(self.engine.detokenize, on_text)
         sampling = cfg.sampling
         gen = torch.Generator().manual_seed(seed) if seed is not None and not sampling.greedy else None
-        return Request(index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), on_tokens, gen, cancelled)
+        return Request(index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), self._text_stream(on_text), gen, cancelled)
 
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids for a prompt: text through the chat template (unless ``raw``), chat messages
@@ -277,6 +272,17 @@ class Speculator:
 
     def detokenize(self, ids: list[int]) -> str | None:
         return None if self.engine.loaded.tokenizer is None else self.engine.detokenize(ids)
+
+    def output(self, gen: Generation, prompt_tokens: int) -> Output:
+        """A generation as an `Output`, with its text when there is a tokenizer."""
+        return Output.of(gen, prompt_tokens, self.detokenize(gen.token_ids))
+
+    def _text_stream(self, on_text: Callable[[str], None] | None) -> TextDeltas | None:
+        """The token callback that hands ``on_text`` the new text (None without ``on_text``)."""
+        if on_text is None:
+            return None
+        self._tokenizer("streamed text (on_text)")
+        return TextDeltas(self.engine.detokenize, on_text)
 
     def _tokenizer(self, what: str):
         if self.engine.loaded.tokenizer is None:
@@ -320,12 +326,7 @@ class Speculator:
         (streaming); ``check`` also decodes plainly and fills ``Output.greedy_check``."""
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, check)
         ids = self.encode(prompt, raw)
-        stream = None
-        if on_text is not None:
-            self._tokenizer("streamed text (on_text)")
-            stream = TextDeltas(self.engine.detokenize, on_text)
-        gen = self.run(ids, cfg, stream)
-        out = Output.of(gen, len(ids), self.detokenize(gen.token_ids))
+        out = self.output(self.run(ids, cfg, self._text_stream(on_text)), len(ids))
         return self.checked(out, ids, cfg) if check else out
 
     def generate_batch(
@@ -368,7 +369,7 @@ class Speculator:
 
         def finished(r: BatchResult) -> None:
             gen = r.generation
-            outs[r.index] = Output.failed(r.error, len(ids[r.index])) if gen is None else Output.of(gen, len(ids[r.index]), self.detokenize(gen.token_ids))
+            outs[r.index] = Output.failed(r.error, len(ids[r.index])) if gen is None else self.output(gen, len(ids[r.index]))
             if on_output is not None:
                 on_output(r.index, outs[r.index])
 

@@ -220,7 +220,6 @@ class Service:
     def _run_batch(self, first: Pending, arrived: Callable[[], list[Pending]]) -> None:
         """On the generation thread: decode ``first`` and every request that arrives while rows
         remain, as one batch; each request's future gets its Output (or its error)."""
-        from ngspec.api import Output
         from ngspec.batch import BatchConfig
         from ngspec.cli.common import decode_config, sampling_config
 
@@ -249,8 +248,7 @@ class Service:
             if result.error is not None:
                 pending.future.set_exception(BadRequest(result.error))
                 return
-            gen = result.generation
-            pending.future.set_result(Output.of(gen, prompt_tokens, self.spec.detokenize(gen.token_ids)))
+            pending.future.set_result(self.spec.output(result.generation, prompt_tokens))
 
         cfg = decode_config(self.max_tokens_default, sampling_config(0.0, 1.0, 0, None), None)  # each request brings its own
         try:

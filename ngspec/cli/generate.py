@@ -77,8 +77,6 @@ def _run_batch(spec: Speculator, prompts, ids, cfg, batch, json_out: bool, check
     prompts that cannot run fail alone (exit code 1 at the end). With ``check``, every row is
     compared with its own plain greedy decoding once the batch is done (outside its timing), and
     the records follow then."""
-    from ngspec.api import Output
-
     drafter, failed, checked = spec.drafter, [], []
 
     def show(record: dict) -> None:
@@ -99,7 +97,7 @@ def _run_batch(spec: Speculator, prompts, ids, cfg, batch, json_out: bool, check
                 render.error(f"prompt {prompt.id}: {result.error}")
             return
         gen = result.generation
-        output = Output.of(gen, len(ids[result.index]), spec.detokenize(gen.token_ids))
+        output = spec.output(gen, len(ids[result.index]))
         if check:
             checked.append((result.index, output))
         else:
@@ -175,7 +173,7 @@ def generate_command(
 
     Example: ngspec generate -p examples/rag_ngspec.txt --drafter trie
     """
-    from ngspec.api import Output, Speculator, check_choice
+    from ngspec.api import Speculator, check_choice
     from ngspec.batch import BatchConfig
 
     check_choice(drafter, drafting)  # validate everything before loading anything
@@ -199,8 +197,7 @@ def generate_command(
         stream = None if json_out else render.TextStream(engine.detokenize)
         if stream is not None and len(prompts) > 1:
             render.console.rule(f"prompt {prompt.id}")
-        gen = spec.run(ids, cfg, on_tokens=stream)
-        output = Output.of(gen, len(ids), spec.detokenize(gen.token_ids))
+        output = spec.output(spec.run(ids, cfg, on_tokens=stream), len(ids))
         record = result_record(prompt.id, drafter, spec.checked(output, ids, cfg) if check else output)
         if json_out:
             render.json_line(record)
