@@ -243,14 +243,11 @@ class Speculator:
         """One prompt with its own settings (as `generate` takes them), for a batch that takes
         prompts as they arrive (``run_batch(..., feed=)``; `ngspec serve` batches so).
         ``cancelled``: asked before each step; True ends it (finish reason "cancelled")."""
-        import torch
-
         from ngspec.batch import Request
 
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, False)
         sampling = cfg.sampling
-        gen = torch.Generator().manual_seed(seed) if seed is not None and not sampling.greedy else None
-        return Request(index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), self._text_stream(on_text), gen, cancelled)
+        return Request(index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), self._text_stream(on_text), sampling.generator(), cancelled)
 
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids for a prompt: text through the chat template (unless ``raw``), chat messages

@@ -175,7 +175,7 @@ def generate_batch(
     if cfg.verify != "tree":
         raise NgspecError("batched generation verifies trees (--verify tree); rows layout is for batch size 1")
     target = BatchTarget(model, packed=batch.layout == "packed")
-    gen = torch.Generator().manual_seed(cfg.sampling.seed) if not cfg.sampling.greedy and cfg.sampling.seed is not None else None
+    gen = cfg.sampling.generator()
     results: dict[int, BatchResult] = {}
     report = BatchReport()
     waiting = deque(Request(i, list(p), cfg.max_new_tokens, cfg.sampling, new_stopper(), gen=gen) for i, p in enumerate(prompts))

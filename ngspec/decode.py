@@ -118,9 +118,7 @@ def generate(
     prompt = list(prompt)
     check_prompt(prompt, target.max_length)
     stopper = stopper or Stopper(cfg.eos_ids)
-    gen = None
-    if not cfg.sampling.greedy and cfg.sampling.seed is not None:
-        gen = torch.Generator().manual_seed(cfg.sampling.seed)
+    gen = cfg.sampling.generator()
     stats = RunStats()
 
     start = time.perf_counter()

@@ -30,6 +30,10 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    def generator(self) -> torch.Generator | None:
+        """A random generator seeded with ``seed`` when sampling (None: greedy, or unseeded)."""
+        return torch.Generator().manual_seed(self.seed) if not self.greedy and self.seed is not None else None
+
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
