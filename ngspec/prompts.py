@@ -105,14 +105,19 @@ def encode(tokenizer, text: str, raw: bool = False) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
+def check_messages(messages: list) -> None:
+    """Every chat message a dict with a string 'role' and a string 'content'."""
+    bad = [m for m in messages if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str)]
+    if bad:
+        raise NgspecError(f"a chat message needs a 'role' and a 'content', both strings (got {bad[0]!r})")
+
+
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids for chat ``messages`` ({'role': ..., 'content': ...}) through the chat template,
     ready for the assistant's answer."""
     if not getattr(tokenizer, "chat_template", None):
         raise NgspecError("chat messages need a tokenizer with a chat template; give text or token ids instead")
-    bad = [m for m in messages if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str)]
-    if bad:
-        raise NgspecError(f"a chat message needs a 'role' and a 'content', both strings (got {bad[0]!r})")
+    check_messages(messages)
     try:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     except Exception as exc:  # the template's own checks (e.g. roles that must alternate) raise anything

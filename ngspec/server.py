@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable
 
 from ngspec.errors import NgspecError
+from ngspec.prompts import check_messages
 
 if TYPE_CHECKING:
     from ngspec.api import Output, Speculator
@@ -118,11 +119,17 @@ def chat_messages(body: dict) -> list[dict]:
         if isinstance(content, list):  # content parts: only text parts can be fed to a text model
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
                 raise BadRequest("only text content parts ({'type': 'text', 'text': ...}) are supported")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
-            raise BadRequest(f"a message needs a 'role' and a text 'content' (got {m!r})")
-        out.append({"role": m["role"], "content": content})
-    return out
+            m = {**m, "content": "".join(p["text"] for p in content)}
+        out.append(m)
+    try:
+        check_messages(out)
+    except NgspecError as exc:
+        raise BadRequest(str(exc)) from None
+    return [{"role": m["role"], "content": m["content"]} for m in out]
+
+
+def usage(prompt_tokens: int, new_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": new_tokens, "total_tokens": prompt_tokens + new_tokens}
 
 
 def ngspec_stats(out: Output, drafter: str) -> dict:
@@ -277,7 +284,7 @@ class Service:
                 return self._batch(prompts, kwargs)
             prompt = prompts[0]
         kind = "chat.completion" if chat else "text_completion"
-        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_id}
+        head = self._head(chat)
 
         def piece(text: str | None, finish: str | None, role: bool = False) -> dict:
             if chat:
@@ -309,9 +316,8 @@ class Service:
                 out = self._wait(self.worker.submit(work))
             except ClientGone:
                 return None
-        usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.new_tokens, "total_tokens": out.prompt_tokens + out.new_tokens}
         finish = FINISH[out.finish_reason]
-        extra = {"usage": usage, "ngspec": ngspec_stats(out, self.spec.drafter)}
+        extra = {"usage": usage(out.prompt_tokens, out.new_tokens), "ngspec": ngspec_stats(out, self.spec.drafter)}
         if emit is not None:
             last = stream(None, finish)
             last["choices"][0]["token_ids"] = out.token_ids
@@ -321,6 +327,10 @@ class Service:
         choice = {"index": 0, "finish_reason": finish, "token_ids": out.token_ids}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None})
         return {**head, "object": kind, "choices": [choice], **extra}
+
+    def _head(self, chat: bool) -> dict:
+        """What every response and event of one request starts with."""
+        return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_id}
 
     @staticmethod
     def _wait(future: Future):
@@ -344,9 +354,9 @@ class Service:
         ]
         prompt_tokens, new_tokens, calls = (sum(getattr(o, f) for o in outs) for f in ("prompt_tokens", "new_tokens", "verify_calls"))
         return {
-            "id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": self.model_id, "object": "text_completion",
+            **self._head(chat=False), "object": "text_completion",
             "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": new_tokens, "total_tokens": prompt_tokens + new_tokens},
+            "usage": usage(prompt_tokens, new_tokens),
             "ngspec": {"drafter": self.spec.drafter, "batch_size": min(self.batch_size, len(outs)), "mean_tokens_per_call": new_tokens / calls if calls else 0.0},
         }
 

@@ -122,6 +122,8 @@ def test_a_list_of_prompts_is_decoded_as_one_batch_each_plain_greedy(tiny, tiny_
         ("/v1/completions", {"prompt": [1, 2], "stream": True}, 400, r"streamed text \(on_text\) need a tokenizer"),
         ("/v1/completions", {"prompt": "text"}, 400, "text prompts need a tokenizer"),
         ("/v1/chat/completions", {"messages": []}, 400, "'messages' must be a non-empty list"),
+        ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "a chat message needs a 'role' and a 'content'"),
+        ("/v1/chat/completions", {"messages": ["hi"]}, 400, "a chat message needs a 'role' and a 'content'"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "only text content parts"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 400, "chat messages need a tokenizer"),
         ("/v1/embeddings", {}, 404, "no route POST /v1/embeddings"),
