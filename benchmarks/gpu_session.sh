@@ -8,6 +8,7 @@
 #   device run, no carry, until it prints DONE:             bash benchmarks/gpu_session.sh collect 560
 #   one call alone, carry .whl gpu/rand gpu/data:           bash benchmarks/gpu_session.sh solo
 #   here, before a visit (3-5 min, no GPU):                 bash benchmarks/gpu_session.sh rehearse HEAD DATASTORE
+#   (LANES="short" before `start` and `rehearse`: the 15-minute visit, issue 7's four ablations at once)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -113,8 +114,8 @@ ablation() {  # ablation NAME SECONDS SHAPE ARGS...: READER's ablation in float3
 lane_single() {  # issue 7 at batch size 1
     stage tune-b1 240 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b1.json -b 1 -n 64 --limit 6 --dtype float32 --json
     # every arm, "EAGLE" (sized by the GPU's measured cost table) and "EAGLE (whole tree)" (the paper's)
-    ablation ablation-rag-b1 380 $RES/shape-b1.json --category rag --limit 8 --batch-sizes 1
-    ablation ablation-summarization-b1 380 $RES/shape-b1.json --category summarization --limit 8 --batch-sizes 1
+    ablation ablation-rag-b1 360 $RES/shape-b1.json --category rag --limit 8 --batch-sizes 1
+    ablation ablation-summarization-b1 360 $RES/shape-b1.json --category summarization --limit 8 --batch-sizes 1
 }
 
 lane_heads() {  # the rows' head runs and top-k requests answered together against row by row, side by side
@@ -130,13 +131,28 @@ lane_heads() {  # the rows' head runs and top-k requests answered together again
         --whole-step -b 32 -n 64 --json-out $RES/step-profile-trie-b32.json
 }
 
+# without "EAGLE (whole tree)": at 8-32 rows it ran at 0.2-0.4x vanilla (section 10b) and would eat the time limit
+BATCH_ARMS="trie,search,EAGLE,+ search branch,+ deepening,+ KV rearrangement,+ tuned tree"
+
 lane_batched() {  # issue 7 at batch sizes 8, 16, 32
     stage tune-b8 240 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 64 --limit 6 --dtype float32 --json
     lane_heads
-    # without "EAGLE (whole tree)": at 8-32 rows it ran at 0.2-0.4x vanilla (section 10b) and would eat the time limit
-    local arms="trie,search,EAGLE,+ search branch,+ deepening,+ KV rearrangement,+ tuned tree"
-    ablation ablation-rag-b8-32 600 $RES/shape-b8.json --category rag --limit 32 --batch-sizes 8,16,32 --only "$arms"
-    ablation ablation-summarization-b8-32 600 $RES/shape-b8.json --category summarization --limit 32 --batch-sizes 8,16,32 --only "$arms"
+    ablation ablation-rag-b8-32 600 $RES/shape-b8.json --category rag --limit 32 --batch-sizes 8,16,32 --only "$BATCH_ARMS"
+    ablation ablation-summarization-b8-32 600 $RES/shape-b8.json --category summarization --limit 32 --batch-sizes 8,16,32 --only "$BATCH_ARMS"
+}
+
+# A 15-minute visit (LANES="short"): the shapes tuned side by side first, then issue 7's four
+# ablations at once, smaller than above (fewer prompts and tokens), each stage under a limit that
+# ends the pipeline about 520 s after the model is whole.
+lane_short() {
+    stage tune-b1 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b1.json -b 1 -n 48 --limit 4 --finalists 2 --dtype float32 --json &
+    stage tune-b8 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 32 --limit 8 --finalists 2 --dtype float32 --json &
+    wait
+    ablation ablation-rag-b1 360 $RES/shape-b1.json --category rag --limit 6 -n 96 --batch-sizes 1 &
+    ablation ablation-summarization-b1 360 $RES/shape-b1.json --category summarization --limit 6 -n 96 --batch-sizes 1 &
+    ablation ablation-rag-b8-32 360 $RES/shape-b8.json --category rag --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" &
+    ablation ablation-summarization-b8-32 360 $RES/shape-b8.json --category summarization --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" &
+    wait
 }
 
 pipeline() {
@@ -148,7 +164,8 @@ pipeline() {
         echo "model checksum mismatch"; touch $RES/DONE; exit 1
     fi
     echo "== model assembled"
-    stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
+    # the smoke test beside the lanes, not before them: a short visit has no time to wait for it
+    stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json &
     local lane
     for lane in ${LANES:-bench single batched}; do
         "lane_$lane" >"$RES/lane-$lane.log" 2>&1 &
@@ -202,7 +219,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     mkdir -p $RES
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
-        lane_bench; lane_single; lane_batched
+        for lane in ${LANES:-bench single batched short}; do "lane_$lane"; done
     } 2>&1 | tee $RES/stages.log
 }
 
