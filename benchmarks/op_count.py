@@ -1,5 +1,7 @@
 """Host work of a batched step, counted rather than timed: the tensor (aten) operations per decoding
 step, by phase (drafting, verify, commit, the rest: stopping, compaction, slots), for each drafter.
+With ``-b 1`` the single-sequence engine's steps (what `generate` runs for one prompt), over
+``--prompts`` prompts one after another, with the drafter's `observe` counted apart.
 
 On the H100 the default 135M model is host-bound: a plain batch-8 step took 45 ms for about 2,600
 operations (BENCHMARKS.md sections 10b, 10c, 10e), so what a batched step costs there is mostly
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import functools
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,8 +31,10 @@ import ngspec.batch as batch_module
 import ngspec.eagle.batched as head_module
 from ngspec.batch import BatchConfig
 from ngspec.batch_target import BatchTarget
+from ngspec.cpu_linear import stock_linears
 from ngspec.decode import DecodeConfig
 from ngspec.engine import Engine
+from ngspec.target import TargetModel
 
 PHASES = {  # phase: (owner, method) whose operations it counts
     "drafting": (batch_module, "propose_together"),
@@ -40,38 +46,58 @@ PHASES = {  # phase: (owner, method) whose operations it counts
 }
 
 
+SINGLE_PHASES = {  # the same for the single-sequence engine (batch size 1)
+    "features": (TargetModel, "take_features"),
+    "verify": (TargetModel, "verify"),
+    "commit": (TargetModel, "commit"),
+    "prefill": (TargetModel, "prefill"),
+}
+
+
 class _Counter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.phase = "rest"
         self.ops: collections.Counter = collections.Counter()
+        self.names: collections.Counter = collections.Counter()  # (phase, operation)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[self.phase] += 1
+        self.names[self.phase, func.__name__] += 1
         return func(*args, **(kwargs or {}))
 
 
+def _in_phase(counter: _Counter, name: str, f):
+    """``f``, its operations counted under phase ``name``."""
+    def run(*args, **kwargs):
+        outer, counter.phase = counter.phase, name
+        try:
+            return f(*args, **kwargs)
+        finally:
+            counter.phase = outer
+    return run
+
+
 @contextmanager
-def _phases(counter: _Counter):
+def _phases(counter: _Counter, phases: dict = PHASES):
     """Attribute operations to the phase whose method is running (the innermost one)."""
-    originals = {name: getattr(owner, attr) for name, (owner, attr) in PHASES.items()}
-
-    def wrapped(name, f):
-        def run(*args, **kwargs):
-            outer, counter.phase = counter.phase, name
-            try:
-                return f(*args, **kwargs)
-            finally:
-                counter.phase = outer
-        return run
-
-    for name, (owner, attr) in PHASES.items():
-        setattr(owner, attr, wrapped(name, originals[name]))
+    originals = {name: getattr(owner, attr) for name, (owner, attr) in phases.items()}
+    for name, (owner, attr) in phases.items():
+        setattr(owner, attr, _in_phase(counter, name, originals[name]))
     try:
         yield
     finally:
-        for name, (owner, attr) in PHASES.items():
+        for name, (owner, attr) in phases.items():
             setattr(owner, attr, originals[name])
+
+
+def _names(counter: _Counter, steps: int) -> dict[str, list[tuple[str, float]]]:
+    """Each phase's operations by name, per step, most frequent first (prefills left out)."""
+    out: dict[str, list[tuple[str, float]]] = collections.defaultdict(list)
+    for (phase, name), n in counter.names.most_common():
+        if phase != "prefill":
+            out[phase].append((name, n / steps))
+    return dict(out)
 
 
 def count_ops(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConfig, batch: BatchConfig) -> dict:
@@ -86,14 +112,35 @@ def count_ops(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConf
     return {
         "steps": report.steps, "ops_per_step": per_step, "total_per_step": sum(per_step.values()),
         "head_attention_per_step": counter.ops["head attention"] / steps,
-        "prefill_ops": counter.ops["prefill"], "tokens": [r.generation.token_ids for r in results],
+        "prefill_ops": counter.ops["prefill"], "tokens": [r.generation.token_ids for r in results], "names": _names(counter, steps),
         "nodes_per_row_step": sum(s.tree_size for r in results for s in r.generation.stats.steps) / steps / len(ids),
+    }
+
+
+def count_single(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConfig) -> dict:
+    """`count_ops` for the single-sequence engine: the prompts one after another, each step's
+    operations by phase (the drafter's `propose` and `observe` apart), prefills in total."""
+    counter = _Counter()
+    outputs, steps = [], 0
+    with _phases(counter, SINGLE_PHASES), counter:
+        for prompt in ids:
+            drafter = new_drafter()
+            drafter.propose = _in_phase(counter, "drafting", drafter.propose)
+            drafter.observe = _in_phase(counter, "observe", drafter.observe)
+            gen = engine.run(prompt, drafter, cfg)
+            steps += len(gen.stats.steps) - 1  # the prefill's entry is not a step
+            outputs.append(gen)
+    steps = max(steps, 1)
+    per_step = {p: counter.ops[p] / steps for p in ("drafting", "observe", "features", "verify", "commit", "rest")}
+    return {
+        "steps": steps, "ops_per_step": per_step, "total_per_step": sum(per_step.values()),
+        "prefill_ops": counter.ops["prefill"], "tokens": [g.token_ids for g in outputs], "names": _names(counter, steps),
+        "nodes_per_row_step": sum(s.tree_size for g in outputs for s in g.stats.steps) / steps,
     }
 
 
 def main() -> None:
     from ngspec.datastore.index import Datastore
-    from ngspec.drafters import DrafterOptions, make_drafter
     from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
     from ngspec.eagle.head import load_draft_vocab, load_head
     from ngspec.models import load_model
@@ -102,13 +149,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", required=True)
     ap.add_argument("--category", default="rag")
-    ap.add_argument("-b", "--batch-size", type=int, default=8)
+    ap.add_argument("-b", "--batch-size", type=int, default=8, help="1: the single-sequence engine")
+    ap.add_argument("--prompts", type=int, help="prompts counted (default: the batch size; at -b 1, 4)")
     ap.add_argument("-n", "--max-new-tokens", type=int, default=32)
     ap.add_argument("--arms", default="vanilla,trie", help="drafters, e.g. vanilla,trie,eagle+search")
     ap.add_argument("--eagle-head", help="for eagle and eagle+search")
     ap.add_argument("--tuned", help="tune-tree output: the head's static tree (default: a dynamic tree)")
     ap.add_argument("--datastore", help="for search and eagle+search")
     ap.add_argument("--cost-slope", type=float, default=0.004)
+    ap.add_argument("--names", type=int, default=0, help="also list each phase's N most frequent operations per step")
+    ap.add_argument("--cpu-kernels", action="store_true", help="count with this CPU's tuned linear layers (`ngspec.cpu_linear`), "
+                    "as generate runs on a CPU; by default the plain nn.Linear a GPU runs")
     args = ap.parse_args()
 
     loaded = load_model("default", "cpu", "float32")
@@ -120,15 +171,29 @@ def main() -> None:
         factory = eagle_factory(loaded.model, load_head(Path(args.eagle_head), loaded.model), opts, load_draft_vocab(Path(args.eagle_head)))
     if args.datastore:
         store = Datastore.open(args.datastore, loaded.tokenizer)
-    ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.batch_size)]
+    ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.prompts or (4 if args.batch_size == 1 else args.batch_size))]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)  # the slope stands (`Engine.cost_slope`)
+    with contextlib.nullcontext() if args.cpu_kernels else stock_linears(loaded.model):
+        count_arms(args, engine, ids, cfg, factory, store)
+
+
+def count_arms(args, engine: Engine, ids: list[list[int]], cfg: DecodeConfig, factory, store) -> None:
+    from ngspec.drafters import DrafterOptions, make_drafter
+
     for arm in args.arms.split(","):
-        res = count_ops(engine, ids, lambda: make_drafter(arm, DrafterOptions(deepen=True), None, factory, store), cfg, BatchConfig(args.batch_size))
+        new_drafter = functools.partial(make_drafter, arm, DrafterOptions(deepen=True), None, factory, store)
+        if args.batch_size == 1:
+            res, rows = count_single(engine, ids, new_drafter, cfg), 1
+        else:
+            res, rows = count_ops(engine, ids, new_drafter, cfg, BatchConfig(args.batch_size)), len(ids)
         new = sum(len(t) for t in res["tokens"])
         cells = "  ".join(f"{p} {n:.0f}" for p, n in res["ops_per_step"].items())
-        cells = cells.replace("  features", f" (head attention {res['head_attention_per_step']:.0f})  features", 1)
-        print(f"{arm:13s} {res['steps']} steps, {new / max(res['steps'], 1) / len(ids):.2f} tokens and {res['nodes_per_row_step']:.1f} nodes per row and step; "
+        if "head_attention_per_step" in res:
+            cells = cells.replace("  features", f" (head attention {res['head_attention_per_step']:.0f})  features", 1)
+        print(f"{arm:13s} {res['steps']} steps, {new / max(res['steps'], 1) / rows:.2f} tokens and {res['nodes_per_row_step']:.1f} nodes per row and step; "
               f"operations per step {res['total_per_step']:.0f}: {cells}; prefills {res['prefill_ops']}", flush=True)
+        for phase, names in res["names"].items() if args.names else ():
+            print(f"    {phase}: " + ", ".join(f"{name} {n:.1f}" for name, n in names[: args.names]))
 
 
 if __name__ == "__main__":

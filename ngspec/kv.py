@@ -119,12 +119,14 @@ def keep_block(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
     """Keep block entries ``offsets`` (relative to ``start``, ascending) and drop the others."""
     n_keep = len(offsets)
     contiguous = list(offsets) == list(range(n_keep))
-    if not contiguous:
-        src = torch.as_tensor(offsets, dtype=torch.long)
+    slots: dict = {}  # (first slot, device) -> the kept entries' slots: made and copied once, not per layer
     for layer in cache.layers:
         first = start - getattr(layer, "dropped", 0)  # the block's first slot in this layer
         if not contiguous:
-            src_dev = (src + first).to(layer.keys.device)
+            where = (first, layer.keys.device)
+            if where not in slots:
+                slots[where] = torch.tensor([first + o for o in offsets], dtype=torch.long, device=layer.keys.device)
+            src_dev = slots[where]
             layer.keys[:, :, first : first + n_keep] = layer.keys.index_select(2, src_dev)
             layer.values[:, :, first : first + n_keep] = layer.values.index_select(2, src_dev)
         layer.keys = layer.keys[:, :, : first + n_keep]

@@ -4,6 +4,8 @@ batch's trees costs the same operations as a plain batched step (BATCHES' host w
 
 import random
 
+import pytest
+
 from conftest import benchmark_script, repetitive_prompt, started_head
 
 from ngspec.batch import BatchConfig
@@ -62,3 +64,23 @@ def test_the_heads_attention_is_counted_inside_drafting_and_does_not_grow_with_t
         assert 0 < res["head_attention_per_step"] < res["ops_per_step"]["drafting"]
         per_call.append(res["head_attention_per_step"] * res["steps"] / calls[0])
     assert per_call[1] < 1.2 * per_call[0]
+
+
+def test_single_sequence_steps_are_counted_by_phase():
+    """``-b 1``: the single-sequence engine's steps, prompt after prompt, with the same outputs as
+    plain decoding; a trie step drafts with no tensor operation, and its commits (a cache cut,
+    and a gather where the accepted nodes are not the block's first) are counted apart."""
+    model = tiny_model("llama", seed=3)
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
+    rng = random.Random(5)
+    ids = [repetitive_prompt(rng, 96, n) for n in (11, 30)]
+    cfg = DecodeConfig(max_new_tokens=12)
+    plain = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
+    res = {arm: op_count.count_single(engine, ids, lambda: make_drafter(arm), cfg) for arm in ("vanilla", "trie")}
+    for r in res.values():
+        assert r["tokens"] == plain and r["steps"] > 0 and r["prefill_ops"] > 0
+        assert r["ops_per_step"]["verify"] > r["ops_per_step"]["commit"] > 0
+        assert "prefill" not in r["names"] and sum(n for _, n in r["names"]["verify"]) == pytest.approx(r["ops_per_step"]["verify"])
+    assert res["vanilla"]["steps"] == sum(len(t) for t in plain) - len(plain)  # one token a step after the prefill's
+    assert res["trie"]["steps"] < res["vanilla"]["steps"] and res["trie"]["nodes_per_row_step"] > 0
+    assert res["trie"]["ops_per_step"]["drafting"] == 0
