@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import functools
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,7 +31,6 @@ import ngspec.batch as batch_module
 import ngspec.eagle.batched as head_module
 from ngspec.batch import BatchConfig
 from ngspec.batch_target import BatchTarget
-from ngspec.cpu_linear import stock_linears
 from ngspec.decode import DecodeConfig
 from ngspec.engine import Engine
 from ngspec.target import TargetModel
@@ -158,9 +157,11 @@ def main() -> None:
     ap.add_argument("--datastore", help="for search and eagle+search")
     ap.add_argument("--cost-slope", type=float, default=0.004)
     ap.add_argument("--names", type=int, default=0, help="also list each phase's N most frequent operations per step")
-    ap.add_argument("--cpu-kernels", action="store_true", help="count with this CPU's tuned linear layers (`ngspec.cpu_linear`), "
-                    "as generate runs on a CPU; by default the plain nn.Linear a GPU runs")
+    ap.add_argument("--cpu-kernels", action="store_true", help="count with this CPU's tuned linear layers and products (`ngspec.cpu_linear`), "
+                    "as generate runs on a CPU; by default the plain ones a GPU runs (NGSPEC_CPU_KERNELS=linear)")
     args = ap.parse_args()
+    if not args.cpu_kernels:  # the target's and the head's layers and products as on a GPU
+        os.environ["NGSPEC_CPU_KERNELS"] = "linear"
 
     loaded = load_model("default", "cpu", "float32")
     engine = Engine(loaded, calibrate=False, max_draft_nodes=96, cost_slope=args.cost_slope)
@@ -173,8 +174,7 @@ def main() -> None:
         store = Datastore.open(args.datastore, loaded.tokenizer)
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.prompts or (4 if args.batch_size == 1 else args.batch_size))]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)  # the slope stands (`Engine.cost_slope`)
-    with contextlib.nullcontext() if args.cpu_kernels else stock_linears(loaded.model):
-        count_arms(args, engine, ids, cfg, factory, store)
+    count_arms(args, engine, ids, cfg, factory, store)
 
 
 def count_arms(args, engine: Engine, ids: list[list[int]], cfg: DecodeConfig, factory, store) -> None:
