@@ -143,15 +143,17 @@ lane_batched() {  # issue 7 at batch sizes 8, 16, 32
 
 # A 15-minute visit (LANES="short"): the shapes tuned side by side first, then issue 7's four
 # ablations at once, smaller than above (fewer prompts and tokens), each stage under a limit that
-# ends the pipeline about 520 s after the model is whole.
+# ends the pipeline about 520 s after the model is whole. Batch sizes 8-32 run their arms in turn
+# on each batch of prompts (--interleave-batches 1): on the 2026-11-26 visit, one arm after another
+# over all prompts while the other ablations started and ended left their speeds incomparable.
 lane_short() {
     stage tune-b1 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b1.json -b 1 -n 48 --limit 4 --finalists 2 --dtype float32 --json &
     stage tune-b8 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 32 --limit 8 --finalists 2 --dtype float32 --json &
     wait
     ablation ablation-rag-b1 360 $RES/shape-b1.json --category rag --limit 6 -n 96 --batch-sizes 1 &
     ablation ablation-summarization-b1 360 $RES/shape-b1.json --category summarization --limit 6 -n 96 --batch-sizes 1 &
-    ablation ablation-rag-b8-32 360 $RES/shape-b8.json --category rag --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" &
-    ablation ablation-summarization-b8-32 360 $RES/shape-b8.json --category summarization --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" &
+    ablation ablation-rag-b8-32 360 $RES/shape-b8.json --category rag --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" --interleave-batches 1 &
+    ablation ablation-summarization-b8-32 360 $RES/shape-b8.json --category summarization --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" --interleave-batches 1 &
     wait
 }
 

@@ -8,7 +8,8 @@ verifies the head's whole tree every step, as the paper's EAGLE alone does on a 
 
 Every arm decodes the same prompts; batch size 1 runs the single-sequence engine (its cache is
 compacted every step by construction), every arm in turn on each prompt, larger batches the
-batched engine, one arm after another. Reports tokens per call (per row), total tokens/s,
+batched engine, one arm after another (with ``--interleave-batches K``, every arm in turn on each
+group of K batches' worth of prompts: on a shared machine, where the load changes under a run). Reports tokens per call (per row), total tokens/s,
 speedup vs vanilla at the same batch size, the speedup the measured verify-cost table predicts
 from the trees actually verified (free of timing noise; decoding steps only: prefills, drafting
 and compaction left out), and the self-repetition
@@ -30,10 +31,10 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
-from ngspec.batch import BatchConfig
+from ngspec.batch import BatchConfig, BatchReport
 from ngspec.check import divergence
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
@@ -76,6 +77,24 @@ def engine_for(loaded, flat_cost: bool, cost_slope: float | None, max_nodes: int
     return Engine(loaded, calibrate=not flat_cost)
 
 
+def batch_groups(ids: list, batch_size: int, batches: int) -> list[list]:
+    """The prompts in consecutive groups of ``batches`` batches' worth (all of them at 0)."""
+    if not batches:
+        return [ids]
+    n = batches * batch_size
+    return [ids[i : i + n] for i in range(0, len(ids), n)]
+
+
+def combined(reports: list[BatchReport]) -> BatchReport:
+    """One report for several runs: their counts and times summed, the largest cache kept."""
+    total = BatchReport()
+    for rep in reports:
+        for f in fields(BatchReport):
+            mine, theirs = getattr(total, f.name), getattr(rep, f.name)
+            setattr(total, f.name, max(mine, theirs) if f.name == "peak_slots" else mine + theirs)
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", required=True)
@@ -99,6 +118,10 @@ def main() -> None:
     ap.add_argument("--rearrange-min-share", type=float, default=BatchConfig.rearrange_min_share, help="compact only when that frees at least this share of the slots (0 = at every check)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--rounds", type=int, default=1, help="run every arm this many times, reversing the order of the arms every other round (interleaving at batch sizes > 1, repeats at 1); times are summed")
+    ap.add_argument("--interleave-batches", type=int, default=0, metavar="K",
+                    help="at batch sizes > 1, run the prompts K batches' worth at a time, every arm in turn on each group "
+                    "(the order reversed every other group), so that a load that changes during the run (a shared GPU) "
+                    "hits every arm alike; 0 (default): each arm over all the prompts, one arm after another")
     ap.add_argument("--only", help="comma-separated arm labels to run (vanilla always runs)")
     ap.add_argument("--compare-rows-alone", action="store_true", help="at batch sizes > 1 also run every drafting arm with each row sizing its tree alone (the batch then pays for the widest row's tree), labelled '(rows alone)'")
     ap.add_argument("--compare-head-row-by-row", action="store_true", help="at batch sizes > 1 also run every arm with an EAGLE head running it row by row (one head forward per row and tree level, as before the head ran for all rows together), labelled '(head row by row)'")
@@ -108,6 +131,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.interleave_batches < 0:
+        ap.error("--interleave-batches must be 0 or more")
     if args.flat_cost and args.cost_slope is not None:
         ap.error("--flat-cost and --cost-slope exclude each other")
 
@@ -169,11 +194,17 @@ def main() -> None:
                     done[label] = gens[label]
                     spent[label].append(took[label])
             else:
-                for arm in order:
-                    out, rep = engine.run_batch(ids, news[arm["label"]], cfg, batch_config(arm))
-                    done[arm["label"]] = [r.generation for r in out]
-                    spent[arm["label"]].append(rep.seconds)
-                    reports[arm["label"]] = rep.as_dict()
+                gens, took, reps = ({arm["label"]: [] for arm in order} for _ in range(3))
+                for g, group in enumerate(batch_groups(ids, b, args.interleave_batches)):
+                    for arm in order if g % 2 == 0 else order[::-1]:
+                        out, rep = engine.run_batch(group, news[arm["label"]], cfg, batch_config(arm))
+                        gens[arm["label"]] += [r.generation for r in out]
+                        took[arm["label"]].append(rep.seconds)
+                        reps[arm["label"]].append(rep)
+                for label in gens:
+                    done[label] = gens[label]
+                    spent[label].append(sum(took[label]))
+                    reports[label] = combined(reps[label]).as_dict()
         for arm in chosen:
             gens, seconds, report = done[arm["label"]], sum(spent[arm["label"]]), reports.get(arm["label"])
             tokens = [g.token_ids for g in gens]
