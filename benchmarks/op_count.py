@@ -14,6 +14,9 @@ counts are exact and need no GPU; prefills are counted apart.
 
 Trees are sized by the cost table ``1 + S n`` for n nodes (``--cost-slope S``, 0.004 by default:
 nodes nearly free, as on a GPU), so they are as large as on the GPU.
+The target's and the EAGLE head's layers and products are the plain ones a GPU runs
+(``NGSPEC_CPU_KERNELS=linear``); ``--cpu-kernels`` counts this CPU's tuned ones (`ngspec.cpu_linear`),
+which at batch size 1 issue about twice the operations.
 """
 
 from __future__ import annotations
