@@ -150,10 +150,18 @@ lane_short() {
     stage tune-b1 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b1.json -b 1 -n 48 --limit 4 --finalists 2 --dtype float32 --json &
     stage tune-b8 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 32 --limit 8 --finalists 2 --dtype float32 --json &
     wait
-    ablation ablation-rag-b1 360 $RES/shape-b1.json --category rag --limit 6 -n 96 --batch-sizes 1 &
-    ablation ablation-summarization-b1 360 $RES/shape-b1.json --category summarization --limit 6 -n 96 --batch-sizes 1 &
     ablation ablation-rag-b8-32 360 $RES/shape-b8.json --category rag --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" --interleave-batches 1 &
     ablation ablation-summarization-b8-32 360 $RES/shape-b8.json --category summarization --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" --interleave-batches 1 &
+    ablation ablation-rag-b1 240 $RES/shape-b1.json --category rag --limit 6 -n 96 --batch-sizes 1 &
+    local rag=$!
+    ablation ablation-summarization-b1 240 $RES/shape-b1.json --category summarization --limit 6 -n 96 --batch-sizes 1 &
+    wait $rag $!
+    # the head's gate at its full measured cost ("whole hc"), and no head at all, beside the whole
+    # method: on the 2026-11-26 visit the head's runs cost a GPU step 0.2-0.3 plain steps, the gate
+    # weighed half of that (tuned on two CPU cores), and the whole method ran 0.87x `search` on rag
+    [ -f $RES/shape-b1.json ] && stage gate-b1-rag 150 "$PY" benchmarks/reader_ab.py --questions /tmp/data/spec_bench/question.jsonl \
+        --category rag --limit 6 -n 96 --rounds 1 --dtype float32 --eagle-head /tmp/head --datastore /tmp/datastore \
+        --tuned $RES/shape-b1.json --arms "trie,whole,whole hc,no head" --head-cost-scale 2
     wait
 }
 

@@ -161,11 +161,13 @@ def main() -> None:
     ap.add_argument("--alt-tuned", help="the tune-tree output of the 'whole at' arm")
     ap.add_argument("--head-cost-scale", type=float, default=2.0, help="the 'whole hc' arm's factor on the head's weighed cost in its gate (2: the full cost)")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
+    ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    ap.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     args = ap.parse_args()
     if args.batch_size < 1:
         ap.error("--batch-size must be at least 1")
 
-    loaded = load_model()
+    loaded = load_model(device=args.device, dtype=args.dtype)
     engine = Engine(loaded)
     head_dir = Path(args.eagle_head)
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
