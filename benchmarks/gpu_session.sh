@@ -220,11 +220,12 @@ rehearse() {  # rehearse HEAD DATASTORE: every lane's stages here, at toy sizes,
 }
 
 toy_copy() {  # toy_copy DIR: DIR/session.sh, this script with its stages at toy sizes (tune-tree's large tree
-    # too: its 80 nodes ran past the stage's limit on two cores), reading head, datastore and data from DIR
+    # too: its 80 nodes ran past the stage's limit on two cores) under four times the GPU's limits (the
+    # short lanes' five processes share two cores here), reading head, datastore and data from DIR
     sed -e "s#^REPO=.*#REPO=$REPO#" -e "s#^RES=.*#RES=$1/res#" -e 's# NGSPEC_CACHE=[^ ]*##' -e 's#OMP_NUM_THREADS=[0-9]*#OMP_NUM_THREADS=2#' \
         -e "s#/tmp/\(head\|datastore\|data\)#$1/\1#g" -e 's#--limit [0-9]*#--limit 2#g' -e 's#--batch-sizes [0-9]*,[0-9,]*#--batch-sizes 2#g' \
         -e 's# -n [0-9]*# -n 8#g' -e 's# -b \(8\|32\) # -b 2 #g' -e 's#tune-tree #tune-tree --nodes 8 #g' \
-        "$REPO/benchmarks/gpu_session.sh" >"$1/session.sh"
+        -e 's#timeout "\$limit"#timeout "$((limit * 4))"#' "$REPO/benchmarks/gpu_session.sh" >"$1/session.sh"
 }
 
 toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and each lane, in turn

@@ -44,6 +44,8 @@ def test_toy_copy_runs_every_stage_small_and_here(tmp_path):
     assert "NGSPEC_CACHE" not in copy  # the rehearsal uses this machine's model cache
     # tune-tree's large tree is small too (80 nodes ran past a stage's limit on two cores)
     assert copy.count("tune-tree --nodes 8 ") == original.count("tune-tree ") > 0
+    # under longer limits: the visit's are for a GPU, and the short lanes share two cores here
+    assert 'timeout "$((limit * 4))"' in copy and 'timeout "$limit"' in original
 
 
 def test_rehearsal_covers_every_lane_of_the_visit():
