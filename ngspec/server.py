@@ -311,7 +311,7 @@ class Service:
                     raise ClientGone  # ends this request's generation
                 on_text(text)
 
-            work = lambda: self.spec.generate(self.spec.encode(prompt, raw), on_text=on_text and on_text_alone, **kwargs)  # noqa: E731
+            work = lambda: self.spec.generate(prompt, raw=raw, on_text=on_text and on_text_alone, **kwargs)  # noqa: E731
             try:
                 out = self._wait(self.worker.submit(work))
             except ClientGone:
@@ -469,8 +469,8 @@ def make_server(
     log: Callable[[str], None] | None = None,
 ) -> ThreadingHTTPServer:
     """A server bound to (host, port) (port 0: any free port, read ``server.server_address``).
-    `serve` runs it; ``batch_size``: rows decoded together for a completions request with a list
-    of prompts. Its `Service` is ``server.service``."""
+    `serve` runs it; ``batch_size``: rows decoded together (concurrent requests, and a completions
+    request's list of prompts). Its `Service` is ``server.service``."""
     service = Service(spec, max_tokens_default, batch_size)
     handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None})
     try:
