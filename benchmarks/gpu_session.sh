@@ -8,7 +8,9 @@
 #   device run, no carry, until it prints DONE:             bash benchmarks/gpu_session.sh collect 560
 #   one call alone, carry .whl gpu/rand gpu/data:           bash benchmarks/gpu_session.sh solo
 #   here, before a visit (3-5 min, no GPU):                 bash benchmarks/gpu_session.sh rehearse HEAD DATASTORE
-#   (LANES="short" before `start` and `rehearse`: the 15-minute visit, issue 7's four ablations at once)
+#   (LANES="short" before `start` and `rehearse`: the 15-minute visit, issue 7's four ablations at once;
+#    LANES="gate": the 15-minute visit on the head's gate, the whole method against the trie, then
+#    `bash benchmarks/gpu_session.sh gate_more` on the warm machine with no carry)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -163,6 +165,44 @@ lane_short() {
         --category rag --limit 6 -n 96 --rounds 1 --dtype float32 --eagle-head /tmp/head --datastore /tmp/datastore \
         --tuned $RES/shape-b1.json --arms "trie,whole,whole hc,no head" --head-cost-scale 2
     wait
+}
+
+# The head's gate on a GPU (LANES="gate"; 15 minutes): the whole method against the trie side by
+# side, beside gates that keep the head off more: its measured cost weighed fully ("whole hc1";
+# the gate as built weighs half, tuned on two CPU cores), its gain credited net of the first
+# tokens the local tree already offers ("whole cover"), and no head at all. On the 2026-11-26 visit
+# the head ran on most steps at 0.2-0.3 plain steps a run, and the whole method ran 0.90x / 0.88x
+# the trie at batch 1. Each ratio inside one process, arms interleaved per prompt (batch 1) or
+# per round (batch 8); one stage at a time after the shapes are tuned.
+GATE_ARMS="trie,whole,whole hc1,whole cover,no head"
+gate_ab() {  # gate_ab NAME SECONDS ARGS...: reader_ab.py in float32 with the tuned batch-1 shape
+    local name=$1 limit=$2
+    shift 2
+    stage "$name" "$limit" "$PY" benchmarks/reader_ab.py --questions /tmp/data/spec_bench/question.jsonl --dtype float32 \
+        --eagle-head /tmp/head --datastore /tmp/datastore "$@"
+}
+
+lane_gate() {
+    stage tune-b1 120 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b1.json -b 1 -n 48 --limit 4 --finalists 2 --dtype float32 --json &
+    stage tune-b8 120 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 32 --limit 8 --finalists 2 --dtype float32 --json &
+    wait
+    local b1=$RES/shape-b1.json b8=$RES/shape-b8.json
+    [ -f $b1 ] || echo '[[0], [1], [2], [3], [0, 0], [1, 0], [0, 1]]' >$b1  # 10za's size, if the tune ran out of time
+    [ -f $b8 ] || cp $b1 $b8
+    gate_ab gate-b1-rag 140 --tuned $b1 --category rag --limit 8 -n 96 --rounds 1 --arms "$GATE_ARMS"
+    gate_ab gate-b1-summarization 140 --tuned $b1 --category summarization --limit 8 -n 96 --rounds 1 --arms "$GATE_ARMS"
+    # in a batch the gate weighs the head by its weights (0.07 of a step), not by its measured time
+    # (a row's drafting cannot be timed apart from the others'): "whole hc4" weighs it at 0.28
+    gate_ab gate-b8-rag 140 --tuned $b8 --category rag --limit 24 -n 64 --rounds 2 --batch-size 8 --arms "vanilla,$GATE_ARMS,whole hc4"
+}
+
+# after `collect`, on the warm machine (no carry): batch 8 on summarization, 16 and 32 on rag
+gate_more() {
+    cd "$REPO" || exit 1
+    gate_ab gate-b8-summarization 140 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 2 --batch-size 8 --arms "vanilla,$GATE_ARMS,whole hc4"
+    gate_ab gate-b16-rag 100 --tuned $RES/shape-b8.json --category rag --limit 32 -n 48 --rounds 1 --batch-size 16 --arms "vanilla,trie,whole,whole cover,no head"
+    tar -czf "$OUT/more.tgz" -C /tmp res
+    grep -h "tokens/call" $RES/gate-*.log
 }
 
 pipeline() {

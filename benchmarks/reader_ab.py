@@ -34,6 +34,11 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``trie unfolded`` and ``whole unfolded``: tree steps' grouped-query attention by PyTorch's
   ``enable_gqa`` (``NGSPEC_FOLD_GQA=0``) instead of folded into the queries
   (`batch_target.folded_gqa_attention`, the default on a CPU);
+* ``whole hcX`` (e.g. ``whole hc1``): ``whole`` with the gate weighing the head's measured cost X
+  times (``whole`` weighs it `search.HEAD_COST_WEIGHT` = 0.5 times);
+* ``whole cover``: ``whole`` with the gate weighing the head against the draft it would make
+  without it (branch and local tree, sized), crediting its top guess only with the chance that
+  none of that draft's first nodes is right (`CoverGate`);
 * ``whole hc``: ``whole`` with the head's gate weighing its cost times ``--head-cost-scale``
   on top of `search.HEAD_COST_WEIGHT` (0.5; ``--head-cost-scale 2`` is the full cost, the gate
   before that weight): whether the gate opens too often or too rarely.
@@ -60,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -116,6 +122,44 @@ class HeadCostScaled(search.EagleSearchDrafter):
 
     def _head_cost(self, ctx) -> float:
         return self.scale * super()._head_cost(ctx)
+
+
+class HeadCostAt(search.EagleSearchDrafter):
+    """``whole hcX``: the gate weighing the head's measured cost X times (``whole`` weighs it
+    `search.HEAD_COST_WEIGHT` times)."""
+
+    weight = 1.0
+
+    def _head_cost(self, ctx) -> float:
+        return self.weight / search.HEAD_COST_WEIGHT * super()._head_cost(ctx)
+
+
+class CoverGate(search.EagleSearchDrafter):
+    """``whole cover``: the gate weighs the head against the whole draft it would make without it
+    (the search branch and, where nodes cost, the local trie's tree merged in, sized), not the
+    branch alone, and credits the head's top guess only with the chance that none of that draft's
+    first nodes is right: on a near-flat verify cost the local tree offers many first tokens."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        find = self.search.search
+
+        def remembered(*a, **k):
+            self._found = find(*a, **k)
+            return self._found
+
+        self.search.search = remembered
+
+    def _head_pays(self, conditionals, key, ctx) -> bool:
+        draft = search._Draft(DraftTree(), [], self.calibration)
+        draft.add(-1, self._found[1], self._found[2], key, merge=True)
+        self._add_local_tree(draft, ctx)
+        keep = search._most_likely(draft.tree, draft.probs, ctx)
+        n, expected = len(keep), 1.0 + sum(draft.probs[i] for i in keep)
+        cover = min(1.0, sum(draft.probs[i] for i in keep if draft.tree.parents[i] == -1))
+        gain = self._top1_rate() * (1.0 - cover)
+        head = search.HEAD_COST_WEIGHT * self._head_cost(ctx)
+        return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
 
 class _Headless:
@@ -222,6 +266,15 @@ def main() -> None:
         "trie unfolded": lambda: make_drafter("trie", calibration=carried.get("trie unfolded")),
         "whole unfolded": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole unfolded")),
     }
+    for name in args.arms.split(","):  # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times
+        weight = re.fullmatch(r"whole hc([0-9.]+)", name)
+        if weight:
+            every[name] = lambda w=float(weight.group(1)), name=name: type("HeadCostAt", (HeadCostAt,), {"weight": w})(
+                factory(), store, deepen=True, calibration=carried.get(name))
+    every["whole cover"] = lambda: CoverGate(factory(), store, deepen=True, calibration=carried.get("whole cover"))
+    unknown = [a for a in args.arms.split(",") if a not in every]
+    if unknown:
+        ap.error(f"unknown arms: {unknown}")
     arms = {name: every[name] for name in args.arms.split(",")}
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)

@@ -3,6 +3,8 @@ without a head, differ from it in exactly what they claim (the A/B itself is a b
 
 import math
 
+import pytest
+
 from conftest import benchmark_script
 from test_search import ScoredEagle
 
@@ -83,3 +85,38 @@ def test_a_batch_size_below_one_is_a_usage_error_before_anything_loads():
     )
     assert run.returncode == 2
     assert "--batch-size must be at least 1" in run.stderr and "Traceback" not in run.stderr
+
+
+def gate_opens(d, cost: tuple[float, ...]) -> bool:
+    """Whether ``d``'s head ran on one step after "1 2" (followed by "3 4" twice and "7 8" once)."""
+    d.start(HISTORY)
+    d.propose(DraftContext(HISTORY + [1, 2], len(HISTORY), 20, cost))
+    return bool(d.eagle.caps)
+
+
+def gated(cls, head_cost: float, **attrs):
+    d = cls(ScoredEagle(DraftTree((9,), (-1,)), [math.log(0.5)], head_cost=head_cost), None, depth=4, prefix_len=2)
+    for k, v in attrs.items():
+        setattr(d, k, v)
+    return d
+
+
+def test_whole_hc_weighs_the_heads_cost_the_given_number_of_times():
+    cheap = ab.HeadCostAt(ScoredEagle(DraftTree((9,), (-1,)), [0.0], head_cost=0.2), None)
+    cheap.start([1])
+    cheap.weight = 1.0
+    ctx = DraftContext([1, 2], 1, 8)
+    assert ab.search.HEAD_COST_WEIGHT * cheap._head_cost(ctx) == pytest.approx(0.2)
+    cheap.weight = 2.0
+    assert ab.search.HEAD_COST_WEIGHT * cheap._head_cost(ctx) == pytest.approx(0.4)
+
+
+def test_the_cover_gate_credits_the_head_less_where_the_local_tree_offers_first_tokens():
+    flat = (1.0,) * 40  # nodes are free: the local tree offers both "3" and "7" after "1 2"
+    built = [gate_opens(gated(ab.search.EagleSearchDrafter, h), flat) for h in (0.0, 0.05, 0.1, 0.2, 0.4, 0.8)]
+    cover = [gate_opens(gated(ab.CoverGate, h), flat) for h in (0.0, 0.05, 0.1, 0.2, 0.4, 0.8)]
+    # on a flat cost the cover gate credits less gain against more expected tokens: it opens
+    # only where the gate as built does, and stays shut on some head costs where it opens
+    assert all(b or not c for b, c in zip(built, cover))
+    assert sum(cover) < sum(built)
+    assert cover[0]  # a free head always pays
