@@ -205,6 +205,8 @@ def main() -> None:
     ap.add_argument("--alt-tuned", help="the tune-tree output of the 'whole at' arm")
     ap.add_argument("--head-cost-scale", type=float, default=2.0, help="the 'whole hc' arm's factor on the head's weighed cost in its gate (2: the full cost)")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
+    ap.add_argument("--json-out", help="the raw results, rewritten after every prompt (batch size 1) or batch run: a run cut short "
+                    "by a time limit still leaves each arm's paired runs so far")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
     ap.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     args = ap.parse_args()
@@ -306,6 +308,12 @@ def main() -> None:
         if seconds:  # batch size 1: each prompt's run, paired with the other arms' runs of it
             s["runs"].append((len(gen.token_ids), seconds))
 
+    def save() -> None:
+        if args.json_out:
+            part = Path(args.json_out + ".part")
+            part.write_text(json.dumps(res))
+            part.replace(args.json_out)
+
     for r in range(args.rounds):
         carried.update({a: Calibration() for a in arms})  # not the warm-up's, nor the last round's
         if args.batch_size > 1:
@@ -315,11 +323,13 @@ def main() -> None:
                 res[a]["seconds"][r] += report.seconds
                 for o, expected in zip(out, reference):
                     record(a, r, o.generation, expected, 0.0)
+                save()
             continue
         for i, x in enumerate(ids):
             for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
                 gen = engine.run(x, arms[a](), configs[a])
                 record(a, r, gen, reference[i], gen.seconds)
+            save()
     base = res[next(iter(arms))]["seconds"]
     for a, s in res.items():
         # batch size 1: the 95% interval of the speed ratio, prompts (and rounds) resampled in pairs
