@@ -200,7 +200,7 @@ lane_gate() {
 gate_more() {
     cd "$REPO" || exit 1
     gate_ab gate-b8-summarization 140 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 2 --batch-size 8 --arms "vanilla,$GATE_ARMS,whole hc4"
-    tar -czf "$OUT/more.tgz" -C /tmp res
+    tar -czf "${OUT:-$RES}/more.tgz" -C "$(dirname $RES)" "$(basename $RES)"
     grep -h "tokens/call" $RES/gate-*.log
 }
 
@@ -271,7 +271,8 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     mkdir -p $RES
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
-        for lane in ${LANES:-bench single batched short}; do "lane_$lane"; done
+        for lane in ${LANES:-bench single batched short gate}; do "lane_$lane"; done
+        case " ${LANES:-gate} " in *" gate "*) gate_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
 
