@@ -158,12 +158,12 @@ lane_short() {
     local rag=$!
     ablation ablation-summarization-b1 240 $RES/shape-b1.json --category summarization --limit 6 -n 96 --batch-sizes 1 &
     wait $rag $!
-    # the head's gate at its full measured cost ("whole hc"), and no head at all, beside the whole
+    # the head's gate at its full measured cost ("whole hc1"), and no head at all, beside the whole
     # method: on the 2026-11-26 visit the head's runs cost a GPU step 0.2-0.3 plain steps, the gate
     # weighed half of that (tuned on two CPU cores), and the whole method ran 0.87x `search` on rag
     [ -f $RES/shape-b1.json ] && stage gate-b1-rag 150 "$PY" benchmarks/reader_ab.py --questions /tmp/data/spec_bench/question.jsonl \
         --category rag --limit 6 -n 96 --rounds 1 --dtype float32 --eagle-head /tmp/head --datastore /tmp/datastore \
-        --tuned $RES/shape-b1.json --arms "trie,whole,whole hc,no head" --head-cost-scale 2
+        --tuned $RES/shape-b1.json --arms "trie,whole,whole hc1,no head"
     wait
 }
 
@@ -173,7 +173,8 @@ lane_short() {
 # tokens the local tree already offers ("whole cover"), and no head at all. On the 2026-11-26 visit
 # the head ran on most steps at 0.2-0.3 plain steps a run, and the whole method ran 0.90x / 0.88x
 # the trie at batch 1. Each ratio inside one process, arms interleaved per prompt (batch 1) or
-# per round (batch 8); one stage at a time after the shapes are tuned.
+# per batch of 8 prompts (batch 8: on the 2026-11-26 visit, with arms interleaved per round only,
+# an arm's two rounds differed by up to 20%); one stage at a time after the shapes are tuned.
 GATE_ARMS="trie,whole,whole hc1,whole cover,no head"
 gate_ab() {  # gate_ab NAME SECONDS ARGS...: reader_ab.py in float32 with the tuned batch-1 shape
     local name=$1 limit=$2
@@ -193,13 +194,13 @@ lane_gate() {
     gate_ab gate-b1-summarization 140 --tuned $b1 --category summarization --limit 8 -n 96 --rounds 1 --arms "$GATE_ARMS"
     # in a batch the gate weighs the head by its weights (0.07 of a step), not by its measured time
     # (a row's drafting cannot be timed apart from the others'): "whole hc4" weighs it at 0.28
-    gate_ab gate-b8-rag 130 --tuned $b8 --category rag --limit 24 -n 64 --rounds 2 --batch-size 8 --arms "vanilla,$GATE_ARMS,whole hc4"
+    gate_ab gate-b8-rag 130 --tuned $b8 --category rag --limit 24 -n 64 --rounds 2 --batch-size 8 --interleave-batches 1 --arms "vanilla,$GATE_ARMS,whole hc4"
 }
 
 # after `collect`, on the warm machine (no carry): batch 8 on summarization
 gate_more() {
     cd "$REPO" || exit 1
-    gate_ab gate-b8-summarization 140 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 2 --batch-size 8 --arms "vanilla,$GATE_ARMS,whole hc4"
+    gate_ab gate-b8-summarization 140 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 2 --batch-size 8 --interleave-batches 1 --arms "vanilla,$GATE_ARMS,whole hc4"
     tar -czf "${OUT:-$RES}/more.tgz" -C "$(dirname $RES)" "$(basename $RES)"
     grep -h "tokens/call" $RES/gate-*.log
 }

@@ -39,16 +39,18 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``whole cover``: ``whole`` with the gate weighing the head against the draft it would make
   without it (branch and local tree, sized), crediting its top guess only with the chance that
   none of that draft's first nodes is right (`CoverGate`);
-* ``whole hc``: ``whole`` with the head's gate weighing its cost times ``--head-cost-scale``
-  on top of `search.HEAD_COST_WEIGHT` (0.5; ``--head-cost-scale 2`` is the full cost, the gate
-  before that weight): whether the gate opens too often or too rarely.
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
 
 With ``--batch-size B`` (B > 1) each arm runs all prompts as one batch of B rows per round
 (`Engine.run_batch`, arm order reversed every other round; the rows of an arm share its
-calibration, as in `generate --batch-size`), and speed is the batch's wall time:
+calibration, as in `generate --batch-size`), and speed is the batch's wall time; with
+``--interleave-batches K`` every arm runs in turn on each group of K*B prompts instead (order
+reversed every other group), so that a machine whose load drifts during a run hits every arm
+alike, and each group is a pair for the 95% interval (each group is a batch run of its own: at
+K = 1 a row that finishes leaves its slot empty until its group ends, a drained tail that one
+run over all prompts fills with the next prompt):
 
     python benchmarks/reader_ab.py --category summarization --batch-size 8 --limit 16 \\
         --rounds 2 --eagle-head heads/amd-v9 --datastore datastores/shipped \\
@@ -117,13 +119,6 @@ class BatchProbes(search.EagleSearchDrafter):
         return (yield from super().drafting(ctx))
 
 
-class HeadCostScaled(search.EagleSearchDrafter):
-    scale = 1.0
-
-    def _head_cost(self, ctx) -> float:
-        return self.scale * super()._head_cost(ctx)
-
-
 class HeadCostAt(search.EagleSearchDrafter):
     """``whole hcX``: the gate weighing the head's measured cost X times (``whole`` weighs it
     `search.HEAD_COST_WEIGHT` times)."""
@@ -188,6 +183,12 @@ class NoHead(search.EagleSearchDrafter):
         super().__init__(_Headless(), *args, **kwargs)
 
 
+def prompt_groups(ids: list, batch_size: int, batches: int) -> list[list]:
+    """The prompts in consecutive groups of ``batches`` batches' worth (all in one at 0)."""
+    step = batches * batch_size or len(ids)
+    return [ids[i : i + step] for i in range(0, len(ids), step)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
@@ -203,8 +204,10 @@ def main() -> None:
     ap.add_argument("--alt-eagle-head", help="the head of the '... ah' arms")
     ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
     ap.add_argument("--alt-tuned", help="the tune-tree output of the 'whole at' arm")
-    ap.add_argument("--head-cost-scale", type=float, default=2.0, help="the 'whole hc' arm's factor on the head's weighed cost in its gate (2: the full cost)")
     ap.add_argument("--arms", default="trie,whole,branch only,old gate")
+    ap.add_argument("--interleave-batches", type=int, default=0, metavar="K",
+                    help="above batch size 1: every arm in turn on each group of K batches' worth of prompts (order reversed every "
+                    "other group), not one arm after another over all of them; each group is a pair for the 95%% interval")
     ap.add_argument("--json-out", help="the raw results, rewritten after every prompt (batch size 1) or batch run: a run cut short "
                     "by a time limit still leaves each arm's paired runs so far")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
@@ -212,6 +215,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.batch_size < 1:
         ap.error("--batch-size must be at least 1")
+    if args.interleave_batches < 0:
+        ap.error("--interleave-batches must be 0 or more")
 
     loaded = load_model(device=args.device, dtype=args.dtype)
     engine = Engine(loaded)
@@ -237,7 +242,6 @@ def main() -> None:
     factory_f32 = None  # the '... f32' arms' head: the same head, its products in float32
     if any(a.endswith(" f32") for a in args.arms.split(",")):
         factory_f32 = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, head_int8=False), load_draft_vocab(head_dir))
-    HeadCostScaled.scale = args.head_cost_scale
     carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
     every = {
         "vanilla": lambda: make_drafter("vanilla"),
@@ -260,7 +264,6 @@ def main() -> None:
         "eagle f32": lambda: make_drafter("eagle", eagle=factory_f32, calibration=carried.get("eagle f32")),
         "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
         "whole batch probes": lambda: BatchProbes(factory(), store, deepen=True, calibration=carried.get("whole batch probes")),
-        "whole hc": lambda: HeadCostScaled(factory(), store, deepen=True, calibration=carried.get("whole hc")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
         "trie packed": lambda: make_drafter("trie", calibration=carried.get("trie packed")),
@@ -317,13 +320,19 @@ def main() -> None:
     for r in range(args.rounds):
         carried.update({a: Calibration() for a in arms})  # not the warm-up's, nor the last round's
         if args.batch_size > 1:
-            for a in list(arms) if r % 2 == 0 else list(arms)[::-1]:
-                folding(a)
-                out, report = engine.run_batch(ids, arms[a], configs[a], batches[a])
-                res[a]["seconds"][r] += report.seconds
-                for o, expected in zip(out, reference):
-                    record(a, r, o.generation, expected, 0.0)
-                save()
+            start = 0
+            for g, group in enumerate(prompt_groups(ids, args.batch_size, args.interleave_batches)):
+                expected = reference[start : start + len(group)]
+                start += len(group)
+                for a in list(arms) if (r + g) % 2 == 0 else list(arms)[::-1]:
+                    folding(a)
+                    out, report = engine.run_batch(group, arms[a], configs[a], batches[a])
+                    res[a]["seconds"][r] += report.seconds
+                    for o, want in zip(out, expected):
+                        record(a, r, o.generation, want, 0.0)
+                    if args.interleave_batches:  # each group a pair with the other arms' runs of it
+                        res[a]["runs"].append((sum(len(o.generation.token_ids) for o in out), report.seconds))
+                    save()
             continue
         for i, x in enumerate(ids):
             for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
