@@ -38,7 +38,7 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   times (``whole`` weighs it `search.HEAD_COST_WEIGHT` = 0.5 times);
 * ``whole cover``: ``whole`` with the gate weighing the head against the draft it would make
   without it (branch and local tree, sized), crediting its top guess only with the chance that
-  none of that draft's first nodes is right (`CoverGate`);
+  none of that draft's first nodes is right (`CoverGate`).
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -218,6 +218,47 @@ def main() -> None:
     if args.interleave_batches < 0:
         ap.error("--interleave-batches must be 0 or more")
 
+    carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
+    # the arms, checked before anything loads; each makes its drafter from what main loads below
+    every = {
+        "vanilla": lambda: make_drafter("vanilla"),
+        "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
+        "whole": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole")),
+        "branch only": lambda: BranchOnly(factory(), store, deepen=True, calibration=carried.get("branch only")),
+        "old gate": lambda: OldGate(factory(), store, deepen=True, calibration=carried.get("old gate")),
+        "no carry": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
+        "trie no carry": lambda: make_drafter("trie"),
+        "no head": lambda: NoHead(None, store, deepen=True, calibration=carried.get("no head")),
+        "whole local 8": lambda: Local8(factory(), store, deepen=True, calibration=carried.get("whole local 8")),
+        "trie table": lambda: make_drafter("trie", calibration=carried.get("trie table")),
+        "whole table": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole table")),
+        "eagle": lambda: make_drafter("eagle", eagle=factory, calibration=carried.get("eagle")),
+        "whole dv": lambda: search.EagleSearchDrafter(factory_dv(), store, deepen=True, calibration=carried.get("whole dv")),
+        "eagle dv": lambda: make_drafter("eagle", eagle=factory_dv, calibration=carried.get("eagle dv")),
+        "whole ah": lambda: search.EagleSearchDrafter(factory_ah(), store, deepen=True, calibration=carried.get("whole ah")),
+        "eagle ah": lambda: make_drafter("eagle", eagle=factory_ah, calibration=carried.get("eagle ah")),
+        "whole f32": lambda: search.EagleSearchDrafter(factory_f32(), store, deepen=True, calibration=carried.get("whole f32")),
+        "eagle f32": lambda: make_drafter("eagle", eagle=factory_f32, calibration=carried.get("eagle f32")),
+        "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
+        "whole batch probes": lambda: BatchProbes(factory(), store, deepen=True, calibration=carried.get("whole batch probes")),
+        "whole cover": lambda: CoverGate(factory(), store, deepen=True, calibration=carried.get("whole cover")),
+        "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
+        "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
+        "trie packed": lambda: make_drafter("trie", calibration=carried.get("trie packed")),
+        "whole packed": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole packed")),
+        "trie unfolded": lambda: make_drafter("trie", calibration=carried.get("trie unfolded")),
+        "whole unfolded": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole unfolded")),
+    }
+    for name in args.arms.split(","):  # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times
+        weight = re.fullmatch(r"whole hc([0-9]+(?:\.[0-9]+)?)", name)
+        if weight:
+            every[name] = lambda w=float(weight.group(1)), name=name: type("HeadCostAt", (HeadCostAt,), {"weight": w})(
+                factory(), store, deepen=True, calibration=carried.get(name))
+    unknown = [a for a in args.arms.split(",") if a not in every]
+    if unknown:
+        ap.error(f"unknown arms: {unknown}")
+    arms = {name: every[name] for name in args.arms.split(",")}
+
     loaded = load_model(device=args.device, dtype=args.dtype)
     engine = Engine(loaded)
     head_dir = Path(args.eagle_head)
@@ -242,45 +283,6 @@ def main() -> None:
     factory_f32 = None  # the '... f32' arms' head: the same head, its products in float32
     if any(a.endswith(" f32") for a in args.arms.split(",")):
         factory_f32 = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, head_int8=False), load_draft_vocab(head_dir))
-    carried: dict[str, Calibration] = {}  # each arm's estimates, from prompt to prompt of a round
-    every = {
-        "vanilla": lambda: make_drafter("vanilla"),
-        "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
-        "whole": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole")),
-        "branch only": lambda: BranchOnly(factory(), store, deepen=True, calibration=carried.get("branch only")),
-        "old gate": lambda: OldGate(factory(), store, deepen=True, calibration=carried.get("old gate")),
-        "no carry": lambda: search.EagleSearchDrafter(factory(), store, deepen=True),
-        "trie no carry": lambda: make_drafter("trie"),
-        "no head": lambda: NoHead(None, store, deepen=True, calibration=carried.get("no head")),
-        "whole local 8": lambda: Local8(factory(), store, deepen=True, calibration=carried.get("whole local 8")),
-        "trie table": lambda: make_drafter("trie", calibration=carried.get("trie table")),
-        "whole table": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole table")),
-        "eagle": lambda: make_drafter("eagle", eagle=factory, calibration=carried.get("eagle")),
-        "whole dv": lambda: search.EagleSearchDrafter(factory_dv(), store, deepen=True, calibration=carried.get("whole dv")),
-        "eagle dv": lambda: make_drafter("eagle", eagle=factory_dv, calibration=carried.get("eagle dv")),
-        "whole ah": lambda: search.EagleSearchDrafter(factory_ah(), store, deepen=True, calibration=carried.get("whole ah")),
-        "eagle ah": lambda: make_drafter("eagle", eagle=factory_ah, calibration=carried.get("eagle ah")),
-        "whole f32": lambda: search.EagleSearchDrafter(factory_f32(), store, deepen=True, calibration=carried.get("whole f32")),
-        "eagle f32": lambda: make_drafter("eagle", eagle=factory_f32, calibration=carried.get("eagle f32")),
-        "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
-        "whole batch probes": lambda: BatchProbes(factory(), store, deepen=True, calibration=carried.get("whole batch probes")),
-        "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
-        "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
-        "trie packed": lambda: make_drafter("trie", calibration=carried.get("trie packed")),
-        "whole packed": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole packed")),
-        "trie unfolded": lambda: make_drafter("trie", calibration=carried.get("trie unfolded")),
-        "whole unfolded": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole unfolded")),
-    }
-    for name in args.arms.split(","):  # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times
-        weight = re.fullmatch(r"whole hc([0-9.]+)", name)
-        if weight:
-            every[name] = lambda w=float(weight.group(1)), name=name: type("HeadCostAt", (HeadCostAt,), {"weight": w})(
-                factory(), store, deepen=True, calibration=carried.get(name))
-    every["whole cover"] = lambda: CoverGate(factory(), store, deepen=True, calibration=carried.get("whole cover"))
-    unknown = [a for a in args.arms.split(",") if a not in every]
-    if unknown:
-        ap.error(f"unknown arms: {unknown}")
-    arms = {name: every[name] for name in args.arms.split(",")}
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
     # the "... table" arms size trees by the cost table as measured (before `StepTimes`)

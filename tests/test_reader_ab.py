@@ -87,6 +87,21 @@ def test_a_batch_size_below_one_is_a_usage_error_before_anything_loads():
     assert "--batch-size must be at least 1" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_an_unknown_arm_is_a_usage_error_before_anything_loads():
+    import subprocess
+    import sys
+
+    from conftest import BENCHMARKS
+
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "reader_ab.py"), "--category", "rag", "--eagle-head", "none", "--tuned", "none.json",
+         "--arms", "trie,whole hc1,whole hc..,wholly"],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "unknown arms: ['whole hc..', 'wholly']" in run.stderr  # "whole hc1" is known: the cost weighed once
+
+
 def gate_opens(d, cost: tuple[float, ...]) -> bool:
     """Whether ``d``'s head ran on one step after "1 2" (followed by "3 4" twice and "7 8" once)."""
     d.start(HISTORY)
