@@ -170,11 +170,13 @@ lane_short() {
 # The head's gate on a GPU (LANES="gate"; 15 minutes): the whole method against the trie side by
 # side, beside gates that keep the head off more: its measured cost weighed fully ("whole hc1";
 # the gate as built weighs half, tuned on two CPU cores), its gain credited net of the first
-# tokens the local tree already offers ("whole cover"), and no head at all. On the 2026-11-26 visit
-# the head ran on most steps at 0.2-0.3 plain steps a run, and the whole method ran 0.90x / 0.88x
-# the trie at batch 1. Each ratio inside one process, arms interleaved per prompt (batch 1) or
-# per batch of 8 prompts (batch 8: on the 2026-11-26 visit, with arms interleaved per round only,
-# an arm's two rounds differed by up to 20%); one stage at a time after the shapes are tuned.
+# tokens the local tree already offers ("whole cover"), and no head at all. On the fourth visit
+# (BENCHMARKS.md 10za) the head ran on most steps at 0.2-0.3 plain steps a run, and the whole
+# method ran 0.90x / 0.88x the trie at batch 1; on the fifth (10zb, this lane) the gate as built was
+# at or near the top of the four and the whole method 1.03-1.10x the trie at batch 1. Each ratio
+# inside one process, arms interleaved per prompt (batch 1) or per batch of 8 prompts (batch 8:
+# on 10zb's visit, interleaved per round only, an arm's two rounds differed by up to 20%); one
+# stage at a time after the shapes are tuned.
 GATE_ARMS="trie,whole,whole hc1,whole cover,no head"
 gate_ab() {  # gate_ab NAME SECONDS ARGS...: reader_ab.py in float32 with the tuned batch-1 shape
     local name=$1 limit=$2
