@@ -74,6 +74,7 @@ from pathlib import Path
 import ngspec.drafters.search as search
 from ngspec.bench.interval import ratio_interval
 from ngspec.batch import BatchConfig
+from ngspec.bench.batched import batch_groups
 from ngspec.contracts import DraftTree
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
@@ -181,12 +182,6 @@ class _Headless:
 class NoHead(search.EagleSearchDrafter):
     def __init__(self, eagle=None, *args, **kwargs) -> None:  # ``eagle`` is ignored: no head runs
         super().__init__(_Headless(), *args, **kwargs)
-
-
-def prompt_groups(ids: list, batch_size: int, batches: int) -> list[list]:
-    """The prompts in consecutive groups of ``batches`` batches' worth (all in one at 0)."""
-    step = batches * batch_size or len(ids)
-    return [ids[i : i + step] for i in range(0, len(ids), step)]
 
 
 def main() -> None:
@@ -323,7 +318,7 @@ def main() -> None:
         carried.update({a: Calibration() for a in arms})  # not the warm-up's, nor the last round's
         if args.batch_size > 1:
             start = 0
-            for g, group in enumerate(prompt_groups(ids, args.batch_size, args.interleave_batches)):
+            for g, group in enumerate(batch_groups(ids, args.batch_size, args.interleave_batches)):
                 expected = reference[start : start + len(group)]
                 start += len(group)
                 for a in list(arms) if (r + g) % 2 == 0 else list(arms)[::-1]:

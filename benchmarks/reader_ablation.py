@@ -35,6 +35,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from ngspec.batch import BatchConfig, BatchReport
+from ngspec.bench.batched import batch_groups
 from ngspec.check import divergence
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
@@ -75,14 +76,6 @@ def engine_for(loaded, flat_cost: bool, cost_slope: float | None, max_nodes: int
     if cost_slope is not None:
         return Engine(loaded, calibrate=False, max_draft_nodes=max_nodes, cost_slope=cost_slope)
     return Engine(loaded, calibrate=not flat_cost)
-
-
-def batch_groups(ids: list, batch_size: int, batches: int) -> list[list]:
-    """The prompts in consecutive groups of ``batches`` batches' worth (all of them at 0)."""
-    if not batches:
-        return [ids]
-    n = batches * batch_size
-    return [ids[i : i + n] for i in range(0, len(ids), n)]
 
 
 def combined(reports: list[BatchReport]) -> BatchReport:

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from ngspec.bench.batched import BatchRound, summarise_batched, versus, versus_note, versus_rows
+from ngspec.bench.batched import BatchRound, batch_groups, summarise_batched, versus, versus_note, versus_rows
 from ngspec.bench.interval import rounds_interval
 
 
@@ -57,3 +57,13 @@ def test_the_versus_note_says_which_arms_the_rounds_tell_apart():
     note = versus_note(pairs)
     assert "ahead of trie: fast" in note and "behind trie: slow" in note
     assert "not told apart from trie by these rounds (more --rounds narrow the interval): level, once" in note
+
+
+
+def test_batch_groups_are_consecutive_and_cover_every_prompt_once():
+    ids = list(range(20))
+    assert batch_groups(ids, 8, 0) == [ids]
+    assert batch_groups(ids, 8, 1) == [ids[:8], ids[8:16], ids[16:]]
+    assert batch_groups(ids, 4, 2) == [ids[:8], ids[8:16], ids[16:]]
+    assert sum(batch_groups(ids, 3, 1), []) == ids
+

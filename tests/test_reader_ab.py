@@ -135,11 +135,3 @@ def test_the_cover_gate_credits_the_head_less_where_the_local_tree_offers_first_
     assert all(b or not c for b, c in zip(built, cover))
     assert sum(cover) < sum(built)
     assert cover[0]  # a free head always pays
-
-
-def test_prompt_groups_are_consecutive_and_cover_every_prompt_once():
-    ids = list(range(20))
-    assert ab.prompt_groups(ids, 8, 0) == [ids]
-    assert ab.prompt_groups(ids, 8, 1) == [ids[:8], ids[8:16], ids[16:]]
-    assert ab.prompt_groups(ids, 4, 2) == [ids[:8], ids[8:16], ids[16:]]
-    assert sum(ab.prompt_groups(ids, 3, 1), []) == ids

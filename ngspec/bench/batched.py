@@ -57,6 +57,16 @@ class BatchArmSummary:
     rounds: list[BatchRound] = field(default_factory=list, repr=False)
 
 
+def batch_groups(ids: list, batch_size: int, batches: int) -> list[list]:
+    """The prompts in consecutive groups of ``batches`` batches' worth (all of them at 0): the
+    benchmarks that run every arm in turn on each group, so that a load that changes during a run
+    hits every arm alike (`benchmarks/reader_ab.py`, `reader_ablation.py`, ``--interleave-batches``)."""
+    if not batches:
+        return [ids]
+    n = batches * batch_size
+    return [ids[i : i + n] for i in range(0, len(ids), n)]
+
+
 def run_batched(
     engine: Engine, ids: list[list[int]], arms: list, cfg: DecodeConfig, res: Resources, batch: BatchConfig, rounds: int,
     on_progress: Callable[[str], None] | None = None,
