@@ -124,7 +124,9 @@ class HeadCostAt(search.EagleSearchDrafter):
     """``whole hcX``: the gate weighing the head's measured cost X times (``whole`` weighs it
     `search.HEAD_COST_WEIGHT` times)."""
 
-    weight = 1.0
+    def __init__(self, *args, weight: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.weight = weight
 
     def _head_cost(self, ctx) -> float:
         return self.weight / search.HEAD_COST_WEIGHT * super()._head_cost(ctx)
@@ -247,8 +249,7 @@ def main() -> None:
     for name in args.arms.split(","):  # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times
         weight = re.fullmatch(r"whole hc([0-9]+(?:\.[0-9]+)?)", name)
         if weight:
-            every[name] = lambda w=float(weight.group(1)), name=name: type("HeadCostAt", (HeadCostAt,), {"weight": w})(
-                factory(), store, deepen=True, calibration=carried.get(name))
+            every[name] = lambda w=float(weight.group(1)), name=name: HeadCostAt(factory(), store, deepen=True, calibration=carried.get(name), weight=w)
     unknown = [a for a in args.arms.split(",") if a not in every]
     if unknown:
         ap.error(f"unknown arms: {unknown}")
