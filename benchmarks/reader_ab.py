@@ -57,9 +57,11 @@ run over all prompts fills with the next prompt):
         --tuned shapes/amd-v9-cpu-b1.json --arms "vanilla,trie,whole,no head"
 
 Prints per arm: tokens per verify call (prefill excluded), speed against the first arm per round
-and in total, at batch size 1 the 95% interval of that total (`ngspec.bench.interval`: each
-prompt's runs in one round are a pair, pairs resampled), drafting share, exact match against plain greedy, steps without the head and the
-head's top guesses right / scored.
+and in total, at batch size 1 (and with --interleave-batches) the 95% interval of that total
+(`ngspec.bench.interval`: each prompt's runs in one round are a pair, and prompts are resampled
+with all their rounds' pairs together), drafting share, exact match against plain greedy, steps
+without the head and the head's top guesses right / scored. ``--json-out`` keeps every arm's
+paired runs with their prompts (``runs``, ``keys``); `benchmarks/ab_pool.py` pools such files.
 """
 
 from __future__ import annotations
@@ -279,7 +281,9 @@ def main() -> None:
     factory_f32 = None  # the '... f32' arms' head: the same head, its products in float32
     if any(a.endswith(" f32") for a in args.arms.split(",")):
         factory_f32 = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, head_int8=False), load_draft_vocab(head_dir))
-    ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
+    prompts = load_prompts(Path(args.questions), args.category, args.limit)
+    ids = [encode(loaded.tokenizer, p.text) for p in prompts]
+    names = [f"{args.category}:{p.id}" for p in prompts]  # each run's prompt, so that a prompt's rounds resample together
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
     # the "... table" arms size trees by the cost table as measured (before `StepTimes`)
     configs = {a: replace(cfg, learn_costs=not a.endswith(" table")) for a in arms}
@@ -294,9 +298,9 @@ def main() -> None:
             folding(a)
             engine.run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), batches[a])
     reference = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
-    res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0], "runs": []} for a in arms}
+    res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0], "runs": [], "keys": []} for a in arms}
 
-    def record(a: str, r: int, gen, expected: list[int], seconds: float) -> None:
+    def record(a: str, r: int, gen, expected: list[int], seconds: float, key: str = "") -> None:
         s = res[a]
         s["seconds"][r] += seconds
         s["tokens"] += len(gen.token_ids)
@@ -308,6 +312,7 @@ def main() -> None:
         s["top_guess"] = [a_ + b_ for a_, b_ in zip(s["top_guess"], stats.get("head_top_guess", (0, 0)))]
         if seconds:  # batch size 1: each prompt's run, paired with the other arms' runs of it
             s["runs"].append((len(gen.token_ids), seconds))
+            s["keys"].append(key)
 
     def save() -> None:
         if args.json_out:
@@ -330,17 +335,18 @@ def main() -> None:
                         record(a, r, o.generation, want, 0.0)
                     if args.interleave_batches:  # each group a pair with the other arms' runs of it
                         res[a]["runs"].append((sum(len(o.generation.token_ids) for o in out), report.seconds))
+                        res[a]["keys"].append("+".join(names[start - len(group) : start]))
                     save()
             continue
         for i, x in enumerate(ids):
             for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
                 gen = engine.run(x, arms[a](), configs[a])
-                record(a, r, gen, reference[i], gen.seconds)
+                record(a, r, gen, reference[i], gen.seconds, names[i])
             save()
     base = res[next(iter(arms))]["seconds"]
     for a, s in res.items():
-        # batch size 1: the 95% interval of the speed ratio, prompts (and rounds) resampled in pairs
-        interval = ratio_interval(s["runs"], res[next(iter(arms))]["runs"]) if s["runs"] else None
+        # the 95% interval of the speed ratio: prompts (or groups) resampled, each with its rounds' pairs
+        interval = ratio_interval(s["runs"], res[next(iter(arms))]["runs"], keys=s["keys"]) if s["runs"] else None
         print(
             f"{args.category} b{args.batch_size} {a:12s} tokens/call {s['tokens'] / s['calls']:.3f}  vs {next(iter(arms))} per round "
             f"{[round(b / t, 3) for b, t in zip(base, s['seconds'])]}  total {sum(base) / sum(s['seconds']):.3f}x  "

@@ -79,3 +79,22 @@ def test_bench_summaries_carry_the_interval_into_the_table_and_json():
     assert "95% interval" in markdown([greedy, trie], {}, 1.0, records=records)
     assert to_json(records, [greedy, trie], {})["arms"][1]["speedup_interval"] == (low, high)
     assert summarise(records[:1], ["trie"])[0].speedup_interval is None
+
+
+def test_pairs_of_one_prompt_are_resampled_together_when_keyed():
+    # every prompt run twice with identical timings: as separate pairs they look like twice the
+    # prompts and the interval narrows; keyed by prompt, the interval is the one-round interval
+    arm, ref = noisy(12, 1.05, 0.15, seed=7)
+    once = ratio_interval(arm, ref)
+    twice_unkeyed = ratio_interval(arm * 2, ref * 2)
+    twice_keyed = ratio_interval(arm * 2, ref * 2, keys=list(range(12)) * 2)
+    assert twice_keyed == pytest.approx(once)
+    assert twice_unkeyed[1] - twice_unkeyed[0] < (once[1] - once[0]) * 0.85
+
+
+def test_distinct_keys_are_the_unkeyed_interval_and_bad_keys_are_refused():
+    arm, ref = noisy(10, 1.0, 0.2, seed=4)
+    assert ratio_interval(arm, ref, keys=[f"p{i}" for i in range(10)]) == ratio_interval(arm, ref)
+    assert ratio_interval(arm[:2], ref[:2], keys=["a", "a"]) is None  # one prompt: nothing to resample
+    with pytest.raises(ValueError, match="key"):
+        ratio_interval(arm, ref, keys=["a"] * 9)

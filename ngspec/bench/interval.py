@@ -6,7 +6,9 @@ each prompt gives a pair (the arm's tokens and seconds, the reference's), and re
 prompts with replacement, keeping each pair whole, shows how far the total-throughput ratio moves
 with the choice of prompts and the noise within each pair. The interval is the middle
 ``confidence`` share of the resampled ratios (percentile bootstrap); an arm is ahead when its
-lower end is above 1. Seeded, so a report is reproducible. Batches (`bench --batch-size`) run
+lower end is above 1. A prompt run in several rounds is resampled with all its pairs together
+(``keys``): more rounds average its timing noise, but they are not more prompts. Seeded, so a
+report is reproducible. Batches (`bench --batch-size`) run
 all prompts as one batch per round, so there the rounds are the pairs (`rounds_interval`).
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Sequence
+from typing import Hashable, Sequence
 
 Run = tuple[float, float]  # (tokens, seconds) of one prompt's run
 
@@ -25,22 +27,42 @@ def throughput_ratio(arm: Sequence[Run], reference: Sequence[Run]) -> float:
 
 
 def ratio_interval(
-    arm: Sequence[Run], reference: Sequence[Run], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+    arm: Sequence[Run],
+    reference: Sequence[Run],
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    keys: Sequence[Hashable] | None = None,
 ) -> tuple[float, float] | None:
     """The ``confidence`` interval of `throughput_ratio` with the prompts (pairs ``arm[i]``,
-    ``reference[i]``) resampled; None with fewer than two prompts (nothing to resample)."""
+    ``reference[i]``) resampled; None with fewer than two prompts (nothing to resample).
+    ``keys[i]`` names the prompt of pair i when a prompt has several pairs (rounds, or runs from
+    several files): a prompt's pairs are then resampled together, so that running the same
+    prompts again narrows the interval only by the timing noise it averages, not as if they
+    were new prompts."""
     if len(arm) != len(reference):
         raise ValueError("every prompt needs a run of both arms")
+    if keys is not None and len(keys) != len(arm):
+        raise ValueError("every pair needs a key (its prompt)")
     if not 0.0 < confidence < 1.0:
         raise ValueError("confidence must be between 0 and 1")
-    n = len(arm)
+    # each prompt's pairs summed: (tokens, seconds) of the arm and of the reference
+    clusters: dict[Hashable, list[float]] = {}
+    for i, ((t, s), (rt, rs)) in enumerate(zip(arm, reference)):
+        total = clusters.setdefault(i if keys is None else keys[i], [0.0, 0.0, 0.0, 0.0])
+        total[0] += t
+        total[1] += s
+        total[2] += rt
+        total[3] += rs
+    sums = list(clusters.values())
+    n = len(sums)
     if n < 2:
         return None
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
-        picks = rng.choices(range(n), k=n)
-        ratios.append(throughput_ratio([arm[i] for i in picks], [reference[i] for i in picks]))
+        picks = [sums[i] for i in rng.choices(range(n), k=n)]
+        ratios.append(throughput_ratio([(c[0], c[1]) for c in picks], [(c[2], c[3]) for c in picks]))
     ratios.sort()
     tail = (1.0 - confidence) / 2
     return ratios[int(tail * (resamples - 1))], ratios[int(round((1.0 - tail) * (resamples - 1)))]
