@@ -354,3 +354,28 @@ def test_an_eagle_head_in_int8_or_float32_through_generate_and_tune_tree(tmp_pat
     assert len(final["nodes"]) == 2 and final["nodes"][0] == shape["nodes"] and set(final["nodes"]) <= {int(m) for m in shape["searched"]}
     assert final["best_vs_runner_up"] == pytest.approx(final["tokens_per_second"][str(final["nodes"][0])] / final["tokens_per_second"][str(final["nodes"][1])])
     assert final["best_vs_runner_up"] >= 1.0 and len(final["interval"]) == 2
+
+
+@pytest.mark.slow
+def test_bench_rounds_at_batch_size_one_pair_each_prompt_with_itself(tmp_path):
+    """--rounds N at batch size 1 runs every arm on every prompt N times; the intervals resample a
+    prompt's rounds together (keyed by prompt), not as N times the prompts."""
+    from ngspec.bench.interval import ratio_interval
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "rag", "turns": [t]}) + "\n" for i, t in enumerate([PROMPT, PROMPT.upper()])))
+    result = invoke("bench", "-q", questions, "-n", 8, "-d", "trie", "--rounds", 2, "--versus", "vanilla", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["environment"]["rounds"] == 2
+    assert [(p["id"], p["round"]) for p in report["prompts"]] == [("0", 0), ("1", 0), ("0", 1), ("1", 1)]
+    arms = {a["arm"]: a for a in report["arms"]}
+    assert all(a["exact_match"] == 1.0 for a in arms.values())
+
+    def runs(arm):
+        return [(p["runs"][arm]["new_tokens"], p["runs"][arm]["seconds"]) for p in report["prompts"]]
+
+    keys = [p["id"] for p in report["prompts"]]
+    assert tuple(arms["trie"]["speedup_interval"]) == pytest.approx(ratio_interval(runs("trie"), runs("hf-greedy"), keys=keys))
+    (trie,) = [p for p in report["versus"] if p["arm"] == "trie"]
+    assert tuple(trie["interval"]) == pytest.approx(ratio_interval(runs("trie"), runs("vanilla"), keys=keys))

@@ -59,8 +59,13 @@ def ceiling_of(records: list[BenchRecord], with_datastore: bool = False) -> floa
 
 
 def runs_of(records: list[BenchRecord], arm: str) -> list[tuple[int, float]]:
-    """``arm``'s (tokens, seconds) on every prompt, in prompt order: pairs with any other arm's."""
+    """``arm``'s (tokens, seconds) on every prompt and round, in record order: pairs with any other arm's."""
     return [(len(r.runs[arm].token_ids), r.runs[arm].seconds) for r in records]
+
+
+def prompts_of(records: list[BenchRecord]) -> list[str]:
+    """Each record's prompt: a prompt's rounds are resampled together (`ratio_interval`'s keys)."""
+    return [r.prompt.id for r in records]
 
 
 def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
@@ -100,7 +105,7 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                     for r in records
                 ) if known and all(r.self_repetition.steps for r in records) else None,
                 largest_tie_margin=max((m for _, _, m in mismatches(records, arm)), default=None),
-                speedup_interval=ratio_interval(runs_of(records, arm), runs_of(records, ref)),
+                speedup_interval=ratio_interval(runs_of(records, arm), runs_of(records, ref), keys=prompts_of(records)),
             )
         )
     return out
@@ -108,12 +113,13 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
 
 def versus(records: list[BenchRecord], arms: list[str], base: str) -> list[dict]:
     """Every other arm against ``base`` (e.g. the whole READER method against ``trie``): its
-    total-throughput ratio and that ratio's 95% interval, each prompt's two runs a pair."""
+    total-throughput ratio and that ratio's 95% interval, each prompt's two runs in a round a
+    pair, a prompt's rounds resampled together."""
     theirs, out = runs_of(records, base), []
     for arm in arms:
         if arm != base:
             ours = runs_of(records, arm)
-            out.append({"arm": arm, "versus": base, "ratio": throughput_ratio(ours, theirs), "interval": ratio_interval(ours, theirs)})
+            out.append({"arm": arm, "versus": base, "ratio": throughput_ratio(ours, theirs), "interval": ratio_interval(ours, theirs, keys=prompts_of(records))})
     return out
 
 
@@ -179,7 +185,7 @@ def markdown(
         f"{meta}\n\nSelf-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}"
         + (f"; with the datastore: {ceiling_with_datastore:.2f}" if ceiling_with_datastore is not None else "")
         + "\n\n"
-        "Speedup is total-throughput vs hf-greedy, with its 95% interval over the prompts (paired bootstrap); "
+        "Speedup is total-throughput vs hf-greedy, with its 95% interval over the prompts (paired bootstrap, a prompt's rounds resampled together); "
         "tokens/call counts the bonus token and the prefill.\n\n"
         + "\n".join(lines)
         + "\n"
@@ -190,11 +196,11 @@ def markdown(
 def mismatch_notes(records: list[BenchRecord], summaries: list[ArmSummary]) -> str:
     """Markdown lines for every output that differs from hf-greedy: where, and the top-2 logit margin
     of hf-greedy there (a near-tie in low precision, or a bug when the margin is large)."""
-    lines = [
+    lines = list(dict.fromkeys(  # once per prompt and place, however many rounds repeat it
         f"- {s.arm}, prompt {pid}: first differs at token {pos}, hf-greedy's top-2 margin there {margin:.4f}"
         for s in summaries
         for pid, pos, margin in mismatches(records, s.arm)
-    ]
+    ))
     return "\nMismatches vs hf-greedy:\n" + "\n".join(lines) + "\n" if lines else ""
 
 
@@ -209,6 +215,7 @@ def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) 
         "prompts": [
             {
                 "id": r.prompt.id,
+                "round": r.round,
                 "category": r.prompt.category,
                 "prompt_tokens": r.prompt_tokens,
                 "self_repetition": r.self_repetition.value,

@@ -3,7 +3,7 @@
 Arms: ``hf-greedy`` and ``hf-prompt-lookup`` (transformers' `generate`, the ecosystem baseline),
 ``vanilla`` (our engine with no drafts) and the chosen drafters, each possibly at several (k, w)
 and in both verification layouts. For each prompt the arms run back to back, so slow drift of the
-machine affects all arms alike.
+machine affects all arms alike; with several rounds, in reversed order every other round.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class BenchRecord:
     runs: dict[str, ArmRun]
     self_repetition: SelfRepetition  # of the hf-greedy output given the prompt
     with_datastore: SelfRepetition | None = None  # the same, also searching --datastore
+    round: int = 0  # with several rounds, every prompt has a record per round
 
 
 def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Resources, pid: str, calibration: Calibration | None = None) -> ArmRun:
@@ -103,20 +104,28 @@ def run_bench(
     res: Resources = Resources(),
     raw: bool = False,
     on_progress: Callable[[str], None] | None = None,
+    rounds: int = 1,
 ) -> list[BenchRecord]:
-    """Run ``arms`` (hf-greedy first, as the reference) on every prompt."""
+    """Run ``arms`` on every prompt, ``rounds`` times (the arms in reversed order every other
+    round; each round's drafters calibrate afresh and carry that from prompt to prompt); one
+    record per prompt and round, hf-greedy's output the reference."""
     records = []
-    carried = {arm.label: Calibration() for arm in arms}  # each arm's estimates, from prompt to prompt
-    for prompt in prompts:
-        ids = encode(engine.loaded.tokenizer, prompt.text, raw)
-        runs = {}
-        for arm in arms:
-            runs[arm.label] = run_arm(engine, arm, ids, cfg, res, prompt.id, carried[arm.label])
-            if on_progress:
-                on_progress(arm.label)
-        reference = runs["hf-greedy"].token_ids
-        for run in runs.values():
-            run.vs_reference = divergence(engine, ids, reference, run.token_ids)
-        store = self_repetition(ids, reference, res.datastore) if res.datastore is not None else None
-        records.append(BenchRecord(prompt, len(ids), runs, self_repetition(ids, reference), store))
+    encoded = [encode(engine.loaded.tokenizer, prompt.text, raw) for prompt in prompts]
+    ceilings: dict[int, tuple[SelfRepetition, SelfRepetition | None]] = {}  # the same outputs every round
+    for r in range(rounds):
+        carried = {arm.label: Calibration() for arm in arms}  # each arm's estimates, from prompt to prompt
+        for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+            runs = {}
+            for arm in arms if r % 2 == 0 else arms[::-1]:
+                runs[arm.label] = run_arm(engine, arm, ids, cfg, res, prompt.id, carried[arm.label])
+                if on_progress:
+                    on_progress(arm.label)
+            runs = {arm.label: runs[arm.label] for arm in arms}
+            reference = runs["hf-greedy"].token_ids
+            for run in runs.values():
+                run.vs_reference = divergence(engine, ids, reference, run.token_ids)
+            if i not in ceilings:
+                store = self_repetition(ids, reference, res.datastore) if res.datastore is not None else None
+                ceilings[i] = (self_repetition(ids, reference), store)
+            records.append(BenchRecord(prompt, len(ids), runs, *ceilings[i], round=r))
     return records

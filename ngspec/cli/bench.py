@@ -37,7 +37,7 @@ def bench_command(
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
     versus_arm: Annotated[Optional[str], typer.Option("--versus", help="Also compare every arm with this one (an arm label, e.g. trie): throughput ratio and its 95% interval, prompts paired. An arm is ahead when the interval's lower end is above 1.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Compare the arms as batches of this many rows (each arm decodes all prompts as one batch, refilled as rows finish; against vanilla at the same batch size; transformers' arms left out).")] = 1,
-    rounds: Annotated[int, typer.Option("--rounds", help="With --batch-size above 1: run every arm's batch this many times, arms in reversed order every other round (a round is one pair per arm: with 2 or more, --versus gives a 95% interval over the rounds; 5 or more resolve a few percent).")] = 2,
+    rounds: Annotated[Optional[int], typer.Option("--rounds", help="Run every arm on every prompt this many times (default 1), arms in reversed order every other round: a prompt's rounds are resampled together in the 95% intervals, so rounds average timing noise while more prompts narrow an interval more. With --batch-size above 1 (default 2), every arm's batch this many times: a round is one pair per arm, --versus's interval is over the rounds, and 5 or more resolve a few percent.")] = None,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
@@ -46,7 +46,8 @@ def bench_command(
     process, interleaved: speedup vs hf-greedy, tokens per call, acceptance histogram, drafting
     share, exact-match rate vs hf-greedy, and the self-repetition ceiling. Row drafters can sweep a
     (k, w) grid (heatmaps of tokens per call and speedup) and report the mixed strategy's ablation.
-    With --batch-size B each arm decodes the prompts as batches of B rows instead, --rounds times.
+    --rounds N runs every arm on every prompt N times. With --batch-size B each arm decodes the
+    prompts as batches of B rows instead, --rounds times.
 
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
@@ -65,9 +66,10 @@ def bench_command(
     opts = drafting.options()
     if verify not in ("tree", "rows", "both"):
         raise NgspecError(f"--verify must be tree, rows or both (got {verify!r})")
-    bad = [f"{flag} must be at least 1 (got {value})" for flag, value in (("--batch-size", batch_size), ("--rounds", rounds)) if value < 1]
+    bad = [f"{flag} must be at least 1 (got {value})" for flag, value in (("--batch-size", batch_size), ("--rounds", rounds)) if value is not None and value < 1]
     if bad:
         raise NgspecError("; ".join(bad))
+    rounds = rounds or (2 if batch_size > 1 else 1)
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size verifies every row's tree in one forward: use --verify tree")
     if batch_size > 1 and versus_arm in HF_ARMS:
@@ -98,11 +100,12 @@ def bench_command(
         return
 
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
-        task = progress.add_task("bench", total=len(prompts) * len(arms))
-        records = run_bench(engine, prompts, arms, cfg, res, raw, lambda arm: progress.advance(task))
+        task = progress.add_task("bench", total=len(prompts) * len(arms) * rounds)
+        records = run_bench(engine, prompts, arms, cfg, res, raw, lambda arm: progress.advance(task), rounds)
 
     summaries = summarise(records, [a.label for a in arms])
-    settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+    settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": len(prompts),
+                "max_new_tokens": max_new_tokens, "rounds": rounds}
     env = environment(engine, settings)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
@@ -130,7 +133,8 @@ def bench_command(
     if json_out:
         render.json_line(report)
         return
-    render.table(f"bench: {len(prompts)} prompts, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}", COLUMNS, rows(summaries))
+    render.table(f"bench: {len(prompts)} prompts{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
+                 COLUMNS, rows(summaries))
     for g in grids:
         (bk, bw), best = g.best("speedup")
         (tk, tw), most = g.best("tokens_per_call")
