@@ -6,6 +6,14 @@ the measurement depends on: CPU, threads, torch version, model shape, ...), writ
 temporary file and renamed, so an interrupted write leaves nothing half-written. A damaged or
 unusable entry is measured again and rewritten; ``NGSPEC_RECALIBRATE=1`` measures everything
 again.
+
+A measurement is cached only if the machine was quiet while it ran: where Linux counts CPU time
+(``/proc``), the share of all CPUs' time that other processes used during it is recorded, and
+above `BUSY_SHARE` the result serves the run that made it but is not kept (a warning says so),
+so the next run times it again. Timed beside a job that kept both of two cores busy, a one-token
+step slows far more than a 30-token one (every operation waits on a contended thread team), and
+the cost table read every tree up to 30 nodes as free: every later run sized its trees by it
+(BENCHMARKS.md 10zc). Entries cached before this record was kept are measured again.
 """
 
 from __future__ import annotations
@@ -13,28 +21,84 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
+from pathlib import Path
 from typing import Callable, TypeVar
 
 from ngspec import staging
 
 T = TypeVar("T")
 
+BUSY_SHARE = 0.2  # others' share of all CPUs' time during a measurement above which it is not cached
+WHAT = {"kernels": "matrix kernels", "costs": "verification costs"}
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat (steal time counts as
+    busy: another VM's work); None where there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 4:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and waiting for I/O
+    total = sum(fields)  # guest time is already counted in user time
+    return total - idle, total
+
+
+def _own_ticks() -> int | None:
+    """Clock ticks this process (all its threads) has run, user and system, from /proc/self/stat."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+        return int(fields[11]) + int(fields[12])  # utime and stime, fields 14 and 15 of proc(5)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _others_share(measure: Callable[[], T]) -> tuple[T, float | None]:
+    """``measure()``, and the share of all CPUs' time other processes used while it ran (None
+    where it cannot be read)."""
+    cpu, own = _cpu_ticks(), _own_ticks()
+    value = measure()
+    cpu_after, own_after = _cpu_ticks(), _own_ticks()
+    if cpu is None or own is None or cpu_after is None or own_after is None or cpu_after[1] <= cpu[1]:
+        return value, None
+    others = (cpu_after[0] - cpu[0]) - (own_after - own)
+    return value, max(0.0, others / (cpu_after[1] - cpu[1]))
+
+
+def entry_path(kind: str, setting: str) -> Path:
+    from ngspec.models import cache_dir
+
+    return cache_dir() / kind / (hashlib.sha256(setting.encode()).hexdigest()[:20] + ".json")
+
 
 def measured_once(kind: str, setting: str, read: Callable[[dict], T | None], measure: Callable[[], tuple[T, dict]]) -> T:
     """The cached value for ``setting``: ``read(entry)`` of the stored entry (None or a
     ValueError/KeyError/TypeError: unusable), else ``measure()``'s value, whose entry fields are
-    stored beside the setting."""
-    from ngspec.models import cache_dir
-
-    path = cache_dir() / kind / (hashlib.sha256(setting.encode()).hexdigest()[:20] + ".json")
+    stored beside the setting if the machine was quiet enough while it ran."""
+    path = entry_path(kind, setting)
     if path.is_file() and not os.environ.get("NGSPEC_RECALIBRATE"):
         try:
-            value = read(json.loads(path.read_text()))
+            entry = json.loads(path.read_text())
+            value = read(entry) if "others_cpu_share" in entry else None  # older entries: not known to be quiet
             if value is not None:
                 return value
         except (ValueError, KeyError, TypeError):
             pass  # a damaged entry is measured again and rewritten
-    value, entry = measure()
+    (value, entry), others = _others_share(measure)
+    if others is not None and others > BUSY_SHARE:
+        warnings.warn(
+            f"ngspec: other processes used {others:.0%} of the CPUs while ngspec timed {WHAT.get(kind, kind)}, so the "
+            "result serves this run only and is not cached (it is timed again next run); on a busy machine trees may "
+            "be sized wrongly. Run once with the machine otherwise idle to keep a measurement.",
+            RuntimeWarning, stacklevel=2,
+        )
+        return value
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging.write_text(path, json.dumps({"setting": setting, **entry}))
+    staging.write_text(path, json.dumps({"setting": setting, **entry, "others_cpu_share": others}))
     return value

@@ -1,0 +1,83 @@
+"""`ngspec.perf.measured`: a measurement made while other processes kept the CPUs busy is used for
+the run that made it but not cached (a cost table timed beside a two-core job read every tree up
+to 30 nodes as free, and every later run sized its trees by it: BENCHMARKS.md 10zc)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ngspec.perf import measured
+
+
+class FakeTicks:
+    """/proc/stat and /proc/self/stat as counters the test advances."""
+
+    def __init__(self) -> None:
+        self.busy = self.total = self.own = 0
+
+    def spend(self, own: int, others: int, idle: int) -> None:
+        self.own += own
+        self.busy += own + others
+        self.total += own + others + idle
+
+
+@pytest.fixture
+def ticks(monkeypatch, tmp_path):
+    fake = FakeTicks()
+    monkeypatch.setattr(measured, "_cpu_ticks", lambda: (fake.busy, fake.total))
+    monkeypatch.setattr(measured, "_own_ticks", lambda: fake.own)
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    return fake
+
+
+def measure_with(ticks: FakeTicks, own: int, others: int, idle: int, value: float):
+    def measure():
+        ticks.spend(own, others, idle)
+        return value, {"value": value}
+    return measure
+
+
+def read(entry):
+    return entry["value"]
+
+
+def test_a_quiet_measurement_is_cached_with_what_others_used(ticks, tmp_path):
+    assert measured.measured_once("costs", "s", read, measure_with(ticks, 180, 10, 10, 1.5)) == 1.5
+    (entry,) = [json.loads(p.read_text()) for p in (tmp_path / "costs").glob("*.json")]
+    assert entry["value"] == 1.5 and entry["others_cpu_share"] == pytest.approx(0.05)
+    assert measured.measured_once("costs", "s", read, measure_with(ticks, 1, 0, 0, 9.0)) == 1.5  # read back
+
+
+def test_a_busy_measurement_is_used_once_not_cached_and_said(ticks, tmp_path):
+    with pytest.warns(RuntimeWarning, match="50% of the CPUs"):
+        assert measured.measured_once("costs", "s", read, measure_with(ticks, 100, 100, 0, 1.0)) == 1.0
+    assert not list((tmp_path / "costs").glob("*.json"))
+    # the next run measures again, and a quiet one is kept
+    assert measured.measured_once("costs", "s", read, measure_with(ticks, 190, 0, 10, 1.3)) == 1.3
+    assert measured.measured_once("costs", "s", read, measure_with(ticks, 1, 0, 0, 9.0)) == 1.3
+
+
+def test_entries_from_before_the_watch_are_measured_again(ticks, tmp_path):
+    path = measured.entry_path("costs", "s")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"setting": "s", "value": 1.0}))  # no record of what others used then
+    assert measured.measured_once("costs", "s", read, measure_with(ticks, 100, 0, 0, 1.4)) == 1.4
+    assert json.loads(path.read_text())["others_cpu_share"] == 0.0
+
+
+def test_without_proc_the_measurement_is_cached_unwatched(monkeypatch, tmp_path):
+    monkeypatch.setattr(measured, "_cpu_ticks", lambda: None)
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    assert measured.measured_once("costs", "s", read, lambda: (2.0, {"value": 2.0})) == 2.0
+    assert json.loads(measured.entry_path("costs", "s").read_text())["others_cpu_share"] is None
+    assert measured.measured_once("costs", "s", read, lambda: (3.0, {"value": 3.0})) == 2.0
+
+
+def test_the_real_counters_read_where_linux_has_them():
+    cpu, own = measured._cpu_ticks(), measured._own_ticks()
+    if cpu is None:
+        pytest.skip("no /proc/stat here")
+    busy, total = cpu
+    assert 0 <= busy <= total and own is not None and own >= 0
