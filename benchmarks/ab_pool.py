@@ -41,7 +41,8 @@ def pairs(results: dict, arm: str, versus: str, name: str) -> tuple[list[Run], l
 def describe(label: str, mine: list[Run], theirs: list[Run], keys: list[str]) -> str:
     interval = ratio_interval(mine, theirs, keys=keys)
     span = f"95% interval {interval[0]:.3f}-{interval[1]:.3f}x" if interval else "one prompt: no interval"
-    return f"{label}: {throughput_ratio(mine, theirs):.3f}x over {len(set(keys))} prompts ({len(mine)} pairs), {span}"
+    n = len(set(keys))
+    return f"{label}: {throughput_ratio(mine, theirs):.3f}x over {n} prompt{'s' * (n != 1)} or groups ({len(mine)} pairs), {span}"
 
 
 def main(argv: list[str] | None = None) -> None:

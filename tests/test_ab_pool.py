@@ -37,8 +37,8 @@ def test_pooled_over_files_with_every_prompt_once(tmp_path, capsys):
     ]
     pool.main([str(f) for f in files])
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 4 and "over 4 prompts (4 pairs)" in lines[0]
-    assert "pooled" in lines[3] and "over 7 prompts (11 pairs)" in lines[3]
+    assert len(lines) == 4 and "over 4 prompts or groups (4 pairs)" in lines[0]
+    assert "pooled" in lines[3] and "over 7 prompts or groups (11 pairs)" in lines[3]
     whole = RAG[0] + SUMM[0] + RAG[0]
     trie = RAG[1] + SUMM[1] + RAG[1]
     low, high = ratio_interval(whole, trie, keys=rag_keys + [f"summarization:{i}" for i in range(3)] + rag_keys)
@@ -50,7 +50,7 @@ def test_files_without_keys_count_each_pair_and_say_so(tmp_path, capsys):
     files = [write(tmp_path / "a.json", result(*RAG)), write(tmp_path / "b.json", result(*RAG))]
     pool.main([str(f) for f in files])
     out = capsys.readouterr().out
-    assert "over 8 prompts (8 pairs)" in out and "note:" in out and "a.json" in out
+    assert "over 8 prompts or groups (8 pairs)" in out and "note:" in out and "a.json" in out
 
 
 def test_a_missing_arm_or_unpaired_runs_or_a_bad_file_is_one_message(tmp_path):

@@ -75,6 +75,12 @@ def test_without_proc_the_measurement_is_cached_unwatched(monkeypatch, tmp_path)
     assert measured.measured_once("costs", "s", read, lambda: (3.0, {"value": 3.0})) == 2.0
 
 
+def test_a_measurement_too_short_to_tell_is_cached_unwatched(ticks, tmp_path):
+    # 40 ticks of both CPUs: the counters' sampling could read a few ticks either way
+    assert measured.measured_once("costs", "s", read, measure_with(ticks, 20, 20, 0, 1.1)) == 1.1
+    assert json.loads(measured.entry_path("costs", "s").read_text())["others_cpu_share"] is None
+
+
 def test_the_real_counters_read_where_linux_has_them():
     cpu, own = measured._cpu_ticks(), measured._own_ticks()
     if cpu is None:

@@ -30,6 +30,7 @@ from ngspec import staging
 T = TypeVar("T")
 
 BUSY_SHARE = 0.2  # others' share of all CPUs' time during a measurement above which it is not cached
+MIN_TICKS = 100  # all CPUs' clock ticks a measurement must span for the share to tell (both counters sample per tick)
 WHAT = {"kernels": "matrix kernels", "costs": "verification costs"}
 
 
@@ -61,11 +62,12 @@ def _own_ticks() -> int | None:
 
 def _others_share(measure: Callable[[], T]) -> tuple[T, float | None]:
     """``measure()``, and the share of all CPUs' time other processes used while it ran (None
-    where it cannot be read)."""
+    where it cannot be read, or the measurement was too short for the counters to tell: a tiny
+    model's table takes a fraction of a second)."""
     cpu, own = _cpu_ticks(), _own_ticks()
     value = measure()
     cpu_after, own_after = _cpu_ticks(), _own_ticks()
-    if cpu is None or own is None or cpu_after is None or own_after is None or cpu_after[1] <= cpu[1]:
+    if cpu is None or own is None or cpu_after is None or own_after is None or cpu_after[1] - cpu[1] < MIN_TICKS:
         return value, None
     others = (cpu_after[0] - cpu[0]) - (own_after - own)
     return value, max(0.0, others / (cpu_after[1] - cpu[1]))
