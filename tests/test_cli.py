@@ -379,3 +379,18 @@ def test_bench_rounds_at_batch_size_one_pair_each_prompt_with_itself(tmp_path):
     assert tuple(arms["trie"]["speedup_interval"]) == pytest.approx(ratio_interval(runs("trie"), runs("hf-greedy"), keys=keys))
     (trie,) = [p for p in report["versus"] if p["arm"] == "trie"]
     assert tuple(trie["interval"]) == pytest.approx(ratio_interval(runs("trie"), runs("vanilla"), keys=keys))
+
+
+def test_ngspecs_own_warnings_are_one_line_on_stderr(capsys):
+    import warnings
+
+    from ngspec.cli.app import friendly
+
+    def command():
+        warnings.warn("ngspec: the machine was busy", RuntimeWarning)
+        warnings.warn("something else", UserWarning)
+
+    with pytest.warns(UserWarning, match="something else"):  # others go where they went before
+        friendly(command)()
+    err = capsys.readouterr().err
+    assert "warning: the machine was busy" in err and "RuntimeWarning" not in err and "something else" not in err

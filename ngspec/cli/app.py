@@ -2,6 +2,7 @@
 
 Every command is wrapped by `friendly`: an `NgspecError` (bad input) or an unexpected exception
 becomes one message on stderr and exit code 1. Set NGSPEC_DEBUG=1 to see the traceback instead.
+ngspec's own warnings (a measurement timed on a busy machine) are one line on stderr too.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import warnings
 from typing import Callable
 
 import typer
@@ -30,7 +32,18 @@ def friendly(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
-            return command(*args, **kwargs)
+            with warnings.catch_warnings():
+                shown = warnings.showwarning
+
+                def show(message, category, filename, lineno, file=None, line=None) -> None:
+                    """ngspec's own warnings ("ngspec: ...") as one line on stderr, like its errors."""
+                    if str(message).startswith("ngspec: ") and file is None:
+                        render.warning(str(message).removeprefix("ngspec: "))
+                    else:
+                        shown(message, category, filename, lineno, file, line)
+
+                warnings.showwarning = show
+                return command(*args, **kwargs)
         except NgspecError as exc:
             if os.environ.get("NGSPEC_DEBUG"):
                 raise

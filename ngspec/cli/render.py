@@ -30,6 +30,10 @@ def error(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
 
 
+def warning(message: str) -> None:
+    err_console.print(f"[bold yellow]warning:[/] {message}", soft_wrap=True)
+
+
 def info(message: str) -> None:
     err_console.print(f"[dim]{message}[/]", soft_wrap=True)
 
