@@ -12,7 +12,8 @@
 #    LANES="versus": the 15-minute visit on the whole method against the trie, with `prepare HEAD
 #    DATASTORE SHAPES`, SHAPES a folder with an earlier visit's shape-b1.json and shape-b8.json, e.g.
 #    benchmarks/shapes-h100-amd-v34-q25 (tuned on the fifth visit for heads/amd-v34-q25); then
-#    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry)
+#    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry, then `trace_more`
+#    likewise if 200 s of device time are left)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -206,6 +207,20 @@ versus_more() {
     grep -h "tokens/call" $RES/versus-*.log
 }
 
+# after versus_more, on the warm machine (no carry), only with 200 s of device time to spare: where
+# a batched step's time goes on the GPU, by phase (host time, kernel launches, copies and syncs,
+# kernel time; BENCHMARKS.md 10zd): the whole method's drafting at batch 8 against the trie's, and
+# the trie at batch 32, which ran 0.91x plain batched decoding on the fourth visit
+trace_more() {
+    cd "$REPO" || exit 1
+    local common=(--questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head --datastore /tmp/datastore --tuned $RES/shape-b8.json -n 32)
+    stage trace-b8 90 "$PY" benchmarks/step_trace.py "${common[@]}" --batch-sizes 8 --limit 16 --arms vanilla,trie,whole --json-out $RES/trace-b8.json
+    tar -czf "${OUT:-$RES}/trace.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    stage trace-b32 90 "$PY" benchmarks/step_trace.py "${common[@]}" --batch-sizes 32 --limit 32 --arms vanilla,trie --json-out $RES/trace-b32.json
+    tar -czf "${OUT:-$RES}/trace.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    grep -h "a step" $RES/trace-*.log
+}
+
 pipeline() {
     cd "$REPO" || exit 1
     for _ in $(seq 600); do [ -f gpu/part2 ] && [ -f gpu/head/model.safetensors ] && break; sleep 1; done
@@ -265,7 +280,7 @@ toy_copy() {  # toy_copy DIR: DIR/session.sh, this script with its stages at toy
     # too: its 80 nodes ran past the stage's limit on two cores) under four times the GPU's limits (the
     # short lanes' five processes share two cores here), reading head, datastore and data from DIR
     sed -e "s#^REPO=.*#REPO=$REPO#" -e "s#^RES=.*#RES=$1/res#" -e 's# NGSPEC_CACHE=[^ ]*##' -e 's#OMP_NUM_THREADS=[0-9]*#OMP_NUM_THREADS=2#' \
-        -e "s#/tmp/\(head\|datastore\|data\)#$1/\1#g" -e 's#--limit [0-9]*#--limit 2#g' -e 's#--batch-sizes [0-9]*,[0-9,]*#--batch-sizes 2#g' \
+        -e "s#/tmp/\(head\|datastore\|data\)#$1/\1#g" -e 's#--limit [0-9]*#--limit 2#g' -e 's#--batch-sizes [0-9]*,[0-9,]*#--batch-sizes 2#g' -e 's#--batch-sizes \(8\|32\) #--batch-sizes 2 #g' \
         -e 's# -n [0-9]*# -n 8#g' -e 's# -b \(8\|32\) # -b 2 #g' -e 's#tune-tree #tune-tree --nodes 8 #g' \
         -e 's#timeout "\$limit"#timeout "$((limit * 4))"#' "$REPO/benchmarks/gpu_session.sh" >"$1/session.sh"
 }
@@ -275,7 +290,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
         for lane in ${LANES:-bench single batched short versus}; do "lane_$lane"; done
-        case " ${LANES:-versus} " in *" versus "*) versus_more ;; esac
+        case " ${LANES:-versus} " in *" versus "*) versus_more; trace_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
 
