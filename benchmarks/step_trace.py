@@ -167,6 +167,8 @@ def main() -> None:
     ap.add_argument("--datastore")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--cost-slope", type=float, help="size trees by the cost 1 + S*n for n nodes, as on another device (0.004: about the "
+                    "H100's for the default model), e.g. to see a GPU's trees' host work on a CPU (default: this device's measured costs)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     arms = args.arms.split(",")
@@ -176,7 +178,7 @@ def main() -> None:
 
     loaded = load_model(device=args.device, dtype=args.dtype)
     cuda = loaded.model.device.type == "cuda"
-    engine = Engine(loaded)
+    engine = Engine(loaded, max_draft_nodes=96, cost_slope=args.cost_slope)
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
     factory = None
     if "whole" in arms:

@@ -174,7 +174,10 @@ def generate_batch(
     batch size, and the call returns once no row is left (results in the order of their index)."""
     if cfg.verify != "tree":
         raise NgspecError("batched generation verifies trees (--verify tree); rows layout is for batch size 1")
-    target = BatchTarget(model, packed=batch.layout == "packed")
+    # the rows the cache will hold: a static batch fills them; requests fed one by one (a server)
+    # may never, so their rows grow by doubling
+    wanted = min(batch.batch_size, len(prompts)) if feed is None else None
+    target = BatchTarget(model, packed=batch.layout == "packed", rows_wanted=wanted)
     gen = cfg.sampling.generator()
     results: dict[int, BatchResult] = {}
     report = BatchReport()
@@ -252,9 +255,8 @@ def generate_batch(
                 rows[b] = row = None
                 rows[b] = admit(b)
         if any(r is None for r in rows):
-            keep = [b for b, r in enumerate(rows) if r is not None]
-            target.drop(keep)
-            rows = [rows[b] for b in keep]
+            order = target.drop([b for b, r in enumerate(rows) if r is not None])
+            rows = [rows[b] for b in order]
             if not rows:
                 break
         fill()  # prompts that arrived while every slot was busy

@@ -46,7 +46,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from ngspec.architecture import block_masks, rope_switch, sliding_layers, sliding_window
 from ngspec.contracts import DraftTree, table_cost
 from ngspec.errors import NgspecError
-from ngspec.kv import cache_argument, drop_front, dropped, make_cache, replace_entries, truncate
+from ngspec.kv import cache_argument, drop_front, dropped, make_cache, truncate
 from ngspec.rows import attention_function
 from ngspec.target import forward_with_features, prepare_model
 from ngspec.tree import batch_blocks
@@ -241,8 +241,10 @@ class CacheUse:
 
 
 class BatchTarget:
-    def __init__(self, model: PreTrainedModel, packed: bool = False) -> None:
-        """``packed``: verify rows of different sizes back to back."""
+    def __init__(self, model: PreTrainedModel, packed: bool = False, rows_wanted: int | None = None) -> None:
+        """``packed``: verify rows of different sizes back to back; ``rows_wanted``: the rows it
+        will hold (a batch's size, when enough prompts wait), so that the cache's buffers take
+        them at once when the second row comes, not by doubling."""
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
         implementation = model.config._attn_implementation
         if packed and ALL_ATTENTION_FUNCTIONS.get_interface(implementation, None) is None:
@@ -251,6 +253,7 @@ class BatchTarget:
                 f"{implementation!r} attention ({type(model).__name__}): use --batch-layout padded"
             )
         self.packed = packed
+        self.rows_wanted = rows_wanted
         # query heads per key/value head, folded into the queries of tree steps on a CPU
         # (`folded_gqa_attention`; 1: not folded)
         config = model.config
@@ -358,20 +361,37 @@ class BatchTarget:
         self.valid = torch.cat([torch.zeros(self.rows, extra, dtype=torch.bool), self.valid], dim=1)
 
     def _add_row(self) -> None:
-        replace_entries(self.cache, lambda t: torch.cat([t, t.new_zeros(1, *t.shape[1:])]))
+        """A new last row of holes, in the cache buffers' spare rows (made for ``rows_wanted`` rows,
+        else by doubling: filling a batch of B rows copies the cache once or about once, not B
+        times, which took 3.6% of a batch-32 run on two CPU cores, BENCHMARKS.md 10zd)."""
+        for layer in self.cache.layers:
+            layer.add_rows(1, self.rows_wanted)
         self.valid = torch.cat([self.valid, torch.zeros(1, self.slots, dtype=torch.bool)])
         self.lengths.append(0)
         self.pending.append([])
 
     @torch.inference_mode()
-    def drop(self, keep: Sequence[int]) -> None:
-        """Keep only rows ``keep`` (in this order); the others are finished."""
-        keep = list(keep)
-        rows = torch.tensor(keep, dtype=torch.long, device=self.device)
-        replace_entries(self.cache, lambda t: t.index_select(0, rows))
-        self.valid = self.valid[keep]
-        self.lengths = [self.lengths[i] for i in keep]
-        self.pending = [self.pending[i] for i in keep]
+    def drop(self, keep: Sequence[int]) -> list[int]:
+        """Keep only rows ``keep``; the others are finished. Returns the kept rows in their new
+        order: each kept row beyond the new row count takes a finished row's place, so only those
+        rows are copied (copying the whole cache to drop a row took 2.6% of a batch-32 run on two
+        CPU cores, BENCHMARKS.md 10zd)."""
+        kept = set(keep)
+        n = len(kept)
+        movers = iter(sorted(b for b in kept if b >= n))
+        order = [b if b in kept else next(movers) for b in range(n)]
+        moved = [b for b in range(n) if order[b] != b]
+        if moved:
+            src = torch.tensor([order[b] for b in moved], dtype=torch.long, device=self.device)
+            dst = torch.tensor(moved, dtype=torch.long, device=self.device)
+            for layer in self.cache.layers:
+                layer.move_rows(src, dst)
+        for layer in self.cache.layers:
+            layer.keep_rows(n)
+        self.valid = self.valid[order]
+        self.lengths = [self.lengths[b] for b in order]
+        self.pending = [self.pending[b] for b in order]
+        return order
 
     @torch.inference_mode()
     def rearrange(self) -> None:

@@ -26,7 +26,12 @@ from transformers.cache_utils import DynamicLayer
 
 
 class GrowableLayer(DynamicLayer):
-    """A `DynamicLayer` whose ``keys``/``values`` are views into buffers grown by doubling."""
+    """A `DynamicLayer` whose ``keys``/``values`` are views into buffers grown by doubling: the
+    first ``rows`` rows of the buffers and their first ``used`` slots. A batch's rows come and go
+    within the buffers' rows (`add_rows`, `move_rows`, `keep_rows`), so neither copies the cache.
+    The rows in use are held as views of their own (``_k``, ``_v``), so that a step's append costs
+    the same tensor operations whether or not the buffers have spare rows (on a GPU a small
+    model's step is paid per operation)."""
 
     def __init__(self, capacity: int = 512) -> None:
         super().__init__()
@@ -38,15 +43,23 @@ class GrowableLayer(DynamicLayer):
         self._keys = self._values = None
         self._reserve(key_states, value_states, max(self.capacity, key_states.shape[-2]), 0)
 
-    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, size: int, used: int) -> None:
-        batch, heads, _, k_dim = key_states.shape
-        keys = key_states.new_empty(batch, heads, size, k_dim)
-        values = value_states.new_empty(batch, heads, size, value_states.shape[-1])
+    def _use_rows(self, rows: int, used: int) -> None:
+        """The first ``rows`` rows and ``used`` slots of the buffers are the entries."""
+        self._k, self._v = self._keys[:rows], self._values[:rows]
+        self.keys, self.values = self._k[:, :, :used], self._v[:, :, :used]
+
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, size: int, used: int, row_room: int = 0) -> None:
+        """New buffers of ``size`` slots and at least ``row_room`` rows (and as many as the old
+        ones or ``key_states`` have), holding the first ``used`` slots of the current entries."""
+        rows, heads, _, k_dim = key_states.shape
+        room = max(rows, row_room, self._keys.shape[0] if self._keys is not None else 0)
+        keys = key_states.new_empty(room, heads, size, k_dim)
+        values = value_states.new_empty(room, heads, size, value_states.shape[-1])
         if used:
-            keys[:, :, :used] = self.keys
-            values[:, :, :used] = self.values
+            keys[:rows, :, :used] = self.keys
+            values[:rows, :, :used] = self.values
         self._keys, self._values = keys, values
-        self.keys, self.values = keys[:, :, :used], values[:, :, :used]
+        self._use_rows(rows, used)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -55,23 +68,45 @@ class GrowableLayer(DynamicLayer):
         end = start + key_states.shape[-2]
         if end > self._keys.shape[-2]:
             self._reserve(key_states, value_states, max(end, 2 * self._keys.shape[-2]), start)
-        self._keys[:, :, start:end] = key_states
-        self._values[:, :, start:end] = value_states
-        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        self._k[:, :, start:end] = key_states
+        self._v[:, :, start:end] = value_states
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
         return self.keys, self.values
 
     def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Hold ``keys`` and ``values`` instead (a batch's rows compacted, dropped or added),
-        written into this layer's buffers when the rows are the same (a compaction), else into
-        new ones that replace them: either way the old entries are freed layer by layer, never a
-        second cache at once."""
+        """Hold ``keys`` and ``values`` instead (a batch's entries compacted or moved), written
+        into this layer's buffers when they fit, else into new ones that replace them: either way
+        the old entries are freed layer by layer, never a second cache at once."""
         rows, used = keys.shape[0], keys.shape[-2]
-        if rows != self._keys.shape[0] or used > self._keys.shape[-2]:
+        if rows > self._keys.shape[0] or used > self._keys.shape[-2]:
             self._keys = self._values = self.keys = self.values = None  # free this layer's buffers first
             self._reserve(keys, values, max(used + 512, self.capacity), 0)
-        self._keys[:, :, :used] = keys
-        self._values[:, :, :used] = values
-        self.keys, self.values = self._keys[:, :, :used], self._values[:, :, :used]
+        self._keys[:rows, :, :used] = keys
+        self._values[:rows, :, :used] = values
+        self._use_rows(rows, used)
+
+    def add_rows(self, n: int, rows_wanted: int | None = None) -> None:
+        """``n`` more rows of holes (zeros: a hole is never attended, but its value still meets a
+        zero weight, which must not be NaN), in the buffers' spare rows; when they have none, new
+        buffers take the entries: with ``rows_wanted`` rows (the rows the batch will hold) if that
+        is enough, else twice the rows."""
+        rows, used = self.keys.shape[0], self.keys.shape[-2]
+        if rows + n > self._keys.shape[0]:
+            room = rows_wanted if rows_wanted and rows_wanted >= rows + n else max(rows + n, 2 * self._keys.shape[0])
+            self._reserve(self.keys, self.values, self._keys.shape[-2], used, row_room=room)
+        self._keys[rows : rows + n, :, :used] = 0
+        self._values[rows : rows + n, :, :used] = 0
+        self._use_rows(rows + n, used)
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Row ``src[i]``'s entries to row ``dst[i]`` (distinct rows; only these rows are copied)."""
+        used = self.keys.shape[-2]
+        self._keys[:, :, :used].index_copy_(0, dst, self._keys[:, :, :used].index_select(0, src))
+        self._values[:, :, :used].index_copy_(0, dst, self._values[:, :, :used].index_select(0, src))
+
+    def keep_rows(self, n: int) -> None:
+        """Only the first ``n`` rows stay (views: nothing is copied)."""
+        self._use_rows(n, self.keys.shape[-2])
 
     def drop_front(self, n: int) -> None:
         """Drop the first ``n`` entries (ones no later query may see), moving the rest into a
@@ -131,17 +166,6 @@ def keep_block(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
             layer.values[:, :, first : first + n_keep] = layer.values.index_select(2, src_dev)
         layer.keys = layer.keys[:, :, : first + n_keep]
         layer.values = layer.values[:, :, : first + n_keep]
-
-
-def replace_entries(cache: DynamicCache, transform) -> None:
-    """Every layer's keys and values become ``transform(keys)``, ``transform(values)``, one layer
-    at a time and in place for growable layers."""
-    for layer in cache.layers:
-        keys, values = transform(layer.keys), transform(layer.values)
-        if isinstance(layer, GrowableLayer):
-            layer.replace(keys, values)
-        else:
-            layer.keys, layer.values = keys, values
 
 
 def truncate(cache: DynamicCache, length: int) -> None:

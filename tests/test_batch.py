@@ -322,6 +322,33 @@ def test_rearrange_keeps_live_entries_in_order_and_drops_holes(tiny):
         assert torch.equal(layer.keys[0, :, 5:], old[1, :, valid[1].nonzero().flatten()])
 
 
+def test_rows_are_added_and_dropped_without_copying_the_cache(tiny):
+    """Filling a batch of B rows gives the cache's buffers B rows once (when the second comes, not
+    one more at each of the 7 admissions after the first),
+    and dropping finished rows moves only the kept rows past the new end into their places: every
+    kept row keeps its entries, valid map, length and pending features, in the order returned."""
+    target = BatchTarget(tiny, rows_wanted=8)
+    prompts = [[(7 * i + j) % 90 + 1 for j in range(20 - i)] for i in range(8)]
+    grown = 0
+    for prompt in prompts:
+        before = target.cache.layers[0]._keys.data_ptr() if target.cache is not None else None
+        target.admit(prompt)
+        grown += before is not None and target.cache.layers[0]._keys.data_ptr() != before
+    assert grown == 1 and target.rows == 8 and target.cache.layers[0]._keys.shape[0] == 8
+    target.pending = [[torch.full((1, 2), float(b))] for b in range(8)]  # a stand-in per row
+    keys = [layer.keys.clone() for layer in target.cache.layers]
+    valid, lengths = target.valid.clone(), list(target.lengths)
+    buffers = [layer._keys.data_ptr() for layer in target.cache.layers]
+
+    order = target.drop([0, 2, 5, 6, 7])  # rows 1, 3 and 4 finished
+    assert order == [0, 5, 2, 6, 7]  # rows 0 and 2 stay; 5, 6 and 7 fill the finished rows' places
+    assert [layer._keys.data_ptr() for layer in target.cache.layers] == buffers
+    assert target.lengths == [lengths[b] for b in order] and torch.equal(target.valid, valid[order])
+    assert [p[0][0, 0].item() for p in target.pending] == [float(b) for b in order]
+    for old, layer in zip(keys, target.cache.layers):
+        assert torch.equal(layer.keys, old[order])
+
+
 def test_discard_forgets_the_block_and_batch_costs_are_a_table(tiny):
     from ngspec.perf.costs import measure_batch_costs
 

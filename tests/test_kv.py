@@ -65,7 +65,7 @@ def test_growable_cache_grows_and_matches_dynamic_cache(tiny):
 
 def test_replace_compacts_in_place_and_keeps_appending():
     """A batch's cache compacted stays in its buffers (no second cache); appends then go after the
-    replaced entries; other row counts (rows dropped or added) get buffers of their own."""
+    replaced entries; fewer rows stay in the buffers, more rows than they hold get new ones."""
     from ngspec.kv import GrowableLayer
 
     g = torch.Generator().manual_seed(0)
@@ -90,6 +90,43 @@ def test_replace_compacts_in_place_and_keeps_appending():
         layer.update(new_k[:1].expand(len(rows), -1, -1, -1), new_v[:1].expand(len(rows), -1, -1, -1))
         assert layer.keys.shape == (len(rows), 2, before_k.shape[2] + 1, 4)
         torch.testing.assert_close(layer.keys[:, :, :-1], before_k[rows])
+
+
+def test_rows_come_and_go_within_the_buffers():
+    """A batch's rows are added in spare buffer rows (made for the rows wanted, else grown by
+    doubling), moved one by one and kept as a view: no operation copies the whole cache, entries
+    stay, new rows are zeros (a hole's value meets a zero weight in attention, so it must not be
+    NaN)."""
+    from ngspec.kv import GrowableLayer
+
+    g = torch.Generator().manual_seed(1)
+    layer = GrowableLayer(capacity=8)
+    first = torch.randn(1, 2, 5, 4, generator=g)
+    layer.update(first, -first)
+    grown = []
+    for rows in range(2, 7):
+        before = layer._keys.data_ptr()
+        layer.add_rows(1, rows_wanted=None if rows < 4 else 6)
+        grown.append(layer._keys.data_ptr() != before)
+        assert layer.keys.shape == (rows, 2, 5, 4) and not layer.keys[-1].any() and not layer.values[-1].any()
+        layer.keys[-1] = rows  # a row's entries, as a prompt admitted there would write them
+        layer.values[-1] = -rows
+    assert grown == [True, True, False, True, False]  # 1 -> 2 -> 4 by doubling, then the 6 wanted: not a copy per row
+    assert layer._keys.shape[0] == 6
+    torch.testing.assert_close(layer.keys[0], first[0])
+    torch.testing.assert_close(layer.values[0], -first[0])
+
+    buffer, snapshot, values = layer._keys.data_ptr(), layer.keys.clone(), layer.values.clone()
+    layer.move_rows(torch.tensor([5, 4]), torch.tensor([1, 2]))  # rows 1 and 2 finished: 4 and 5 take their places
+    layer.keep_rows(4)
+    assert layer._keys.data_ptr() == buffer and layer.keys.shape == (4, 2, 5, 4)
+    torch.testing.assert_close(layer.keys, snapshot[[0, 5, 4, 3]])
+    torch.testing.assert_close(layer.values, values[[0, 5, 4, 3]])
+    new = torch.randn(4, 2, 1, 4, generator=g)
+    layer.update(new, new)  # appends go on after the kept rows' entries
+    torch.testing.assert_close(layer.keys, torch.cat([snapshot[[0, 5, 4, 3]], new], dim=2))
+    layer.add_rows(1)  # a row added after a drop reuses a spare row and starts as holes
+    assert layer._keys.data_ptr() == buffer and not layer.keys[4].any()
 
 
 class _KnowsOldName(torch.nn.Module):
