@@ -504,3 +504,107 @@ def test_the_registry_hands_a_runs_calibration_to_every_calibrating_drafter(name
     drafter = make_drafter(name, eagle=lambda: ScoredEagle(DraftTree(), []), calibration=shared)
     assert drafter.calibration is shared
     assert make_drafter(name, eagle=lambda: ScoredEagle(DraftTree(), [])).calibration is not shared
+
+
+def test_a_deeper_level_pays_for_its_own_head_run():
+    """On a near-flat cost the chain expected below a 0.2 node pays for its verification, but not
+    for a head run that costs 0.6 plain steps (weighed by HEAD_COST_WEIGHT)."""
+    history = [1, 2, 3, 4, 5, 6] * 4
+    top = DraftTree((3, 9), (-1, -1))
+    scores = [math.log(0.9), math.log(0.05)]
+    for head_cost, runs in ((0.0, True), (0.6, False)):
+        eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=head_cost)
+        drafter = EagleSearchDrafter.alone(eagle)
+        drafter.start(history)
+        drafter._top1 = [8, 8]
+        drafter.propose(DraftContext(history + [7], len(history), 20, NEAR_FLAT))
+        assert eagle.deeper[-1](top, scores, math.log(0.2), 2) is runs
+
+
+NEAR_FLAT = (1.0,) + tuple(1.0 + 0.004 * n for n in range(1, 25))  # a GPU's verify cost
+
+
+class LevelEagle(ScoredEagle):
+    """Asks ``deeper`` before its second level, as the EAGLE drafter does, and drafts the level
+    (node 4 below 3) only when told to."""
+
+    def __init__(self, head_cost):
+        super().__init__(DraftTree((3, 9, 4), (-1, -1, 0)), [math.log(0.9), math.log(0.05), math.log(0.8)], head_cost)
+        self.levels = 0
+
+    def drafting(self, ctx, deeper=None):
+        self.caps.append(ctx.max_nodes)
+        if deeper is None or deeper(DraftTree((3, 9), (-1, -1)), self.last_scores[:2], math.log(0.9), 1):
+            self.levels += 1
+            return self.tree
+        return DraftTree((3, 9), (-1, -1))
+        yield
+
+
+def test_a_level_that_adds_nothing_beyond_the_search_stops_running_and_is_probed_again():
+    """Each level run is scored by the accepted nodes only that level drafted: a level whose nodes
+    are rejected (or that the search branch repeats) earns nothing, its expected chain is scaled
+    down and it stops running; after LEVEL_PROBE_EVERY head runs without it, it is judged
+    unscaled and uncharged once, and what it adds then counts again."""
+    history = [1, 2, 3, 4, 5, 6] * 4
+    eagle = LevelEagle(head_cost=0.2)
+    drafter = EagleSearchDrafter.alone(eagle)
+    drafter.start(history)
+    drafter._top1 = [8, 8]
+    ctx = DraftContext(history + [7], len(history), 20, NEAR_FLAT)
+    since = 0
+    for _ in range(12):
+        levels = eagle.levels
+        drafter.propose(ctx)
+        since = 0 if eagle.levels > levels else since + 1
+        drafter.observe([3, 8, 1])  # the level's node (4, below 3) was wrong
+    assert 1 <= eagle.levels < 6 and drafter.calibration.scale(("level", 2)) < 0.2
+    assert len(eagle.caps) == 12 and drafter._since_level == since  # head runs since the level last ran
+    drafter._since_level = search_module.LEVEL_PROBE_EVERY
+    drafter.propose(ctx)
+    assert drafter._since_level == 0 and drafter._last[0].tokens == (3, 9, 4)  # the probe ran the level
+    drafter.observe([3, 4, 1])  # and its node was accepted: it counts for the level
+    accepted, _ = drafter.calibration._totals[("level", 2)]
+    assert accepted == 1
+
+
+def test_only_nodes_no_branch_repeats_count_for_the_heads_levels():
+    from ngspec.drafters.trie import Calibration
+
+    calibration = Calibration()
+    draft = search_module._Draft(DraftTree((3, 9, 4, 7), (-1, -1, 0, 0)), [-0.1, -3.0, -0.5, -2.0], calibration)
+    assert draft.only == [1, 1, 2, 2]
+    draft.add(-1, [3, 4, 5], [0.9, 0.8, 0.5], ("local", 2), merge=True)  # repeats 3 -> 4, then 5 is new
+    assert draft.only == [0, 1, 0, 2, 0]
+
+
+def test_the_heads_measured_cost_is_per_run():
+    """A tree of two head runs that took 10 seconds costs 5 seconds a run: the root's gate and
+    each deeper level pay for one run each."""
+    history = [1, 2, 3, 4, 5, 6] * 4
+    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.6)])
+    eagle.last_runs = 2
+    drafter = EagleSearchDrafter(eagle, None, depth=3, prefix_len=2)
+    ticks = iter(range(0, 1000, 10))
+    drafter.clock = lambda: next(ticks)
+    drafter.start(history)
+    for _ in range(2):  # the first run (the head's prefill of the prompt) is left out
+        drafter.propose(DraftContext(history + [77], len(history), 20, (1.0, 1.0, 1.2), step_seconds=100.0))
+        drafter.observe([3, 99])
+    assert drafter._head_seconds == 5 and drafter._head_cost(DraftContext((), 0, 0, step_seconds=100.0)) == 0.05
+
+
+def test_the_eagle_drafter_counts_its_head_runs(tiny):
+    from ngspec.drafters.eagle import EagleDrafter, EagleOptions
+    from ngspec.eagle.head import EagleHead
+    from transformers import LlamaConfig
+
+    cfg = tiny.config
+    head = EagleHead(LlamaConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
+                                 num_key_value_heads=cfg.num_key_value_heads, vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_position_embeddings)).eval()
+    drafter = EagleDrafter(head, tiny.get_input_embeddings(), tiny.get_output_embeddings(), EagleOptions("dynamic", top_k=2, depth=3, total_tokens=6, draft_vocab=0))
+    prompt = [5, 6, 7, 8]
+    drafter.start(prompt)
+    feats = torch.zeros(len(prompt) - 1, cfg.hidden_size)
+    drafter.propose(DraftContext(prompt, len(prompt), 6, (), feats))
+    assert drafter.last_runs == 3  # the prompt's pairs (and the root's children), then two levels

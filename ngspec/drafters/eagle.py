@@ -155,6 +155,7 @@ class EagleDrafter:
     def start(self, prompt: Sequence[int]) -> None:
         self.cache = self.pool.row()
         self.length = 0  # committed pairs in the head cache
+        self.last_runs = 0
         self._pending: list[torch.Tensor] = []  # features of committed pairs not yet in the cache
         # the head's top guess, teacher-forced, at generated positions it caught up on (all but
         # the newest pair of each run: see `_consume`): [right, scored], for callers that gate it
@@ -176,6 +177,7 @@ class EagleDrafter:
     ) -> Generator[HeadCall, torch.Tensor, torch.Tensor]:
         """The head's output for these pairs (from pair ``keep_from`` on; what each sees as in
         `HeadCall`): asks whoever drives `drafting` to run it."""
+        self.last_runs += 1
         return (yield HeadCall(self.head, self.embed, self.cache, tokens, features, positions, seen, block, keep_from))
 
     def defer(self, ctx: DraftContext) -> None:
@@ -224,6 +226,7 @@ class EagleDrafter:
         expanded and the number of levels left; when it answers False the tree stops there (a
         caller that keeps only the nodes that pay for their verification, and needs no deeper
         ones)."""
+        self.last_runs = 0  # head runs of this tree (one per level run, the catching up included)
         root_feature, scored, truth = yield from self._consume(ctx)
         base = self.length  # head cache length before the tree
         nodes: list[_Node] = []

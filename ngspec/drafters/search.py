@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.drafters.trie import NUM_DRAFT, Calibration, NGramTrie, best_size
 from ngspec.eagle.batched import Drafting, drive
-from ngspec.tree import accepted_path, root_to_leaf_paths
+from ngspec.tree import accepted_path, depths, root_to_leaf_paths
 
 if TYPE_CHECKING:
     from ngspec.datastore.index import Datastore
@@ -47,6 +47,11 @@ SMOOTHING = 0.5  # half an occurrence: a continuation seen once is far from cert
 # verifies no draft node on most steps, and the probes there were most of its head runs
 # (BENCHMARKS.md 10l)
 PROBE_EVERY = 16
+# a head level below the root's children that stopped paying is judged without what such levels
+# have added (`EagleSearchDrafter._deeper`) after this many head runs without one: rarer than the
+# root's probes, since in a batch any row's probe runs the level for all (probing every 16th run,
+# eight rows kept a second level running on 40% of batch-8 steps in a GPU-like replay, BENCHMARKS.md 10ze)
+LEVEL_PROBE_EVERY = 64
 HEAD_SMOOTHING = 0.2  # weight of the newest head run in the running estimate of its seconds
 # the gate weighs half the head's cost: at the full cost it kept the head off too often
 # (summarization on two CPU cores, side by side with the full weight: x0.6 +1.1%, x0.3 +0.6%,
@@ -222,8 +227,9 @@ class EagleSearchDrafter:
       (where its guesses are scored, teacher-forced, so the rate keeps learning; and it runs at
       least every ``PROBE_EVERY``-th step, so a closed gate can open again, unless the batch
       verified none of the last nodes the row offered); when it runs, it
-      expands a level deeper only when the chain expected there would pay (`_deeper`), so on a
-      CPU, where trees are a node or two, it mostly runs one level;
+      expands a level deeper only when the chain expected there, scaled by what that level has
+      added so far, would pay for its nodes and the level's own run (`_deeper`), so on a CPU,
+      where trees are a node or two, it mostly runs one level;
     * the branch is merged into the EAGLE nodes it repeats, and so is the local trie's tree, sized
       as the `trie` drafter sizes its own (its second guesses at a fork); each node gets an
       estimated chance of acceptance (the head's path probability, or the branch's running product of continuation
@@ -272,14 +278,17 @@ class EagleSearchDrafter:
         self.calibration.next_prompt()
         self._top1 = [0, 0]  # EAGLE's drafted top guesses: right, scored
         self._since_head = 0  # steps skipped since the head last ran
-        self._last: tuple[DraftTree, list, list[float]] | None = None  # tree, keys, unscaled estimates
+        self._last: tuple[DraftTree, list, list[float], list[int]] | None = None  # tree, keys, unscaled estimates, head-only depths
         self._eagle_top: int | None = None
         self._head_runs = 0
         self._head_seconds = 0.0  # a head run's seconds, smoothed (the prompt's first run left out)
         self._unverified = False  # in a batch: none of the last nodes offered was verified (`keep`)
+        self._level_predicted: dict[int, float] = {}  # this step's head levels below the root: depth -> chain predicted there
+        self._since_level = 0  # head runs since one ran a level below the root's children
 
     def _head_cost(self, ctx: DraftContext) -> float:
-        """A head run's cost relative to a plain target step: measured (its seconds over the loop's
+        """One head run's cost (a level of its tree: the forward and its top-k) relative to a plain
+        target step: measured (a tree's seconds over its runs, over the loop's
         `DraftContext.step_seconds`) once both are known, else `EagleDrafter.head_cost`, the weights
         it reads. On the AMD VM a run took about 3.3 ms against a 28 ms step, 0.12 steps; the
         weights say 0.07 (the rest is the Python and small products around the layers)."""
@@ -314,21 +323,48 @@ class EagleSearchDrafter:
         return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
     def _deeper(self, found: tuple[str, list[int], list[float]], key: tuple[str, int], ctx: DraftContext) -> "Deeper":
-        """Where nodes cost: whether the head's next level is worth running. It is when the
-        chain it is expected to add below its best node to expand (that node's chance times the
-        head's top-guess rate so far, per level left) would be among the nodes that pay, next to
-        the tree so far merged with the search branch; otherwise the head stops there."""
+        """Where nodes cost: whether the head's next level is worth its run. It is when the chain
+        it is expected to add below its best node to expand (that node's chance times the head's
+        top-guess rate so far, per level left), scaled by what the head's levels at that depth have
+        added so far (`_record_levels`), would be among the nodes that pay next to the tree so far
+        merged with the search branch, with the run itself paid for (``HEAD_COST_WEIGHT`` times
+        `_head_cost`, as at the root); otherwise the head stops there.
+
+        Without the scale and the run's cost the second level of the fifth GPU visit's shapes ran
+        on nearly every step, and in a replay with GPU-like verify costs it added nothing at batch 8
+        (the deepened search branch offers the same tokens below the head's first guess) and 3%
+        tokens per call at batch 1, for a second head run a step (BENCHMARKS.md 10ze). After
+        ``LEVEL_PROBE_EVERY`` head runs without a deeper level, one is judged without them, so a
+        level that stopped paying can win its place back."""
         rate = self._top1_rate()
+        probe = self._since_level >= LEVEL_PROBE_EVERY
+        run = 0.0 if probe else HEAD_COST_WEIGHT * self._head_cost(ctx)
 
         def deeper(tree: DraftTree, scores: list[float], frontier: float, levels: int) -> bool:
             draft = _Draft(tree, scores, self.calibration)
             draft.add(-1, found[1], found[2], key, merge=True)
             now = sorted(draft.probs, reverse=True)
+            level = max(depths(tree), default=0) + 1  # the depth of the nodes this run drafts
             chance = self.calibration.scaled("eagle", [math.exp(frontier)])[0]
-            below = [chance * rate**i for i in range(1, levels + 1)]
-            return _rate(sorted(now + below, reverse=True), ctx) > _rate(now, ctx)
+            raw = [chance * rate**i for i in range(1, levels + 1)]
+            below = raw if probe else self.calibration.scaled(("level", level), raw)
+            deep = sorted(now + below, reverse=True)
+            n = best_size(deep, ctx)
+            if (1.0 + sum(deep[:n])) / (ctx.cost(n) + run) <= _rate(now, ctx):
+                return False
+            self._level_predicted[level] = raw[0]
+            return True
 
         return deeper
+
+    def _record_levels(self, accepted: set[int], levels: list[int]) -> None:
+        """What each head level below the root's children added this step: the accepted nodes that
+        only that level drafted (``levels``: a node's depth in the head's tree, 0 where the search
+        branch or the local tree offered it too), against the chain `_deeper` predicted there
+        (unscaled), recorded in the calibration under ("level", depth)."""
+        for level, predicted in self._level_predicted.items():
+            self.calibration.record(("level", level), sum(1 for i in accepted if levels[i] == level), predicted)
+        self._level_predicted = {}
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         return drive(self.drafting(ctx))
@@ -342,6 +378,7 @@ class EagleSearchDrafter:
         found = self.search.search(ctx.tokens, depth, value)
         root_key = self.search.last_key
         self._eagle_top = None
+        self._level_predicted = {}
         probe = self._since_head >= PROBE_EVERY and not self._unverified
         if costly and not probe and not self._head_pays(found[2], root_key, ctx):
             self.eagle.defer(ctx)
@@ -353,23 +390,25 @@ class EagleSearchDrafter:
             small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
             started = self.clock()
             tree = yield from self.eagle.drafting(small, self._deeper(found, root_key, ctx) if costly else None)
-            self._timed_head(self.clock() - started)
+            self._timed_head((self.clock() - started) / max(1, getattr(self.eagle, "last_runs", 1)))
+            self._since_level = 0 if self._level_predicted else self._since_level + 1
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
-        tree, keys, raw = self._assemble(ctx, found, root_key, tree, scores)
-        self._last = (tree, keys, raw)
+        self._last = self._assemble(ctx, found, root_key, tree, scores)
+        tree = self._last[0]
         if tree.size:  # verified unless the batch cuts it (`keep`); an empty tree says nothing new
             self._unverified = False
         return tree
 
     def _assemble(
         self, ctx: DraftContext, found: tuple[str, list[int], list[float]], root_key: tuple[str, int], tree: DraftTree, scores: list[float]
-    ) -> tuple[DraftTree, list, list[float]]:
+    ) -> tuple[DraftTree, list, list[float], list[int]]:
         """The step's tree from EAGLE's (``tree``, ``scores``; empty when the head did not run) and
         the root's search branch ``found``: the branch hung at the root, where nodes cost the local
         trie's tree merged in, with ``deepen`` a branch below EAGLE's first one, and where nodes
         cost the most likely nodes kept. Also each node's kind of estimate and unscaled estimate
-        (what `observe` records in the calibration)."""
+        (what `observe` records in the calibration), and its depth in EAGLE's tree where only the
+        head drafted it (else 0; `_record_levels`)."""
         costly = bool(ctx.verify_cost)
         draft = _Draft(tree, scores, self.calibration)
 
@@ -388,13 +427,13 @@ class EagleSearchDrafter:
                 if add(branch[j - 1], *found, self.search.last_key):
                     self.deepened += 1
                     break
-        tree, probs, keys, raw = draft.tree, draft.probs, draft.keys, draft.raw
+        tree, probs, keys, raw, only = draft.tree, draft.probs, draft.keys, draft.raw, draft.only
         if costly:
             # the most likely nodes: as many as pay, or, for the batch to size, all best first
             keep = _by_likelihood(probs) if ctx.engine_sizes else _most_likely(tree, probs, ctx)
             tree = _subtree(tree, keep, [probs[i] for i in keep] if ctx.engine_sizes else ())
-            keys, raw = [keys[i] for i in keep], [raw[i] for i in keep]
-        return tree, keys, raw
+            keys, raw, only = [keys[i] for i in keep], [raw[i] for i in keep], [only[i] for i in keep]
+        return tree, keys, raw, only
 
     def _add_local_tree(self, draft: "_Draft", ctx: DraftContext) -> None:
         """Where nodes cost: the local trie's most likely continuations, as many as pay under the
@@ -422,8 +461,8 @@ class EagleSearchDrafter:
         """The engine verifies only the first ``size`` nodes of the last tree offered."""
         self._unverified = not size
         if self._last is not None:
-            tree, keys, raw = self._last
-            self._last = (tree.truncated(size, max_depth=size), keys[:size], raw[:size])
+            tree, keys, raw, only = self._last
+            self._last = (tree.truncated(size, max_depth=size), keys[:size], raw[:size], only[:size])
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         self.eagle.observe(new_tokens)
@@ -433,10 +472,11 @@ class EagleSearchDrafter:
             self._top1[1] += 1
             self._eagle_top = None
         if self._last is not None:
-            tree, keys, raw = self._last
+            tree, keys, raw, only = self._last
             accepted = set(accepted_path(tree, list(new_tokens)[:-1]))
             for node, (key, p) in enumerate(zip(keys, raw)):
                 self.calibration.record(key, node in accepted, p)
+            self._record_levels(accepted, only)
             self._last = None
 
     def _top_guesses(self) -> tuple[int, int]:
@@ -453,14 +493,17 @@ class EagleSearchDrafter:
 
 class _Draft:
     """A tree being assembled from the head's nodes and search branches: each node's calibrated
-    chance of acceptance (``probs``), its unscaled estimate (``raw``, what calibration records)
-    and the kind of estimate it is (``keys``: "eagle", or the search's source and match length)."""
+    chance of acceptance (``probs``), its unscaled estimate (``raw``, what calibration records),
+    the kind of estimate it is (``keys``: "eagle", or the search's source and match length) and,
+    for a node only the head drafted, its depth in the head's tree (``only``; 0 once a branch
+    repeats it, and for the branches' own nodes)."""
 
     def __init__(self, tree: DraftTree, scores: list[float], calibration: Calibration) -> None:
         self.tree, self.calibration = tree, calibration
         self.raw = [math.exp(s) for s in scores]
         self.probs = calibration.scaled("eagle", self.raw)
         self.keys: list = ["eagle"] * tree.size
+        self.only = depths(tree)
 
     def add(self, parent: int, tokens: list[int], conditionals: list[float], key: tuple[str, int], merge: bool) -> bool:
         """Hang a branch below ``parent`` (-1 = the root); False when it is empty. With ``merge``
@@ -478,11 +521,13 @@ class _Draft:
             if kid is None:
                 break
             self.probs[kid] = max(self.probs[kid], branch[0])
+            self.only[kid] = 0
             parent, tokens, branch, reach = kid, tokens[1:], branch[1:], reach[1:]
         self.tree = hang(tree, parent, tokens)
         self.probs.extend(branch)
         self.raw.extend(reach)
         self.keys.extend([key] * len(tokens))
+        self.only.extend([0] * len(tokens))
         return True
 
 
