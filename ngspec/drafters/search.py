@@ -331,9 +331,9 @@ class EagleSearchDrafter:
         `_head_cost`, as at the root); otherwise the head stops there.
 
         Without the scale and the run's cost the second level of the fifth GPU visit's shapes ran
-        on nearly every step, and in a replay with GPU-like verify costs it added nothing at batch 8
-        (the deepened search branch offers the same tokens below the head's first guess) and 3%
-        tokens per call at batch 1, for a second head run a step (BENCHMARKS.md 10ze). After
+        on nearly every step, and in a replay with GPU-like verify costs it saved 0-3% of the steps
+        at batch 8 (the deepened search branch offers the same tokens below the head's first guess)
+        and 3% at batch 1, for a second head run a step (BENCHMARKS.md 10ze). After
         ``LEVEL_PROBE_EVERY`` head runs without a deeper level, one is judged without them, so a
         level that stopped paying can win its place back."""
         rate = self._top1_rate()
