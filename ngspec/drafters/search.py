@@ -342,15 +342,13 @@ class EagleSearchDrafter:
 
         def deeper(tree: DraftTree, scores: list[float], frontier: float, levels: int) -> bool:
             draft = _Draft(tree, scores, self.calibration)
+            level = max(draft.only, default=0) + 1  # the depth of the nodes this run drafts
             draft.add(-1, found[1], found[2], key, merge=True)
             now = sorted(draft.probs, reverse=True)
-            level = max(depths(tree), default=0) + 1  # the depth of the nodes this run drafts
             chance = self.calibration.scaled("eagle", [math.exp(frontier)])[0]
             raw = [chance * rate**i for i in range(1, levels + 1)]
             below = raw if probe else self.calibration.scaled(("level", level), raw)
-            deep = sorted(now + below, reverse=True)
-            n = best_size(deep, ctx)
-            if (1.0 + sum(deep[:n])) / (ctx.cost(n) + run) <= _rate(now, ctx):
+            if _rate(sorted(now + below, reverse=True), ctx, run) <= _rate(now, ctx):
                 return False
             self._level_predicted[level] = raw[0]
             return True
@@ -531,10 +529,11 @@ class _Draft:
         return True
 
 
-def _rate(probs: list[float], ctx: DraftContext) -> float:
-    """Expected tokens per unit of verify cost of the best number of leading nodes."""
+def _rate(probs: list[float], ctx: DraftContext, run: float = 0.0) -> float:
+    """Expected tokens per unit of verify cost (plus ``run``, a head run's cost in plain steps)
+    of the best number of leading nodes."""
     n = best_size(probs, ctx)
-    return (1.0 + sum(probs[:n])) / ctx.cost(n)
+    return (1.0 + sum(probs[:n])) / (ctx.cost(n) + run)
 
 
 def _by_likelihood(probs: list[float]) -> list[int]:
