@@ -12,7 +12,7 @@ from ngspec.contracts import DraftContext, DraftTree
 from ngspec.datastore import index
 from ngspec.datastore.index import Datastore
 from ngspec.drafters import search as search_module
-from ngspec.drafters.search import PROBE_EVERY, SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, hang, path_probs
+from ngspec.drafters.search import PROBE_EVERY, SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, path_probs
 from ngspec.tree import accepted_path
 from ngspec.drafters.trie import NGramTrie, TrieDrafter
 from ngspec.verify import accept_greedy
@@ -151,13 +151,26 @@ def test_datastore_branch_conditionals_are_smoothed_by_the_occurrences_at_each_d
     assert conditionals == pytest.approx([2 / (2 + SMOOTHING), 1 / (2 + SMOOTHING)])
 
 
-def test_hang_and_first_branch():
+def test_first_branch():
     tree = DraftTree((5, 6, 7, 8), (-1, -1, 0, 2))
     assert first_branch(tree) == [0, 2, 3]
-    grown = hang(tree, 2, [9, 10])
-    assert grown.tokens == (5, 6, 7, 8, 9, 10)
-    assert grown.parents == (-1, -1, 0, 2, 2, 4)  # a sibling of node 3, never merged into it
-    assert hang(tree, -1, []) is tree
+
+
+def test_a_draft_hangs_branches_and_merges_only_where_asked():
+    """Unmerged (a flat cost), a branch is a new chain beside its twin; merged, it walks the
+    children it repeats (the first of duplicate siblings) and hangs the rest below the last, with
+    each node's estimate the higher of the two."""
+    from ngspec.drafters.trie import Calibration
+
+    draft = search_module._Draft(DraftTree((5, 6, 7, 8), (-1, -1, 0, 2)), [-1.0] * 4, Calibration())
+    assert draft.add(2, [8, 10], [0.5, 0.5], ("local", 2), merge=False)
+    assert draft.tree == DraftTree((5, 6, 7, 8, 8, 10), (-1, -1, 0, 2, 2, 4))  # a sibling of node 3, never merged into it
+    assert not draft.add(-1, [], [], ("local", 2), merge=True)
+    assert draft.add(-1, [5, 7, 8, 11], [0.9, 0.9, 0.9, 0.9], ("local", 2), merge=True)
+    assert draft.tree.tokens[6:] == (11,) and draft.tree.parents[6] == 3  # below the first 8, not its twin
+    assert draft.probs[0] == pytest.approx(0.9) and draft.probs[3] == pytest.approx(0.9**3)
+    assert draft.probs[4] == pytest.approx(math.exp(-1.0) * 0.5)  # the twin is untouched
+    assert draft.only == [0, 1, 0, 0, 0, 0, 0]  # what a branch repeats is no longer the head's alone
 
 
 def test_greedy_acceptance_takes_the_longer_of_duplicate_siblings():

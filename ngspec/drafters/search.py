@@ -201,16 +201,6 @@ def first_branch(tree: DraftTree) -> list[int]:
     return path
 
 
-def hang(tree: DraftTree, parent: int, tokens: Sequence[int]) -> DraftTree:
-    """``tree`` with a chain of ``tokens`` appended below node ``parent`` (-1 = the root), never
-    merged with existing children (so the shape stays fixed)."""
-    if not tokens:
-        return tree
-    n = tree.size
-    parents = (parent,) + tuple(range(n, n + len(tokens) - 1))
-    return DraftTree(tree.tokens + tuple(int(t) for t in tokens), tree.parents + parents)
-
-
 class EagleSearchDrafter:
     """`eagle+search`: the EAGLE tree plus one search branch at the root, and with ``deepen`` a
     second one hung below the first EAGLE branch.
@@ -449,11 +439,7 @@ class EagleSearchDrafter:
         tree, reach = trie.top_subtree(node, min(self.local_tree_nodes, ctx.max_nodes), SMOOTHING * self.search.prefix_len)
         key = ("local", trie.depth(node))
         size = best_size(self.calibration.scaled(key, reach), ctx)  # nodes come best first: every prefix is a tree
-        tree, reach = tree.truncated(size, max_depth=size), reach[:size]
-        for path in root_to_leaf_paths(tree):
-            probs = [reach[i] for i in path]
-            conditionals = [p / q for p, q in zip(probs, [1.0] + probs[:-1])]
-            draft.add(-1, [tree.tokens[i] for i in path], conditionals, key, merge=True)
+        draft.add_tree(tree.truncated(size, max_depth=size), reach[:size], key)
 
     def keep(self, size: int) -> None:
         """The engine verifies only the first ``size`` nodes of the last tree offered."""
@@ -494,14 +480,25 @@ class _Draft:
     chance of acceptance (``probs``), its unscaled estimate (``raw``, what calibration records),
     the kind of estimate it is (``keys``: "eagle", or the search's source and match length) and,
     for a node only the head drafted, its depth in the head's tree (``only``; 0 once a branch
-    repeats it, and for the branches' own nodes)."""
+    repeats it, and for the branches' own nodes). Nodes are kept in lists, and each parent's first
+    child with a token in a dict, so that hanging a branch costs its own length (at a GPU's sizing
+    the local tree hangs a dozen paths a step; rebuilding the tree and scanning it per path was 43%
+    of the search's host time, BENCHMARKS.md 10zf)."""
 
     def __init__(self, tree: DraftTree, scores: list[float], calibration: Calibration) -> None:
-        self.tree, self.calibration = tree, calibration
+        self.calibration = calibration
+        self.tokens, self.parents = list(tree.tokens), list(tree.parents)
+        self._kids: dict[tuple[int, int], int] = {}  # (parent, token) -> its first such child
+        for i, parent_token in enumerate(zip(self.parents, self.tokens)):
+            self._kids.setdefault(parent_token, i)
         self.raw = [math.exp(s) for s in scores]
         self.probs = calibration.scaled("eagle", self.raw)
         self.keys: list = ["eagle"] * tree.size
         self.only = depths(tree)
+
+    @property
+    def tree(self) -> DraftTree:
+        return DraftTree(tuple(self.tokens), tuple(self.parents))
 
     def add(self, parent: int, tokens: list[int], conditionals: list[float], key: tuple[str, int], merge: bool) -> bool:
         """Hang a branch below ``parent`` (-1 = the root); False when it is empty. With ``merge``
@@ -511,22 +508,52 @@ class _Draft:
             return False
         above, above_raw = (self.probs[parent], self.raw[parent]) if parent >= 0 else (1.0, 1.0)
         reach = path_probs(conditionals)
-        branch = [above * p for p in self.calibration.scaled(key, reach)]
-        reach = [above_raw * p for p in reach]
-        tree = self.tree
-        while merge and tokens:
-            kid = next((i for i, (t, p) in enumerate(zip(tree.tokens, tree.parents)) if p == parent and t == tokens[0]), None)
-            if kid is None:
-                break
-            self.probs[kid] = max(self.probs[kid], branch[0])
+        scaled = self.calibration.scaled(key, reach)
+        i = 0
+        while merge and i < len(tokens) and (kid := self._kids.get((parent, int(tokens[i])))) is not None:
+            self.probs[kid] = max(self.probs[kid], above * scaled[i])
             self.only[kid] = 0
-            parent, tokens, branch, reach = kid, tokens[1:], branch[1:], reach[1:]
-        self.tree = hang(tree, parent, tokens)
-        self.probs.extend(branch)
-        self.raw.extend(reach)
-        self.keys.extend([key] * len(tokens))
-        self.only.extend([0] * len(tokens))
+            parent, i = kid, i + 1
+        for token, p, r in zip(tokens[i:], scaled[i:], reach[i:]):
+            node, token = len(self.tokens), int(token)
+            self._kids.setdefault((parent, token), node)
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.probs.append(above * p)
+            self.raw.append(above_raw * r)
+            self.keys.append(key)
+            self.only.append(0)
+            parent = node
         return True
+
+    def add_tree(self, tree: DraftTree, reach: list[float], key: tuple[str, int]) -> None:
+        """Merge ``tree``, hung at the root, with each node's chance of being reached ``reach``:
+        the same as adding its root-to-leaf paths in turn with ``merge`` (a node's conditional
+        chance is its reach over its parent's), in one pass over its nodes."""
+        chance: list[float] = []  # as a path's running product of conditionals computes it
+        for p, parent in zip(reach, tree.parents):
+            chance.append(p if parent < 0 else chance[parent] * (p / reach[parent]))
+        scaled = self.calibration.scaled(key, chance)
+        placed: dict[int, int] = {-1: -1}  # a node of ``tree`` -> its node in the draft
+        for path in root_to_leaf_paths(tree):
+            for i in path:
+                if i in placed:
+                    continue
+                parent, token = placed[tree.parents[i]], tree.tokens[i]
+                kid = self._kids.get((parent, token))
+                if kid is None:
+                    kid = len(self.tokens)
+                    self._kids[(parent, token)] = kid
+                    self.tokens.append(token)
+                    self.parents.append(parent)
+                    self.probs.append(scaled[i])
+                    self.raw.append(chance[i])
+                    self.keys.append(key)
+                    self.only.append(0)
+                else:
+                    self.probs[kid] = max(self.probs[kid], scaled[i])
+                    self.only[kid] = 0
+                placed[i] = kid
 
 
 def _rate(probs: list[float], ctx: DraftContext, run: float = 0.0) -> float:
