@@ -1,5 +1,7 @@
 """Host work of a batched step, counted rather than timed: the tensor (aten) operations per decoding
-step, by phase (drafting, verify, commit, the rest: stopping, compaction, slots), for each drafter.
+step, by phase (drafting, verify, commit, the rest: stopping, compaction, slots), for each drafter;
+for a drafter with an EAGLE head also its head runs (batched forwards) and top-k rounds a step,
+which is how BENCHMARKS.md 10ze counted the levels the head's gate lets run.
 With ``-b 1`` the single-sequence engine's steps (what `generate` runs for one prompt), over
 ``--prompts`` prompts one after another, with the drafter's `observe` counted apart.
 
@@ -40,7 +42,8 @@ from ngspec.target import TargetModel
 
 PHASES = {  # phase: (owner, method) whose operations it counts
     "drafting": (batch_module, "propose_together"),
-    "head attention": (head_module, "pooled_attention"),  # inside drafting: the EAGLE head's attention
+    "head attention": (head_module, "pooled_attention"),  # inside drafting: the EAGLE head's attention, once a head run
+    "head top-k": (head_module, "top_children"),  # inside drafting: a round of the rows' top-k requests
     "verify": (BatchTarget, "verify"),
     "commit": (BatchTarget, "commit"),
     "features": (BatchTarget, "take_features"),
@@ -53,6 +56,8 @@ SINGLE_PHASES = {  # the same for the single-sequence engine (batch size 1)
     "verify": (TargetModel, "verify"),
     "commit": (TargetModel, "commit"),
     "prefill": (TargetModel, "prefill"),
+    "head attention": PHASES["head attention"],
+    "head top-k": PHASES["head top-k"],
 }
 
 
@@ -62,6 +67,7 @@ class _Counter(TorchDispatchMode):
         self.phase = "rest"
         self.ops: collections.Counter = collections.Counter()
         self.names: collections.Counter = collections.Counter()  # (phase, operation)
+        self.calls: collections.Counter = collections.Counter()  # phase -> times its method ran
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[self.phase] += 1
@@ -72,6 +78,7 @@ class _Counter(TorchDispatchMode):
 def _in_phase(counter: _Counter, name: str, f):
     """``f``, its operations counted under phase ``name``."""
     def run(*args, **kwargs):
+        counter.calls[name] += 1
         outer, counter.phase = counter.phase, name
         try:
             return f(*args, **kwargs)
@@ -102,6 +109,17 @@ def _names(counter: _Counter, steps: int) -> dict[str, list[tuple[str, float]]]:
     return dict(out)
 
 
+def _head(counter: _Counter, per_step: dict, steps: int) -> dict:
+    """The head's attention and top-k operations, counted apart, back into ``per_step``'s drafting;
+    per step: the attention's operations, and the head runs (each runs the attention once) and
+    top-k rounds (batched: one for all rows that wait)."""
+    per_step["drafting"] += (counter.ops["head attention"] + counter.ops["head top-k"]) / steps
+    return {
+        "head_attention_per_step": counter.ops["head attention"] / steps,
+        "head_runs_per_step": counter.calls["head attention"] / steps, "top_k_rounds_per_step": counter.calls["head top-k"] / steps,
+    }
+
+
 def count_ops(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConfig, batch: BatchConfig) -> dict:
     """Operations per decoding step by phase (prefills in total), the steps, the nodes verified per
     row and step, and the outputs."""
@@ -110,10 +128,9 @@ def count_ops(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConf
         results, report = engine.run_batch(ids, new_drafter, cfg, batch)
     steps = max(report.steps, 1)
     per_step = {p: counter.ops[p] / steps for p in ("drafting", "features", "verify", "commit", "rest")}
-    per_step["drafting"] += counter.ops["head attention"] / steps
+    head = _head(counter, per_step, steps)
     return {
-        "steps": report.steps, "ops_per_step": per_step, "total_per_step": sum(per_step.values()),
-        "head_attention_per_step": counter.ops["head attention"] / steps,
+        "steps": report.steps, "ops_per_step": per_step, "total_per_step": sum(per_step.values()), **head,
         "prefill_ops": counter.ops["prefill"], "tokens": [r.generation.token_ids for r in results], "names": _names(counter, steps),
         "nodes_per_row_step": sum(s.tree_size for r in results for s in r.generation.stats.steps) / steps / len(ids),
     }
@@ -134,8 +151,9 @@ def count_single(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeC
             outputs.append(gen)
     steps = max(steps, 1)
     per_step = {p: counter.ops[p] / steps for p in ("drafting", "observe", "features", "verify", "commit", "rest")}
+    head = _head(counter, per_step, steps)
     return {
-        "steps": steps, "ops_per_step": per_step, "total_per_step": sum(per_step.values()),
+        "steps": steps, "ops_per_step": per_step, "total_per_step": sum(per_step.values()), **head,
         "prefill_ops": counter.ops["prefill"], "tokens": [g.token_ids for g in outputs], "names": _names(counter, steps),
         "nodes_per_row_step": sum(s.tree_size for g in outputs for s in g.stats.steps) / steps,
     }
@@ -190,9 +208,9 @@ def count_arms(args, engine: Engine, ids: list[list[int]], cfg: DecodeConfig, fa
         else:
             res, rows = count_ops(engine, ids, new_drafter, cfg, BatchConfig(args.batch_size)), len(ids)
         new = sum(len(t) for t in res["tokens"])
-        cells = "  ".join(f"{p} {n:.0f}" for p, n in res["ops_per_step"].items())
-        if "head_attention_per_step" in res:
-            cells = cells.replace("  features", f" (head attention {res['head_attention_per_step']:.0f})  features", 1)
+        head = (f" (head attention {res['head_attention_per_step']:.0f}; {res['head_runs_per_step']:.2f} head runs and "
+                f"{res['top_k_rounds_per_step']:.2f} top-k rounds a step)") if res["head_runs_per_step"] else ""
+        cells = "  ".join(f"{p} {n:.0f}" + (head if p == "drafting" else "") for p, n in res["ops_per_step"].items())
         print(f"{arm:13s} {res['steps']} steps, {new / max(res['steps'], 1) / rows:.2f} tokens and {res['nodes_per_row_step']:.1f} nodes per row and step; "
               f"operations per step {res['total_per_step']:.0f}: {cells}; prefills {res['prefill_ops']}", flush=True)
         for phase, names in res["names"].items() if args.names else ():

@@ -66,6 +66,30 @@ def test_the_heads_attention_is_counted_inside_drafting_and_does_not_grow_with_t
     assert per_call[1] < 1.2 * per_call[0]
 
 
+def test_head_runs_and_top_k_rounds_are_counted_per_step():
+    """A dynamic tree of depth 3 under a flat cost: every batched step runs the head three times
+    for all rows together (the newly committed pairs, then two levels) and asks three rounds of
+    top-k (the root's children, then each level's); row by row it would be three per row. One
+    prompt alone (``-b 1``) counts the same per step."""
+    from ngspec.drafters.eagle import EagleOptions, eagle_factory
+
+    model = tiny_model("llama", seed=3)
+    factory = eagle_factory(model, started_head(model), EagleOptions(top_k=2, depth=3, total_tokens=6))
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
+    rng = random.Random(6)
+    ids = [repetitive_prompt(rng, 96, n) for n in (14, 33, 21, 9)]
+    cfg = DecodeConfig(max_new_tokens=10)
+    new_drafter = lambda: make_drafter("eagle", None, None, factory)
+    batched = op_count.count_ops(engine, ids, new_drafter, cfg, BatchConfig(4))
+    single = op_count.count_single(engine, ids[:2], new_drafter, cfg)
+    for res in (batched, single):
+        assert res["head_runs_per_step"] == 3 and res["top_k_rounds_per_step"] == 3
+        assert res["ops_per_step"]["drafting"] > res["head_attention_per_step"] > 0
+        assert res["total_per_step"] == sum(res["ops_per_step"].values())
+    trie = op_count.count_ops(engine, ids, lambda: make_drafter("trie"), cfg, BatchConfig(4))
+    assert trie["head_runs_per_step"] == trie["top_k_rounds_per_step"] == 0
+
+
 def test_single_sequence_steps_are_counted_by_phase():
     """``-b 1``: the single-sequence engine's steps, prompt after prompt, with the same outputs as
     plain decoding; a trie step drafts with no tensor operation, and its commits (a cache cut,
