@@ -27,7 +27,6 @@ import argparse
 import collections
 import functools
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -38,6 +37,7 @@ from ngspec.batch import BatchConfig
 from ngspec.batch_target import BatchTarget
 from ngspec.decode import DecodeConfig
 from ngspec.engine import Engine
+from ngspec.perf.phases import wrapped
 from ngspec.target import TargetModel
 
 PHASES = {  # phase: (owner, method) whose operations it counts
@@ -87,17 +87,9 @@ def _in_phase(counter: _Counter, name: str, f):
     return run
 
 
-@contextmanager
 def _phases(counter: _Counter, phases: dict = PHASES):
     """Attribute operations to the phase whose method is running (the innermost one)."""
-    originals = {name: getattr(owner, attr) for name, (owner, attr) in phases.items()}
-    for name, (owner, attr) in phases.items():
-        setattr(owner, attr, _in_phase(counter, name, originals[name]))
-    try:
-        yield
-    finally:
-        for name, (owner, attr) in phases.items():
-            setattr(owner, attr, originals[name])
+    return wrapped(phases, lambda name, f: _in_phase(counter, name, f))
 
 
 def _names(counter: _Counter, steps: int) -> dict[str, list[tuple[str, float]]]:

@@ -25,7 +25,6 @@ import argparse
 import collections
 import json
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ from ngspec.batch import BatchConfig
 from ngspec.batch_target import BatchTarget
 from ngspec.decode import DecodeConfig
 from ngspec.engine import Engine
+from ngspec.perf.phases import wrapped
 
 LABEL = "ngspec:"
 PHASES = {  # phase: (owner, method) whose time it is
@@ -51,10 +51,8 @@ RUNTIME_KINDS = {  # CUDA runtime (and driver) calls by what they do
 }
 
 
-@contextmanager
 def labelled(phases: dict = PHASES):
-    """Each phase's calls inside a profiler range named ``ngspec:PHASE``."""
-    originals = {name: getattr(owner, attr) for name, (owner, attr) in phases.items()}
+    """Each phase's calls inside a profiler range named ``ngspec:PHASE`` (a context manager)."""
 
     def wrap(name, f):
         def run(*args, **kwargs):
@@ -62,13 +60,7 @@ def labelled(phases: dict = PHASES):
                 return f(*args, **kwargs)
         return run
 
-    for name, (owner, attr) in phases.items():
-        setattr(owner, attr, wrap(name, originals[name]))
-    try:
-        yield
-    finally:
-        for name, (owner, attr) in phases.items():
-            setattr(owner, attr, originals[name])
+    return wrapped(phases, wrap)
 
 
 def phase_of(event) -> str:
