@@ -173,6 +173,34 @@ def test_a_draft_hangs_branches_and_merges_only_where_asked():
     assert draft.only == [0, 1, 0, 0, 0, 0, 0]  # what a branch repeats is no longer the head's alone
 
 
+def test_a_tree_merged_at_once_is_its_paths_merged_one_by_one():
+    """`_Draft.add_tree` against its oracle, `_Draft.add` of each root-to-leaf path in turn: the
+    same nodes in the same order, with the same estimates, over trees that share nodes with the
+    draft at several depths (and one that shares none)."""
+    import random
+
+    from ngspec.drafters.trie import Calibration
+    from ngspec.tree import root_to_leaf_paths
+
+    rng = random.Random(7)
+    calibration = Calibration()
+    calibration.record(("local", 2), 3.0, 5.0)  # a scale that is not 1
+    for _ in range(40):
+        base = DraftTree.from_paths([[rng.randrange(4) for _ in range(rng.randrange(1, 4))] for _ in range(3)])
+        scores = [math.log(rng.uniform(0.05, 0.9)) for _ in range(base.size)]
+        local = DraftTree.from_paths([[rng.randrange(4) for _ in range(rng.randrange(1, 5))] for _ in range(rng.randrange(1, 5))])
+        reach = []
+        for p in local.parents:  # a child never more likely than its parent
+            reach.append((reach[p] if p >= 0 else 1.0) * rng.uniform(0.2, 1.0))
+        at_once, oracle = (search_module._Draft(base, scores, calibration) for _ in range(2))
+        at_once.add_tree(local, reach, ("local", 2))
+        for path in root_to_leaf_paths(local):
+            probs = [reach[i] for i in path]
+            oracle.add(-1, [local.tokens[i] for i in path], [p / q for p, q in zip(probs, [1.0] + probs[:-1])], ("local", 2), merge=True)
+        assert at_once.tree == oracle.tree
+        assert (at_once.probs, at_once.raw, at_once.keys, at_once.only) == (oracle.probs, oracle.raw, oracle.keys, oracle.only)
+
+
 def test_greedy_acceptance_takes_the_longer_of_duplicate_siblings():
     # root -> 4 (eagle, shallow) and root -> 4 -> 5 -> 6 (a search branch with the same first token)
     tree = DraftTree((4, 4, 5, 6), (-1, -1, 1, 2))

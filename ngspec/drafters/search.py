@@ -481,9 +481,9 @@ class _Draft:
     the kind of estimate it is (``keys``: "eagle", or the search's source and match length) and,
     for a node only the head drafted, its depth in the head's tree (``only``; 0 once a branch
     repeats it, and for the branches' own nodes). Nodes are kept in lists, and each parent's first
-    child with a token in a dict, so that hanging a branch costs its own length (at a GPU's sizing
-    the local tree hangs a dozen paths a step; rebuilding the tree and scanning it per path was 43%
-    of the search's host time, BENCHMARKS.md 10zf)."""
+    child with a token in a dict, so that hanging a branch costs its own length, not the tree's (at a
+    GPU's sizing, where the local tree hangs a dozen paths a step, that took a fifth off the
+    search's host time, BENCHMARKS.md 10zf)."""
 
     def __init__(self, tree: DraftTree, scores: list[float], calibration: Calibration) -> None:
         self.calibration = calibration
