@@ -508,22 +508,8 @@ class _Draft:
             return False
         above, above_raw = (self.probs[parent], self.raw[parent]) if parent >= 0 else (1.0, 1.0)
         reach = path_probs(conditionals)
-        scaled = self.calibration.scaled(key, reach)
-        i = 0
-        while merge and i < len(tokens) and (kid := self._kids.get((parent, int(tokens[i])))) is not None:
-            self.probs[kid] = max(self.probs[kid], above * scaled[i])
-            self.only[kid] = 0
-            parent, i = kid, i + 1
-        for token, p, r in zip(tokens[i:], scaled[i:], reach[i:]):
-            node, token = len(self.tokens), int(token)
-            self._kids.setdefault((parent, token), node)
-            self.tokens.append(token)
-            self.parents.append(parent)
-            self.probs.append(above * p)
-            self.raw.append(above_raw * r)
-            self.keys.append(key)
-            self.only.append(0)
-            parent = node
+        for token, p, r in zip(tokens, self.calibration.scaled(key, reach), reach):
+            parent = self._place(parent, int(token), above * p, above_raw * r, key, merge)
         return True
 
     def add_tree(self, tree: DraftTree, reach: list[float], key: tuple[str, int]) -> None:
@@ -537,23 +523,27 @@ class _Draft:
         placed: dict[int, int] = {-1: -1}  # a node of ``tree`` -> its node in the draft
         for path in root_to_leaf_paths(tree):
             for i in path:
-                if i in placed:
-                    continue
-                parent, token = placed[tree.parents[i]], tree.tokens[i]
-                kid = self._kids.get((parent, token))
-                if kid is None:
-                    kid = len(self.tokens)
-                    self._kids[(parent, token)] = kid
-                    self.tokens.append(token)
-                    self.parents.append(parent)
-                    self.probs.append(scaled[i])
-                    self.raw.append(chance[i])
-                    self.keys.append(key)
-                    self.only.append(0)
-                else:
-                    self.probs[kid] = max(self.probs[kid], scaled[i])
-                    self.only[kid] = 0
-                placed[i] = kid
+                if i not in placed:
+                    placed[i] = self._place(placed[tree.parents[i]], tree.tokens[i], scaled[i], chance[i], key, merge=True)
+
+    def _place(self, parent: int, token: int, prob: float, raw: float, key: tuple[str, int], merge: bool) -> int:
+        """The draft's node for ``token`` below ``parent``: with ``merge`` the child that already
+        drafts it, if any (its estimate the higher of the two, and no longer the head's alone),
+        else a new node."""
+        kid = self._kids.get((parent, token)) if merge else None
+        if kid is not None:
+            self.probs[kid] = max(self.probs[kid], prob)
+            self.only[kid] = 0
+            return kid
+        kid = len(self.tokens)
+        self._kids.setdefault((parent, token), kid)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.probs.append(prob)
+        self.raw.append(raw)
+        self.keys.append(key)
+        self.only.append(0)
+        return kid
 
 
 def _rate(probs: list[float], ctx: DraftContext, run: float = 0.0) -> float:
