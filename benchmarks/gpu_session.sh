@@ -167,11 +167,14 @@ lane_short() {
 # size 1 the fifth visit (BENCHMARKS.md 10zb) had it ahead of the trie on every run, pooled 1.038x over
 # 28 prompts with a 95% interval reaching 0.983x; the visit before (10za) had 0.90x with a 7-node tree.
 # Here every held-out prompt (the 24 first of each category, none in the head's training data), one
-# round, beside the same method with 10za's 7-node tree ("whole at": was the flip the tree?), with
-# the shapes tuned on the fifth visit when `prepare` was given them (no tuning stage, so the time
-# goes to prompts). Batch 8: every arm in turn on each batch of 8 prompts (--interleave-batches 1;
-# on 10zb's visit an arm's two rounds over all prompts differed by up to 20%). Each ratio inside one
-# process; one stage at a time.
+# round, with the shapes tuned on the fifth visit when `prepare` was given them (no tuning stage, so
+# the time goes to prompts). Batch 8: every arm in turn on each batch of 8 prompts
+# (--interleave-batches 1; on 10zb's visit an arm's two rounds over all prompts differed by up to
+# 20%). Each ratio inside one process; one stage at a time. Beside the whole method at both batch
+# sizes, "whole graphs": the same with the head's runs replayed from CUDA graphs (BENCHMARKS.md 10zg;
+# it takes the place of "no head" at batch 8, whose question the fifth visit answered, and of "whole
+# at", 10za's 7-node tree, at batch 1); `versus_more` then runs the graphs' tests on the GPU
+# (captured replays against uncaptured runs).
 ab() {  # ab NAME SECONDS ARGS...: reader_ab.py in float32 with the carried head and datastore
     local name=$1 limit=$2
     shift 2
@@ -179,7 +182,7 @@ ab() {  # ab NAME SECONDS ARGS...: reader_ab.py in float32 with the carried head
         --eagle-head /tmp/head --datastore /tmp/datastore --json-out "$RES/$name.json" "$@"
 }
 
-B8_ARMS="vanilla,trie,whole,no head"
+B8_ARMS="vanilla,trie,whole,whole graphs"
 lane_versus() {
     local b1=$RES/shape-b1.json b8=$RES/shape-b8.json
     if [ -f /tmp/data/shape-b1.json ] && [ -f /tmp/data/shape-b8.json ]; then
@@ -192,17 +195,17 @@ lane_versus() {
     echo '[[0], [1], [2], [3], [0, 0], [1, 0], [0, 1]]' >$RES/shape-7.json  # 10za's tuned size
     [ -f $b1 ] || cp $RES/shape-7.json $b1
     [ -f $b8 ] || cp $b1 $b8
-    ab versus-b1-rag 200 --tuned $b1 --alt-tuned $RES/shape-7.json --category rag --limit 24 -n 96 --rounds 1 --arms "trie,whole,whole at"
-    ab versus-b1-summarization 200 --tuned $b1 --alt-tuned $RES/shape-7.json --category summarization --limit 24 -n 96 --rounds 1 \
-        --arms "trie,whole,whole at"
+    ab versus-b1-rag 200 --tuned $b1 --category rag --limit 24 -n 96 --rounds 1 --arms "trie,whole,whole graphs"
+    ab versus-b1-summarization 200 --tuned $b1 --category summarization --limit 24 -n 96 --rounds 1 --arms "trie,whole,whole graphs"
     ab versus-b8-rag 140 --tuned $b8 --category rag --limit 24 -n 64 --rounds 1 --batch-size 8 --interleave-batches 1 --arms "$B8_ARMS"
 }
 
-# after `collect`, on the warm machine (no carry): batch 8 on summarization
+# after `collect`, on the warm machine (no carry): batch 8 on summarization, and the graphs' tests
 versus_more() {
     cd "$REPO" || exit 1
     ab versus-b8-summarization 140 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 1 --batch-size 8 \
         --interleave-batches 1 --arms "$B8_ARMS"
+    stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py
     tar -czf "${OUT:-$RES}/more.tgz" -C "$(dirname $RES)" "$(basename $RES)"
     grep -h "tokens/call" $RES/versus-*.log
 }

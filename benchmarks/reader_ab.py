@@ -36,6 +36,10 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   (`batch_target.folded_gqa_attention`, the default on a CPU);
 * ``whole hcX`` (e.g. ``whole hc1``): ``whole`` with the gate weighing the head's measured cost X
   times (``whole`` weighs it `search.HEAD_COST_WEIGHT` = 0.5 times);
+* ``whole graphs`` and ``eagle graphs``: ``whole`` and ``eagle`` with the head's runs at fixed
+  shapes, replayed from captured CUDA graphs on a GPU (`EagleOptions.head_graphs`,
+  `ngspec.eagle.graphs`; off a GPU the same shapes run uncaptured); the graphs made, replayed and
+  any reason capturing stopped are printed after the arms;
 * ``whole cover``: ``whole`` with the gate weighing the head against the draft it would make
   without it (branch and local tree, sized), crediting its top guess only with the chance that
   none of that draft's first nodes is right (`CoverGate`).
@@ -240,6 +244,8 @@ def main() -> None:
         "eagle f32": lambda: make_drafter("eagle", eagle=factory_f32, calibration=carried.get("eagle f32")),
         "whole at": lambda: search.EagleSearchDrafter(factory_at(), store, deepen=True, calibration=carried.get("whole at")),
         "whole batch probes": lambda: BatchProbes(factory(), store, deepen=True, calibration=carried.get("whole batch probes")),
+        "whole graphs": lambda: search.EagleSearchDrafter(factory_graphs(), store, deepen=True, calibration=carried.get("whole graphs")),
+        "eagle graphs": lambda: make_drafter("eagle", eagle=factory_graphs, calibration=carried.get("eagle graphs")),
         "whole cover": lambda: CoverGate(factory(), store, deepen=True, calibration=carried.get("whole cover")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
@@ -281,6 +287,9 @@ def main() -> None:
     factory_f32 = None  # the '... f32' arms' head: the same head, its products in float32
     if any(a.endswith(" f32") for a in args.arms.split(",")):
         factory_f32 = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, head_int8=False), load_draft_vocab(head_dir))
+    factory_graphs = None  # the '... graphs' arms' head: the same head, its runs replayed from CUDA graphs
+    if any(a.endswith(" graphs") for a in args.arms.split(",")):
+        factory_graphs = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, head_graphs=True), load_draft_vocab(head_dir))
     prompts = load_prompts(Path(args.questions), args.category, args.limit)
     ids = [encode(loaded.tokenizer, p.text) for p in prompts]
     names = [f"{args.category}:{p.id}" for p in prompts]  # each run's prompt, so that a prompt's rounds resample together
@@ -355,6 +364,10 @@ def main() -> None:
             f"head skipped {s['skipped']}  top guess {s['top_guess']}",
             flush=True,
         )
+    if factory_graphs is not None:
+        static = factory_graphs().pool.static_runs
+        print(f"head graphs: {static.captures} captured, {static.replays} replays, {static.shapes} shapes for the pool's present buffers, "
+              f"{static.unbucketed} runs too large for one; capturing {'stopped: ' + static.failure if static.failure else 'never failed'}", flush=True)
     print(json.dumps(res))
 
 

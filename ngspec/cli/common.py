@@ -61,6 +61,9 @@ def load_eagle(engine: Engine, head: Path | None, opts):
     from ngspec.drafters.eagle import eagle_factory
     from ngspec.eagle.head import load_draft_vocab, load_head
 
+    device = next(engine.loaded.model.parameters()).device
+    if opts.head_graphs and device.type != "cuda":
+        raise NgspecError(f"--head-graphs needs a CUDA GPU (the model runs on {device.type}); leave it out to run the head as usual")
     return eagle_factory(engine.loaded.model, load_head(head, engine.loaded.model), opts, load_draft_vocab(head))
 
 

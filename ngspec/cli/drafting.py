@@ -45,6 +45,7 @@ class Drafting:
     tree_choices: Annotated[Optional[Path], typer.Option("--tree-choices", help="eagle static: a tree shape, either a JSON list of paths of child ranks ([[0],[1],[0,0]]) or a `tune-tree` output file (default: a 17-node tree).", rich_help_panel=EAGLE)] = None
     draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="eagle, eagle+search: draft over the head's N most frequent tokens (its draft_vocab.json, from train-eagle) plus the prompt's, instead of the whole vocabulary: the LM head is most of EAGLE's drafting time on a CPU. 0 = whole vocabulary (as are heads without that file).", rich_help_panel=EAGLE)] = 8192
     head_int8: Annotated[bool, typer.Option("--head-int8/--head-float32", help="eagle, eagle+search on a CPU with a float32 model: run the head's products (but its fc) and the draft-vocabulary product in int8. They read a quarter of the bytes, 2.6-2.9x faster from a cold cache; drafts change a little, outputs never (BENCHMARKS.md 10p). Ignored on GPUs and for EAGLE-3 heads.", rich_help_panel=EAGLE)] = True
+    head_graphs: Annotated[bool, typer.Option("--head-graphs", help="eagle, eagle+search on a CUDA GPU: run the head at fixed shapes and replay each run from a captured CUDA graph, one launch instead of about a hundred small kernels (on a GPU the host's launches are most of batched drafting's time). Drafts and outputs as without it. Experimental: not yet timed on a GPU (BENCHMARKS.md 10zg).", rich_help_panel=EAGLE)] = False
     datastore: Annotated[Optional[Path], typer.Option("--datastore", help="search, eagle+search: a datastore from `ngspec build-datastore` (built with this model's tokenizer); without it only the prompt and generated text are searched.", rich_help_panel=SEARCH)] = None
     search_depth: Annotated[int, typer.Option("--search-depth", help="search, eagle+search: tokens in the search branch (well beyond the EAGLE depth).", rich_help_panel=SEARCH)] = DrafterOptions.search_depth
     deepen: Annotated[bool, typer.Option("--deepen/--no-deepen", help="eagle+search: continue the search from the first EAGLE branch and hang the found branch below it (READER's tree deepening).", rich_help_panel=SEARCH)] = DrafterOptions.deepen
@@ -68,6 +69,8 @@ class Drafting:
                 raise NgspecError(f"no EAGLE head directory at {self.eagle_head}")
         elif self.eagle_head is not None:
             raise NgspecError("--eagle-head is only used by the eagle and eagle+search drafters")
+        elif self.head_graphs:
+            raise NgspecError("--head-graphs is only used by the eagle and eagle+search drafters")
         if self.datastore is not None:
             if not SEARCHES & chosen:
                 raise NgspecError("--datastore is only used by the search and eagle+search drafters")
@@ -82,7 +85,7 @@ class Drafting:
         from ngspec.drafters.eagle import DEFAULT_CHOICES, EagleOptions, read_choices
 
         choices = read_choices(self.tree_choices) if self.tree_choices else DEFAULT_CHOICES
-        return EagleOptions(self.tree, self.tree_top_k, self.tree_depth, self.total_tokens, choices, self.draft_vocab, self.head_int8)
+        return EagleOptions(self.tree, self.tree_top_k, self.tree_depth, self.total_tokens, choices, self.draft_vocab, self.head_int8, self.head_graphs)
 
     def resources(self, engine, drafters: list[str]) -> Resources:
         """Load what ``drafters`` need for ``engine``'s model: n-gram tables, the EAGLE drafter

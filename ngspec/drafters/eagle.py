@@ -34,6 +34,7 @@ from ngspec.cpu_linear import KernelPlan, planned_product, share_plan
 from ngspec.eagle import int8
 from ngspec.eagle.batched import Drafting, HeadCall, drive
 from ngspec.eagle.head import EagleHead
+from ngspec.eagle.graphs import StaticRuns
 from ngspec.eagle.pool import HeadPool
 from ngspec.eagle.vocab import SharedVocab, Top, TopCall
 from ngspec.errors import NgspecError
@@ -107,6 +108,7 @@ class EagleOptions:
     choices: tuple[tuple[int, ...], ...] = DEFAULT_CHOICES
     draft_vocab: int = 8192  # > 0: draft over the head's N most frequent tokens plus the prompt's
     head_int8: bool = True  # on a CPU float32 target: the head's products in int8 (`ngspec.eagle.int8`)
+    head_graphs: bool = False  # the head's runs at fixed shapes, replayed as CUDA graphs on a GPU (`ngspec.eagle.graphs`)
 
     def __post_init__(self) -> None:
         if self.tree not in ("dynamic", "static"):
@@ -350,6 +352,8 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
     if opts.tree == "static" and (rank := max(max(p) for p in opts.choices)) >= shared.size:
         raise NgspecError(f"the static tree asks for a child of rank {rank}, but the head drafts over {shared.size} tokens; use ranks below {shared.size}")
     pool = HeadPool()  # every drafter's head cache is a row of it, so a batch's rows attend together
+    if opts.head_graphs:  # off a GPU the fixed shapes run uncaptured (how the tests check them)
+        pool.static_runs = StaticRuns(head, embed, pool, capture=next(head.parameters()).is_cuda)
     return lambda: EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared, pool=pool)
 
 

@@ -108,8 +108,12 @@ def _cache_unread(call: HeadCall, param: torch.Tensor) -> HeadCall:
 
 
 def answer(calls: Sequence) -> list:
-    """Calls of one kind and one head (or vocabulary), answered together."""
-    return run_calls(calls) if isinstance(calls[0], HeadCall) else top_children(calls)
+    """Calls of one kind and one head (or vocabulary), answered together (head runs at fixed
+    shapes where their pool says so: `ngspec.eagle.graphs`)."""
+    if not isinstance(calls[0], HeadCall):
+        return top_children(calls)
+    static = calls[0].cache.pool.static_runs
+    return run_calls(calls) if static is None else static.run(calls)
 
 
 def _together(call) -> tuple:

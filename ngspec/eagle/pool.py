@@ -29,6 +29,7 @@ class HeadPool:
         self.values: torch.Tensor | None = None
         self._free: list[int] = []  # rows handed back (a heap: the lowest is reused first)
         self.rows_made = 0  # rows ever handed out (the most in use at once)
+        self.static_runs = None  # a `ngspec.eagle.graphs.StaticRuns` that runs the rows' head calls, if any
 
     def row(self) -> "PoolRow":
         if self._free:

@@ -1,0 +1,212 @@
+"""The EAGLE head's batched runs at fixed shapes, replayed from captured CUDA graphs.
+
+On a GPU a head run (`ngspec.eagle.batched.run_calls`) is about a hundred small kernels, each
+launched by Python: at batch 8 the host spends milliseconds a step issuing them while the GPU
+waits (BENCHMARKS.md 10zd-10zf: the whole method's drafting is its whole batch-8 gap to the trie
+there). A CUDA graph replays a captured run's kernels in one launch, but only at the shapes and
+addresses it was captured with. So `StaticRuns` lays every run out at bucketed shapes:
+
+- the calls' pairs padded to ``pairs`` (a power of two); a padding pair writes its key and value
+  to a spare row of the head's pool, which no drafter is given, and its output is never read;
+- the queries placed in ``[pool rows, longest, ...]`` (``longest`` a power of two) and attention
+  run over every row of the pool up to ``width`` entries (a power of two, within the pool's
+  capacity), each pair seeing what `HeadCall` says it sees (its row's first ``seen`` entries and
+  its block), made on the device from index lists padded to ``seen_entries``;
+- the host's part of a run is one copy of those index lists and one of the features.
+
+Each shape is captured once (after one warm-up run, which does the same writes the replay
+repeats) and replayed after. A graph holds the pool's buffers by address, so when the pool grows
+(doubling, `HeadPool.reserve`) every graph is dropped and shapes are captured again. Off a GPU,
+or with ``capture=False``, the same fixed-shape run executes as ordinary operations: that is how
+the tests check it against `run_calls`. Runs too large for a graph (a long prompt's catching up is
+mostly cached by `_cache_unread` first) run as `run_calls` does.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import partial
+from typing import Sequence
+
+import torch
+
+from ngspec.eagle.batched import HeadCall, _cache_unread, run_calls
+from ngspec.eagle.pool import HeadPool
+from ngspec.rows import attention_function
+
+ATTENTION_NAME = "ngspec_head_static"
+MOST_PAIRS = 512  # beyond these (or MOST_SEEN visible entries) a run is not worth a graph
+MOST_SEEN = 1 << 14
+LEAST_WIDTH = 256
+
+
+def _bucket(n: int, least: int) -> int:
+    """The smallest power of two at least ``n`` and ``least``."""
+    b = least
+    while b < n:
+        b *= 2
+    return b
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a captured run is fixed to: pairs (padded), the longest call's pairs, visible entries
+    beyond the rows' prefixes, and attention width (entries per row)."""
+
+    pairs: int
+    longest: int
+    seen_entries: int
+    width: int
+
+
+class _Buffers:
+    """A shape's inputs on the device: every index list in one integer tensor (one copy a run),
+    the features, and the output the run leaves."""
+
+    def __init__(self, shape: Shape, rows: int, hidden: int, param: torch.Tensor) -> None:
+        m, v = shape.pairs, shape.seen_entries
+        self.ints = torch.zeros(6 * m + rows + 3 * v, dtype=torch.long, device=param.device)
+        parts = self.ints.split([m, m, m, m, m, m, rows, v, v, v])
+        self.tokens, self.positions, self.dest_row, self.dest_slot, self.query_row, self.query_place, self.prefix, self.vis_row, self.vis_query, self.vis_slot = parts
+        self.features = torch.zeros(m, hidden, dtype=param.dtype, device=param.device)
+        self.slots = torch.arange(shape.width, device=param.device)
+        self.out: torch.Tensor | None = None
+
+
+def static_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pool: HeadPool | None = None, bufs: _Buffers | None = None, shape: Shape | None = None, **kwargs):
+    """`ngspec.eagle.batched.head_attention` at a fixed shape: every pair's key and value written
+    to its (row, slot) of the pool, its query to its (row, place) among ``[pool rows, longest]``
+    queries, and one attention over all pool rows' first ``width`` entries, each query seeing its
+    row's prefix and its block. Queries of rows without a call see nothing; their outputs (like a
+    padding pair's) are never read."""
+    b = bufs
+    pool.keys[b.dest_row, :, b.dest_slot] = key[0].transpose(0, 1)
+    pool.values[b.dest_row, :, b.dest_slot] = value[0].transpose(0, 1)
+    rows = pool.keys.shape[0]
+    q = query.new_zeros(rows, query.shape[1], shape.longest, query.shape[3])
+    q[b.query_row, :, b.query_place] = query[0].transpose(0, 1)
+    mask = b.slots[None, None, :] < b.prefix[:, None, None]
+    mask = mask.expand(rows, shape.longest, shape.width).clone()
+    mask[b.vis_row, b.vis_query, b.vis_slot] = True
+    keys, values = pool.keys[:, :, : shape.width], pool.values[:, :, : shape.width]
+    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2)[b.query_row, b.query_place][None], None
+
+
+class StaticRuns:
+    """One head's runs over one pool at fixed shapes, captured as CUDA graphs when ``capture``.
+
+    ``captures``, ``replays`` and ``unbucketed`` (runs left to `run_calls`) count what it did;
+    ``failure`` says why capturing stopped, if it did (the runs then go on uncaptured)."""
+
+    def __init__(self, head: torch.nn.Module, embed: torch.nn.Module, pool: HeadPool, capture: bool) -> None:
+        self.head, self.embed, self.pool, self.capture = head, embed, pool, capture
+        self.param = next(head.parameters())
+        self._shapes: dict[Shape, tuple[_Buffers, torch.cuda.CUDAGraph | None]] = {}
+        self._pool_buffer: torch.Tensor | None = None  # the pool's keys the shapes were made for
+        self._memory = None  # the graphs' shared memory pool
+        self.captures = self.replays = self.unbucketed = 0
+        self.failure: str | None = None  # why capturing stopped, if it did
+
+    @property
+    def shapes(self) -> int:
+        """Shapes made for the pool's present buffers (each captured once, when capturing)."""
+        return len(self._shapes)
+
+    @torch.inference_mode()
+    def run(self, calls: Sequence[HeadCall]) -> list[torch.Tensor]:
+        """What `run_calls` returns for ``calls`` (one per row of this pool)."""
+        assert all(c.block is not None or c.seen == c.cache.length for c in calls), "a causal call sees its row's whole cache"
+        calls = [_cache_unread(c, self.param) for c in calls]
+        sizes = [len(c.tokens) for c in calls]
+        visible = [c.visible() for c in calls]
+        entries = sum(len(cols) for v in visible for cols in v)
+        if sum(sizes) > MOST_PAIRS or entries > MOST_SEEN:
+            self.unbucketed += 1
+            return run_calls(calls)
+        pool = self.pool
+        ends = [c.cache.length + m for c, m in zip(calls, sizes)]
+        config = self.head.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        like = pool.keys if pool.keys is not None else self.param.new_empty(1, config.num_key_value_heads, 1, head_dim)
+        pool.reserve(pool.rows_made + 1, max(ends), like)  # and a spare row, which no drafter holds
+        if pool.keys is not self._pool_buffer:  # grown: the graphs point at the old buffers
+            self._shapes.clear()
+            self._pool_buffer = pool.keys
+        rows, capacity = pool.keys.shape[0], pool.keys.shape[2]
+        shape = Shape(_bucket(sum(sizes), 8), _bucket(max(sizes), 2), _bucket(entries, 16), min(capacity, _bucket(max(ends), LEAST_WIDTH)))
+        bufs, graph = self._shapes.get(shape, (None, None))
+        if bufs is None:
+            bufs = _Buffers(shape, rows, config.hidden_size, self.param)
+        bufs.ints.copy_(torch.tensor(_layout(calls, sizes, visible, shape, rows), pin_memory=bufs.ints.is_cuda), non_blocking=True)
+        features = calls[0].features if len(calls) == 1 else torch.cat([c.features for c in calls])
+        bufs.features[: len(features)].copy_(features)
+        if shape not in self._shapes:
+            graph = self._capture(bufs, shape) if self.capture else None
+            self._shapes[shape] = (bufs, graph)
+        if graph is None:
+            self._forward(bufs, shape)
+        else:
+            graph.replay()
+            self.replays += 1
+        for c, end in zip(calls, ends):
+            c.cache.length = end
+        return list(bufs.out[: sum(sizes)].clone().split(sizes))
+
+    def _forward(self, bufs: _Buffers, shape: Shape) -> None:
+        """The run at ``shape`` from ``bufs``' inputs, its output left in ``bufs.out``."""
+        embeds = self.embed(bufs.tokens[None]).to(self.param.dtype)
+        with attention_function(self.head, ATTENTION_NAME, partial(static_attention, pool=self.pool, bufs=bufs, shape=shape)):
+            bufs.out = self.head(embeds, bufs.features[None], bufs.positions[None], None, None)[0]
+
+    def _capture(self, bufs: _Buffers, shape: Shape) -> torch.cuda.CUDAGraph | None:
+        """The run at ``shape`` captured from ``bufs``, which hold this run's inputs: its warm-up
+        (lazy initialisations must happen outside a capture) writes to the pool what the replay
+        that follows writes again. None, and no more captures, if it cannot be captured."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(bufs, shape)
+        torch.cuda.current_stream().wait_stream(side)
+        if self._memory is None:
+            self._memory = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._memory):
+                self._forward(bufs, shape)
+        except RuntimeError as exc:  # an operation that cannot be captured: run at fixed shapes, uncaptured
+            self.capture, self.failure = False, f"{type(exc).__name__}: {exc}".splitlines()[0]
+            warnings.warn(f"the EAGLE head's runs cannot be captured as CUDA graphs here ({self.failure}); they run uncaptured", stacklevel=3)
+            return None
+        self.captures += 1
+        return graph
+
+
+def _layout(calls: Sequence[HeadCall], sizes: list[int], visible: list[list[list[int]]], shape: Shape, rows: int) -> list[int]:
+    """`_Buffers.ints` for these calls: each pair's token, position, (pool row, slot) and (row,
+    place) among the queries, padded to ``shape.pairs`` with pairs of the spare (last) row; each
+    pool row's visible prefix (0 for rows without a call); and every (row, query, slot) a query
+    sees beyond its prefix, padded to ``shape.seen_entries`` with the spare row's."""
+    spare = rows - 1
+    tokens, positions, dest_slot, query_row, query_place = [], [], [], [], []
+    prefix = [0] * rows
+    vis_row, vis_query, vis_slot = [], [], []
+    for c, m, cols_of in zip(calls, sizes, visible):
+        r = c.cache.index
+        tokens += c.tokens
+        positions += c.positions
+        dest_slot += range(c.cache.length, c.cache.length + m)
+        query_row += [r] * m
+        query_place += range(m)
+        prefix[r] = c.seen
+        for i, cols in enumerate(cols_of):
+            vis_row += [r] * len(cols)
+            vis_query += [i] * len(cols)
+            vis_slot += [c.seen + j for j in cols]
+    pad, filler = shape.pairs - sum(sizes), shape.seen_entries - len(vis_row)
+    return [
+        *tokens, *[0] * pad, *positions, *[0] * pad, *query_row, *[spare] * pad, *dest_slot, *[0] * pad,
+        *query_row, *[spare] * pad, *query_place, *[0] * pad, *prefix,
+        *vis_row, *[spare] * filler, *vis_query, *[0] * filler, *vis_slot, *[0] * filler,
+    ]
