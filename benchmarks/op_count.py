@@ -1,7 +1,10 @@
 """Host work of a batched step, counted rather than timed: the tensor (aten) operations per decoding
 step, by phase (drafting, verify, commit, the rest: stopping, compaction, slots), for each drafter;
 for a drafter with an EAGLE head also its head runs (batched forwards) and top-k rounds a step,
-which is how BENCHMARKS.md 10ze counted the levels the head's gate lets run.
+which is how BENCHMARKS.md 10ze counted the levels the head's gate lets run. With
+``--head-graphs`` the head runs at fixed shapes (`ngspec.eagle.graphs`) and the operations of
+those runs' forwards, which on a GPU one graph replay issues instead, are counted apart: what a
+step would issue with them captured is its total less those, plus one replay a head run.
 With ``-b 1`` the single-sequence engine's steps (what `generate` runs for one prompt), over
 ``--prompts`` prompts one after another, with the drafter's `observe` counted apart.
 
@@ -27,12 +30,14 @@ import argparse
 import collections
 import functools
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ngspec.batch as batch_module
 import ngspec.eagle.batched as head_module
+from ngspec.eagle.graphs import StaticRuns
 from ngspec.batch import BatchConfig
 from ngspec.batch_target import BatchTarget
 from ngspec.decode import DecodeConfig
@@ -44,6 +49,7 @@ PHASES = {  # phase: (owner, method) whose operations it counts
     "drafting": (batch_module, "propose_together"),
     "head attention": (head_module, "pooled_attention"),  # inside drafting: the EAGLE head's attention, once a head run
     "head top-k": (head_module, "top_children"),  # inside drafting: a round of the rows' top-k requests
+    "head graph": (StaticRuns, "_forward"),  # inside drafting: a head run's forward at fixed shapes, one replay on a GPU
     "verify": (BatchTarget, "verify"),
     "commit": (BatchTarget, "commit"),
     "features": (BatchTarget, "take_features"),
@@ -58,6 +64,7 @@ SINGLE_PHASES = {  # the same for the single-sequence engine (batch size 1)
     "prefill": (TargetModel, "prefill"),
     "head attention": PHASES["head attention"],
     "head top-k": PHASES["head top-k"],
+    "head graph": PHASES["head graph"],
 }
 
 
@@ -102,13 +109,15 @@ def _names(counter: _Counter, steps: int) -> dict[str, list[tuple[str, float]]]:
 
 
 def _head(counter: _Counter, per_step: dict, steps: int) -> dict:
-    """The head's attention and top-k operations, counted apart, back into ``per_step``'s drafting;
-    per step: the attention's operations, and the head runs (each runs the attention once) and
-    top-k rounds (batched: one for all rows that wait)."""
-    per_step["drafting"] += (counter.ops["head attention"] + counter.ops["head top-k"]) / steps
+    """The head's attention, top-k and fixed-shape forward operations, counted apart, back into
+    ``per_step``'s drafting; per step: the attention's operations, the fixed-shape forwards' (a
+    replay each on a GPU), and the head runs (each runs the attention or a fixed-shape forward
+    once) and top-k rounds (batched: one for all rows that wait)."""
+    per_step["drafting"] += sum(counter.ops[p] for p in ("head attention", "head top-k", "head graph")) / steps
     return {
-        "head_attention_per_step": counter.ops["head attention"] / steps,
-        "head_runs_per_step": counter.calls["head attention"] / steps, "top_k_rounds_per_step": counter.calls["head top-k"] / steps,
+        "head_attention_per_step": counter.ops["head attention"] / steps, "head_graph_per_step": counter.ops["head graph"] / steps,
+        "head_runs_per_step": (counter.calls["head attention"] + counter.calls["head graph"]) / steps,
+        "replays_per_step": counter.calls["head graph"] / steps, "top_k_rounds_per_step": counter.calls["head top-k"] / steps,
     }
 
 
@@ -169,6 +178,8 @@ def main() -> None:
     ap.add_argument("--tuned", help="tune-tree output: the head's static tree (default: a dynamic tree)")
     ap.add_argument("--datastore", help="for search and eagle+search")
     ap.add_argument("--cost-slope", type=float, default=0.004)
+    ap.add_argument("--head-graphs", action="store_true", help="run the head at fixed shapes (`--head-graphs`, uncaptured here) and count "
+                    "its forwards apart: on a GPU each is one replay")
     ap.add_argument("--names", type=int, default=0, help="also list each phase's N most frequent operations per step")
     ap.add_argument("--cpu-kernels", action="store_true", help="count with this CPU's tuned linear layers and products (`ngspec.cpu_linear`), "
                     "as generate runs on a CPU; by default the plain ones a GPU runs (NGSPEC_CPU_KERNELS=linear)")
@@ -182,6 +193,7 @@ def main() -> None:
     if args.eagle_head:
         # the head in float32 as on a GPU (int8 is for CPUs), whose host work this counts
         opts = EagleOptions("static", choices=read_choices(Path(args.tuned)), head_int8=False) if args.tuned else EagleOptions(head_int8=False)
+        opts = replace(opts, head_graphs=args.head_graphs)
         factory = eagle_factory(loaded.model, load_head(Path(args.eagle_head), loaded.model), opts, load_draft_vocab(Path(args.eagle_head)))
     if args.datastore:
         store = Datastore.open(args.datastore, loaded.tokenizer)
@@ -200,8 +212,10 @@ def count_arms(args, engine: Engine, ids: list[list[int]], cfg: DecodeConfig, fa
         else:
             res, rows = count_ops(engine, ids, new_drafter, cfg, BatchConfig(args.batch_size)), len(ids)
         new = sum(len(t) for t in res["tokens"])
+        graphs = (f"; fixed-shape forwards {res['head_graph_per_step']:.0f}, captured {res['ops_per_step']['drafting'] - res['head_graph_per_step'] + res['replays_per_step']:.0f} "
+                  "drafting operations and replays") if res["replays_per_step"] else ""
         head = (f" (head attention {res['head_attention_per_step']:.0f}; {res['head_runs_per_step']:.2f} head runs and "
-                f"{res['top_k_rounds_per_step']:.2f} top-k rounds a step)") if res["head_runs_per_step"] else ""
+                f"{res['top_k_rounds_per_step']:.2f} top-k rounds a step{graphs})") if res["head_runs_per_step"] else ""
         cells = "  ".join(f"{p} {n:.0f}" + (head if p == "drafting" else "") for p, n in res["ops_per_step"].items())
         print(f"{arm:13s} {res['steps']} steps, {new / max(res['steps'], 1) / rows:.2f} tokens and {res['nodes_per_row_step']:.1f} nodes per row and step; "
               f"operations per step {res['total_per_step']:.0f}: {cells}; prefills {res['prefill_ops']}", flush=True)

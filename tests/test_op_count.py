@@ -108,3 +108,26 @@ def test_single_sequence_steps_are_counted_by_phase():
     assert res["vanilla"]["steps"] == sum(len(t) for t in plain) - len(plain)  # one token a step after the prefill's
     assert res["trie"]["steps"] < res["vanilla"]["steps"] and res["trie"]["nodes_per_row_step"] > 0
     assert res["trie"]["ops_per_step"]["drafting"] == 0
+
+
+def test_fixed_shape_forwards_are_counted_apart_once_a_head_run():
+    """With the head's runs at fixed shapes (`ngspec.eagle.graphs`), each run's forward is counted
+    apart (on a GPU one replay issues it): the same head runs and outputs as without, and what is
+    left of drafting once those forwards are replays is well under drafting without them."""
+    from ngspec.drafters.eagle import EagleOptions, eagle_factory
+
+    model = tiny_model("llama", seed=3)
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
+    rng = random.Random(6)
+    ids = [repetitive_prompt(rng, 96, n) for n in (14, 33, 21, 9)]
+    cfg = DecodeConfig(max_new_tokens=10)
+    res = {}
+    for graphs in (False, True):
+        factory = eagle_factory(model, started_head(model), EagleOptions(top_k=2, depth=3, total_tokens=6, head_graphs=graphs))
+        res[graphs] = op_count.count_ops(engine, ids, lambda: make_drafter("eagle", None, None, factory), cfg, BatchConfig(4))
+    plain, fixed = res[False], res[True]
+    assert fixed["tokens"] == plain["tokens"]
+    assert fixed["head_runs_per_step"] == fixed["replays_per_step"] == plain["head_runs_per_step"] == 3
+    assert plain["replays_per_step"] == plain["head_graph_per_step"] == fixed["head_attention_per_step"] == 0
+    left = fixed["ops_per_step"]["drafting"] - fixed["head_graph_per_step"] + fixed["replays_per_step"]
+    assert 0 < left < 0.5 * plain["ops_per_step"]["drafting"]
