@@ -172,9 +172,11 @@ lane_short() {
 # (--interleave-batches 1; on 10zb's visit an arm's two rounds over all prompts differed by up to
 # 20%). Each ratio inside one process; one stage at a time. Beside the whole method at both batch
 # sizes, "whole graphs": the same with the head's runs replayed from CUDA graphs (BENCHMARKS.md 10zg;
-# it takes the place of "no head" at batch 8, whose question the fifth visit answered, and of "whole
-# at", 10za's 7-node tree, at batch 1); `versus_more` then runs the graphs' tests on the GPU
-# (captured replays against uncaptured runs).
+# it takes the place of "whole at", 10za's 7-node tree, at batch 1). At batch 8 the trie first (the
+# ratios are against it; the fifth visit had plain decoding there), the whole method, "whole
+# graphs" and the same without deepening (whose searches were a quarter of batch-8 drafting's
+# host work on the CPU, 10zg), in place of 10zb's "no head" and vanilla; `versus_more` then runs
+# the graphs' tests on the GPU (captured replays against uncaptured runs).
 ab() {  # ab NAME SECONDS ARGS...: reader_ab.py in float32 with the carried head and datastore
     local name=$1 limit=$2
     shift 2
@@ -182,7 +184,7 @@ ab() {  # ab NAME SECONDS ARGS...: reader_ab.py in float32 with the carried head
         --eagle-head /tmp/head --datastore /tmp/datastore --json-out "$RES/$name.json" "$@"
 }
 
-B8_ARMS="vanilla,trie,whole,whole graphs"
+B8_ARMS="trie,whole,whole graphs,whole graphs no deepen"
 lane_versus() {
     local b1=$RES/shape-b1.json b8=$RES/shape-b8.json
     if [ -f /tmp/data/shape-b1.json ] && [ -f /tmp/data/shape-b8.json ]; then

@@ -39,7 +39,8 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``whole graphs`` and ``eagle graphs``: ``whole`` and ``eagle`` with the head's runs at fixed
   shapes, replayed from captured CUDA graphs on a GPU (`EagleOptions.head_graphs`,
   `ngspec.eagle.graphs`; off a GPU the same shapes run uncaptured); the graphs made, replayed and
-  any reason capturing stopped are printed after the arms;
+  any reason capturing stopped are printed after the arms; ``whole graphs no deepen``: the
+  same without deepening (whether its searches pay their host time, BENCHMARKS.md 10zg);
 * ``whole cover``: ``whole`` with the gate weighing the head against the draft it would make
   without it (branch and local tree, sized), crediting its top guess only with the chance that
   none of that draft's first nodes is right (`CoverGate`).
@@ -246,6 +247,7 @@ def main() -> None:
         "whole batch probes": lambda: BatchProbes(factory(), store, deepen=True, calibration=carried.get("whole batch probes")),
         "whole graphs": lambda: search.EagleSearchDrafter(factory_graphs(), store, deepen=True, calibration=carried.get("whole graphs")),
         "eagle graphs": lambda: make_drafter("eagle", eagle=factory_graphs, calibration=carried.get("eagle graphs")),
+        "whole graphs no deepen": lambda: search.EagleSearchDrafter(factory_graphs(), store, calibration=carried.get("whole graphs no deepen")),
         "whole cover": lambda: CoverGate(factory(), store, deepen=True, calibration=carried.get("whole cover")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
@@ -288,7 +290,7 @@ def main() -> None:
     if any(a.endswith(" f32") for a in args.arms.split(",")):
         factory_f32 = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, head_int8=False), load_draft_vocab(head_dir))
     factory_graphs = None  # the '... graphs' arms' head: the same head, its runs replayed from CUDA graphs
-    if any(a.endswith(" graphs") for a in args.arms.split(",")):
+    if any(" graphs" in a for a in args.arms.split(",")):
         factory_graphs = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, head_graphs=True), load_draft_vocab(head_dir))
     prompts = load_prompts(Path(args.questions), args.category, args.limit)
     ids = [encode(loaded.tokenizer, p.text) for p in prompts]
