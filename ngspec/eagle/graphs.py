@@ -205,8 +205,10 @@ def _layout(calls: Sequence[HeadCall], sizes: list[int], visible: list[list[list
             vis_query += [i] * len(cols)
             vis_slot += [c.seen + j for j in cols]
     pad, filler = shape.pairs - sum(sizes), shape.seen_entries - len(vis_row)
-    return [
-        *tokens, *[0] * pad, *positions, *[0] * pad, *query_row, *[spare] * pad, *dest_slot, *[0] * pad,
-        *query_row, *[spare] * pad, *query_place, *[0] * pad, *prefix,
-        *vis_row, *[spare] * filler, *vis_query, *[0] * filler, *vis_slot, *[0] * filler,
-    ]
+    parts = (  # in `_Buffers`' order
+        tokens + [0] * pad, positions + [0] * pad,
+        query_row + [spare] * pad, dest_slot + [0] * pad,  # a pair's key and value go to its own row, as its query does
+        query_row + [spare] * pad, query_place + [0] * pad, prefix,
+        vis_row + [spare] * filler, vis_query + [0] * filler, vis_slot + [0] * filler,
+    )
+    return [i for part in parts for i in part]
