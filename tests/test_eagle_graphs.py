@@ -4,6 +4,8 @@ GPU, the captured graphs' replays equal the uncaptured runs."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -147,6 +149,83 @@ def test_generations_with_fixed_shape_head_runs_match_plain_greedy(tiny, tiny_da
     )
     assert [r.generation.token_ids for r in results] == expected
     assert factory().pool.static_runs.shapes > 0
+
+
+class _StandInGraphs:
+    """torch.cuda's stream and graph calls for a CPU: a capture records the run without its result
+    (the output is left as NaN, as a captured graph's memory holds no result until replayed), and
+    a replay runs it again writing into the same output tensor, as a graph replays into the
+    addresses it captured. ``fail`` makes every capture raise as an uncapturable operation does."""
+
+    def __init__(self, monkeypatch, fail: bool = False):
+        self.fail, self.recording = fail, None
+        stream = type("Stream", (), {"wait_stream": lambda self, other: None})
+        monkeypatch.setattr(torch.cuda, "Stream", stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: _Replayable())
+        monkeypatch.setattr(torch.cuda, "graph", self.graph)
+        forward = StaticRuns._forward
+
+        def recorded(runs, bufs, shape):
+            if self.recording is None:
+                return forward(runs, bufs, shape)
+            forward(runs, bufs, shape)
+            bufs.out.fill_(float("nan"))
+            self.recording.run = lambda: forward(runs, bufs, shape)
+            self.recording.bufs = bufs
+
+        monkeypatch.setattr(StaticRuns, "_forward", recorded)
+
+    @contextlib.contextmanager
+    def graph(self, graph, pool=None):
+        self.recording = graph
+        try:
+            yield
+            if self.fail:
+                raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        finally:
+            self.recording = None
+
+
+class _Replayable:
+    run = bufs = None
+
+    def replay(self):
+        captured = self.bufs.out
+        self.run()
+        captured.copy_(self.bufs.out)
+        self.bufs.out = captured
+
+
+def test_captured_runs_replay_into_their_buffers(llama, head, monkeypatch):
+    """The capture plumbing with a stand-in for torch.cuda's graphs: each shape captured once,
+    later runs replayed from their refilled inputs, outputs and cache rows as `run_calls`'."""
+    _StandInGraphs(monkeypatch)
+    embed = llama.get_input_embeddings()
+    expected, expected_rows = _script(llama, head, embed, run_calls, HeadPool())
+    pool = HeadPool()
+    static = StaticRuns(head, embed, pool, capture=True)
+    got, got_rows = _script(llama, head, embed, static.run, pool)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    for g, e in zip(got_rows, expected_rows):
+        torch.testing.assert_close(g.keys, e.keys, rtol=1e-5, atol=1e-6)
+    assert static.failure is None and 0 < static.captures < static.replays
+
+
+def test_a_capture_that_fails_warns_once_and_runs_go_on_uncaptured(llama, head, monkeypatch):
+    _StandInGraphs(monkeypatch, fail=True)
+    embed = llama.get_input_embeddings()
+    expected, _ = _script(llama, head, embed, run_calls, HeadPool())
+    static = StaticRuns(head, embed, HeadPool(), capture=True)
+    with pytest.warns(UserWarning, match="cannot be captured as CUDA graphs") as caught:
+        got, _ = _script(llama, head, embed, static.run, static.pool)
+    assert len(caught) == 1
+    assert "operation not permitted" in static.failure and static.captures == static.replays == 0 and not static.capture
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
