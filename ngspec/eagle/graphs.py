@@ -177,7 +177,7 @@ class StaticRuns:
                 self._forward(bufs, shape)
         except RuntimeError as exc:  # an operation that cannot be captured: run at fixed shapes, uncaptured
             self.capture, self.failure = False, f"{type(exc).__name__}: {exc}".splitlines()[0]
-            warnings.warn(f"the EAGLE head's runs cannot be captured as CUDA graphs here ({self.failure}); they run uncaptured", stacklevel=3)
+            warnings.warn(f"ngspec: the EAGLE head's runs cannot be captured as CUDA graphs here ({self.failure}); they run uncaptured", stacklevel=3)
             return None
         self.captures += 1
         return graph
