@@ -66,9 +66,10 @@ class _Buffers:
 
     def __init__(self, shape: Shape, rows: int, hidden: int, param: torch.Tensor) -> None:
         m, v = shape.pairs, shape.seen_entries
-        self.ints = torch.zeros(6 * m + rows + 3 * v, dtype=torch.long, device=param.device)
-        parts = self.ints.split([m, m, m, m, m, m, rows, v, v, v])
-        self.tokens, self.positions, self.dest_row, self.dest_slot, self.query_row, self.query_place, self.prefix, self.vis_row, self.vis_query, self.vis_slot = parts
+        self.ints = torch.zeros(5 * m + rows + 3 * v, dtype=torch.long, device=param.device)
+        parts = self.ints.split([m, m, m, m, m, rows, v, v, v])
+        # a pair's row: where its key and value go and where its query sits
+        self.tokens, self.positions, self.row, self.slot, self.query_place, self.prefix, self.vis_row, self.vis_query, self.vis_slot = parts
         self.features = torch.zeros(m, hidden, dtype=param.dtype, device=param.device)
         self.slots = torch.arange(shape.width, device=param.device)
         self.out: torch.Tensor | None = None
@@ -81,17 +82,17 @@ def static_attention(module, query, key, value, attention_mask, scaling=None, dr
     row's prefix and its block. Queries of rows without a call see nothing; their outputs (like a
     padding pair's) are never read."""
     b = bufs
-    pool.keys[b.dest_row, :, b.dest_slot] = key[0].transpose(0, 1)
-    pool.values[b.dest_row, :, b.dest_slot] = value[0].transpose(0, 1)
+    pool.keys[b.row, :, b.slot] = key[0].transpose(0, 1)
+    pool.values[b.row, :, b.slot] = value[0].transpose(0, 1)
     rows = pool.keys.shape[0]
     q = query.new_zeros(rows, query.shape[1], shape.longest, query.shape[3])
-    q[b.query_row, :, b.query_place] = query[0].transpose(0, 1)
+    q[b.row, :, b.query_place] = query[0].transpose(0, 1)
     mask = b.slots[None, None, :] < b.prefix[:, None, None]
     mask = mask.expand(rows, shape.longest, shape.width).clone()
     mask[b.vis_row, b.vis_query, b.vis_slot] = True
     keys, values = pool.keys[:, :, : shape.width], pool.values[:, :, : shape.width]
     out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2)[b.query_row, b.query_place][None], None
+    return out.transpose(1, 2)[b.row, b.query_place][None], None
 
 
 class StaticRuns:
@@ -127,22 +128,18 @@ class StaticRuns:
             return run_calls(calls)
         pool = self.pool
         ends = [c.cache.length + m for c, m in zip(calls, sizes)]
-        config = self.head.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        like = pool.keys if pool.keys is not None else self.param.new_empty(1, config.num_key_value_heads, 1, head_dim)
-        pool.reserve(pool.rows_made + 1, max(ends), like)  # and a spare row, which no drafter holds
+        pool.reserve(pool.rows_made + 1, max(ends), self._like())  # and a spare row, which no drafter holds
         if pool.keys is not self._pool_buffer:  # grown: the graphs point at the old buffers
             self._shapes.clear()
             self._pool_buffer = pool.keys
         rows, capacity = pool.keys.shape[0], pool.keys.shape[2]
         shape = Shape(_bucket(sum(sizes), 8), _bucket(max(sizes), 2), _bucket(entries, 16), min(capacity, _bucket(max(ends), LEAST_WIDTH)))
-        bufs, graph = self._shapes.get(shape, (None, None))
-        if bufs is None:
-            bufs = _Buffers(shape, rows, config.hidden_size, self.param)
+        made = self._shapes.get(shape)
+        bufs, graph = made if made is not None else (_Buffers(shape, rows, self.head.config.hidden_size, self.param), None)
         bufs.ints.copy_(torch.tensor(_layout(calls, sizes, visible, shape, rows), pin_memory=bufs.ints.is_cuda), non_blocking=True)
         features = calls[0].features if len(calls) == 1 else torch.cat([c.features for c in calls])
         bufs.features[: len(features)].copy_(features)
-        if shape not in self._shapes:
+        if made is None:  # a new shape: captured from this run's inputs
             graph = self._capture(bufs, shape) if self.capture else None
             self._shapes[shape] = (bufs, graph)
         if graph is None:
@@ -153,6 +150,14 @@ class StaticRuns:
         for c, end in zip(calls, ends):
             c.cache.length = end
         return list(bufs.out[: sum(sizes)].clone().split(sizes))
+
+    def _like(self) -> torch.Tensor:
+        """A tensor typed, placed and shaped (kv heads, head dim) as the pool's entries."""
+        if self.pool.keys is not None:
+            return self.pool.keys
+        config = self.head.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return self.param.new_empty(1, config.num_key_value_heads, 1, head_dim)
 
     def _forward(self, bufs: _Buffers, shape: Shape) -> None:
         """The run at ``shape`` from ``bufs``' inputs, its output left in ``bufs.out``."""
@@ -184,20 +189,20 @@ class StaticRuns:
 
 
 def _layout(calls: Sequence[HeadCall], sizes: list[int], visible: list[list[list[int]]], shape: Shape, rows: int) -> list[int]:
-    """`_Buffers.ints` for these calls: each pair's token, position, (pool row, slot) and (row,
-    place) among the queries, padded to ``shape.pairs`` with pairs of the spare (last) row; each
+    """`_Buffers.ints` for these calls: each pair's token, position, pool row, slot and place
+    among its row's queries, padded to ``shape.pairs`` with pairs of the spare (last) row; each
     pool row's visible prefix (0 for rows without a call); and every (row, query, slot) a query
     sees beyond its prefix, padded to ``shape.seen_entries`` with the spare row's."""
     spare = rows - 1
-    tokens, positions, dest_slot, query_row, query_place = [], [], [], [], []
+    tokens, positions, row, slot, query_place = [], [], [], [], []
     prefix = [0] * rows
     vis_row, vis_query, vis_slot = [], [], []
     for c, m, cols_of in zip(calls, sizes, visible):
         r = c.cache.index
         tokens += c.tokens
         positions += c.positions
-        dest_slot += range(c.cache.length, c.cache.length + m)
-        query_row += [r] * m
+        row += [r] * m
+        slot += range(c.cache.length, c.cache.length + m)
         query_place += range(m)
         prefix[r] = c.seen
         for i, cols in enumerate(cols_of):
@@ -206,9 +211,7 @@ def _layout(calls: Sequence[HeadCall], sizes: list[int], visible: list[list[list
             vis_slot += [c.seen + j for j in cols]
     pad, filler = shape.pairs - sum(sizes), shape.seen_entries - len(vis_row)
     parts = (  # in `_Buffers`' order
-        tokens + [0] * pad, positions + [0] * pad,
-        query_row + [spare] * pad, dest_slot + [0] * pad,  # a pair's key and value go to its own row, as its query does
-        query_row + [spare] * pad, query_place + [0] * pad, prefix,
+        tokens + [0] * pad, positions + [0] * pad, row + [spare] * pad, slot + [0] * pad, query_place + [0] * pad, prefix,
         vis_row + [spare] * filler, vis_query + [0] * filler, vis_slot + [0] * filler,
     )
     return [i for part in parts for i in part]
