@@ -48,9 +48,10 @@ from ngspec.prompts import encode, load_prompts
 OURS = "batched.py|vocab.py|eagle.py|search.py|kv.py|trie.py|index.py"  # ngspec's own drafting code
 
 
-def profile_batch(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConfig, batch_size: int, top: int = 30, whole_step: bool = False) -> dict:
+def profile_batch(engine: Engine, ids: list[list[int]], new_drafter, cfg: DecodeConfig, batch_size: int, top: int = 30, whole_step: bool = False, store=None) -> dict:
     """Times of the run with rows together and row by row, their outputs, and the profile text (of
-    the drafting phase, or with ``whole_step`` of the whole loop, prefills included)."""
+    the drafting phase, or with ``whole_step`` of the whole loop, prefills included). ``store``,
+    the drafters' datastore, is read cold by each run."""
     engine.run_batch(ids, new_drafter, DecodeConfig(max_new_tokens=8, max_draft_nodes=cfg.max_draft_nodes), BatchConfig(batch_size))  # warm-up
     out: dict = {}
     for together in (True, False):
@@ -66,6 +67,8 @@ def profile_batch(engine: Engine, ids: list[list[int]], new_drafter, cfg: Decode
 
         if not whole_step:
             batch_module.propose_together = profiled
+        if store is not None:
+            store.forget()
         try:
             t0 = time.perf_counter()
             if whole_step:
@@ -128,6 +131,7 @@ def main() -> None:
         model = str(random_copy(default_model_dir() if model == "default" else model))
     loaded = load_model(model, args.device, args.dtype)
     engine = Engine(loaded, calibrate=False, max_draft_nodes=96, cost_slope=args.cost_slope)
+    store = None
     if args.drafter in ("trie", "vanilla"):
         new_drafter = lambda: make_drafter(args.drafter)  # noqa: E731
     else:
@@ -140,7 +144,7 @@ def main() -> None:
             new_drafter = lambda: make_drafter("eagle+search", DrafterOptions(search_depth=16), None, factory, store)  # noqa: E731
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.batch_size)]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)  # the slope stands (`Engine.cost_slope`)
-    res = profile_batch(engine, ids, new_drafter, cfg, args.batch_size, args.top, args.whole_step)
+    res = profile_batch(engine, ids, new_drafter, cfg, args.batch_size, args.top, args.whole_step, store)
     for key in ("together", "row_by_row"):
         r = res[key]
         print(f"{key}: {r['steps']} steps, {r['new_tokens']} tokens, {r['ms_per_step']:.1f} ms a step (prefills included), "

@@ -303,6 +303,11 @@ def main() -> None:
     def folding(a: str) -> None:  # read by each batch's `BatchTarget`
         os.environ["NGSPEC_FOLD_GQA"] = "0" if a.endswith(" unfolded") else "1"
 
+    def forget() -> None:  # every timed run reads the datastores cold: arms and rounds repeat the same prompts
+        for s in (store, alt):
+            if s is not None:
+                s.forget()
+
     for a, new in arms.items():  # warm-up, untimed
         engine.run(ids[0], new(), DecodeConfig(max_new_tokens=16, max_draft_nodes=96))
         if args.batch_size > 1:
@@ -340,6 +345,7 @@ def main() -> None:
                 start += len(group)
                 for a in list(arms) if (r + g) % 2 == 0 else list(arms)[::-1]:
                     folding(a)
+                    forget()
                     out, report = engine.run_batch(group, arms[a], configs[a], batches[a])
                     res[a]["seconds"][r] += report.seconds
                     for o, want in zip(out, expected):
@@ -351,6 +357,7 @@ def main() -> None:
             continue
         for i, x in enumerate(ids):
             for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
+                forget()
                 gen = engine.run(x, arms[a](), configs[a])
                 record(a, r, gen, reference[i], gen.seconds, names[i])
             save()

@@ -180,6 +180,8 @@ def main() -> None:
                 took = dict.fromkeys(gens, 0.0)
                 for x in ids:
                     for arm in order:
+                        if store is not None:
+                            store.forget()  # every timed run reads it cold: arms and rounds repeat the same prompts
                         t0 = time.perf_counter()
                         gens[arm["label"]].append(engine.run(x, news[arm["label"]](), cfg))
                         took[arm["label"]] += time.perf_counter() - t0
@@ -190,6 +192,8 @@ def main() -> None:
                 gens, took, reps = ({arm["label"]: [] for arm in order} for _ in range(3))
                 for g, group in enumerate(batch_groups(ids, b, args.interleave_batches)):
                     for arm in order if g % 2 == 0 else order[::-1]:
+                        if store is not None:
+                            store.forget()
                         out, rep = engine.run_batch(group, news[arm["label"]], cfg, batch_config(arm))
                         gens[arm["label"]] += [r.generation for r in out]
                         took[arm["label"]].append(rep.seconds)

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ngspec.contracts import DraftTree, table_cost
+from ngspec.contracts import DraftTree
 
 
 def depths(tree: DraftTree) -> list[int]:
@@ -130,15 +130,19 @@ def accepted_path(tree: DraftTree, tokens: Sequence[int]) -> list[int]:
     return walk(0, 0)
 
 
-def most_paying(gains: Sequence[float], cost: Callable[[int], float], first: int = 0, base: float = 1.0) -> int:
+def most_paying(gains: Sequence[float], costs: Sequence[float], first: int = 0, base: float = 1.0) -> int:
     """The number n >= ``first`` of leading ``gains`` (expected drafted tokens per node) that
-    maximises expected tokens per unit of verify cost, ``(base + sum(gains[:n])) / cost(n)``;
-    ``base`` counts the tokens every call emits anyway (the bonus token). Ties go to the smaller n."""
+    maximises expected tokens per unit of verify cost, ``(base + sum(gains[:n])) / costs[n]``
+    (``costs``: a cost table, its last entry beyond it, 1.0 everywhere when empty, as
+    `table_cost` reads it); ``base`` counts the tokens every call emits anyway (the bonus token).
+    Ties go to the smaller n."""
+    costs = costs or (1.0,)
+    last = len(costs) - 1
     expected = base + sum(gains[:first])
-    best, best_rate = first, expected / cost(first)
+    best, best_rate = first, expected / costs[min(first, last)]
     for n in range(first + 1, len(gains) + 1):
         expected += gains[n - 1]
-        rate = expected / cost(n)
+        rate = expected / costs[n if n < last else last]  # the table read inline: sizing runs this a few thousand times a step
         if rate > best_rate:
             best, best_rate = n, rate
     return best
@@ -160,7 +164,7 @@ def joint_width(trees: Sequence[DraftTree], cost: Sequence[float]) -> int:
     for t in trees:
         for i, g in enumerate(t.gains):
             drafted[i] += g
-    return most_paying(drafted, lambda width: table_cost(cost, width), first=fixed, base=float(len(trees)))
+    return most_paying(drafted, cost, first=fixed, base=float(len(trees)))
 
 
 def packed_sizes(trees: Sequence[DraftTree], step_cost: Callable[[list[int]], float]) -> list[int]:

@@ -67,3 +67,31 @@ def test_batch_groups_are_consecutive_and_cover_every_prompt_once():
     assert batch_groups(ids, 4, 2) == [ids[:8], ids[8:16], ids[16:]]
     assert sum(batch_groups(ids, 3, 1), []) == ids
 
+
+
+def test_every_timed_batch_run_reads_the_datastore_cold():
+    """Arms and rounds repeat the same prompts, so a datastore that remembers continuations would
+    hand a later run what an earlier one read: `run_batched` empties its memory before each run."""
+    from types import SimpleNamespace
+
+    from ngspec.bench.batched import run_batched
+    from ngspec.bench.runner import Arm
+    from ngspec.drafters import Resources
+
+    class Store:
+        warm = False
+
+        def forget(self):
+            self.warm = False
+
+    store, runs = Store(), []
+
+    class Engine:
+        def run_batch(self, ids, new_drafter, cfg, batch):
+            runs.append(store.warm)
+            store.warm = True  # this run's reads
+            gen = SimpleNamespace(token_ids=[1], stats=SimpleNamespace(verify_calls=1, draft_seconds=0.0))
+            return [SimpleNamespace(error=None, generation=gen) for _ in ids], SimpleNamespace(seconds=1.0, new_tokens=len(ids), prefill_seconds=0.0)
+
+    out = run_batched(Engine(), [[1], [2]], [Arm("trie", "trie"), Arm("search", "search")], None, Resources(datastore=store), None, rounds=2)
+    assert runs == [False] * 4 and [len(r) for r in out.values()] == [2, 2]

@@ -75,6 +75,27 @@ def test_a_sampled_continuation_reads_occurrences_across_the_match_not_its_first
     assert store.greedy_continuation(match, 1, max_occurrences=4) == ([2], [0.75])
 
 
+def test_a_continuation_read_again_is_remembered_and_forgetting_reads_it_afresh(monkeypatch):
+    """The datastore remembers continuations by match and depth (rows and steps meet the same
+    common phrase): a second read equals the first without reading the arrays, a caller changing
+    what it was handed changes nothing remembered, and `forget` makes the next read go to the
+    arrays again (what a timed benchmark run does first)."""
+    store = Datastore.from_documents([[5, 6, 1, 2]] * 3 + [[5, 6, 2, 3]], 8)
+    match = store.longest_suffix_match([5, 6], 2, 2)
+    reads = []  # the occurrences' text read (four occurrences: read as lists)
+    real = index._greedy_rows
+    monkeypatch.setattr(index, "_greedy_rows", lambda *a: reads.append(a) or real(*a))
+    first = store.greedy_continuation(match, 2, SMOOTHING)
+    first[0].append(99)  # the caller's copy
+    assert store.greedy_continuation(match, 2, SMOOTHING) == ([1, 2], [3 / 4.5, 3 / 3.5])
+    assert len(reads) == 1
+    store.greedy_continuation(match, 3, SMOOTHING)  # another depth is another read
+    assert len(reads) == 2
+    store.forget()
+    assert store.greedy_continuation(match, 2, SMOOTHING) == ([1, 2], [3 / 4.5, 3 / 3.5])
+    assert len(reads) == 3
+
+
 def test_trie_greedy_path_follows_the_most_frequent_child():
     trie = NGramTrie(n=8, prefix_len=1)
     trie.extend([1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 5])

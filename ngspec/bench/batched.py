@@ -77,6 +77,8 @@ def run_batched(
     for r in range(rounds):
         for arm in arms if r % 2 == 0 else arms[::-1]:
             calibration = Calibration()
+            if res.datastore is not None:
+                res.datastore.forget()  # every timed run reads it cold: arms and rounds repeat the same prompts
             results, report = engine.run_batch(
                 ids, lambda arm=arm: make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore, calibration), cfg, batch,
             )

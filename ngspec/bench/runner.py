@@ -89,6 +89,8 @@ def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Re
         return ArmRun(pid, tokens, seconds, calls, [1] * len(tokens) if calls else [])
     cap = arm.opts.k * arm.opts.w if arm.drafter in ROW_DRAFTERS else 0
     arm_cfg = replace(cfg, verify=arm.verify, max_draft_nodes=max(cfg.max_draft_nodes, cap))
+    if res.datastore is not None:
+        res.datastore.forget()  # every timed run reads it cold: arms and rounds repeat the same prompts
     gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore, calibration), arm_cfg)
     steps = gen.stats.steps
     return ArmRun(

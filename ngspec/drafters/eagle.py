@@ -218,7 +218,6 @@ class EagleDrafter:
     def propose(self, ctx: DraftContext) -> DraftTree:
         return drive(self.drafting(ctx))
 
-    @torch.inference_mode()
     def drafting(self, ctx: DraftContext, deeper: "Deeper | None" = None) -> Drafting:
         """`propose` as a generator that yields each head run (`HeadCall`) and is sent its output,
         so that a batch can run every row's calls in one forward (`propose_together`).
@@ -227,7 +226,7 @@ class EagleDrafter:
         with the tree so far, its nodes' scores, the best score among the nodes about to be
         expanded and the number of levels left; when it answers False the tree stops there (a
         caller that keeps only the nodes that pay for their verification, and needs no deeper
-        ones)."""
+        ones). Its drivers (`drive`, `propose_together`) run it in inference mode."""
         self.last_runs = 0  # head runs of this tree (one per level run, the catching up included)
         root_feature, scored, truth = yield from self._consume(ctx)
         base = self.length  # head cache length before the tree

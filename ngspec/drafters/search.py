@@ -71,6 +71,7 @@ class SearchBranch:
         self.prefix_len = prefix_len
         self.found: dict[str, int] = {"local": 0, "datastore": 0, "none": 0}
         self.last_key: tuple[str, int] = ("none", 0)  # the last branch's source and match length
+        self.reads = max(MAX_MATCH, prefix_len)  # the context's last tokens a search reads, at most
 
     def start(self, prompt: Sequence[int]) -> None:
         self.trie = NGramTrie(self.prefix_len + self.depth, self.prefix_len) if self.depth > 0 else None
@@ -410,8 +411,9 @@ class EagleSearchDrafter:
         if self.deepen and scores:
             depth, value = min(self.search.depth, ctx.max_nodes), branch_value(self.calibration, ctx)
             branch = first_branch(tree)  # EAGLE's own tree: branches are hung on `draft.tree`
+            tail = list(ctx.tokens[-self.search.reads :])  # all a search reads of the context
             for j in range(len(branch), 0, -1):
-                found = self.search.search(list(ctx.tokens) + [tree.tokens[i] for i in branch[:j]], depth, value)
+                found = self.search.search(tail + [tree.tokens[i] for i in branch[:j]], depth, value)
                 if add(branch[j - 1], *found, self.search.last_key):
                     self.deepened += 1
                     break

@@ -191,7 +191,7 @@ class Calibration:
 
 def best_size(gains: list[float], ctx: DraftContext) -> int:
     """Number of leading nodes maximising expected tokens per unit of verify cost."""
-    return most_paying(gains, ctx.cost)
+    return most_paying(gains, ctx.verify_cost)
 
 
 class TrieDrafter:

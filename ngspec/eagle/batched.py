@@ -122,8 +122,12 @@ def _together(call) -> tuple:
     return (HeadCall, id(call.cache.pool)) if isinstance(call, HeadCall) else (TopCall, id(call.vocab.shared))
 
 
+@torch.inference_mode()
 def drive(drafting: Drafting) -> DraftTree:
-    """A drafter's tree, answering each of its calls alone."""
+    """A drafter's tree, answering each of its calls alone. Drafting runs in inference mode here
+    and in `propose_together`, the generators' only drivers: the generators themselves are not
+    wrapped, since torch re-enters a wrapped generator's mode at every resumption (about 20 a
+    batch-8 step, a twentieth of its drafting host time, BENCHMARKS.md 10zh)."""
     try:
         call = next(drafting)
         while True:
@@ -132,6 +136,7 @@ def drive(drafting: Drafting) -> DraftTree:
         return done.value
 
 
+@torch.inference_mode()
 def propose_together(drafters: Sequence, contexts: Sequence[DraftContext]) -> list[DraftTree]:
     """Every row's tree; drafters that draft with a head (a ``drafting`` method) run their head
     calls together, one forward per head and round, and their top-k requests likewise, one
