@@ -104,20 +104,20 @@ class Datastore:
             return int(self._starts[-1]), len(self.sa)
         return int(self._starts[first]), int(self._starts[first + 1])
 
-    def _bounds(self, query: Sequence[int], upper: bool) -> tuple[int, bytes]:
-        """(lower or upper bound, encoded query) of ``query`` in the suffix array."""
-        q = self._encode(query)
+    def _bounds(self, q: bytes, first: int, upper: bool) -> int:
+        """Lower or upper bound of the encoded query ``q`` (first token ``first``) in the suffix array."""
         w, key, n = self._width, self._key, len(q)
-        lo, hi = self._bucket(int(query[0]))
+        lo, hi = self._bucket(first)
         search = bisect.bisect_right if upper else bisect.bisect_left
-        return search(self._sa_items, q, lo, hi, key=lambda s: key[s * w : s * w + n]), q
+        return search(self._sa_items, q, lo, hi, key=lambda s: key[s * w : s * w + n])
 
     def find(self, query: Sequence[int]) -> tuple[int, int]:
         """Suffix-array range [lo, hi) of the suffixes starting with ``query``."""
-        return self._bounds(query, upper=False)[0], self._bounds(query, upper=True)[0]
+        q = self._encode(query)
+        return self._bounds(q, int(query[0]), upper=False), self._bounds(q, int(query[0]), upper=True)
 
-    def _lower_if_occurs(self, query: Sequence[int]) -> int | None:
-        lo, q = self._bounds(query, upper=False)
+    def _lower_if_occurs(self, q: bytes, first: int) -> int | None:
+        lo = self._bounds(q, first, upper=False)
         if lo >= len(self.sa):
             return None
         s = self._sa_items[lo] * self._width
@@ -125,29 +125,31 @@ class Datastore:
 
     def occurs(self, query: Sequence[int]) -> bool:
         """Whether ``query`` occurs anywhere (never across a document boundary)."""
-        return self._lower_if_occurs(query) is not None
+        return self._lower_if_occurs(self._encode(query), int(query[0])) is not None
 
     def longest_suffix_match(self, context: Sequence[int], min_len: int = 1, max_len: int = 16) -> Match | None:
         """The longest suffix of ``context`` (between min_len and max_len tokens) found here.
 
         If a suffix of length L occurs, so does every shorter one, so the length is found by
-        binary search; the lower bound of the last successful probe is reused for the range."""
+        binary search; the lower bound of the last successful probe is reused for the range. The
+        context's last ``max_len`` tokens are encoded once; each suffix is a tail of those bytes."""
         max_len = min(max_len, len(context))
         if max_len < min_len:
             return None
-        suffix = lambda L: context[len(context) - L :]  # noqa: E731
+        tail = [int(t) for t in context[len(context) - max_len :]]
+        encoded, w = self._encode(tail), self._width
         found, found_lo = None, None
         lo_len, hi_len = min_len, max_len  # search the largest length in [lo_len, hi_len] that occurs
         while lo_len <= hi_len:
             mid = (lo_len + hi_len) // 2
-            lower = self._lower_if_occurs(suffix(mid))
+            lower = self._lower_if_occurs(encoded[(max_len - mid) * w :], tail[max_len - mid])
             if lower is None:
                 hi_len = mid - 1
             else:
                 found, found_lo, lo_len = mid, lower, mid + 1
         if found is None:
             return None
-        return Match(found, found_lo, self._bounds(suffix(found), upper=True)[0])
+        return Match(found, found_lo, self._bounds(encoded[(max_len - found) * w :], tail[max_len - found], upper=True))
 
     def greedy_continuation(self, match: Match, depth: int, smoothing: float = 0.0, max_occurrences: int = 4096) -> tuple[list[int], list[float]]:
         """The most frequent continuation of the matched occurrences, chosen token by token (at

@@ -147,6 +147,7 @@ class EagleDrafter:
         ``pool``: the head cache it takes a row of (the factory's, so that a batch's rows attend in
         one call; a pool of its own when not given)."""
         self.head, self.embed, self.lm_head, self.opts = head, embed, lm_head, opts
+        self._levels = _static_levels(opts.choices) if opts.tree == "static" else []
         self.target_params = target_params
         self.head_cost = 0.0  # one head step relative to a target step (weights read), see `start`
         self.param = next(head.parameters())
@@ -285,17 +286,12 @@ class EagleDrafter:
             keep = set(order[: min(self.opts.total_tokens, ctx.max_nodes)])
         else:
             by_path: dict[tuple[int, ...], int] = {(): -1}
-            last = max(len(p) for p in self.opts.choices)
-            for depth in range(1, last + 1):
-                level = [p for p in self.opts.choices if len(p) == depth]
-                prefixes = sorted({p[:-1] for p in level})
-                if depth > 1 and deeper is not None and not _wanted(deeper, nodes, max(nodes[by_path[q]].score for q in prefixes), last - depth + 1):
+            for depth, (prefixes, widest, ranks_below) in enumerate(self._levels, start=1):
+                if depth > 1 and deeper is not None and not _wanted(deeper, nodes, max(nodes[by_path[q]].score for q in prefixes), len(self._levels) - depth + 1):
                     break
                 yield from expand([by_path[q] for q in prefixes if q])  # the root's feature is already known
-                widest = max(p[-1] for p in level) + 1
-                for prefix, kids in zip(prefixes, (yield from children([by_path[q] for q in prefixes], widest))):
+                for prefix, ranks, kids in zip(prefixes, ranks_below, (yield from children([by_path[q] for q in prefixes], widest))):
                     parent = by_path[prefix]
-                    ranks = sorted(p[-1] for p in level if p[:-1] == prefix)
                     for r in ranks:
                         tok, lp = kids[r]
                         score = lp + (nodes[parent].score if parent >= 0 else 0.0)
@@ -307,6 +303,17 @@ class EagleDrafter:
         self.last_choices = [nodes[n].choice for n in order]  # static: each node's rank path (tune-tree)
         self.last_scores = [nodes[n].score for n in order]  # log-probability of each node's path
         return _tree(nodes, order)
+
+
+def _static_levels(choices: Sequence[tuple[int, ...]]) -> list[tuple[list[tuple[int, ...]], int, list[list[int]]]]:
+    """A static tree's levels, worked out once per drafter: for each depth, the prefixes expanded
+    (sorted), the widest rank asked below them plus one, and each prefix's child ranks (sorted)."""
+    levels = []
+    for depth in range(1, max(len(p) for p in choices) + 1):
+        level = [p for p in choices if len(p) == depth]
+        prefixes = sorted({p[:-1] for p in level})
+        levels.append((prefixes, max(p[-1] for p in level) + 1, [sorted(p[-1] for p in level if p[:-1] == q) for q in prefixes]))
+    return levels
 
 
 # asked before each deeper level: (tree so far, its scores, best score to expand, levels left)

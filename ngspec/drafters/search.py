@@ -510,8 +510,28 @@ class _Draft:
             return False
         above, above_raw = (self.probs[parent], self.raw[parent]) if parent >= 0 else (1.0, 1.0)
         reach = path_probs(conditionals)
-        for token, p, r in zip(tokens, self.calibration.scaled(key, reach), reach):
-            parent = self._place(parent, int(token), above * p, above_raw * r, key, merge)
+        scaled = self.calibration.scaled(key, reach)
+        i = 0
+        while merge and i < len(tokens):  # the branch's leading tokens that are already nodes
+            kid = self._kids.get((parent, int(tokens[i])))
+            if kid is None:
+                break
+            self.probs[kid] = max(self.probs[kid], above * scaled[i])
+            self.only[kid] = 0
+            parent, i = kid, i + 1
+        # the rest are new nodes, each the child of the one before (so none repeats a node)
+        new = len(self.tokens)
+        for token, p, r in zip(tokens[i:], scaled[i:], reach[i:]):
+            token = int(token)
+            self._kids.setdefault((parent, token), new)
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.probs.append(above * p)
+            self.raw.append(above_raw * r)
+            parent, new = new, new + 1
+        added = len(tokens) - i
+        self.keys += [key] * added
+        self.only += [0] * added
         return True
 
     def add_tree(self, tree: DraftTree, reach: list[float], key: tuple[str, int]) -> None:

@@ -161,6 +161,7 @@ class Calibration:
 
     def __init__(self) -> None:
         self._totals: dict = {}  # kind -> (accepted, predicted)
+        self._scales: dict = {}  # kind -> its scale, until the next record (a batch step asks each a few dozen times)
 
     @staticmethod
     def _parent(key):
@@ -171,7 +172,10 @@ class Calibration:
         return (accepted + prior) / (predicted + 1.0)
 
     def scale(self, key) -> float:
-        return min(self.MAX_SCALE, self._rate(key, self._rate(self._parent(key), 1.0)))
+        scale = self._scales.get(key)
+        if scale is None:
+            scale = self._scales[key] = min(self.MAX_SCALE, self._rate(key, self._rate(self._parent(key), 1.0)))
+        return scale
 
     def scaled(self, key, estimates) -> list[float]:
         """``estimates`` of this kind, scaled and clipped at 1 (so a child's never exceeds its
@@ -180,6 +184,8 @@ class Calibration:
         return [min(1.0, p * scale) for p in estimates]
 
     def record(self, key, accepted: float, predicted: float) -> None:
+        if self._scales:
+            self._scales = {}
         for kind in (key, self._parent(key)):
             a, p = self._totals.get(kind, (0.0, 0.0))
             self._totals[kind] = (a + accepted, p + predicted)
@@ -187,6 +193,7 @@ class Calibration:
     def next_prompt(self) -> None:
         """A new prompt starts: what earlier prompts showed counts ``CARRY`` times as much."""
         self._totals = {kind: (a * self.CARRY, p * self.CARRY) for kind, (a, p) in self._totals.items()}
+        self._scales = {}
 
 
 def best_size(gains: list[float], ctx: DraftContext) -> int:
