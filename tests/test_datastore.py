@@ -25,15 +25,18 @@ def brute_longest_suffix(docs, context, max_len):
     return best
 
 
-def test_search_matches_brute_force():
+@pytest.mark.parametrize("min_len,max_len,vocab", [(1, 6, 4), (2, 11, 3), (3, 32, 2)])
+def test_search_matches_brute_force(min_len, max_len, vocab):
+    """Lengths are probed by doubling from ``min_len``, then by binary search: every length from
+    none to ``max_len`` comes up (small vocabularies make long matches)."""
     rng = random.Random(0)
     for _ in range(200):
-        docs = [[rng.randrange(4) for _ in range(rng.randrange(0, 15))] for _ in range(rng.randrange(1, 5))]
+        docs = [[rng.randrange(vocab) for _ in range(rng.randrange(0, 40))] for _ in range(rng.randrange(1, 5))]
         store = Datastore.from_documents(docs, vocab_size=10)
-        context = [rng.randrange(4) for _ in range(rng.randrange(1, 8))]
-        match = store.longest_suffix_match(context, min_len=1, max_len=6)
-        expected = brute_longest_suffix(docs, context, 6)
-        if expected == 0:
+        context = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+        match = store.longest_suffix_match(context, min_len=min_len, max_len=max_len)
+        expected = brute_longest_suffix(docs, context, max_len)
+        if expected < min_len:
             assert match is None
             continue
         assert match.length == expected

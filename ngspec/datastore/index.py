@@ -131,24 +131,39 @@ class Datastore:
         """The longest suffix of ``context`` (between min_len and max_len tokens) found here.
 
         If a suffix of length L occurs, so does every shorter one, so the length is found by
-        binary search; the lower bound of the last successful probe is reused for the range. The
-        context's last ``max_len`` tokens are encoded once; each suffix is a tail of those bytes."""
-        max_len = min(max_len, len(context))
+        probing lengths ``min_len``, twice that, and so on until one does not occur, then by
+        binary search between the last two (most contexts match nothing or two or three tokens:
+        one to three probes, where a binary search over 2-32 took five); the lower bound of the
+        last successful probe is reused for the range. The context's last ``max_len`` tokens are
+        encoded once; each suffix is a tail of those bytes."""
+        min_len, max_len = max(min_len, 1), min(max_len, len(context))
         if max_len < min_len:
             return None
         tail = [int(t) for t in context[len(context) - max_len :]]
         encoded, w = self._encode(tail), self._width
-        found, found_lo = None, None
-        lo_len, hi_len = min_len, max_len  # search the largest length in [lo_len, hi_len] that occurs
-        while lo_len <= hi_len:
-            mid = (lo_len + hi_len) // 2
-            lower = self._lower_if_occurs(encoded[(max_len - mid) * w :], tail[max_len - mid])
-            if lower is None:
-                hi_len = mid - 1
-            else:
-                found, found_lo, lo_len = mid, lower, mid + 1
+
+        def lower(length: int) -> int | None:
+            return self._lower_if_occurs(encoded[(max_len - length) * w :], tail[max_len - length])
+
+        found, found_lo, length = None, None, min_len
+        while True:  # doubling: the largest length known to occur, and the smallest known not to
+            at = lower(length)
+            if at is None:
+                break
+            found, found_lo = length, at
+            if length == max_len:
+                break
+            length = min(2 * length, max_len)
         if found is None:
             return None
+        lo_len, hi_len = found + 1, length - 1  # search the largest length in [lo_len, hi_len] that occurs
+        while lo_len <= hi_len:
+            mid = (lo_len + hi_len) // 2
+            at = lower(mid)
+            if at is None:
+                hi_len = mid - 1
+            else:
+                found, found_lo, lo_len = mid, at, mid + 1
         return Match(found, found_lo, self._bounds(encoded[(max_len - found) * w :], tail[max_len - found], upper=True))
 
     def greedy_continuation(self, match: Match, depth: int, smoothing: float = 0.0, max_occurrences: int = 4096) -> tuple[list[int], list[float]]:

@@ -133,8 +133,9 @@ class NGramTrie:
         earlier-inserted one), up to ``depth`` tokens, with each step's conditional frequency."""
         tokens: list[int] = []
         probs: list[float] = []
+        count = self.counts.__getitem__  # a C-level key: no Python frame per child
         while len(tokens) < depth and self.children[node]:
-            kid = max(self.children[node].values(), key=lambda c: self.counts[c])
+            kid = max(self.children[node].values(), key=count)
             probs.append(self.counts[kid] / (self.counts[node] + smoothing))
             tokens.append(self.tokens[kid])
             node = kid
