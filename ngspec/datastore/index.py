@@ -25,7 +25,7 @@ from ngspec.errors import NgspecError
 # gather, a unique per depth) costs 0.2-0.3 ms a call, more than reading a few rows one by one;
 # numpy hands over to Python too once the occurrences still agreeing are this few
 FEW = 64
-CONTINUATIONS = 4096  # continuations remembered per datastore (a few hundred bytes each)
+CONTINUATIONS = 4096  # continuations remembered per datastore (about a kilobyte each at depth 16)
 
 
 @dataclass(frozen=True)
