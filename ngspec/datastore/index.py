@@ -43,8 +43,10 @@ class Datastore:
     def __init__(self, path: Path, meta: DatastoreMeta, tokens: np.ndarray, sa: np.ndarray) -> None:
         self.path = path
         self.meta = meta
-        self.tokens = tokens
-        self.sa = sa
+        # plain arrays over the memory maps: a memmap's slicing and indexing run Python code for
+        # every view they make (a continuation reads up to 64 slices)
+        self.tokens = np.asarray(tokens)
+        self.sa = np.asarray(sa)
         # binary searches index the suffix array one entry at a time: a memoryview hands back
         # Python ints at C speed (a memmap's __getitem__ is Python code returning numpy scalars)
         self._sa_items = memoryview(np.ascontiguousarray(sa)).cast("B").cast("i" if sa.dtype.itemsize == 4 else "q") if len(sa) else []
