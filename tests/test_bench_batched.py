@@ -69,9 +69,10 @@ def test_batch_groups_are_consecutive_and_cover_every_prompt_once():
 
 
 
-def test_every_timed_batch_run_reads_the_datastore_cold():
+def test_every_timed_run_reads_the_datastore_cold():
     """Arms and rounds repeat the same prompts, so a datastore that remembers continuations would
-    hand a later run what an earlier one read: `run_batched` empties its memory before each run."""
+    hand a later run what an earlier one read: `run_batched` and `run_arm` empty its memory before
+    each run."""
     from types import SimpleNamespace
 
     from ngspec.bench.batched import run_batched
@@ -95,3 +96,20 @@ def test_every_timed_batch_run_reads_the_datastore_cold():
 
     out = run_batched(Engine(), [[1], [2]], [Arm("trie", "trie"), Arm("search", "search")], None, Resources(datastore=store), None, rounds=2)
     assert runs == [False] * 4 and [len(r) for r in out.values()] == [2, 2]
+
+    # at batch size 1 every arm's run of every prompt is a timed run of its own
+    from ngspec.bench.runner import run_arm
+    from ngspec.decode import DecodeConfig
+
+    runs.clear()
+
+    class OneRow:
+        def run(self, ids, drafter, cfg):
+            runs.append(store.warm)
+            store.warm = True
+            return SimpleNamespace(token_ids=[1], seconds=1.0, stats=SimpleNamespace(steps=[], draft_seconds=0.0, prefill_seconds=0.0), drafter_stats=None)
+
+    for pid in ("a", "b"):
+        for arm in (Arm("search", "search"), Arm("trie", "trie")):
+            run_arm(OneRow(), arm, [1, 2], DecodeConfig(max_new_tokens=4), Resources(datastore=store), pid)
+    assert runs == [False] * 4

@@ -183,6 +183,7 @@ class Datastore:
         return list(tokens), list(probs)  # copies: the remembered lists stay as read
 
     def _read_continuation(self, match: Match, depth: int, smoothing: float, max_occurrences: int) -> tuple[list[int], list[float]]:
+        """`greedy_continuation` read from the arrays (what the memory of continuations holds)."""
         sep = self.meta.separator
         found = match.hi - match.lo
         if found <= FEW:
