@@ -127,7 +127,7 @@ def drive(drafting: Drafting) -> DraftTree:
     """A drafter's tree, answering each of its calls alone. Drafting runs in inference mode here
     and in `propose_together`, the generators' only drivers: the generators themselves are not
     wrapped, since torch re-enters a wrapped generator's mode at every resumption (about 20 a
-    batch-8 step, a twentieth of its drafting host time, BENCHMARKS.md 10zh)."""
+    batch-8 step; a twentieth of the drafting phase's profile, BENCHMARKS.md 10zh)."""
     try:
         call = next(drafting)
         while True:
