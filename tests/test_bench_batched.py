@@ -1,12 +1,17 @@
 """`bench --batch-size`'s summary: throughput over rounds, ratios to vanilla, per-row tokens per
-call and the rows that match the reference, on hand-made rounds."""
+call and the rows that match the reference, on hand-made rounds; every timed run reading the
+datastore cold."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
-from ngspec.bench.batched import BatchRound, batch_groups, summarise_batched, versus, versus_note, versus_rows
+from ngspec.bench.batched import BatchRound, batch_groups, run_batched, summarise_batched, versus, versus_note, versus_rows
 from ngspec.bench.interval import rounds_interval
+from ngspec.bench.runner import Arm, run_arm
+from ngspec.decode import DecodeConfig
+from ngspec.drafters import Resources
 
 
 def test_summary_of_hand_made_rounds():
@@ -68,16 +73,10 @@ def test_batch_groups_are_consecutive_and_cover_every_prompt_once():
     assert sum(batch_groups(ids, 3, 1), []) == ids
 
 
-
 def test_every_timed_run_reads_the_datastore_cold():
     """Arms and rounds repeat the same prompts, so a datastore that remembers continuations would
     hand a later run what an earlier one read: `run_batched` and `run_arm` empty its memory before
     each run."""
-    from types import SimpleNamespace
-
-    from ngspec.bench.batched import run_batched
-    from ngspec.bench.runner import Arm
-    from ngspec.drafters import Resources
 
     class Store:
         warm = False
@@ -98,9 +97,6 @@ def test_every_timed_run_reads_the_datastore_cold():
     assert runs == [False] * 4 and [len(r) for r in out.values()] == [2, 2]
 
     # at batch size 1 every arm's run of every prompt is a timed run of its own
-    from ngspec.bench.runner import run_arm
-    from ngspec.decode import DecodeConfig
-
     runs.clear()
 
     class OneRow:

@@ -27,8 +27,9 @@ def brute_longest_suffix(docs, context, max_len):
 
 @pytest.mark.parametrize("min_len,max_len,vocab", [(1, 6, 4), (2, 11, 3), (3, 32, 2)])
 def test_search_matches_brute_force(min_len, max_len, vocab):
-    """Lengths are probed by doubling from ``min_len``, then by binary search: every length from
-    none to ``max_len`` comes up (small vocabularies make long matches)."""
+    """Lengths are probed by doubling from ``min_len``, then by binary search. The cases match
+    nothing, fewer tokens than ``min_len``, up to a dozen (small vocabularies make long matches),
+    and the whole ``max_len`` (the first range)."""
     rng = random.Random(0)
     for _ in range(200):
         docs = [[rng.randrange(vocab) for _ in range(rng.randrange(0, 40))] for _ in range(rng.randrange(1, 5))]
