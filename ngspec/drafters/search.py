@@ -511,27 +511,7 @@ class _Draft:
         above, above_raw = (self.probs[parent], self.raw[parent]) if parent >= 0 else (1.0, 1.0)
         reach = path_probs(conditionals)
         scaled = self.calibration.scaled(key, reach)
-        i = 0
-        while merge and i < len(tokens):  # the branch's leading tokens that are already nodes
-            kid = self._kids.get((parent, int(tokens[i])))
-            if kid is None:
-                break
-            self.probs[kid] = max(self.probs[kid], above * scaled[i])
-            self.only[kid] = 0
-            parent, i = kid, i + 1
-        # the rest are new nodes, each the child of the one before (so none repeats a node)
-        new = len(self.tokens)
-        for token, p, r in zip(tokens[i:], scaled[i:], reach[i:]):
-            token = int(token)
-            self._kids.setdefault((parent, token), new)
-            self.tokens.append(token)
-            self.parents.append(parent)
-            self.probs.append(above * p)
-            self.raw.append(above_raw * r)
-            parent, new = new, new + 1
-        added = len(tokens) - i
-        self.keys += [key] * added
-        self.only += [0] * added
+        self._hang(parent, [int(t) for t in tokens], [above * p for p in scaled], [above_raw * r for r in reach], key, merge)
         return True
 
     def add_tree(self, tree: DraftTree, reach: list[float], key: tuple[str, int]) -> None:
@@ -544,28 +524,40 @@ class _Draft:
         scaled = self.calibration.scaled(key, chance)
         placed: dict[int, int] = {-1: -1}  # a node of ``tree`` -> its node in the draft
         for path in root_to_leaf_paths(tree):
-            for i in path:
-                if i not in placed:
-                    placed[i] = self._place(placed[tree.parents[i]], tree.tokens[i], scaled[i], chance[i], key, merge=True)
+            rest = [i for i in path if i not in placed]  # a suffix: earlier paths placed a shared prefix
+            if rest:
+                nodes = self._hang(placed[tree.parents[rest[0]]], [tree.tokens[i] for i in rest], [scaled[i] for i in rest], [chance[i] for i in rest], key, merge=True)
+                placed.update(zip(rest, nodes))
 
-    def _place(self, parent: int, token: int, prob: float, raw: float, key: tuple[str, int], merge: bool) -> int:
-        """The draft's node for ``token`` below ``parent``: with ``merge`` the child that already
-        drafts it, if any (its estimate the higher of the two, and no longer the head's alone),
-        else a new node."""
-        kid = self._kids.get((parent, token)) if merge else None
-        if kid is not None:
-            self.probs[kid] = max(self.probs[kid], prob)
+    def _hang(self, parent: int, tokens: list[int], probs: list[float], raws: list[float], key: tuple[str, int], merge: bool) -> list[int]:
+        """Hang a chain of ``tokens`` (estimates ``probs``, unscaled ``raws``) below ``parent``;
+        the draft's node of each. With ``merge`` the chain's leading tokens that a child already
+        drafts are that node (its estimate the higher of the two, and no longer the head's alone);
+        the rest are new nodes, each the child of the one before, so none of them repeats a node
+        and they are appended without looking."""
+        nodes: list[int] = []
+        i = 0
+        while merge and i < len(tokens):
+            kid = self._kids.get((parent, tokens[i]))
+            if kid is None:
+                break
+            self.probs[kid] = max(self.probs[kid], probs[i])
             self.only[kid] = 0
-            return kid
-        kid = len(self.tokens)
-        self._kids.setdefault((parent, token), kid)
-        self.tokens.append(token)
-        self.parents.append(parent)
-        self.probs.append(prob)
-        self.raw.append(raw)
-        self.keys.append(key)
-        self.only.append(0)
-        return kid
+            nodes.append(kid)
+            parent, i = kid, i + 1
+        new = len(self.tokens)
+        for token, p, r in zip(tokens[i:], probs[i:], raws[i:]):
+            self._kids.setdefault((parent, token), new)
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.probs.append(p)
+            self.raw.append(r)
+            nodes.append(new)
+            parent, new = new, new + 1
+        added = len(tokens) - i
+        self.keys += [key] * added
+        self.only += [0] * added
+        return nodes
 
 
 def _rate(probs: list[float], ctx: DraftContext, run: float = 0.0) -> float:
