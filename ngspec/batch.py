@@ -220,6 +220,9 @@ def generate_batch(
             row.stats.prefill_seconds = time.perf_counter() - row.start
             report.prefill_seconds += row.stats.prefill_seconds
             row.out, row.reason = row.stopper.cut([], [root])
+            # a budget of one token is spent here: a row admitted into a freed slot must stop
+            # before the next step, as the loop's check stops the rows it sees
+            row.reason = row.reason or out_of_room(len(row.out), len(request.prompt), request.max_new_tokens, target.max_length)
             row.stats.steps.append(StepStats(0, len(row.out), 0.0, 0.0))  # the prefill
             drafter.start(request.prompt)
             drafter.observe(row.out)

@@ -245,6 +245,19 @@ def test_a_finished_row_hands_its_slot_to_the_next_prompt_and_stops_alone(tiny, 
     assert finished != list(range(len(prompts)))  # rows finished out of order and were refilled
 
 
+@pytest.mark.parametrize("max_new_tokens", [1, 2])
+def test_a_budget_spent_by_the_prefill_stops_a_refilled_row_too(tiny, prompts_and_expected, max_new_tokens):
+    """A budget of one token is spent by the prefill's token: the prompts admitted into freed
+    slots must stop there as the first batch's rows do, not take a step first."""
+    prompts, _ = prompts_and_expected
+    results, _ = generate_batch(
+        tiny, prompts, lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=max_new_tokens), BatchConfig(3), lambda: Stopper(frozenset()),
+    )
+    for i, (result, prompt) in enumerate(zip(results, prompts)):
+        assert result.generation.token_ids == hf_greedy(tiny, prompt, max_new_tokens), f"prompt {i}"
+        assert result.generation.finish_reason == "length"
+
+
 def test_a_prompt_too_long_fails_alone(tiny, prompts_and_expected):
     prompts, expected = prompts_and_expected
     batch = [prompts[0], [1] * 600, prompts[1]]  # the tiny model's window is 512
