@@ -169,6 +169,14 @@ def test_choices_files(tmp_path):
             read_choices(path)
 
 
+def test_choices_built_in_python_are_checked_and_ordered_too():
+    """Choices that skip the shape file (the Python API) get the same check: a path without its
+    parent made the static drafter raise a KeyError mid-step."""
+    with pytest.raises(NgspecError, match="without its parent"):
+        EagleOptions(tree="static", choices=((0,), (1, 2)))
+    assert EagleOptions(tree="static", choices=((1,), (0, 0), (0,))).choices == ((0,), (1,), (0, 0))
+
+
 def test_a_static_tree_beyond_the_draft_vocabulary_is_refused(tiny):
     head = make_head(tiny)
     vocab = list(range(0, 96, 3))

@@ -117,6 +117,9 @@ class EagleOptions:
             raise NgspecError("--tree-top-k, --tree-depth and --total-tokens must be at least 1")
         if self.draft_vocab < 0:
             raise NgspecError("--draft-vocab must be >= 0 (0 = the whole vocabulary)")
+        # every path's parent listed, in the order the drafter walks them (shape files are checked
+        # as they are read; this covers choices built in Python)
+        object.__setattr__(self, "choices", check_choices(self.choices))
 
 
 @dataclass
