@@ -127,3 +127,51 @@ def test_default_model_lossless_with_a_float32_head(default_model, default_datas
         cfg, BatchConfig(3), lambda: Stopper(eos),
     )
     assert [r.generation.token_ids for r in results] == [expected for _, expected in expected_outputs]
+
+
+
+def _stop_inside_a_run(default_model, expected_outputs) -> tuple[int, str, int]:
+    """(prompt index, stop string, tokens kept): a two-token string that plain decoding first
+    completes at the third token of a step where the trie had three or more tokens accepted."""
+    tokenizer = default_model.tokenizer
+    target = TargetModel(default_model.model)
+    for index, (ids, expected) in enumerate(expected_outputs):
+        steps = generate(target, make_drafter("trie"), ids, DecodeConfig(max_new_tokens=64)).stats.steps
+        at = 0
+        for step in steps:
+            if step.accepted >= 3 and at > 0:
+                stop = tokenizer.decode(expected[at + 1 : at + 3])
+                if stop.strip() and stop not in tokenizer.decode(expected[: at + 2]):
+                    return index, stop, at + 3
+            at += step.accepted
+    raise AssertionError("no run of three accepted tokens in the real prompts' outputs")
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_stop_string_ends_the_output_where_plain_decoding_ends_it(default_model, expected_outputs, batch_size):
+    """A stop string spanning two tokens, completed inside a run of accepted drafts: the output is
+    plain greedy's tokens up to the one that completes it, with nothing after, alone and in a
+    batch whose other rows go on."""
+    from ngspec.batch import BatchConfig, generate_batch
+    from ngspec.decode import Stopper
+
+    eos = eos_ids(default_model)
+    index, stop, kept = _stop_inside_a_run(default_model, expected_outputs)
+    ids, expected = expected_outputs[index]
+
+    def stopper() -> Stopper:
+        return Stopper(eos, [stop], default_model.tokenizer.decode)
+
+    want, reason = stopper().cut([], expected)  # plain decoding checks after every token
+    assert reason == "stop" and len(want) == kept
+    cfg = DecodeConfig(max_new_tokens=64, eos_ids=eos, stop_strings=(stop,))
+    if batch_size == 1:
+        got = generate(TargetModel(default_model.model), make_drafter("trie"), ids, cfg, stopper())
+        assert got.token_ids == want and got.finish_reason == "stop"
+        return
+    others = [i for i in range(len(expected_outputs)) if i != index][:2]
+    prompts = [ids] + [expected_outputs[i][0] for i in others]
+    results, _ = generate_batch(default_model.model, prompts, lambda: make_drafter("trie"), cfg, BatchConfig(batch_size), stopper)
+    assert results[0].generation.token_ids == want and results[0].generation.finish_reason == "stop"
+    for result, i in zip(results[1:], others):
+        assert result.generation.token_ids == stopper().cut([], expected_outputs[i][1])[0]
