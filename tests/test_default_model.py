@@ -129,14 +129,13 @@ def test_default_model_lossless_with_a_float32_head(default_model, default_datas
     assert [r.generation.token_ids for r in results] == [expected for _, expected in expected_outputs]
 
 
-
 def _stop_inside_a_run(default_model, expected_outputs) -> tuple[int, str, int]:
     """(prompt index, stop string, tokens kept): a two-token string that plain decoding first
     completes at the third token of a step where the trie had three or more tokens accepted."""
     tokenizer = default_model.tokenizer
     target = TargetModel(default_model.model)
     for index, (ids, expected) in enumerate(expected_outputs):
-        steps = generate(target, make_drafter("trie"), ids, DecodeConfig(max_new_tokens=64)).stats.steps
+        steps = generate(target, make_drafter("trie"), ids, DecodeConfig(max_new_tokens=64, eos_ids=eos_ids(default_model))).stats.steps
         at = 0
         for step in steps:
             if step.accepted >= 3 and at > 0:
@@ -147,6 +146,7 @@ def _stop_inside_a_run(default_model, expected_outputs) -> tuple[int, str, int]:
     raise AssertionError("no run of three accepted tokens in the real prompts' outputs")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_a_stop_string_ends_the_output_where_plain_decoding_ends_it(default_model, expected_outputs, batch_size):
     """A stop string spanning two tokens, completed inside a run of accepted drafts: the output is
