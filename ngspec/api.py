@@ -97,7 +97,10 @@ class Output:
 
 class TextDeltas:
     """New text as tokens arrive: the whole run so far is decoded each time (spacing depends on
-    neighbours), and an incomplete multi-byte character waits for the rest."""
+    neighbours) and sent up to its last complete character (an incomplete multi-byte character
+    at the end, decoded as replacement characters, waits for its other bytes; the characters
+    before it do not). `flush`, once generation has ended, sends the rest, so the pieces add up to
+    the output's text even when it ends mid-character."""
 
     def __init__(self, detokenize: Callable[[list[int]], str], on_text: Callable[[str], None]) -> None:
         self.detokenize = detokenize
@@ -107,12 +110,15 @@ class TextDeltas:
 
     def __call__(self, new_tokens: list[int]) -> None:
         self.tokens.extend(new_tokens)
-        text = self.detokenize(self.tokens)
-        if text.endswith("\ufffd"):
-            return
+        self._send(self.detokenize(self.tokens).rstrip("\ufffd"))
+
+    def flush(self) -> None:
+        self._send(self.detokenize(self.tokens))
+
+    def _send(self, text: str) -> None:
         if len(text) > len(self.shown):
             self.on_text(text[len(self.shown) :])
-        self.shown = text
+            self.shown = text
 
 
 def drafting_options(options: dict[str, Any]) -> Drafting:
@@ -246,8 +252,11 @@ class Speculator:
         from ngspec.batch import Request
 
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, False)
-        sampling = cfg.sampling
-        return Request(index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), self._text_stream(on_text), sampling.generator(), cancelled)
+        sampling, stream = cfg.sampling, self._text_stream(on_text)
+        return Request(
+            index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), stream, sampling.generator(), cancelled,
+            on_done=stream and stream.flush,
+        )
 
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids for a prompt: text through the chat template (unless ``raw``), chat messages
@@ -323,7 +332,10 @@ class Speculator:
         (streaming); ``check`` also decodes plainly and fills ``Output.greedy_check``."""
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, check)
         ids = self.encode(prompt, raw)
-        out = self.output(self.run(ids, cfg, self._text_stream(on_text)), len(ids))
+        stream = self._text_stream(on_text)
+        out = self.output(self.run(ids, cfg, stream), len(ids))
+        if stream is not None:
+            stream.flush()
         return self.checked(out, ids, cfg) if check else out
 
     def generate_batch(

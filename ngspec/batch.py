@@ -117,6 +117,7 @@ class Request:
     on_tokens: Callable[[list[int]], None] | None = None
     gen: torch.Generator | None = None
     cancelled: Callable[[], bool] | None = None  # asked before each step: True ends the row ("cancelled")
+    on_done: Callable[[], None] | None = None  # called once the row has ended, unless cancelled (e.g. to send the last text)
 
 
 @dataclass
@@ -193,6 +194,8 @@ def generate_batch(
     began = time.perf_counter()
 
     def finish(row: _Row) -> None:
+        if row.request.on_done is not None and row.reason != "cancelled":
+            row.request.on_done()
         g = Generation(row.out, time.perf_counter() - row.start, row.reason, row.stats,
                        row.drafter.stats() if hasattr(row.drafter, "stats") else None)
         results[row.index] = BatchResult(row.index, g)

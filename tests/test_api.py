@@ -169,3 +169,64 @@ def test_a_cpu_speculator_run_from_another_thread_warns_once(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         spec.generate([1, 2, 3], max_new_tokens=2)  # once only
+
+
+def _bytes_detokenize(ids: list[int]) -> str:
+    """A byte-level tokenizer's decoding: each id is one byte (a multi-byte character spans ids)."""
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_streamed_text_sends_complete_characters_at_once_and_the_rest_at_the_end():
+    """Text streams up to the last complete character as tokens arrive (an incomplete one at the
+    end waits for its other bytes, the characters before it do not), and `flush` sends what is
+    left once generation ends, so the pieces always add up to the output's text, even one that
+    ends mid-character."""
+    from ngspec.api import TextDeltas
+
+    cat = list("🐱".encode())  # 4 bytes
+    pieces: list[str] = []
+    stream = TextDeltas(_bytes_detokenize, pieces.append)
+    stream([ord("a")] + cat[:2])  # 'a' complete, the cat half there
+    assert pieces == ["a"]
+    stream(cat[2:] + [ord("b")] + cat[:1])
+    assert pieces == ["a", "🐱b"]
+    stream(cat[1:3])  # still incomplete: nothing new
+    assert pieces == ["a", "🐱b"]
+    stream.flush()  # generation ended mid-character: the replacement character, as the output's text has it
+    assert "".join(pieces) == _bytes_detokenize([ord("a")] + cat + [ord("b")] + cat[:3])
+    stream.flush()  # nothing twice
+    assert "".join(pieces).count("\ufffd") == 1
+
+
+def test_streamed_text_adds_up_to_the_text_whatever_the_budget(tiny):
+    """Through `generate`: ``on_text``'s pieces join to ``Output.text`` at every budget, with a
+    byte-level tokenizer whose outputs break characters."""
+    def to_bytes(ids: list[int]) -> str:  # ids under 32 are ASCII letters, the rest bytes 0xA0-0xFF
+        return _bytes_detokenize([ord("a") + i if i < 32 else 0xA0 + i - 32 for i in ids])
+
+    class ByteTokenizer:
+        def decode(self, ids, skip_special_tokens=False):
+            return to_bytes(ids)
+
+    spec = Speculator.from_model(tiny, ByteTokenizer(), drafter="trie")
+    spec.engine.detokenize = to_bytes
+    rng = random.Random(0)
+    prompt = repetitive_prompt(rng, VOCAB, 40)
+    broken = 0
+    for budget in range(1, 40):
+        pieces: list[str] = []
+        out = spec.generate(prompt, max_new_tokens=budget, on_text=pieces.append)
+        assert "".join(pieces) == out.text, budget
+        broken += out.text.endswith("\ufffd")
+    assert broken  # some budgets end mid-character
+
+
+def test_the_cli_text_stream_prints_the_held_back_end_when_it_finishes(capsys):
+    """`generate` prints what the output's text ends with, even a character cut off by the budget."""
+    from ngspec.cli.render import TextStream
+
+    stream = TextStream(_bytes_detokenize)
+    stream([ord("a")] + list("🐱".encode())[:2])
+    assert capsys.readouterr().out == "a"
+    stream.finish()
+    assert capsys.readouterr().out == _bytes_detokenize([ord("a")] + list("🐱".encode())[:2])[1:] + "\n"

@@ -597,3 +597,31 @@ def test_a_cancelled_request_ends_at_the_next_step_and_frees_its_slot(tiny, prom
     gone = results[1].generation
     assert gone.finish_reason == "cancelled" and 3 <= len(gone.token_ids) < 30 and gone.token_ids == expected[1][: len(gone.token_ids)]
     assert [r.generation.token_ids for r in (results[0], results[2], results[3])] == [expected[0], expected[2], expected[3]]
+
+
+def test_each_row_that_ends_calls_its_on_done_once_after_its_last_tokens_and_a_cancelled_row_never(tiny, prompts_and_expected):
+    """``Request.on_done`` (the API sends a stream's last text there): once per row that ends, by
+    budget (one token too) or EOS, after every token it emitted; not for a row cancelled
+    (its client left)."""
+    from ngspec.batch import Request
+    from ngspec.verify import SamplingConfig
+
+    prompts, expected = prompts_and_expected
+    emitted: dict[int, list[int]] = {}
+    done: list[tuple[int, int]] = []  # (row, tokens emitted by then)
+
+    def request(i: int, budget: int, cancelled=None) -> Request:
+        return Request(
+            i, prompts[i], budget, SamplingConfig(), Stopper(frozenset()), on_tokens=lambda t: emitted.setdefault(i, []).extend(t),
+            cancelled=cancelled, on_done=lambda: done.append((i, len(emitted.get(i, [])))),
+        )
+
+    arrivals = [[request(0, 30), request(1, 30, cancelled=lambda: len(emitted.get(1, [])) >= 3), request(2, 1), request(3, 12)]]
+    results, _ = generate_batch(
+        tiny, [], lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=30), BatchConfig(2), lambda: Stopper(frozenset()),
+        feed=lambda: arrivals.pop(0) if arrivals else [],
+    )
+    ended = {r.index: r.generation for r in results}
+    assert ended[1].finish_reason == "cancelled"
+    assert sorted(done) == [(i, len(ended[i].token_ids)) for i in (0, 2, 3)]
+    assert ended[0].token_ids == expected[0] and ended[2].token_ids == expected[2][:1] and ended[3].token_ids == expected[3][:12]

@@ -66,6 +66,7 @@ class TextStream:
         sys.stdout.flush()
 
     def finish(self) -> None:
+        self._deltas.flush()  # text held back for a character's other bytes, if the output ends mid-character
         sys.stdout.write("\n")
         sys.stdout.flush()
 
