@@ -28,7 +28,7 @@ from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.target import TargetModel
 from ngspec.verify import SamplingConfig
 from test_families import FAMILIES, family_model
-from test_lossless import VOCAB, tiny_datastore, tiny_eagle, tiny_tables  # noqa: F401 (fixtures)
+from test_lossless import STEEP_COST, VOCAB, tiny_datastore, tiny_eagle, tiny_tables  # noqa: F401 (fixtures)
 
 CASES = int(os.environ.get("NGSPEC_FUZZ_CASES", "60"))  # per tiny model family, and over the other families
 WINDOW = 512  # the test models' context window
@@ -40,7 +40,7 @@ def _cost(rng: random.Random) -> tuple[float, ...]:
     if kind == "flat":
         return ()
     if kind == "steep":
-        return (1.0, 1.01, 1.05, 1.6, 1.7, 2.0) + (2.5,) * 60
+        return STEEP_COST
     if kind == "gpu":
         return tuple(1 + 0.004 * n for n in range(97))
     table = [1.0]
