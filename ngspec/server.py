@@ -7,7 +7,9 @@ or token ids; a list of prompts is decoded as one batch) and ``POST /v1/chat/com
 The model runs on one thread, the one that loaded it (`Worker`, `serve`); HTTP threads only parse
 and answer. Requests that arrive while others are decoded join their batch at the next step
 (`Service._run_batch`, through `generate_batch`'s ``feed``), each with its own budget, sampling,
-stops and stream. Greedy (``temperature`` 0, the default here) is token-identical to plain
+stops and stream. As in OpenAI's API, the text of an answer that ends at a stop string ends just
+before it (its ``token_ids`` keep every generated token), and a stream holds back the characters
+a stop string could still start in (`HeldText`). Greedy (``temperature`` 0, the default here) is token-identical to plain
 decoding; ``temperature`` > 0 samples, identical in distribution. Every response carries an
 ``ngspec`` object (tokens per call, speed, drafting share) and the choices' ``token_ids``. Bad
 requests get HTTP 400 with OpenAI's error shape and one readable message.
@@ -55,6 +57,39 @@ class BadRequest(NgspecError):
 
 
 STOPPING = BadRequest("the server is stopping", HTTPStatus.SERVICE_UNAVAILABLE)
+
+
+def before_stop(text: str, stops) -> str:
+    """``text`` up to the first place a stop string starts (all of it when none does): OpenAI's
+    answers leave the stop string out, and the text after it that its last token brought."""
+    starts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[: min(starts)] if starts else text
+
+
+class HeldText:
+    """A stream's text without its stop strings: characters go out only once no stop string can
+    still start among them (the last ``longest stop - 1`` characters wait for more text), and
+    never past a stop string. `finish`, with the answer's text, sends what was held back."""
+
+    def __init__(self, stops, send: Callable[[str], None]) -> None:
+        self.stops = tuple(stops)
+        self.wait = max((len(s) for s in self.stops), default=1) - 1
+        self.send = send
+        self.text = ""
+        self.sent = 0
+
+    def __call__(self, piece: str) -> None:
+        self.text += piece
+        self._send_up_to(min(len(self.text) - self.wait, len(before_stop(self.text, self.stops))))
+
+    def finish(self, text: str) -> None:
+        self.text = text
+        self._send_up_to(len(before_stop(text, self.stops)))
+
+    def _send_up_to(self, end: int) -> None:
+        if end > self.sent:
+            self.send(self.text[self.sent : end])
+            self.sent = end
 
 
 class ClientGone(Exception):
@@ -301,29 +336,32 @@ class Service:
             sent.append(chunk)
             return chunk
 
-        on_text = None if emit is None else (lambda text: emit(stream(text)))
+        stops = kwargs["stop"]
+        held = None if emit is None else HeldText(stops, lambda text: emit(stream(text)))
         # nothing is sent before the prompt's checks (its length, the sampling settings)
         if self.batch_size > 1:  # a client that left ends its row at the next step
-            out = self._wait(self.worker.join_batch(Pending(prompt, raw, kwargs, on_text, gone)))
+            out = self._wait(self.worker.join_batch(Pending(prompt, raw, kwargs, held, gone)))
         else:
             def on_text_alone(text: str) -> None:
                 if gone is not None and gone():
                     raise ClientGone  # ends this request's generation
-                on_text(text)
+                held(text)
 
-            work = lambda: self.spec.generate(prompt, raw=raw, on_text=on_text and on_text_alone, **kwargs)  # noqa: E731
+            work = lambda: self.spec.generate(prompt, raw=raw, on_text=held and on_text_alone, **kwargs)  # noqa: E731
             try:
                 out = self._wait(self.worker.submit(work))
             except ClientGone:
                 return None
         finish = FINISH[out.finish_reason]
         extra = {"usage": usage(out.prompt_tokens, out.new_tokens), "ngspec": ngspec_stats(out, self.spec.drafter)}
+        text = out.text or ""
         if emit is not None:
+            held.finish(text)
             last = stream(None, finish)
             last["choices"][0]["token_ids"] = out.token_ids
             emit({**last, **extra})
             return None
-        text = out.text or ""
+        text = before_stop(text, stops)
         choice = {"index": 0, "finish_reason": finish, "token_ids": out.token_ids}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None})
         return {**head, "object": kind, "choices": [choice], **extra}
@@ -349,7 +387,7 @@ class Service:
         if failed:
             raise BadRequest("; ".join(failed))
         choices = [
-            {"index": i, "text": o.text or "", "logprobs": None, "finish_reason": FINISH[o.finish_reason], "token_ids": o.token_ids, "ngspec": ngspec_stats(o, self.spec.drafter)}
+            {"index": i, "text": before_stop(o.text or "", kwargs["stop"]), "logprobs": None, "finish_reason": FINISH[o.finish_reason], "token_ids": o.token_ids, "ngspec": ngspec_stats(o, self.spec.drafter)}
             for i, o in enumerate(outs)
         ]
         prompt_tokens, new_tokens, calls = (sum(getattr(o, f) for o in outs) for f in ("prompt_tokens", "new_tokens", "verify_calls"))

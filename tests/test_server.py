@@ -18,7 +18,7 @@ import pytest
 
 from conftest import hf_greedy, repetitive_prompt
 from ngspec import NgspecError, Speculator
-from ngspec.server import make_server, serve
+from ngspec.server import HeldText, before_stop, make_server, serve
 from test_cli import invoke
 from test_lossless import VOCAB
 
@@ -160,6 +160,39 @@ def test_serve_refuses_bad_options_before_loading():
         assert result.exit_code == 1 and message in result.stderr, result.stderr
 
 
+def test_held_text_sends_everything_before_the_first_stop_string_and_nothing_of_it():
+    """Against `before_stop` of the whole text: random texts cut into random pieces, sent as a
+    generation would (ending at the piece that completes a stop string, or not); what has been
+    sent is at every moment a prefix of the answer, and all of it once `finish` has run."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        stops = ["".join(rng.choice("ab\n") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(0, 3))]
+        text = "".join(rng.choice("abc\n") for _ in range(rng.randint(0, 30)))
+        pieces, start = [], 0
+        while start < len(text):
+            end = start + rng.randint(1, 4)
+            pieces.append(text[start:end])
+            start = end
+            if before_stop(text[:end], stops) != text[:end]:  # a stop string completed: generation ends
+                break
+        text = "".join(pieces)
+        answer, sent = before_stop(text, stops), []
+        held = HeldText(stops, sent.append)
+        for piece in pieces:
+            held(piece)
+            assert answer.startswith("".join(sent))
+        held.finish(text)
+        assert "".join(sent) == answer and all(sent)
+        if not stops:  # nothing to hold back: each piece goes out as it comes
+            assert sent == [p for p in pieces if p]
+
+
+def test_before_stop_cuts_at_the_earliest_stop_string():
+    assert before_stop("1, 2, 3, 4, 5,", ["5,", "7"]) == "1, 2, 3, 4, "
+    assert before_stop("the mat.", ["at", "mat"]) == "the "
+    assert before_stop("no stop here", ["x"]) == "no stop here" and before_stop("abc", ()) == "abc"
+
+
 @pytest.mark.slow
 def test_chat_and_completions_on_the_default_model_streamed_or_not(default_model):
     spec = Speculator.from_model(default_model.model, default_model.tokenizer, "trie")
@@ -178,9 +211,18 @@ def test_chat_and_completions_on_the_default_model_streamed_or_not(default_model
         assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == plain.text
         assert events[-1]["choices"][0]["token_ids"] == plain.token_ids and events[-1]["usage"]["completion_tokens"] == len(plain.token_ids)
 
-        status, events = call(url, "/v1/completions", {"prompt": ["The cat sat on the mat. The cat"], "max_tokens": 8, "stream": True, "stop": ["mat"]})
-        text = "".join(e["choices"][0]["text"] for e in events)
-        assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length") and text.count("mat") <= 1
+        # OpenAI's stop: the text ends before the stop string, streamed or not; the token ids keep it
+        stop_body = {"prompt": "Count from 1 to 10, separated by commas: 1, 2,", "max_tokens": 24, "stop": ["5,", "7"]}
+        plain = Speculator.from_model(default_model.model, default_model.tokenizer, "vanilla").generate(stop_body["prompt"], max_new_tokens=24, raw=True, stop=stop_body["stop"])
+        assert plain.finish_reason == "stop" and plain.text.endswith("5,")  # the API keeps the stop string
+        status, body = call(url, "/v1/completions", stop_body)
+        assert body["choices"][0]["text"] == plain.text[: -len("5,")] and body["choices"][0]["token_ids"] == plain.token_ids
+        assert body["choices"][0]["finish_reason"] == "stop"
+        status, events = call(url, "/v1/completions", {**stop_body, "stream": True})
+        assert "".join(e["choices"][0]["text"] for e in events) == plain.text[: -len("5,")]
+        assert events[-1]["choices"][0]["finish_reason"] == "stop" and events[-1]["choices"][0]["token_ids"] == plain.token_ids
+        status, body = call(url, "/v1/completions", {**stop_body, "prompt": [stop_body["prompt"]] * 2})  # a list: the batch path
+        assert [c["text"] for c in body["choices"]] == [plain.text[: -len("5,")]] * 2
 
         # refused before the stream opens: a plain 400, not an event
         status, answer = call(url, "/v1/completions", {"prompt": "word " * 9000, "stream": True})
