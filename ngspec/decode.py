@@ -77,10 +77,12 @@ class Stopper:
 
     def _ends_in_stop(self, tokens: list[int]) -> bool:
         assert self.detokenize is not None
-        tail = self.detokenize(tokens[-self._window :])
-        last = self.detokenize(tokens[-1:])
-        # only a stop string that ends inside the newest token counts as newly completed
-        return any(s in tail and s not in tail[: len(tail) - len(last)] for s in self.stop_strings)
+        window = tokens[-self._window :]
+        tail, before = self.detokenize(window), self.detokenize(window[:-1])
+        # only a stop string the newest token completes counts: the window's text without that
+        # token does not hold it (a token's text alone can differ from what it adds in context:
+        # SentencePiece drops a leading space, so "mat " completed by "▁on" went unseen)
+        return any(s in tail and s not in before for s in self.stop_strings)
 
 
 def _first_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> int:

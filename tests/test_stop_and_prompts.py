@@ -1,4 +1,5 @@
 import json
+import random
 
 import pytest
 
@@ -19,6 +20,41 @@ def test_stopper_stop_string_completed_inside_run():
     assert stopper.cut([1, 2], [3, 4, 5]) == ([3, 4], "stop")
     # a stop string already in the text before does not stop again
     assert stopper.cut([3, 4], [1, 2]) == ([1, 2], None)
+
+
+def metaspace_tokenizer():
+    """A SentencePiece-style (Llama 2, Mistral) word tokenizer: a word's token alone decodes
+    without the leading space it adds in context."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "\u2581the", "\u2581mat", "\u2581on", "\u2581cat", ".", "\u2581sat", "\n"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    backend.decoder = decoders.Metaspace(prepend_scheme="first")
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_a_stop_string_stops_at_the_token_that_completes_it_whatever_the_decoder():
+    """Against the definition: the first token after which the decoded text holds the stop
+    string. Every substring of random texts, on a SentencePiece-style decoder (whose tokens alone
+    drop their leading space) and a plain one, fed one token at a time and in random runs."""
+    tok = metaspace_tokenizer()
+    plain = {i: f"<{i}>" for i in range(8)}
+    decoders = (lambda ids: tok.decode(ids), lambda ids: "".join(plain[i] for i in ids))
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.randint(1, 7) for _ in range(rng.randint(1, 12))]
+        for decode in decoders:
+            text = decode(ids)
+            i, j = sorted(rng.sample(range(len(text) + 1), 2))
+            stop = text[i:j]
+            first = next(n for n in range(1, len(ids) + 1) if stop in decode(ids[:n]))
+            stopper, out, reason = Stopper(frozenset(), [stop], decode), [], None
+            while reason is None and len(out) < len(ids):
+                new, reason = stopper.cut(out, ids[len(out) : len(out) + rng.randint(1, 3)])
+                out += new
+            assert (out, reason) == (ids[:first], "stop"), (text, stop)
 
 
 def test_decode_config_rejects_non_positive_budget():
