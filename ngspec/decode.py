@@ -62,7 +62,8 @@ class Stopper:
         self.eos_ids = eos_ids
         self.stop_strings = tuple(stop_strings)
         self.detokenize = detokenize
-        self._window = max((len(s) for s in stop_strings), default=0) + 8
+        # tokens enough to hold any stop string: a token adds at least one byte of text
+        self._window = max((len(s.encode()) for s in stop_strings), default=0) + 8
 
     def cut(self, previous: list[int], new: Sequence[int]) -> tuple[list[int], str | None]:
         """Return the part of ``new`` to keep and why generation stops there (or None)."""

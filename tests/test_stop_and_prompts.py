@@ -38,14 +38,19 @@ def metaspace_tokenizer():
 def test_a_stop_string_stops_at_the_token_that_completes_it_whatever_the_decoder():
     """Against the definition: the first token after which the decoded text holds the stop
     string. Every substring of random texts, on a SentencePiece-style decoder (whose tokens alone
-    drop their leading space) and a plain one, fed one token at a time and in random runs."""
+    drop their leading space), a plain one and a byte-level one (a CJK character or an emoji is 3
+    or 4 tokens), fed one token at a time and in random runs."""
     tok = metaspace_tokenizer()
     plain = {i: f"<{i}>" for i in range(8)}
-    decoders = (lambda ids: tok.decode(ids), lambda ids: "".join(plain[i] for i in ids))
     rng = random.Random(0)
+    cases = (
+        (lambda ids: tok.decode(ids), lambda: [rng.randint(1, 7) for _ in range(rng.randint(1, 12))]),
+        (lambda ids: "".join(plain[i] for i in ids), lambda: [rng.randint(1, 7) for _ in range(rng.randint(1, 12))]),
+        (lambda ids: bytes(ids).decode("utf-8", errors="replace"), lambda: list("".join(rng.choices("a 猫🐱", k=rng.randint(1, 12))).encode())),
+    )
     for _ in range(300):
-        ids = [rng.randint(1, 7) for _ in range(rng.randint(1, 12))]
-        for decode in decoders:
+        for decode, draw in cases:
+            ids = draw()
             text = decode(ids)
             i, j = sorted(rng.sample(range(len(text) + 1), 2))
             stop = text[i:j]
