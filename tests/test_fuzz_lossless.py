@@ -1,5 +1,5 @@
 """Randomised losslessness: seeded random combinations of drafter, batch size, budget (down to one
-token), prompts that reach the end of the context window, EOS, verify-cost table, batch layout,
+token), prompts that reach the end of the context window, EOS, stop strings, verify-cost table, batch layout,
 sizing and compaction, EAGLE's tree options, requests fed to a running batch, sampling that must
 reduce to greedy (top-k 1, or a top-p that keeps one token), and model families (sliding windows,
 latent attention, learned positions, ...), each row against transformers' plain greedy decoding.
@@ -33,6 +33,19 @@ from test_lossless import STEEP_COST, VOCAB, tiny_datastore, tiny_eagle, tiny_ta
 CASES = int(os.environ.get("NGSPEC_FUZZ_CASES", "60"))  # per tiny model family, and over the other families
 WINDOW = 512  # the test models' context window
 NEAR_TIE = 1e-5  # top-1 minus top-2 logit below which float32 rounding may pick either
+# a toy detokenizer for stop strings: each token is one to three characters of a small alphabet,
+# so a stop string can start, end or lie inside a token and recur
+PIECES = ["".join(random.Random(t).choices("ab c", k=1 + t % 3)) for t in range(VOCAB)]
+
+
+def detokenize(ids: list[int]) -> str:
+    return "".join(PIECES[t] for t in ids)
+
+
+def _until_stop(tokens: list[int], stops: tuple[str, ...]) -> list[int]:
+    """``tokens`` up to the first one after which the text holds a stop string."""
+    end = next((n for n in range(1, len(tokens) + 1) if any(s in detokenize(tokens[:n]) for s in stops)), len(tokens))
+    return tokens[:end]
 
 
 def _cost(rng: random.Random) -> tuple[float, ...]:
@@ -104,10 +117,14 @@ def _near_tie(model, prompt: list[int], want: list[int], got: list[int]) -> bool
     return float(top[0] - top[1]) < NEAR_TIE
 
 
-def _check(model, prompts, budgets, got, eos, where, ties) -> None:
+def _greedy(model, prompt: list[int], budget: int, eos: int | None, stops: tuple[str, ...] = ()) -> list[int]:
+    # the last token emitted needs no position: a prompt of n tokens leaves room for WINDOW + 1 - n
+    return _until_stop(hf_greedy(model, prompt, min(budget, WINDOW + 1 - len(prompt)), eos=eos), stops)
+
+
+def _check(model, prompts, budgets, got, eos, where, ties, stops: tuple[str, ...] = ()) -> None:
     for i, (prompt, budget, row) in enumerate(zip(prompts, budgets, got)):
-        # the last token emitted needs no position: a prompt of n tokens leaves room for WINDOW + 1 - n
-        want = hf_greedy(model, prompt, min(budget, WINDOW + 1 - len(prompt)), eos=eos)
+        want = _greedy(model, prompt, budget, eos, stops)
         if row != want:
             assert _near_tie(model, prompt, want, row), f"{where}, row {i}: {row} != {want}"
             ties.append(where)
@@ -135,13 +152,19 @@ def test_random_settings_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_
             rng.shuffle(vocab)
             eagle = eagle_factory(tiny, started_head(tiny), _eagle_options(rng), vocab)
 
+        stops: tuple[str, ...] = ()
+        if rng.random() < 0.3:  # a stop string from the first prompt's answer, which may end other rows too
+            text = detokenize(_greedy(tiny, prompts[0], budget, eos))
+            start = rng.randrange(max(1, len(text)))
+            stops = tuple(t for t in (text[start : start + rng.randint(1, 6)], "".join(rng.choices("ab c", k=4))) if t)
+
         def new_drafter():
             return make_drafter(drafter, opts, tiny_tables, eagle, store)
 
         def stopper() -> Stopper:
-            return Stopper(frozenset({eos} if eos is not None else ()))
+            return Stopper(frozenset({eos} if eos is not None else ()), stops, detokenize)
 
-        where = f"case {case}: {drafter}, batch size {batch_size}, budget {budget}, {sampling}"
+        where = f"case {case}: {drafter}, batch size {batch_size}, budget {budget}, {sampling}, stops {stops}"
         budgets = [budget] * len(prompts)
         if batch_size == 1 and rng.random() < 0.5:  # the single-sequence loop, either verify layout
             target = TargetModel(tiny)
@@ -169,7 +192,7 @@ def test_random_settings_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_
                 results, _ = generate_batch(tiny, prompts, new_drafter, cfg, batch, stopper, verify_cost=lambda context: cost)
             assert all(r.error is None for r in results), where
             got = [r.generation.token_ids for r in results]
-        _check(tiny, prompts, budgets, got, eos, where, ties)
+        _check(tiny, prompts, budgets, got, eos, where, ties, stops)
     assert len(ties) <= max(1, CASES // 2000), ties  # rounding ties are rare; many would be a bug that picks near-ties
 
 
