@@ -208,6 +208,25 @@ def test_prompt_longer_than_context_window(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("json_out", [True, False])
+def test_one_at_a_time_a_long_prompt_fails_alone_and_the_others_run(tmp_path, json_out):
+    """As in a batch: the prompt after the one that cannot run is still answered, and the run
+    ends with exit code 1 naming the failed prompt."""
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": "a", "prompt": PROMPT}, {"id": "long", "prompt": "word " * 9000}, {"id": "b", "prompt": "Count from one to ten."}]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    result = invoke("generate", "-p", prompts, "-n", 4, *(["--json"] if json_out else []))
+    assert result.exit_code == 1 and "1 prompt(s) failed: long (the others finished)" in result.stderr
+    assert "Traceback" not in result.output + result.stderr
+    if json_out:
+        lines = [json.loads(x) for x in result.stdout.strip().splitlines()]
+        assert [r["id"] for r in lines] == ["a", "long", "b"] and "context window is 8192" in lines[1]["error"]
+        assert lines[2]["new_tokens"] == 4
+    else:
+        assert "prompt long: the prompt has" in result.stderr and "prompt b" in result.stdout
+
+
+@pytest.mark.slow
 def test_search_with_a_datastore_of_another_tokenizer_is_refused(tmp_path, prompt_file):
     from ngspec.datastore.build import BuildOptions, build_datastore
     from ngspec.models import load_model

@@ -139,7 +139,11 @@ def _run_batch(spec: Speculator, prompts, ids, cfg, batch, json_out: bool, check
             ],
         )
     if failed:
-        raise NgspecError(f"{len(failed)} prompt(s) failed: {', '.join(failed)} (the others finished)")
+        raise NgspecError(_failures(failed))
+
+
+def _failures(failed: list[str]) -> str:
+    return f"{len(failed)} prompt(s) failed: {', '.join(failed)} (the others finished)"
 
 
 @with_drafting_options
@@ -175,6 +179,7 @@ def generate_command(
     """
     from ngspec.api import Speculator, check_choice
     from ngspec.batch import BatchConfig
+    from ngspec.decode import check_prompt
 
     check_choice(drafter, drafting)  # validate everything before loading anything
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
@@ -191,9 +196,19 @@ def generate_command(
     if batch_size > 1:
         _run_batch(spec, prompts, [spec.encode(p.text, raw) for p in prompts], cfg, batch, json_out, check)
         return
-    engine = spec.engine
+    engine, failed = spec.engine, []
     for prompt in prompts:
         ids = spec.encode(prompt.text, raw)
+        if len(prompts) > 1:  # a prompt that cannot run fails alone, as in a batch
+            try:
+                check_prompt(ids, engine.target.max_length)
+            except NgspecError as exc:
+                failed.append(prompt.id)
+                if json_out:
+                    render.json_line({"id": prompt.id, "drafter": drafter, "error": str(exc)})
+                else:
+                    render.error(f"prompt {prompt.id}: {exc}")
+                continue
         stream = None if json_out else render.TextStream(engine.detokenize)
         if stream is not None and len(prompts) > 1:
             render.console.rule(f"prompt {prompt.id}")
@@ -219,3 +234,5 @@ def generate_command(
                 *_check_rows(record.get("greedy_check")),
             ],
         )
+    if failed:
+        raise NgspecError(_failures(failed))
