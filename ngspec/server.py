@@ -502,20 +502,27 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # connections waiting to be accepted: clients that connect at once (a harness with 64 workers)
+    # overflowed the standard library's 5, and up to 27 of 64 were reset (BENCHMARKS.md 10zj)
+    request_queue_size = 1024
+    service: Service
+
+
 def make_server(
     spec: Speculator, host: str = "127.0.0.1", port: int = 8000, max_tokens_default: int = 256, batch_size: int = 8,
     log: Callable[[str], None] | None = None,
-) -> ThreadingHTTPServer:
+) -> Server:
     """A server bound to (host, port) (port 0: any free port, read ``server.server_address``).
     `serve` runs it; ``batch_size``: rows decoded together (concurrent requests, and a completions
     request's list of prompts). Its `Service` is ``server.service``."""
     service = Service(spec, max_tokens_default, batch_size)
     handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None})
     try:
-        server = ThreadingHTTPServer((host, port), handler)
+        server = Server((host, port), handler)
     except OSError as exc:
         raise NgspecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    server.daemon_threads = True
     server.service = service
     return server
 

@@ -85,6 +85,41 @@ def test_completions_of_token_ids_are_plain_greedy(tiny, tiny_server):
         assert body["ngspec"]["drafter"] == "trie" and body["ngspec"]["mean_tokens_per_call"] >= 1.0
 
 
+def test_clients_that_connect_all_at_once_are_all_answered(tiny):
+    """64 clients connect before the server accepts any (a harness's workers starting together):
+    the kernel holds every connection until it is accepted, and each gets its answer. The
+    standard library's queue of 5 left the others' handshakes hanging (and reset some in use)."""
+    import socket
+
+    server = make_server(Speculator.from_model(tiny, drafter="trie"), port=0)
+    address, thread = server.server_address, None
+    try:
+        clients = []
+        for _ in range(64):  # not yet accepting: a connection completes only if the queue holds it
+            clients.append(socket.create_connection(address, timeout=2))
+        body = json.dumps({"prompt": [5, 6, 7, 8], "max_tokens": 3}).encode()
+        request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        for client in clients:
+            client.sendall(request)
+        thread = threading.Thread(target=serve, args=(server,), daemon=True)
+        thread.start()
+        answers = []
+        for client in clients:
+            client.settimeout(60)
+            data = b""
+            while chunk := client.recv(65536):
+                data += chunk
+            answers.append(data.split(b"\r\n")[0])
+            client.close()
+        assert answers == [b"HTTP/1.1 200 OK"] * 64
+    finally:
+        if thread is None:
+            server.server_close()
+        else:
+            server.service.worker.stop()
+            thread.join(timeout=30)
+
+
 def test_a_list_of_prompts_is_decoded_as_one_batch_each_plain_greedy(tiny, tiny_server):
     rng = random.Random(4)
     eos = tiny.generation_config.eos_token_id
