@@ -31,6 +31,7 @@ app = typer.Typer(
 def friendly(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        debug = os.environ.get("NGSPEC_DEBUG")
         try:
             with warnings.catch_warnings():
                 shown = warnings.showwarning
@@ -45,25 +46,26 @@ def friendly(command: Callable) -> Callable:
                 warnings.showwarning = show
                 return command(*args, **kwargs)
         except NgspecError as exc:
-            if os.environ.get("NGSPEC_DEBUG"):
+            if debug:
                 raise
-            render.error(str(exc))
-            raise typer.Exit(1) from None
+            message, code = str(exc), 1
         except KeyboardInterrupt:
-            render.error("interrupted")
-            raise typer.Exit(130) from None
+            message, code = "interrupted", 130
         except (typer.Exit, typer.Abort):
             raise
         except OSError as exc:  # a path that cannot be read or written, a full disk
-            if os.environ.get("NGSPEC_DEBUG"):
+            if debug:
                 raise
-            render.error(f"{os_error_message(exc)} (set NGSPEC_DEBUG=1 for the traceback)")
-            raise typer.Exit(1) from None
+            message, code = f"{os_error_message(exc)} (set NGSPEC_DEBUG=1 for the traceback)", 1
         except Exception as exc:
-            if os.environ.get("NGSPEC_DEBUG"):
+            if debug:
                 raise
-            render.error(f"{type(exc).__name__}: {exc} (set NGSPEC_DEBUG=1 for the traceback)")
-            raise typer.Exit(1) from None
+            message, code = f"{type(exc).__name__}: {exc} (set NGSPEC_DEBUG=1 for the traceback)", 1
+        # raised outside the handlers, so the exit carries no exception chain: a command run in
+        # process (tests, a notebook) that failed released its frames, model and caches at once
+        # (chained, a failed batched EAGLE run kept its model's weights mapped: 0.5 GB a run)
+        render.error(message)
+        raise typer.Exit(code)
 
     return wrapper
 
