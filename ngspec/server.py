@@ -9,10 +9,10 @@ and answer. Requests that arrive while others are decoded join their batch at th
 (`Service._run_batch`, through `generate_batch`'s ``feed``), each with its own budget, sampling,
 stops and stream. As in OpenAI's API, the text of an answer that ends at a stop string ends just
 before it (its ``token_ids`` keep every generated token), and a stream holds back the characters
-a stop string could still start in (`HeldText`). Greedy (``temperature`` 0, the default here) is token-identical to plain
-decoding; ``temperature`` > 0 samples, identical in distribution. Every response carries an
-``ngspec`` object (tokens per call, speed, drafting share) and the choices' ``token_ids``. Bad
-requests get HTTP 400 with OpenAI's error shape and one readable message.
+a stop string could still start in (`HeldText`). Greedy (``temperature`` 0, the default here) is
+token-identical to plain decoding; ``temperature`` > 0 samples, identical in distribution. Every
+response carries an ``ngspec`` object (tokens per call, speed, drafting share) and the choices'
+``token_ids``. Bad requests get HTTP 400 with OpenAI's error shape and one readable message.
 """
 
 from __future__ import annotations
@@ -527,7 +527,7 @@ def make_server(
     return server
 
 
-def serve(server: ThreadingHTTPServer) -> None:
+def serve(server: Server) -> None:
     """Answer HTTP on a background thread and generate on this one (the thread that loaded the
     model), until Ctrl-C or `server.service.worker.stop()`."""
     http = threading.Thread(target=server.serve_forever, name="ngspec-http", daemon=True)
