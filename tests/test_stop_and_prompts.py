@@ -37,7 +37,7 @@ def metaspace_tokenizer():
 
 def test_a_stop_string_stops_at_the_token_that_completes_it_whatever_the_decoder():
     """Against the definition: the first token after which the decoded text holds the stop
-    string. Every substring of random texts, on a SentencePiece-style decoder (whose tokens alone
+    string. Random substrings of random texts, on a SentencePiece-style decoder (whose tokens alone
     drop their leading space), a plain one and a byte-level one (a CJK character or an emoji is 3
     or 4 tokens), fed one token at a time and in random runs."""
     tok = metaspace_tokenizer()
