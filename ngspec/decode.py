@@ -49,17 +49,19 @@ class Generation:
 
 
 class Stopper:
-    """Finds the first EOS token or completed stop string inside a run of new tokens."""
+    """Finds the first EOS token, stop token or completed stop string inside a run of new tokens."""
 
     def __init__(
         self,
         eos_ids: frozenset[int],
         stop_strings: Sequence[str] = (),
         detokenize: Callable[[list[int]], str] | None = None,
+        stop_ids: frozenset[int] = frozenset(),
     ) -> None:
         if stop_strings and detokenize is None:
             raise ValueError("stop strings need a detokenizer")
         self.eos_ids = eos_ids
+        self.stop_ids = stop_ids  # tokens that end generation as a stop string does
         self.stop_strings = tuple(stop_strings)
         self.detokenize = detokenize
         # tokens enough to hold any stop string: a token adds at least one byte of text
@@ -72,6 +74,8 @@ class Stopper:
             kept.append(tok)
             if tok in self.eos_ids:
                 return kept, "eos"
+            if tok in self.stop_ids:
+                return kept, "stop"
             if self.stop_strings and self._ends_in_stop(previous + kept):
                 return kept, "stop"
         return kept, None
@@ -84,6 +88,14 @@ class Stopper:
         # token does not hold it (a token's text alone can differ from what it adds in context:
         # SentencePiece drops a leading space, so "mat " completed by "▁on" went unseen)
         return any(s in tail and s not in before for s in self.stop_strings)
+
+
+def special_stop_ids(tokenizer, stop_strings: Sequence[str], detokenize: Callable[[list[int]], str]) -> frozenset[int]:
+    """The special tokens a stop string names ("<|im_end|>", "<|eot_id|>"): the text leaves them
+    out, so the string could never be found there; such a token stops generation itself."""
+    wanted = set(stop_strings)
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return frozenset(i for i, token in added.items() if token.content in wanted and detokenize([i]) == "")
 
 
 def _first_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> int:

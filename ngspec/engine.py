@@ -16,7 +16,7 @@ import torch
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.contracts import Drafter
 from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_anchor
-from ngspec.decode import DecodeConfig, Generation, Stopper, generate
+from ngspec.decode import DecodeConfig, Generation, Stopper, generate, special_stop_ids
 from ngspec.models import LoadedModel
 from ngspec.cpu_linear import stock_linears
 from ngspec.perf.costs import cached_verify_costs
@@ -80,8 +80,10 @@ class Engine:
         return self.loaded.tokenizer.decode(ids, skip_special_tokens=True)
 
     def stopper(self, cfg: DecodeConfig) -> Stopper:
-        """EOS (the config's, else the model's) and the config's stop strings."""
-        return Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize)
+        """EOS (the config's, else the model's) and the config's stop strings; one that names a
+        special token stops at that token (`special_stop_ids`)."""
+        stop_ids = special_stop_ids(self.loaded.tokenizer, cfg.stop_strings, self.detokenize) if cfg.stop_strings else frozenset()
+        return Stopper(cfg.eos_ids or self.eos, cfg.stop_strings, self.detokenize, stop_ids)
 
     def run(
         self,

@@ -147,6 +147,24 @@ def _stop_inside_a_run(default_model, expected_outputs) -> tuple[int, str, int]:
 
 
 @pytest.mark.slow
+def test_a_stop_string_naming_a_special_token_stops_there_alone_and_in_a_batch(default_model):
+    """A raw chat transcript whose next token is "<|im_start|>" (not the model's EOS): with that
+    stop string, generation stops at it; before, the text (which leaves special tokens out) never
+    held it and generation ran to its budget."""
+    from ngspec import Speculator
+
+    prompt = "<|im_start|>user\nHi<|im_end|>\n"
+    start = default_model.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    for drafter in ("vanilla", "trie"):
+        spec = Speculator.from_model(default_model.model, default_model.tokenizer, drafter)
+        assert spec.generate(prompt, max_new_tokens=12, raw=True).token_ids[0] == start
+        out = spec.generate(prompt, max_new_tokens=12, raw=True, stop=["<|im_start|>"])
+        assert (out.token_ids, out.finish_reason, out.text) == ([start], "stop", "")
+        outs = spec.generate_batch([prompt, "Count to five."], max_new_tokens=12, raw=True, stop=["<|im_start|>"], batch_size=2)
+        assert (outs[0].token_ids, outs[0].finish_reason) == ([start], "stop")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_a_stop_string_ends_the_output_where_plain_decoding_ends_it(default_model, expected_outputs, batch_size):
     """A stop string spanning two tokens, completed inside a run of accepted drafts: the output is

@@ -62,6 +62,28 @@ def test_a_stop_string_stops_at_the_token_that_completes_it_whatever_the_decoder
             assert (out, reason) == (ids[:first], "stop"), (text, stop)
 
 
+def test_a_stop_string_that_names_a_special_token_stops_at_that_token():
+    """The text leaves special tokens out ("<|im_start|>", "<|eot_id|>"), so such a stop string
+    could never be found there: the token itself stops generation, as a stop (not EOS), inside a
+    run; a stop string spelled in ordinary text still stops where its text completes."""
+    from ngspec.decode import special_stop_ids
+
+    tok = metaspace_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|turn|>"]})
+    turn = tok.convert_tokens_to_ids("<|turn|>")
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=True)
+
+    assert decode([1, turn, 2]) == "the mat"  # left out of the text
+    stops = ["<|turn|>", "mat"]
+    assert special_stop_ids(tok, stops, decode) == {turn}
+    assert special_stop_ids(tok, ["the"], decode) == frozenset()  # an ordinary token is found in the text
+    stopper = Stopper(frozenset(), stops, decode, special_stop_ids(tok, stops, decode))
+    assert stopper.cut([1], [4, turn, 2]) == ([4, turn], "stop")
+    assert stopper.cut([1], [4, 2, turn]) == ([4, 2], "stop")  # "mat" completes first
+
+
 def test_decode_config_rejects_non_positive_budget():
     with pytest.raises(NgspecError, match="max-new-tokens"):
         DecodeConfig(max_new_tokens=0)
