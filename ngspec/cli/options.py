@@ -29,7 +29,7 @@ TemperatureOpt = Annotated[float, typer.Option(help="0 = greedy; > 0 samples (lo
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1.0 = off).", rich_help_panel="Sampling")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel="Sampling")]
 SeedOpt = Annotated[Optional[int], typer.Option(help="Random seed for sampling.", rich_help_panel="Sampling")]
-StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); EOS always stops.")]
+StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable): the output ends with the token that completes it (the text keeps it); a special token's name (<|im_start|>, <|eot_id|>) stops at that token. EOS always stops.")]
 
 ProfileOpt = Annotated[Optional[Path], typer.Option("--profile", help="Device profile from `ngspec profile-bound --save-profile`: size drafts from its measured verify costs instead of a quick calibration.")]
 
