@@ -91,10 +91,7 @@ def _run_batch(spec: Speculator, prompts, ids, cfg, batch, json_out: bool, check
         prompt = prompts[result.index]
         if result.error is not None:
             failed.append(prompt.id)
-            if json_out:
-                render.json_line({"id": prompt.id, "drafter": drafter, "error": result.error})
-            else:
-                render.error(f"prompt {prompt.id}: {result.error}")
+            _show_failure(prompt.id, drafter, result.error, json_out)
             return
         gen = result.generation
         output = spec.output(gen, len(ids[result.index]))
@@ -140,6 +137,14 @@ def _run_batch(spec: Speculator, prompts, ids, cfg, batch, json_out: bool, check
         )
     if failed:
         raise NgspecError(_failures(failed))
+
+
+def _show_failure(prompt_id: str, drafter: str, error: str, json_out: bool) -> None:
+    """A prompt that could not run: its JSON record, or one line on stderr."""
+    if json_out:
+        render.json_line({"id": prompt_id, "drafter": drafter, "error": error})
+    else:
+        render.error(f"prompt {prompt_id}: {error}")
 
 
 def _failures(failed: list[str]) -> str:
@@ -204,10 +209,7 @@ def generate_command(
                 check_prompt(ids, engine.target.max_length)
             except NgspecError as exc:
                 failed.append(prompt.id)
-                if json_out:
-                    render.json_line({"id": prompt.id, "drafter": drafter, "error": str(exc)})
-                else:
-                    render.error(f"prompt {prompt.id}: {exc}")
+                _show_failure(prompt.id, drafter, str(exc), json_out)
                 continue
         stream = None if json_out else render.TextStream(engine.detokenize)
         if stream is not None and len(prompts) > 1:
