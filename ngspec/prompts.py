@@ -1,7 +1,9 @@
 """Prompt files and turning prompts into token ids.
 
 A ``.txt`` file is one prompt. A ``.jsonl`` file holds one record per line: ``{"prompt": ...}``,
-``{"text": ...}`` or Spec-Bench/MT-bench style ``{"turns": [...]}`` (the first turn is used).
+``{"text": ...}`` or Spec-Bench/MT-bench style ``{"turns": [...]}``: the first turn is the prompt, and
+every turn is kept for `ngspec bench`, which asks the later ones in the conversation so far
+(`ngspec.bench.turns`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ class Prompt:
     id: str
     text: str
     category: str | None = None
+    turns: tuple[str, ...] = ()  # a multi-turn record's user turns, the first being ``text``
+    turn: int = 1  # which of them ``text`` is
+
+    @property
+    def label(self) -> str:
+        """The id, and the turn after the first: ``81`` then ``81 (turn 2)``."""
+        return self.id if self.turn == 1 else f"{self.id} (turn {self.turn})"
 
 
 def read_text(path: Path, what: str = "prompt file", takes: str = "give a .txt or .jsonl prompt file") -> str:
@@ -48,19 +57,23 @@ def jsonl_records(path: Path, text: str) -> Iterator[tuple[int, object]]:
 def _record_prompt(record: object, where: str) -> Prompt:
     if not isinstance(record, dict):
         raise NgspecError(f"{where}: expected a JSON object")
+    turns: tuple[str, ...] = ()
     if isinstance(record.get("prompt"), str):
         text = record["prompt"]
     elif isinstance(record.get("text"), str):
         text = record["text"]
     elif isinstance(record.get("turns"), list) and record["turns"] and isinstance(record["turns"][0], str):
-        text = record["turns"][0]
+        text, later = record["turns"][0], record["turns"][1:]
+        if any(not isinstance(t, str) or not t.strip() for t in later):
+            raise NgspecError(f"{where}: every one of 'turns' must be a non-empty string")
+        turns = (text, *later)
     else:
         raise NgspecError(f"{where}: needs a 'prompt' or 'text' string or a non-empty 'turns' list")
     if not text.strip():
         raise NgspecError(f"{where}: the prompt is empty")
     rid = record.get("question_id", record.get("id"))
     category = record.get("category")
-    return Prompt(str(rid) if rid is not None else where, text, category if isinstance(category, str) else None)
+    return Prompt(str(rid) if rid is not None else where, text, category if isinstance(category, str) else None, turns)
 
 
 def load_prompts(

@@ -7,11 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from ngspec.batch import BatchConfig
 from ngspec.bench.batched import BatchRound, batch_groups, run_batched, summarise_batched, versus, versus_note, versus_rows
 from ngspec.bench.interval import rounds_interval
 from ngspec.bench.runner import Arm, run_arm
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import Resources
+from ngspec.prompts import Prompt
 
 
 def test_summary_of_hand_made_rounds():
@@ -88,13 +90,14 @@ def test_every_timed_run_reads_the_datastore_cold():
 
     class Engine:
         def run_batch(self, ids, new_drafter, cfg, batch):
-            runs.append(store.warm)
+            runs.append((store.warm, cfg.max_new_tokens))
             store.warm = True  # this run's reads
             gen = SimpleNamespace(token_ids=[1], stats=SimpleNamespace(verify_calls=1, draft_seconds=0.0))
             return [SimpleNamespace(error=None, generation=gen) for _ in ids], SimpleNamespace(seconds=1.0, new_tokens=len(ids), prefill_seconds=0.0)
 
-    out = run_batched(Engine(), [[1], [2]], [Arm("trie", "trie"), Arm("search", "search")], None, Resources(datastore=store), None, rounds=2)
-    assert runs == [False] * 4 and [len(r) for r in out.values()] == [2, 2]
+    out = run_batched(Engine(), [[1], [2]], [Arm("trie", "trie"), Arm("search", "search")], DecodeConfig(max_new_tokens=64), Resources(datastore=store), BatchConfig(2), rounds=2)
+    assert [n for _, n in runs] == [16, 16] + [64] * 4  # each arm's untimed warm-up first
+    assert [cold for cold, _ in runs[2:]] == [False] * 4 and [len(r) for r in out.values()] == [2, 2]
 
     # at batch size 1 every arm's run of every prompt is a timed run of its own
     runs.clear()
@@ -109,3 +112,27 @@ def test_every_timed_run_reads_the_datastore_cold():
         for arm in (Arm("search", "search"), Arm("trie", "trie")):
             run_arm(OneRow(), arm, [1, 2], DecodeConfig(max_new_tokens=4), Resources(datastore=store), pid)
     assert runs == [False] * 4
+
+
+def test_every_arm_warms_up_untimed_before_the_first_timed_run(monkeypatch):
+    """`run_bench` runs every arm once on the first prompt for a few tokens before timing any: the
+    first arm of the first prompt would otherwise pay the process's first allocations and kernels.
+    The warm-up's runs are in no record."""
+    import ngspec.bench.runner as runner
+
+    calls = []
+
+    def fake_run_arm(engine, arm, ids, cfg, res, pid, calibration=None):
+        calls.append((arm.label, pid, cfg.max_new_tokens))
+        return runner.ArmRun(pid, [5, 6], 1.0, 2, [1, 1])
+
+    monkeypatch.setattr(runner, "run_arm", fake_run_arm)
+    monkeypatch.setattr(runner, "divergence", lambda *a: None)
+    monkeypatch.setattr(runner, "self_repetition", lambda *a: SimpleNamespace(value=1.0, steps=2, tokens=2))
+    engine = SimpleNamespace(loaded=SimpleNamespace(tokenizer=lambda text: {"input_ids": [ord(c) for c in text]}))
+    prompts = [Prompt("a", "xy"), Prompt("b", "zw")]
+    arms = [Arm("hf-greedy", "hf-greedy"), Arm("trie", "trie")]
+    records = runner.run_bench(engine, prompts, arms, DecodeConfig(max_new_tokens=64), rounds=1)
+    assert calls[:2] == [("hf-greedy", "warm-up", 16), ("trie", "warm-up", 16)]
+    assert calls[2:] == [(arm, pid, 64) for pid in "ab" for arm in ("hf-greedy", "trie")]
+    assert [r.prompt.id for r in records] == ["a", "b"]

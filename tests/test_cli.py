@@ -344,9 +344,12 @@ def test_a_run_carries_each_drafters_calibration_from_prompt_to_prompt(tmp_path,
     questions = tmp_path / "q.jsonl"
     questions.write_text("".join(json.dumps({"question_id": i, "category": "rag", "turns": [PROMPT]}) + "\n" for i in range(2)))
     assert invoke("bench", "-q", questions, "-n", 6, "-d", "trie", "-d", "search", "--json").exit_code == 0
-    by_arm = {name: {id(c) for n, c in seen if n == name} for name in ("trie", "search")}
+    seen = [(n, c) for n, c in seen if n in ("trie", "search")]
+    warm, timed = seen[:2], seen[2:]  # each arm's untimed warm-up first, with estimates of its own
+    by_arm = {name: {id(c) for n, c in timed if n == name} for name in ("trie", "search")}
     assert [len(s) for s in by_arm.values()] == [1, 1] and by_arm["trie"] != by_arm["search"]
-    assert sum(n in by_arm for n, _ in seen) == 4  # two prompts each
+    assert sum(n in by_arm for n, _ in timed) == 4  # two prompts each
+    assert [n for n, _ in warm] == ["trie", "search"] and not {id(c) for _, c in warm} & (by_arm["trie"] | by_arm["search"])
 
 
 @pytest.mark.slow

@@ -12,12 +12,13 @@ rounds on two CPU cores differed by 6%).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ngspec.batch import BatchConfig
 from ngspec.bench.interval import rounds_interval
 from ngspec.bench.report import interval_text, table_lines
+from ngspec.bench.runner import WARM_UP_TOKENS
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import Resources, make_drafter
 from ngspec.drafters.trie import Calibration
@@ -72,8 +73,13 @@ def run_batched(
     on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, list[BatchRound]]:
     """Every arm's batch over ``ids``, ``rounds`` times; each arm's drafter estimates carried from
-    prompt to prompt within a round (as `generate --batch-size` does), fresh every round."""
+    prompt to prompt within a round (as `generate --batch-size` does), fresh every round. First,
+    untimed, every arm decodes a few tokens of one batch of the first prompts (as `warm_up` does
+    for one row)."""
     out: dict[str, list[BatchRound]] = {a.label: [] for a in arms}
+    warm = replace(cfg, max_new_tokens=min(WARM_UP_TOKENS, cfg.max_new_tokens))
+    for arm in arms:
+        engine.run_batch(ids[: batch.batch_size], lambda arm=arm: make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore), warm, batch)
     for r in range(rounds):
         for arm in arms if r % 2 == 0 else arms[::-1]:
             calibration = Calibration()

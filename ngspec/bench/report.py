@@ -42,7 +42,7 @@ def mismatches(records: list[BenchRecord], arm: str) -> list[tuple[str, int, flo
     """(prompt id, first differing position, hf-greedy's top-2 margin there) for every prompt whose
     ``arm`` output differs from hf-greedy's."""
     return [
-        (r.prompt.id, c.first_mismatch, c.margin)
+        (r.prompt.label, c.first_mismatch, c.margin)
         for r in records
         if (c := r.runs[arm].vs_reference) is not None and not c.exact_match
     ]
@@ -64,7 +64,9 @@ def runs_of(records: list[BenchRecord], arm: str) -> list[tuple[int, float]]:
 
 
 def prompts_of(records: list[BenchRecord]) -> list[str]:
-    """Each record's prompt: a prompt's rounds are resampled together (`ratio_interval`'s keys)."""
+    """Each record's question: a question's rounds and turns are resampled together
+    (`ratio_interval`'s keys; a second turn repeats much of the first's answer, so it is no new
+    question)."""
     return [r.prompt.id for r in records]
 
 
@@ -111,10 +113,34 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
     return out
 
 
+def by_turn(records: list[BenchRecord], arms: list[str]) -> dict[int, list[ArmSummary]]:
+    """`summarise` of each turn's records alone (a multi-turn question's later turns, asked after
+    the conversation so far); empty when every record is a first turn."""
+    turns = sorted({r.prompt.turn for r in records})
+    if turns == [1]:
+        return {}
+    return {t: summarise([r for r in records if r.prompt.turn == t], arms) for t in turns}
+
+
+TURN_COLUMNS = ["arm", "turn", "prompts", "speedup", "tokens/call", "ceiling", "vs ceiling"]
+
+
+def turn_rows(turns: dict[int, list[ArmSummary]], records: list[BenchRecord]) -> list[list[str]]:
+    """One row per arm and turn; the ceiling is that turn's self-repetition (token-weighted)."""
+    out = []
+    for arm in [s.arm for s in next(iter(turns.values()))]:
+        for i, (turn, summaries) in enumerate(turns.items()):
+            of_turn = [r for r in records if r.prompt.turn == turn]
+            s = next(x for x in summaries if x.arm == arm)
+            out.append([arm if i == 0 else "", str(turn), str(len({r.prompt.id for r in of_turn})), f"{s.speedup:.2f}x",
+                        _fmt(s.tokens_per_call, ".2f"), f"{ceiling_of(of_turn):.2f}", _fmt(s.ceiling_ratio, ".2f")])
+    return out
+
+
 def versus(records: list[BenchRecord], arms: list[str], base: str) -> list[dict]:
     """Every other arm against ``base`` (e.g. the whole READER method against ``trie``): its
     total-throughput ratio and that ratio's 95% interval, each prompt's two runs in a round a
-    pair, a prompt's rounds resampled together."""
+    pair, a question's rounds and turns resampled together."""
     theirs, out = runs_of(records, base), []
     for arm in arms:
         if arm != base:
@@ -177,6 +203,9 @@ def markdown(
     pairs: list[dict] = (),
 ) -> str:
     lines = table_lines(COLUMNS, rows(summaries))
+    turns = by_turn(records, [s.arm for s in summaries])
+    if turns:
+        lines += ["", "By turn (a later turn is asked after the conversation so far):", ""] + table_lines(TURN_COLUMNS, turn_rows(turns, records))
     if pairs:  # `versus`
         base = pairs[0]["versus"]
         lines += [""] + table_lines(["arm", f"throughput vs {base}", "95% interval"], [[p["arm"], f"{p['ratio']:.3f}x", interval_text(p["interval"], ".3f")] for p in pairs])
@@ -185,7 +214,7 @@ def markdown(
         f"{meta}\n\nSelf-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}"
         + (f"; with the datastore: {ceiling_with_datastore:.2f}" if ceiling_with_datastore is not None else "")
         + "\n\n"
-        "Speedup is total-throughput vs hf-greedy, with its 95% interval over the prompts (paired bootstrap, a prompt's rounds resampled together); "
+        "Speedup is total-throughput vs hf-greedy, with its 95% interval over the prompts (paired bootstrap, a question's rounds and turns resampled together); "
         "tokens/call counts the bonus token and the prefill.\n\n"
         + "\n".join(lines)
         + "\n"
@@ -215,6 +244,7 @@ def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) 
         "prompts": [
             {
                 "id": r.prompt.id,
+                "turn": r.prompt.turn,
                 "round": r.round,
                 "category": r.prompt.category,
                 "prompt_tokens": r.prompt_tokens,

@@ -4,6 +4,7 @@ Arms: ``hf-greedy`` and ``hf-prompt-lookup`` (transformers' `generate`, the ecos
 ``vanilla`` (our engine with no drafts) and the chosen drafters, each possibly at several (k, w)
 and in both verification layouts. For each prompt the arms run back to back, so slow drift of the
 machine affects all arms alike; with several rounds, in reversed order every other round.
+Before any of that every arm decodes a few tokens of the first prompt once, untimed (`warm_up`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, Resources, make_drafte
 from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
-from ngspec.prompts import Prompt, encode
+from ngspec.bench.turns import Conversations
+from ngspec.prompts import Prompt
 
 HF_ARMS = ("hf-greedy", "hf-prompt-lookup")
+WARM_UP_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,15 @@ def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Re
     )
 
 
+def warm_up(engine: Engine, arms: list[Arm], ids: list[int], cfg: DecodeConfig, res: Resources) -> None:
+    """Every arm decodes `WARM_UP_TOKENS` of ``ids`` once, untimed, so that a process's first
+    allocations, lazy setup and first kernels land on no arm's clock (the first arm of the first
+    prompt would pay them all; BENCHMARKS.md 10zk). Its drafter estimates are thrown away."""
+    warm = replace(cfg, max_new_tokens=min(WARM_UP_TOKENS, cfg.max_new_tokens))
+    for arm in arms:
+        run_arm(engine, arm, ids, warm, res, "warm-up")
+
+
 def run_bench(
     engine: Engine,
     prompts: list[Prompt],
@@ -107,23 +119,28 @@ def run_bench(
     raw: bool = False,
     on_progress: Callable[[str], None] | None = None,
     rounds: int = 1,
+    every_turn: bool = False,
 ) -> list[BenchRecord]:
     """Run ``arms`` on every prompt, ``rounds`` times (the arms in reversed order every other
     round; each round's drafters calibrate afresh and carry that from prompt to prompt); one
-    record per prompt and round, hf-greedy's output the reference."""
+    record per prompt and round, hf-greedy's output the reference. ``every_turn``: a multi-turn
+    question's later turns are prompts too, each after the conversation so far (`ngspec.bench.turns`)."""
     records = []
-    encoded = [encode(engine.loaded.tokenizer, prompt.text, raw) for prompt in prompts]
+    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw)
+    warm_up(engine, arms, asked.ids(0), cfg, res)
     ceilings: dict[int, tuple[SelfRepetition, SelfRepetition | None]] = {}  # the same outputs every round
     for r in range(rounds):
         carried = {arm.label: Calibration() for arm in arms}  # each arm's estimates, from prompt to prompt
-        for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        for i, prompt in enumerate(asked.units):
+            ids = asked.ids(i)
             runs = {}
             for arm in arms if r % 2 == 0 else arms[::-1]:
-                runs[arm.label] = run_arm(engine, arm, ids, cfg, res, prompt.id, carried[arm.label])
+                runs[arm.label] = run_arm(engine, arm, ids, cfg, res, prompt.label, carried[arm.label])
                 if on_progress:
                     on_progress(arm.label)
             runs = {arm.label: runs[arm.label] for arm in arms}
             reference = runs["hf-greedy"].token_ids
+            asked.answered(i, reference)
             for run in runs.values():
                 run.vs_reference = divergence(engine, ids, reference, run.token_ids)
             if i not in ceilings:

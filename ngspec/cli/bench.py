@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,11 +21,12 @@ from ngspec.errors import NgspecError
 
 @with_drafting_options
 def bench_command(
-    questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns'; the first turn is used).")],
+    questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns', or a .jsonl of 'prompt' or 'text' records, or a .txt prompt).")],
     drafters: Annotated[list[str], typer.Option("--drafter", "-d", help=f"Drafter to compare (repeatable); one of: {DRAFTERS}.")] = ["trie", "prompt-lookup"],
     category: Annotated[Optional[str], typer.Option(help="Keep only this category (e.g. rag, summarization).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Use the first N questions (after --category and --per-category).")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="Use the first N questions of every category (a spread over MT-bench's eight).")] = None,
+    turns: Annotated[str, typer.Option("--turns", help="all: a question's later turns (MT-bench's second) are prompts too, each asked after the conversation so far, with transformers' greedy answers to the earlier turns, as Spec-Bench does; first: only the first turns.")] = "all",
     model: ModelOpt = "default",
     trust_remote_code: TrustRemoteCodeOpt = False,
     max_new_tokens: MaxNewTokensOpt = 256,
@@ -37,7 +39,7 @@ def bench_command(
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
     versus_arm: Annotated[Optional[str], typer.Option("--versus", help="Also compare every arm with this one (an arm label, e.g. trie): throughput ratio and its 95% interval, prompts paired. An arm is ahead when the interval's lower end is above 1.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Compare the arms as batches of this many rows (each arm decodes all prompts as one batch, refilled as rows finish; against vanilla at the same batch size; transformers' arms left out).")] = 1,
-    rounds: Annotated[Optional[int], typer.Option("--rounds", help="Run every arm on every prompt this many times (default 1), arms in reversed order every other round: a prompt's rounds are resampled together in the 95% intervals, so rounds average timing noise while more prompts narrow an interval more. With --batch-size above 1 (default 2), every arm's batch this many times: a round is one pair per arm, --versus's interval is over the rounds, and 5 or more resolve a few percent.")] = None,
+    rounds: Annotated[Optional[int], typer.Option("--rounds", help="Run every arm on every prompt this many times (default 1), arms in reversed order every other round: a question's rounds (and turns) are resampled together in the 95% intervals, so rounds average timing noise while more prompts narrow an interval more. With --batch-size above 1 (default 2), every arm's batch this many times: a round is one pair per arm, --versus's interval is over the rounds, and 5 or more resolve a few percent.")] = None,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
@@ -47,14 +49,16 @@ def bench_command(
     share, exact-match rate vs hf-greedy, and the self-repetition ceiling. Row drafters can sweep a
     (k, w) grid (heatmaps of tokens per call and speedup) and report the mixed strategy's ablation.
     --rounds N runs every arm on every prompt N times. With --batch-size B each arm decodes the
-    prompts as batches of B rows instead, --rounds times.
+    prompts as batches of B rows instead, --rounds times. A multi-turn question (MT-bench) is a
+    prompt per turn, each later turn after the conversation so far, and the report splits by turn.
 
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
     """
     from ngspec.bench.grid import ablation, heatmaps, sweeps
-    from ngspec.bench.report import COLUMNS, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, summarise, to_json, versus
+    from ngspec.bench.report import COLUMNS, TURN_COLUMNS, by_turn, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, summarise, to_json, turn_rows, versus
     from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
+    from ngspec.bench.turns import split_turns
     from ngspec.perf.sweep import parse_values
     from ngspec.prompts import load_prompts
 
@@ -64,6 +68,8 @@ def bench_command(
             check_drafter(name)
     drafting.check(drafters)
     opts = drafting.options()
+    if turns not in ("all", "first"):
+        raise NgspecError(f"--turns must be all or first (got {turns!r})")
     if verify not in ("tree", "rows", "both"):
         raise NgspecError(f"--verify must be tree, rows or both (got {verify!r})")
     bad = [f"{flag} must be at least 1 (got {value})" for flag, value in (("--batch-size", batch_size), ("--rounds", rounds)) if value is not None and value < 1]
@@ -80,6 +86,8 @@ def bench_command(
     if versus_arm is not None and versus_arm.split(" ")[0] not in (*HF_ARMS, "vanilla", *drafters):  # labels start with the drafter
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; give one of: {', '.join((*HF_ARMS, 'vanilla', *drafters))}")
     prompts = load_prompts(questions, category, limit, per_category)
+    every_turn = turns == "all"
+    asked = len(split_turns(prompts, every_turn))  # one prompt per turn asked
     for path in (markdown_out, json_path):
         if path is not None:
             staging.output_directory(path)
@@ -93,18 +101,19 @@ def bench_command(
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; the arms are: {', '.join(a.label for a in arms)}")
     res = drafting.resources(engine, [a.drafter for a in arms])
     if batch_size > 1:
-        settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": len(prompts),
+        settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
                     "max_new_tokens": max_new_tokens, "batch_size": batch_size, "rounds": rounds}
-        _bench_batched(engine, prompts, [a for a in arms if a.drafter not in HF_ARMS], cfg, res, raw, batch_size, rounds, settings,
+        _bench_batched(engine, prompts, every_turn, [a for a in arms if a.drafter not in HF_ARMS], cfg, res, raw, batch_size, rounds, settings,
                        versus_arm, markdown_out, json_path, json_out)
         return
 
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
-        task = progress.add_task("bench", total=len(prompts) * len(arms) * rounds)
-        records = run_bench(engine, prompts, arms, cfg, res, raw, lambda arm: progress.advance(task), rounds)
+        task = progress.add_task("bench", total=asked * len(arms) * rounds)
+        records = run_bench(engine, prompts, arms, cfg, res, raw, lambda arm: progress.advance(task), rounds, every_turn)
 
     summaries = summarise(records, [a.label for a in arms])
-    settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": len(prompts),
+    per_turn = by_turn(records, [a.label for a in arms])
+    settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
                 "max_new_tokens": max_new_tokens, "rounds": rounds}
     env = environment(engine, settings)
     report = to_json(records, summaries, env)
@@ -112,6 +121,8 @@ def bench_command(
     grids = sweeps(arms, summaries)
     abl = ablation(arms, records)
     report["ablation"] = abl
+    if per_turn:
+        report["by_turn"] = {str(t): [asdict(x) for x in v] for t, v in per_turn.items()}
     pairs = versus(records, [a.label for a in arms], versus_arm) if versus_arm is not None else []
     if pairs:
         report["versus"] = pairs
@@ -133,8 +144,10 @@ def bench_command(
     if json_out:
         render.json_line(report)
         return
-    render.table(f"bench: {len(prompts)} prompts{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
+    render.table(f"bench: {_counted(len(prompts), asked)}{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
                  COLUMNS, rows(summaries))
+    if per_turn:
+        render.table("by turn: a later turn is asked after the conversation so far (ceiling: that turn's self-repetition)", TURN_COLUMNS, turn_rows(per_turn, records))
     for g in grids:
         (bk, bw), best = g.best("speedup")
         (tk, tw), most = g.best("tokens_per_call")
@@ -168,20 +181,28 @@ def bench_command(
         render.info("heatmaps: " + ", ".join(report["plots"]))
 
 
-def _bench_batched(engine, prompts, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool) -> None:
-    """`bench --batch-size`: every arm's batch over all prompts, ``rounds`` times, against vanilla
-    at the same batch size; every row checked against transformers' greedy decoding alone."""
+def _counted(questions: int, asked: int) -> str:
+    """'12 prompts', or '12 questions, 24 turns' when later turns are asked too."""
+    return f"{questions} prompts" if asked == questions else f"{questions} questions, {asked} turns"
+
+
+def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool) -> None:
+    """`bench --batch-size`: every arm's batch over all prompts (each turn asked one), ``rounds``
+    times, against vanilla at the same batch size; every row checked against transformers' greedy
+    decoding alone, whose answers to earlier turns make the later turns' prompts."""
     from ngspec.batch import BatchConfig
     from ngspec.bench import batched
     from ngspec.bench.report import environment
-    from ngspec.prompts import encode
+    from ngspec.bench.turns import Conversations
 
-    ids = [encode(engine.loaded.tokenizer, p.text, raw) for p in prompts]
+    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw)
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
-        task = progress.add_task("reference (transformers' greedy, one prompt at a time)", total=len(ids))
-        reference = []
-        for x in ids:
-            reference.append(engine.hf_generate(x, cfg.max_new_tokens)[0])
+        task = progress.add_task("reference (transformers' greedy, one prompt at a time)", total=len(asked.units))
+        ids, reference = [], []
+        for i in range(len(asked.units)):
+            ids.append(asked.ids(i))
+            reference.append(engine.hf_generate(ids[-1], cfg.max_new_tokens)[0])
+            asked.answered(i, reference[-1])
             progress.advance(task)
         task = progress.add_task(f"batches of {batch_size}", total=rounds * len(arms))
         runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task))
@@ -197,7 +218,7 @@ def _bench_batched(engine, prompts, arms, cfg, res, raw: bool, batch_size: int, 
     if json_out:
         render.json_line(report)
         return
-    render.table(f"bench: {len(prompts)} prompts in batches of {batch_size}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
+    render.table(f"bench: {_counted(len(prompts), len(ids))} in batches of {batch_size}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
     render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings)}")
     if pairs:

@@ -1,0 +1,70 @@
+"""Multi-turn questions, asked as Spec-Bench asks MT-bench's: every later turn follows the
+conversation so far.
+
+A question with turns ``[q1, q2]`` is two prompts: ``q1`` alone, then the chat
+``[user q1, assistant a1, user q2]``, where ``a1`` is transformers' greedy answer to ``q1`` (the
+reference every arm is checked against), decoded without special tokens and stripped, as FastChat
+and Spec-Bench put it back into the conversation. Every arm is lossless, so that is each arm's own
+answer too; taking the reference's keeps every arm's prompt the same when one differs (a near-tie
+in low precision). The second turn is where search drafting has the most to find: "Rewrite your
+previous response..." asks for text that is already in the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ngspec.prompts import Prompt, encode, encode_messages
+
+
+def split_turns(prompts: list[Prompt], every_turn: bool) -> list[Prompt]:
+    """One prompt per turn asked, each question's turns one after another; with ``every_turn``
+    False, only the first turns."""
+    out = []
+    for p in prompts:
+        out.append(p)
+        if every_turn:
+            out += [replace(p, text=text, turn=k) for k, text in enumerate(p.turns[1:], 2)]
+    return out
+
+
+def turn_ids(tokenizer, prompt: Prompt, answers: list[list[int]], raw: bool = False) -> list[int]:
+    """Token ids asking ``prompt``: a first turn alone; a later turn after every earlier turn and its
+    answer (``answers``, token ids, one per earlier turn). Through the chat template unless
+    ``raw`` or the tokenizer has none; then the turns and answers are joined by blank lines."""
+    if prompt.turn == 1:
+        return encode(tokenizer, prompt.text, raw)
+    if len(answers) != prompt.turn - 1:
+        raise ValueError(f"turn {prompt.turn} follows {prompt.turn - 1} answers, got {len(answers)}")
+    said = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
+    if raw or not getattr(tokenizer, "chat_template", None):
+        text = "\n\n".join(x for pair in zip(prompt.turns, said) for x in pair)
+        return list(tokenizer(f"{text}\n\n{prompt.text}")["input_ids"])
+    messages = []
+    for question, answer in zip(prompt.turns, said):
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return encode_messages(tokenizer, messages + [{"role": "user", "content": prompt.text}])
+
+
+class Conversations:
+    """The prompts of a bench run, one per turn asked (``units``), and their token ids: a later
+    turn's ids are built once the reference has answered the turns before it (`answered`)."""
+
+    def __init__(self, tokenizer, prompts: list[Prompt], every_turn: bool, raw: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.units = split_turns(prompts, every_turn)
+        self.raw = raw
+        self._ids: dict[int, list[int]] = {}
+        self._answers: dict[int, list[int]] = {}
+
+    def ids(self, i: int) -> list[int]:
+        """Token ids of ``units[i]``; its question's earlier turns must have been answered."""
+        if i not in self._ids:
+            unit = self.units[i]
+            earlier = range(i - unit.turn + 1, i)  # the same question's earlier turns, just before it
+            self._ids[i] = turn_ids(self.tokenizer, unit, [self._answers[j] for j in earlier], self.raw)
+        return self._ids[i]
+
+    def answered(self, i: int, token_ids: list[int]) -> None:
+        """The reference's answer to ``units[i]``; the first one given is kept (later rounds repeat it)."""
+        self._answers.setdefault(i, list(token_ids))

@@ -1,0 +1,113 @@
+"""Multi-turn questions in `ngspec bench`: a later turn is asked after the conversation so far, with
+transformers' greedy answers to the earlier turns (as Spec-Bench asks MT-bench's second turn)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ngspec.bench.turns import Conversations, split_turns, turn_ids
+from ngspec.cli.app import app
+from ngspec.errors import NgspecError
+from ngspec.prompts import Prompt, encode, load_prompts
+
+FIRST = "Write one sentence about a quick brown fox that jumps over a lazy dog."
+SECOND = "Rewrite your previous response in capital letters."
+
+
+def _questions(tmp_path, records):
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_a_turns_record_keeps_every_turn_and_a_prompt_record_none(tmp_path):
+    path = _questions(tmp_path, [{"question_id": 1, "turns": ["a", "b", "c"]}, {"prompt": "d", "turns": ["x", "y"]}])
+    first, plain = load_prompts(path)
+    assert (first.text, first.turns, first.turn, first.label) == ("a", ("a", "b", "c"), 1, "1")
+    assert plain.turns == ()  # 'prompt' wins, as it always did; its 'turns' are not asked
+    units = split_turns([first, plain], every_turn=True)
+    assert [(u.text, u.turn, u.label) for u in units] == [("a", 1, "1"), ("b", 2, "1 (turn 2)"), ("c", 3, "1 (turn 3)"), ("d", 1, "q.jsonl:2")]
+    assert split_turns([first, plain], every_turn=False) == [first, plain]
+
+
+@pytest.mark.parametrize("turns", [["a", 5], ["a", "  "]])
+def test_a_later_turn_that_is_not_text_is_one_clear_error(tmp_path, turns):
+    with pytest.raises(NgspecError, match="every one of 'turns' must be a non-empty string"):
+        load_prompts(_questions(tmp_path, [{"turns": turns}]))
+
+
+def test_a_second_turn_is_the_chat_with_the_first_answer(default_model):
+    tok = default_model.tokenizer
+    prompt = Prompt("7", SECOND, turns=(FIRST, SECOND), turn=2)
+    answer = tok("The fox jumped.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # the EOS is not said
+    want = tok.apply_chat_template(
+        [{"role": "user", "content": FIRST}, {"role": "assistant", "content": "The fox jumped."}, {"role": "user", "content": SECOND}],
+        add_generation_prompt=True, tokenize=True,
+    )
+    want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "input_ids") else want
+    assert turn_ids(tok, prompt, [answer]) == list(want)
+    raw = tok.decode(turn_ids(tok, prompt, [answer], raw=True))
+    assert raw == f"{FIRST}\n\nThe fox jumped.\n\n{SECOND}"  # no template: turns and answers by blank lines
+    assert turn_ids(tok, Prompt("7", FIRST, turns=(FIRST, SECOND)), []) == encode(tok, FIRST)
+    with pytest.raises(ValueError, match="follows 1 answers"):
+        turn_ids(tok, prompt, [])
+
+
+def test_conversations_ask_a_later_turn_after_the_answers_before_it(default_model):
+    tok = default_model.tokenizer
+    prompts = [Prompt("1", FIRST, turns=(FIRST, SECOND)), Prompt("2", "Say hi.")]
+    asked = Conversations(tok, prompts, every_turn=True)
+    assert [u.label for u in asked.units] == ["1", "1 (turn 2)", "2"]
+    with pytest.raises(KeyError):  # the first turn has no answer yet
+        asked.ids(1)
+    asked.answered(0, tok("Foxes jump.")["input_ids"])
+    asked.answered(0, [1, 2, 3])  # a later round repeats the answer: the first one stays
+    assert tok.decode(asked.ids(1)).count("Foxes jump.") == 1
+    assert asked.ids(2) == encode(tok, "Say hi.")
+
+
+def _invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_bench_asks_the_second_turn_after_the_first_answer_and_splits_the_report(tmp_path):
+    path = _questions(tmp_path, [{"question_id": 81, "category": "writing", "turns": [FIRST, SECOND]}, {"question_id": 3, "category": "rag", "turns": [FIRST]}])
+    md = tmp_path / "bench.md"
+    result = _invoke("bench", "-q", path, "-n", 10, "-d", "trie", "--rounds", 2, "--versus", "vanilla", "--json", "--markdown", md)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["environment"]["prompts"] == 3 and report["environment"]["turns"] == "all"
+    keyed = {(p["id"], p["turn"], p["round"]): p for p in report["prompts"]}
+    assert sorted(keyed) == sorted((q, t, r) for q, t in (("81", 1), ("81", 2), ("3", 1)) for r in (0, 1))
+    for p in report["prompts"]:
+        assert all(run["exact_match"] for run in p["runs"].values())
+    # the second turn's prompt holds the first turn's prompt and its answer
+    first, second = keyed[("81", 1, 0)], keyed[("81", 2, 0)]
+    assert second["prompt_tokens"] > first["prompt_tokens"] + first["runs"]["hf-greedy"]["new_tokens"] - 2
+    turns = report["by_turn"]
+    assert set(turns) == {"1", "2"} and [a["arm"] for a in turns["2"]] == [a["arm"] for a in report["arms"]]
+    assert "By turn" in md.read_text() and "| trie | 1 |" in md.read_text()
+
+    only_first = _invoke("bench", "-q", path, "-n", 10, "-d", "trie", "--turns", "first", "--json")
+    assert only_first.exit_code == 0, only_first.output
+    report = json.loads(only_first.stdout.strip().splitlines()[-1])
+    assert [(p["id"], p["turn"]) for p in report["prompts"]] == [("81", 1), ("3", 1)] and "by_turn" not in report
+    assert report["prompts"][0]["prompt_tokens"] == first["prompt_tokens"]
+
+
+@pytest.mark.slow
+def test_batched_bench_asks_every_turn_and_every_row_is_exact(tmp_path):
+    path = _questions(tmp_path, [{"question_id": 81, "turns": [FIRST, SECOND]}, {"question_id": 82, "turns": [SECOND.lower(), FIRST]}])
+    result = _invoke("bench", "-q", path, "-n", 10, "-b", 3, "--rounds", 1, "-d", "trie", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["environment"]["prompts"] == 4
+    assert all(arm["exact_match"] == 1.0 for arm in report["arms"])
+
+
+def test_turns_must_be_all_or_first(tmp_path):
+    result = _invoke("bench", "-q", _questions(tmp_path, [{"turns": ["a"]}]), "--turns", "second")
+    assert result.exit_code != 0 and "--turns must be all or first (got 'second')" in result.output
