@@ -111,3 +111,21 @@ def test_batched_bench_asks_every_turn_and_every_row_is_exact(tmp_path):
 def test_turns_must_be_all_or_first(tmp_path):
     result = _invoke("bench", "-q", _questions(tmp_path, [{"turns": ["a"]}]), "--turns", "second")
     assert result.exit_code != 0 and "--turns must be all or first (got 'second')" in result.output
+
+
+def test_a_questions_turns_are_one_cluster_in_the_intervals_and_two_rows_in_the_notes():
+    """A second turn repeats much of the first answer, so the bootstrap resamples a question's
+    turns together (its key is the question), while a mismatch names the turn."""
+    from types import SimpleNamespace
+
+    from ngspec.bench.report import mismatches, prompts_of
+    from ngspec.bench.runner import ArmRun, BenchRecord
+    from ngspec.check import GreedyCheck
+
+    first = Prompt("81", FIRST, turns=(FIRST, SECOND))
+    second = Prompt("81", SECOND, turns=(FIRST, SECOND), turn=2)
+    rep = SimpleNamespace(value=1.0, steps=1, tokens=1)
+    wrong = ArmRun("81", [1, 3], 1.0, 2, vs_reference=GreedyCheck(False, 1, 0.001))
+    records = [BenchRecord(p, 10, {"trie": wrong}, rep) for p in (first, second)]
+    assert prompts_of(records) == ["81", "81"]
+    assert [pid for pid, _, _ in mismatches(records, "trie")] == ["81", "81 (turn 2)"]

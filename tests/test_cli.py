@@ -167,6 +167,7 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["generate", "-p", "{prompt}", "--rearrange-min-share", "1.5"], "--rearrange-min-share must be in [0, 1)"),
         (["generate", "-p", "{prompt}", "--batch-layout", "ragged"], "--batch-layout must be one of padded, packed"),
         (["generate", "-p", "{prompt}", "--tree-choices", "{prompt}"], "expected a JSON list"),
+        (["generate", "-p", "{prompt}", "--tree", "dynamic", "--tree-choices", "{prompt}"], "--tree-choices is the shape of a static tree"),
         (["tune-tree", "--eagle-head", "no/such/head", "--out", "x.json"], "no EAGLE head directory"),
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}"], "already exists"),
         (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--batch-size", "0"], "--batch-size"),
@@ -189,6 +190,19 @@ def test_bad_input_one_clear_line(tmp_path, args, message):
     assert message in result.stderr
     assert not result.stderr.startswith("\n") and "\n\n" not in result.stderr  # no bar's blank line off a terminal
     assert "Traceback" not in result.output + result.stderr
+
+
+def test_a_tree_shape_file_makes_the_tree_static(tmp_path):
+    """--tree-choices alone means its static tree (it was ignored under the default dynamic
+    tree); --tree dynamic with it is refused above."""
+    from ngspec.cli.drafting import Drafting
+
+    shape = tmp_path / "shape.json"
+    shape.write_text("[[0], [1], [0, 0]]")
+    assert Drafting().eagle_options().tree == "dynamic"
+    made = Drafting(tree_choices=shape).eagle_options()
+    assert made.tree == "static" and made.choices == ((0,), (1,), (0, 0))
+    assert Drafting(tree="static").eagle_options().tree == "static"
 
 
 def test_unknown_cpu_kernel_setting_is_one_clear_line(prompt_file, monkeypatch):

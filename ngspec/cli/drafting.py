@@ -38,7 +38,7 @@ class Drafting:
     ngram_q: Annotated[int, typer.Option("--ngram-q", help="context-ngram, mixed: match the last q tokens.", rich_help_panel=PANEL)] = DrafterOptions.ngram_q
     bigram_table: Annotated[Optional[Path], typer.Option("--bigram-table", help="unigram/bigram/mixed: table file from `ngspec build-bigram --out` (default: built once per model and cached).", rich_help_panel=PANEL)] = None
     eagle_head: Annotated[Optional[Path], typer.Option("--eagle-head", help="eagle, eagle+search: an EAGLE-1 or EAGLE-3 head directory (public layout; `ngspec train-eagle` makes EAGLE-1 heads).", rich_help_panel=EAGLE)] = None
-    tree: Annotated[str, typer.Option("--tree", help="eagle: dynamic (EAGLE-2: expand the best nodes per depth, keep the best --total-tokens) or static (EAGLE-1 choices, e.g. a shape from `ngspec tune-tree`).", rich_help_panel=EAGLE)] = "dynamic"
+    tree: Annotated[Optional[str], typer.Option("--tree", help="eagle: dynamic (EAGLE-2: expand the best nodes per depth, keep the best --total-tokens) or static (EAGLE-1 choices, e.g. a shape from `ngspec tune-tree`). Default: static when --tree-choices is given, else dynamic.", rich_help_panel=EAGLE)] = None
     tree_top_k: Annotated[int, typer.Option("--tree-top-k", help="eagle dynamic: nodes expanded per depth and children per node.", rich_help_panel=EAGLE)] = 8
     tree_depth: Annotated[int, typer.Option("--tree-depth", help="eagle dynamic: draft depth.", rich_help_panel=EAGLE)] = 5
     total_tokens: Annotated[int, typer.Option("--total-tokens", help="eagle dynamic: draft nodes kept per step.", rich_help_panel=EAGLE)] = 32
@@ -84,8 +84,11 @@ class Drafting:
     def eagle_options(self):
         from ngspec.drafters.eagle import DEFAULT_CHOICES, EagleOptions, read_choices
 
+        if self.tree == "dynamic" and self.tree_choices is not None:
+            raise NgspecError("--tree-choices is the shape of a static tree; the dynamic tree builds its own: use --tree static (or leave --tree out)")
         choices = read_choices(self.tree_choices) if self.tree_choices else DEFAULT_CHOICES
-        return EagleOptions(self.tree, self.tree_top_k, self.tree_depth, self.total_tokens, choices, self.draft_vocab, self.head_int8, self.head_graphs)
+        tree = self.tree or ("static" if self.tree_choices is not None else "dynamic")
+        return EagleOptions(tree, self.tree_top_k, self.tree_depth, self.total_tokens, choices, self.draft_vocab, self.head_int8, self.head_graphs)
 
     def resources(self, engine, drafters: list[str]) -> Resources:
         """Load what ``drafters`` need for ``engine``'s model: n-gram tables, the EAGLE drafter
