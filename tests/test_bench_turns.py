@@ -106,6 +106,25 @@ def test_batched_bench_asks_every_turn_and_every_row_is_exact(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["environment"]["prompts"] == 4
     assert all(arm["exact_match"] == 1.0 for arm in report["arms"])
+    turns = report["by_turn"]
+    assert [(t["turn"], t["rows"]) for t in turns] == [(1, 2), (2, 2)]
+    assert all(set(t["tokens_per_call"]) == {"vanilla", "trie"} and t["tokens_per_call"]["vanilla"] == 1.0 for t in turns)
+
+
+def test_batched_tokens_per_call_by_turn_hand_worked(monkeypatch):
+    """Each turn's rows: their tokens over their calls, summed over rounds."""
+    import ngspec.bench.batched as batched
+
+    monkeypatch.setattr(batched, "ceiling", lambda ids, ref: float(len(ids)))
+    out = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    runs = {"trie": [batched.BatchRound(1.0, 9, 6, 0.0, 0.0, out, [2, 1, 3]), batched.BatchRound(1.0, 9, 5, 0.0, 0.0, out, [2, 2, 1])]}
+    turns = batched.by_turn(runs, [[0]] * 3, out, [1, 2, 1])
+    assert turns == [
+        {"turn": 1, "rows": 2, "ceiling": 2.0, "tokens_per_call": {"trie": (4 + 3 + 4 + 3) / (2 + 3 + 2 + 1)}},
+        {"turn": 2, "rows": 1, "ceiling": 1.0, "tokens_per_call": {"trie": (2 + 2) / (1 + 2)}},
+    ]
+    assert batched.by_turn(runs, [[0]] * 3, out, [1, 1, 1]) == []
+    assert batched.turn_columns(turns) == ["turn", "rows", "ceiling", "trie tokens/call"]
 
 
 def test_turns_must_be_all_or_first(tmp_path):

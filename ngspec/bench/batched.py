@@ -39,6 +39,7 @@ class BatchRound:
     draft_seconds: float
     prefill_seconds: float
     outputs: list[list[int]]
+    row_calls: list[int] = field(default_factory=list)  # each row's verify calls, its prefill counted
 
     @property
     def rate(self) -> float:
@@ -94,7 +95,7 @@ def run_batched(
             gens = [x.generation for x in results]
             out[arm.label].append(BatchRound(
                 report.seconds, report.new_tokens, sum(g.stats.verify_calls for g in gens), sum(g.stats.draft_seconds for g in gens),
-                report.prefill_seconds, [g.token_ids for g in gens],
+                report.prefill_seconds, [g.token_ids for g in gens], [g.stats.verify_calls for g in gens],
             ))
             if on_progress:
                 on_progress(arm.label)
@@ -131,6 +132,37 @@ def ceiling(ids: list[list[int]], reference: list[list[int]], datastore=None) ->
     values = [self_repetition(p, r, datastore) for p, r in zip(ids, reference)]
     steps = sum(v.steps for v in values)
     return sum(v.tokens for v in values) / steps if steps else 0.0
+
+
+def by_turn(runs: dict[str, list[BatchRound]], ids: list[list[int]], reference: list[list[int]], turns: list[int]) -> list[dict]:
+    """Tokens per call per row of each arm on each turn's rows (``turns[i]``: row i's turn; a
+    later turn is asked after the conversation so far), beside that turn's self-repetition
+    ceiling. Throughput is not split: a batch's rows share its wall time. Empty when every row is
+    a first turn."""
+    if set(turns) <= {1}:
+        return []
+    out = []
+    for turn in sorted(set(turns)):
+        rows = [i for i, t in enumerate(turns) if t == turn]
+        out.append({
+            "turn": turn, "rows": len(rows), "ceiling": ceiling([ids[i] for i in rows], [reference[i] for i in rows]),
+            "tokens_per_call": {
+                arm: sum(len(x.outputs[i]) for x in rounds for i in rows) / sum(x.row_calls[i] for x in rounds for i in rows)
+                for arm, rounds in runs.items()
+            },
+        })
+    return out
+
+
+TURN_COLUMNS = ["turn", "rows", "ceiling"]
+
+
+def turn_rows(turns: list[dict]) -> list[list[str]]:
+    return [[str(t["turn"]), str(t["rows"]), f"{t['ceiling']:.2f}", *(f"{v:.2f}" for v in t["tokens_per_call"].values())] for t in turns]
+
+
+def turn_columns(turns: list[dict]) -> list[str]:
+    return TURN_COLUMNS + [f"{arm} tokens/call" for arm in turns[0]["tokens_per_call"]]
 
 
 # tok/s over all rows; tokens/call per row
@@ -187,9 +219,9 @@ def versus_note(pairs: list[dict]) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict]) -> dict:
+def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict], turns: list[dict] = ()) -> dict:
     """``ceilings``: the self-repetition ceiling of the reference outputs, and with the datastore
-    searched too (None without one)."""
+    searched too (None without one); ``turns``: `by_turn`."""
     return {
         "environment": env,
         "tokens_per_call_definition": "tokens emitted per target forward pass per row, bonus token included, each row's prefill counted as its first call",
@@ -200,6 +232,7 @@ def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, 
             for s in summaries
         ],
         **({"versus": pairs} if pairs else {}),
+        **({"by_turn": list(turns)} if turns else {}),
     }
 
 
@@ -208,8 +241,10 @@ def ceiling_text(ceilings: tuple[float, float | None]) -> str:
     return f"Self-repetition ceiling of transformers' greedy outputs (token-weighted): {ceilings[0]:.2f}{store}"
 
 
-def markdown(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict]) -> str:
+def markdown(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict], turns: list[dict] = ()) -> str:
     lines = table_lines(COLUMNS, rows(summaries))
+    if turns:
+        lines += ["", "By turn (tokens/call per row; a later turn is asked after the conversation so far):", ""] + table_lines(turn_columns(turns), turn_rows(turns))
     if pairs:
         base = pairs[0]["versus"]
         lines += [""] + table_lines(versus_columns(base), versus_rows(pairs)) + ["", versus_note(pairs)]

@@ -210,9 +210,10 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     env = environment(engine, settings)
     ceilings = (batched.ceiling(ids, reference), batched.ceiling(ids, reference, res.datastore) if res.datastore is not None else None)
     pairs = batched.versus(summaries, versus_arm) if versus_arm is not None else []
-    report = batched.to_json(summaries, env, ceilings, pairs)
+    turns = batched.by_turn(runs, ids, reference, [u.turn for u in asked.units])
+    report = batched.to_json(summaries, env, ceilings, pairs, turns)
     if markdown_out is not None:
-        staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs))
+        staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs, turns))
     if json_path is not None:
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
@@ -221,6 +222,8 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     render.table(f"bench: {_counted(len(prompts), len(ids))} in batches of {batch_size}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
     render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings)}")
+    if turns:
+        render.table("by turn: tokens/call per row (a later turn is asked after the conversation so far)", batched.turn_columns(turns), batched.turn_rows(turns))
     if pairs:
         render.table(f"against {versus_arm}", batched.versus_columns(versus_arm), batched.versus_rows(pairs))
         render.info(batched.versus_note(pairs))
