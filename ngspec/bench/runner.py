@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from ngspec.bench.turns import Conversations
 from ngspec.check import GreedyCheck, divergence
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, Resources, make_drafter
 from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
-from ngspec.bench.turns import Conversations
 from ngspec.prompts import Prompt
 
 HF_ARMS = ("hf-greedy", "hf-prompt-lookup")
