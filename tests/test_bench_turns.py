@@ -90,6 +90,9 @@ def test_bench_asks_the_second_turn_after_the_first_answer_and_splits_the_report
     turns = report["by_turn"]
     assert set(turns) == {"1", "2"} and [a["arm"] for a in turns["2"]] == [a["arm"] for a in report["arms"]]
     assert "By turn" in md.read_text() and "| trie | 1 |" in md.read_text()
+    categories = report["by_category"]  # two categories: Spec-Bench's split, beside the turns'
+    assert set(categories) == {"writing", "rag"} and all(a["exact_match"] == 1.0 for a in categories["writing"])
+    assert "| trie | writing | 1 |" in md.read_text()
 
     only_first = _invoke("bench", "-q", path, "-n", 10, "-d", "trie", "--turns", "first", "--json")
     assert only_first.exit_code == 0, only_first.output
@@ -148,3 +151,24 @@ def test_a_questions_turns_are_one_cluster_in_the_intervals_and_two_rows_in_the_
     records = [BenchRecord(p, 10, {"trie": wrong}, rep) for p in (first, second)]
     assert prompts_of(records) == ["81", "81"]
     assert [pid for pid, _, _ in mismatches(records, "trie")] == ["81", "81 (turn 2)"]
+
+
+def test_split_summarises_each_group_alone_in_the_order_first_seen():
+    from types import SimpleNamespace
+
+    from ngspec.bench.report import category_of, split
+    from ngspec.bench.runner import ArmRun, BenchRecord
+
+    rep = SimpleNamespace(value=1.0, steps=2, tokens=2)
+
+    def record(pid, category, ref_seconds, trie_seconds):
+        runs = {"hf-greedy": ArmRun(pid, [1, 2], ref_seconds, 2, [1, 1]), "trie": ArmRun(pid, [1, 2], trie_seconds, 1, [2])}
+        return BenchRecord(Prompt(pid, "x", category), 5, runs, rep)
+
+    records = [record("1", "rag", 2.0, 1.0), record("2", "qa", 1.0, 1.0), record("3", "rag", 2.0, 0.5)]
+    groups = split(records, ["hf-greedy", "trie"], category_of)
+    assert list(groups) == ["rag", "qa"]
+    trie = {g: next(s for s in v if s.arm == "trie") for g, v in groups.items()}
+    assert trie["rag"].speedup == pytest.approx((4 / 1.5) / (4 / 4.0)) and trie["qa"].speedup == pytest.approx(1.0)
+    assert trie["rag"].tokens_per_call == 2.0
+    assert split(records[:1] + records[2:], ["hf-greedy", "trie"], category_of) == {}  # one group: nothing to split

@@ -12,6 +12,7 @@ import platform
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
@@ -113,27 +114,49 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
     return out
 
 
-def by_turn(records: list[BenchRecord], arms: list[str]) -> dict[int, list[ArmSummary]]:
-    """`summarise` of each turn's records alone (a multi-turn question's later turns, asked after
-    the conversation so far); empty when every record is a first turn."""
-    turns = sorted({r.prompt.turn for r in records})
-    if turns == [1]:
+def split(records: list[BenchRecord], arms: list[str], key: Callable[[BenchRecord], object]) -> dict[object, list[ArmSummary]]:
+    """`summarise` of each group of records with the same ``key`` (in the order first seen); empty
+    when there is one group."""
+    groups = list(dict.fromkeys(key(r) for r in records))
+    if len(groups) < 2:
         return {}
-    return {t: summarise([r for r in records if r.prompt.turn == t], arms) for t in turns}
+    return {g: summarise([r for r in records if key(r) == g], arms) for g in groups}
 
 
-TURN_COLUMNS = ["arm", "turn", "prompts", "speedup", "tokens/call", "ceiling", "vs ceiling"]
+def turn_of(r: BenchRecord) -> int:
+    return r.prompt.turn
 
 
-def turn_rows(turns: dict[int, list[ArmSummary]], records: list[BenchRecord]) -> list[list[str]]:
-    """One row per arm and turn; the ceiling is that turn's self-repetition (token-weighted)."""
+def category_of(r: BenchRecord) -> str:
+    return r.prompt.category or "-"
+
+
+def split_columns(name: str) -> list[str]:
+    return ["arm", name, "prompts", "speedup", "tokens/call", "ceiling", "vs ceiling"]
+
+
+def split_rows(groups: dict[object, list[ArmSummary]], records: list[BenchRecord], key: Callable[[BenchRecord], object]) -> list[list[str]]:
+    """One row per arm and group; the ceiling is the group's self-repetition (token-weighted);
+    prompts counts questions."""
     out = []
-    for arm in [s.arm for s in next(iter(turns.values()))]:
-        for i, (turn, summaries) in enumerate(turns.items()):
-            of_turn = [r for r in records if r.prompt.turn == turn]
+    for arm in [s.arm for s in next(iter(groups.values()))]:
+        for i, (group, summaries) in enumerate(groups.items()):
+            of_group = [r for r in records if key(r) == group]
             s = next(x for x in summaries if x.arm == arm)
-            out.append([arm if i == 0 else "", str(turn), str(len({r.prompt.id for r in of_turn})), f"{s.speedup:.2f}x",
-                        _fmt(s.tokens_per_call, ".2f"), f"{ceiling_of(of_turn):.2f}", _fmt(s.ceiling_ratio, ".2f")])
+            out.append([arm if i == 0 else "", str(group), str(len({r.prompt.id for r in of_group})), f"{s.speedup:.2f}x",
+                        _fmt(s.tokens_per_call, ".2f"), f"{ceiling_of(of_group):.2f}", _fmt(s.ceiling_ratio, ".2f")])
+    return out
+
+
+def split_tables(records: list[BenchRecord], arms: list[str]) -> list[tuple[str, list[str], list[list[str]], dict]]:
+    """The report's splits (title, columns, rows, JSON) by category and by turn, where there are
+    several of either."""
+    out = []
+    for what, title, key in (("category", "by category", category_of),
+                             ("turn", "by turn (a later turn is asked after the conversation so far)", turn_of)):
+        groups = split(records, arms, key)
+        if groups:
+            out.append((title, split_columns(what), split_rows(groups, records, key), {str(g): [asdict(x) for x in v] for g, v in groups.items()}))
     return out
 
 
@@ -203,9 +226,8 @@ def markdown(
     pairs: list[dict] = (),
 ) -> str:
     lines = table_lines(COLUMNS, rows(summaries))
-    turns = by_turn(records, [s.arm for s in summaries])
-    if turns:
-        lines += ["", "By turn (a later turn is asked after the conversation so far):", ""] + table_lines(TURN_COLUMNS, turn_rows(turns, records))
+    for title, columns, cells, _ in split_tables(list(records), [s.arm for s in summaries]):
+        lines += ["", f"{title[0].upper()}{title[1:]}:", ""] + table_lines(columns, cells)
     if pairs:  # `versus`
         base = pairs[0]["versus"]
         lines += [""] + table_lines(["arm", f"throughput vs {base}", "95% interval"], [[p["arm"], f"{p['ratio']:.3f}x", interval_text(p["interval"], ".3f")] for p in pairs])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -56,7 +55,7 @@ def bench_command(
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
     """
     from ngspec.bench.grid import ablation, heatmaps, sweeps
-    from ngspec.bench.report import COLUMNS, TURN_COLUMNS, by_turn, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, summarise, to_json, turn_rows, versus
+    from ngspec.bench.report import COLUMNS, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
     from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
     from ngspec.bench.turns import split_turns
     from ngspec.perf.sweep import parse_values
@@ -112,7 +111,7 @@ def bench_command(
         records = run_bench(engine, prompts, arms, cfg, res, raw, lambda arm: progress.advance(task), rounds, every_turn)
 
     summaries = summarise(records, [a.label for a in arms])
-    per_turn = by_turn(records, [a.label for a in arms])
+    splits = split_tables(records, [a.label for a in arms])
     settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
                 "max_new_tokens": max_new_tokens, "rounds": rounds}
     env = environment(engine, settings)
@@ -121,8 +120,8 @@ def bench_command(
     grids = sweeps(arms, summaries)
     abl = ablation(arms, records)
     report["ablation"] = abl
-    if per_turn:
-        report["by_turn"] = {str(t): [asdict(x) for x in v] for t, v in per_turn.items()}
+    for title, columns, _, groups in splits:
+        report[f"by_{columns[1]}"] = groups
     pairs = versus(records, [a.label for a in arms], versus_arm) if versus_arm is not None else []
     if pairs:
         report["versus"] = pairs
@@ -146,8 +145,8 @@ def bench_command(
         return
     render.table(f"bench: {_counted(len(prompts), asked)}{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
                  COLUMNS, rows(summaries))
-    if per_turn:
-        render.table("by turn: a later turn is asked after the conversation so far (ceiling: that turn's self-repetition)", TURN_COLUMNS, turn_rows(per_turn, records))
+    for title, columns, cells, _ in splits:
+        render.table(f"{title}; ceiling: the group's self-repetition", columns, cells)
     for g in grids:
         (bk, bw), best = g.best("speedup")
         (tk, tw), most = g.best("tokens_per_call")
