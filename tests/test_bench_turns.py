@@ -172,3 +172,20 @@ def test_split_summarises_each_group_alone_in_the_order_first_seen():
     assert trie["rag"].speedup == pytest.approx((4 / 1.5) / (4 / 4.0)) and trie["qa"].speedup == pytest.approx(1.0)
     assert trie["rag"].tokens_per_call == 2.0
     assert split(records[:1] + records[2:], ["hf-greedy", "trie"], category_of) == {}  # one group: nothing to split
+
+
+def test_a_prompt_too_long_for_the_window_is_refused_by_name(default_model, tmp_path):
+    """Every first turn is checked before anything runs; a later turn when it is built (its length
+    depends on the first answer)."""
+    tok = default_model.tokenizer
+    long = Prompt("9", "word " * 300)
+    with pytest.raises(NgspecError, match=r"prompt 9: the prompt has \d+ tokens but the model's context window is 200"):
+        Conversations(tok, [Prompt("1", FIRST), long], every_turn=True, max_length=200)
+    asked = Conversations(tok, [Prompt("7", FIRST, turns=(FIRST, SECOND))], every_turn=True, max_length=60)
+    asked.answered(0, tok("fox " * 80)["input_ids"])
+    with pytest.raises(NgspecError, match=r"prompt 7 \(turn 2\): the prompt has"):
+        asked.ids(1)
+
+    path = _questions(tmp_path, [{"question_id": 1, "turns": [FIRST]}, {"question_id": 2, "turns": ["word " * 9000]}])
+    result = _invoke("bench", "-q", path, "-n", 4, "-d", "trie")
+    assert result.exit_code == 1 and "prompt 2: the prompt has" in result.stderr and "Traceback" not in result.output + result.stderr

@@ -126,7 +126,7 @@ def run_bench(
     record per prompt and round, hf-greedy's output the reference. ``every_turn``: a multi-turn
     question's later turns are prompts too, each after the conversation so far (`ngspec.bench.turns`)."""
     records = []
-    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw)
+    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
     warm_up(engine, arms, asked.ids(0), cfg, res)
     ceilings: dict[int, tuple[SelfRepetition, SelfRepetition | None]] = {}  # the same outputs every round
     for r in range(rounds):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ngspec.decode import check_prompt
+from ngspec.errors import NgspecError
 from ngspec.prompts import Prompt, encode, encode_messages
 
 
@@ -48,21 +50,33 @@ def turn_ids(tokenizer, prompt: Prompt, answers: list[list[int]], raw: bool = Fa
 
 class Conversations:
     """The prompts of a bench run, one per turn asked (``units``), and their token ids: a later
-    turn's ids are built once the reference has answered the turns before it (`answered`)."""
+    turn's ids are built once the reference has answered the turns before it (`answered`). With
+    ``max_length``, a prompt that leaves no room in the context window is refused, naming it:
+    every first turn at once, a later turn when it is built."""
 
-    def __init__(self, tokenizer, prompts: list[Prompt], every_turn: bool, raw: bool = False) -> None:
+    def __init__(self, tokenizer, prompts: list[Prompt], every_turn: bool, raw: bool = False, max_length: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.units = split_turns(prompts, every_turn)
         self.raw = raw
+        self.max_length = max_length
         self._ids: dict[int, list[int]] = {}
         self._answers: dict[int, list[int]] = {}
+        for i, unit in enumerate(self.units):
+            if unit.turn == 1:
+                self.ids(i)
 
     def ids(self, i: int) -> list[int]:
         """Token ids of ``units[i]``; its question's earlier turns must have been answered."""
         if i not in self._ids:
             unit = self.units[i]
             earlier = range(i - unit.turn + 1, i)  # the same question's earlier turns, just before it
-            self._ids[i] = turn_ids(self.tokenizer, unit, [self._answers[j] for j in earlier], self.raw)
+            ids = turn_ids(self.tokenizer, unit, [self._answers[j] for j in earlier], self.raw)
+            if self.max_length is not None:
+                try:
+                    check_prompt(ids, self.max_length)
+                except NgspecError as exc:
+                    raise NgspecError(f"prompt {unit.label}: {exc}") from None
+            self._ids[i] = ids
         return self._ids[i]
 
     def answered(self, i: int, token_ids: list[int]) -> None:

@@ -194,7 +194,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     from ngspec.bench.report import environment
     from ngspec.bench.turns import Conversations
 
-    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw)
+    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
         task = progress.add_task("reference (transformers' greedy, one prompt at a time)", total=len(asked.units))
         ids, reference = [], []
