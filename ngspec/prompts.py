@@ -1,9 +1,10 @@
 """Prompt files and turning prompts into token ids.
 
 A ``.txt`` file is one prompt. A ``.jsonl`` file holds one record per line: ``{"prompt": ...}``,
-``{"text": ...}`` or Spec-Bench/MT-bench style ``{"turns": [...]}``: the first turn is the prompt, and
-every turn is kept for `ngspec bench`, which asks the later ones in the conversation so far
-(`ngspec.bench.turns`).
+``{"text": ...}``, Spec-Bench/MT-bench style ``{"turns": [...]}`` (the first turn is the prompt, and
+every turn is kept for `ngspec bench`, which asks the later ones in the conversation so far,
+`ngspec.bench.turns`) or OpenAI-style ``{"messages": [...]}`` (a chat as it stands: a system
+prompt, earlier turns, then the user's message, through the chat template).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Prompt:
     category: str | None = None
     turns: tuple[str, ...] = ()  # a multi-turn record's user turns, the first being ``text``
     turn: int = 1  # which of them ``text`` is
+    messages: tuple[dict, ...] = ()  # a 'messages' record's chat, asked as it stands (``text``: its last user message)
 
     @property
     def label(self) -> str:
@@ -58,6 +60,7 @@ def _record_prompt(record: object, where: str) -> Prompt:
     if not isinstance(record, dict):
         raise NgspecError(f"{where}: expected a JSON object")
     turns: tuple[str, ...] = ()
+    messages: tuple[dict, ...] = ()
     if isinstance(record.get("prompt"), str):
         text = record["prompt"]
     elif isinstance(record.get("text"), str):
@@ -67,13 +70,21 @@ def _record_prompt(record: object, where: str) -> Prompt:
         if any(not isinstance(t, str) or not t.strip() for t in later):
             raise NgspecError(f"{where}: every one of 'turns' must be a non-empty string")
         turns = (text, *later)
+    elif isinstance(record.get("messages"), list) and record["messages"]:
+        messages = tuple(record["messages"])
+        try:
+            check_messages(list(messages))
+        except NgspecError as exc:
+            raise NgspecError(f"{where}: {exc}") from None
+        said = [m["content"] for m in messages if m["role"] == "user"] or [messages[-1]["content"]]
+        text = said[-1]
     else:
-        raise NgspecError(f"{where}: needs a 'prompt' or 'text' string or a non-empty 'turns' list")
+        raise NgspecError(f"{where}: needs a 'prompt' or 'text' string, a non-empty 'turns' list or a non-empty 'messages' list")
     if not text.strip():
         raise NgspecError(f"{where}: the prompt is empty")
     rid = record.get("question_id", record.get("id"))
     category = record.get("category")
-    return Prompt(str(rid) if rid is not None else where, text, category if isinstance(category, str) else None, turns)
+    return Prompt(str(rid) if rid is not None else where, text, category if isinstance(category, str) else None, turns, messages=messages)
 
 
 def load_prompts(
@@ -109,6 +120,22 @@ def load_prompts(
             raise NgspecError("--limit must be at least 1")
         prompts = prompts[:limit]
     return prompts
+
+
+def prompt_input(prompt: Prompt, raw: bool = False) -> str | list[dict]:
+    """What to encode for ``prompt``: its chat messages, or its text. Messages are a chat, so
+    ``raw`` (text without the template) refuses them."""
+    if not prompt.messages:
+        return prompt.text
+    if raw:
+        raise NgspecError(f"prompt {prompt.id} is chat messages, which go through the chat template; --raw takes text prompts")
+    return [dict(m) for m in prompt.messages]
+
+
+def prompt_ids(tokenizer, prompt: Prompt, raw: bool = False) -> list[int]:
+    """Token ids for ``prompt``: its chat messages through the chat template, or its text (see `encode`)."""
+    given = prompt_input(prompt, raw)
+    return encode(tokenizer, given, raw) if isinstance(given, str) else encode_messages(tokenizer, given)
 
 
 def encode(tokenizer, text: str, raw: bool = False) -> list[int]:

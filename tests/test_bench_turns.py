@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from ngspec.bench.turns import Conversations, split_turns, turn_ids
 from ngspec.cli.app import app
 from ngspec.errors import NgspecError
-from ngspec.prompts import Prompt, encode, load_prompts
+from ngspec.prompts import Prompt, encode, load_prompts, prompt_ids
 
 FIRST = "Write one sentence about a quick brown fox that jumps over a lazy dog."
 SECOND = "Rewrite your previous response in capital letters."
@@ -189,3 +189,49 @@ def test_a_prompt_too_long_for_the_window_is_refused_by_name(default_model, tmp_
     path = _questions(tmp_path, [{"question_id": 1, "turns": [FIRST]}, {"question_id": 2, "turns": ["word " * 9000]}])
     result = _invoke("bench", "-q", path, "-n", 4, "-d", "trie")
     assert result.exit_code == 1 and "prompt 2: the prompt has" in result.stderr and "Traceback" not in result.output + result.stderr
+
+
+CHAT = [{"role": "system", "content": "You answer in one short sentence."}, {"role": "user", "content": FIRST}]
+
+
+def test_a_messages_record_is_its_chat_through_the_template(default_model, tmp_path):
+    tok = default_model.tokenizer
+    path = _questions(tmp_path, [{"id": "c", "messages": CHAT}, {"prompt": "Hi."}])
+    chat, plain = load_prompts(path)
+    assert chat.text == FIRST and chat.messages == tuple(CHAT) and plain.messages == ()
+    want = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+    want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "input_ids") else want
+    assert prompt_ids(tok, chat) == list(want) != prompt_ids(tok, Prompt("c", FIRST))  # the system prompt is in it
+    assert prompt_ids(tok, plain) == encode(tok, "Hi.")
+    with pytest.raises(NgspecError, match="prompt c is chat messages, which go through the chat template; --raw takes text prompts"):
+        prompt_ids(tok, chat, raw=True)
+
+
+@pytest.mark.parametrize(
+    "messages, message",
+    [([{"role": "user"}], "needs a 'role' and a 'content'"), ([], "needs a 'prompt' or 'text' string"), ("hi", "needs a 'prompt' or 'text' string")],
+)
+def test_a_bad_messages_record_is_one_clear_error(tmp_path, messages, message):
+    with pytest.raises(NgspecError, match=message):
+        load_prompts(_questions(tmp_path, [{"messages": messages}]))
+
+
+def test_generate_and_bench_take_messages_records_and_synth_corpus_refuses_them(tmp_path, default_model):
+    path = _questions(tmp_path, [{"id": "c", "messages": CHAT}, {"id": "p", "prompt": FIRST}])
+    chat_tokens = len(prompt_ids(default_model.tokenizer, load_prompts(path)[0]))
+    for extra in ([], ["-b", "2"]):
+        result = _invoke("generate", "-p", path, "-d", "trie", "-n", 12, "--check", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        rows = [r for line in result.stdout.strip().splitlines() if line.startswith("{") and "id" in (r := json.loads(line))]
+        by_id = {r["id"]: r for r in rows}  # a batch prints rows as they finish
+        assert sorted(by_id) == ["c", "p"] and all(r["greedy_check"]["exact_match"] for r in rows)
+        assert by_id["c"]["prompt_tokens"] == chat_tokens != by_id["p"]["prompt_tokens"]  # our system prompt, not the template's own
+    result = _invoke("bench", "-q", path, "-n", 8, "-d", "trie", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert all(run["exact_match"] for p in report["prompts"] for run in p["runs"].values())
+    for args in (["generate", "-p", path, "--raw"], ["bench", "-q", path, "--raw"]):
+        result = _invoke(*args)
+        assert result.exit_code == 1 and "prompt c is chat messages" in result.stderr and "Traceback" not in result.stderr
+    result = _invoke("synth-corpus", "--prompts", path, "--out", tmp_path / "out.jsonl")
+    assert result.exit_code == 1 and "prompt c is chat messages" in result.stderr

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from ngspec.decode import check_prompt
 from ngspec.errors import NgspecError
-from ngspec.prompts import Prompt, encode, encode_messages
+from ngspec.prompts import Prompt, encode_messages, prompt_ids
 
 
 def split_turns(prompts: list[Prompt], every_turn: bool) -> list[Prompt]:
@@ -35,7 +35,7 @@ def turn_ids(tokenizer, prompt: Prompt, answers: list[list[int]], raw: bool = Fa
     answer (``answers``, token ids, one per earlier turn). Through the chat template unless
     ``raw`` or the tokenizer has none; then the turns and answers are joined by blank lines."""
     if prompt.turn == 1:
-        return encode(tokenizer, prompt.text, raw)
+        return prompt_ids(tokenizer, prompt, raw)
     if len(answers) != prompt.turn - 1:
         raise ValueError(f"turn {prompt.turn} follows {prompt.turn - 1} answers, got {len(answers)}")
     said = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]

@@ -20,7 +20,7 @@ from ngspec.errors import NgspecError
 
 @with_drafting_options
 def bench_command(
-    questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns', or a .jsonl of 'prompt' or 'text' records, or a .txt prompt).")],
+    questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns', or a .jsonl of 'prompt', 'text' or chat 'messages' records, or a .txt prompt).")],
     drafters: Annotated[list[str], typer.Option("--drafter", "-d", help=f"Drafter to compare (repeatable); one of: {DRAFTERS}.")] = ["trie", "prompt-lookup"],
     category: Annotated[Optional[str], typer.Option(help="Keep only this category (e.g. rag, summarization).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Use the first N questions (after --category and --per-category).")] = None,
@@ -59,7 +59,7 @@ def bench_command(
     from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
     from ngspec.bench.turns import split_turns
     from ngspec.perf.sweep import parse_values
-    from ngspec.prompts import load_prompts
+    from ngspec.prompts import load_prompts, prompt_input
 
     cfg = decode_config(max_new_tokens, sampling_config(0.0, 1.0, 0, None), None)
     for name in drafters:
@@ -85,6 +85,8 @@ def bench_command(
     if versus_arm is not None and versus_arm.split(" ")[0] not in (*HF_ARMS, "vanilla", *drafters):  # labels start with the drafter
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; give one of: {', '.join((*HF_ARMS, 'vanilla', *drafters))}")
     prompts = load_prompts(questions, category, limit, per_category)
+    for p in prompts:
+        prompt_input(p, raw)  # chat messages refuse --raw before the model loads
     every_turn = turns == "all"
     asked = len(split_turns(prompts, every_turn))  # one prompt per turn asked
     for path in (markdown_out, json_path):

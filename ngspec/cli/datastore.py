@@ -161,7 +161,11 @@ def synth_corpus_command(
 
     given = None
     if prompts is not None:
-        given = [p.text for p in load_prompts(prompts)][:n]  # --n caps the prompts answered
+        records = load_prompts(prompts)
+        chats = [p.id for p in records if p.messages]
+        if chats:
+            raise NgspecError(f"synth-corpus answers single instructions, and prompt {chats[0]} is chat messages: give 'prompt', 'text' or 'turns' records")
+        given = [p.text for p in records][:n]  # --n caps the prompts answered
         n = len(given)
     opts = SynthOptions(n=100 if n is None else n, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     if out.exists() and not force:

@@ -15,7 +15,7 @@ from ngspec.cli.options import (
 )
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions
 from ngspec.errors import NgspecError
-from ngspec.prompts import load_prompts
+from ngspec.prompts import load_prompts, prompt_input
 
 if TYPE_CHECKING:  # torch and transformers load when a command runs, not for --help
     from ngspec.api import Output, Speculator
@@ -196,14 +196,15 @@ def generate_command(
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size > 1 verifies trees: use --verify tree (rows are for one prompt at a time)")
     prompts = load_prompts(prompt_file)
+    inputs = [prompt_input(p, raw) for p in prompts]  # chat messages or text
     # the drafters' estimates are carried from prompt to prompt (and row to row) in the Speculator
     spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code), drafter, drafting)
+    encoded = [spec.encode(x, raw) for x in inputs]
     if batch_size > 1:
-        _run_batch(spec, prompts, [spec.encode(p.text, raw) for p in prompts], cfg, batch, json_out, check)
+        _run_batch(spec, prompts, encoded, cfg, batch, json_out, check)
         return
     engine, failed = spec.engine, []
-    for prompt in prompts:
-        ids = spec.encode(prompt.text, raw)
+    for prompt, ids in zip(prompts, encoded):
         if len(prompts) > 1:  # a prompt that cannot run fails alone, as in a batch
             try:
                 check_prompt(ids, engine.target.max_length)

@@ -35,7 +35,7 @@ ProfileOpt = Annotated[Optional[Path], typer.Option("--profile", help="Device pr
 
 VerifyOpt = Annotated[str, typer.Option("--verify", help="tree: one forward over the draft tree under a tree mask; rows: each root-to-leaf path as its own batch row, all sharing the context's KV cache (the paper's layout). Both are lossless.")]
 
-PromptFileArg = Annotated[Path, typer.Option("--prompt-file", "-p", help=".txt (one prompt) or .jsonl ({'prompt': ...} or Spec-Bench {'turns': [...]}) file.")]
+PromptFileArg = Annotated[Path, typer.Option("--prompt-file", "-p", help=".txt (one prompt) or .jsonl ({'prompt': ...}, Spec-Bench {'turns': [...]} (the first turn), or a chat {'messages': [{'role': 'system', ...}, {'role': 'user', ...}]}) file.")]
 
 TrustRemoteCodeOpt = Annotated[
     bool,

@@ -67,7 +67,7 @@ def tune_tree_command(
     from ngspec.eagle import int8
     from ngspec.eagle.head import load_draft_vocab, load_head
     from ngspec.eagle.tune import AcceptanceRecorder, SideBySide, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, playoff, prune, rate
-    from ngspec.prompts import encode
+    from ngspec.prompts import prompt_ids
 
     if not eagle_head.is_dir():
         raise NgspecError(f"no EAGLE head directory at {eagle_head}")
@@ -83,7 +83,7 @@ def tune_tree_command(
     batch = BatchConfig(batch_size)
     prompts = calibration_prompts(questions, per_category, limit)
     engine = load_engine(model, device, dtype, trust_remote_code=trust_remote_code)
-    ids = [encode(engine.loaded.tokenizer, p.text, raw) for p in prompts]
+    ids = [prompt_ids(engine.loaded.tokenizer, p, raw) for p in prompts]
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, max_draft_nodes=nodes)
     head = load_head(eagle_head, engine.loaded.model)  # read once; every candidate tree reuses it
     vocab = load_draft_vocab(eagle_head)
