@@ -168,6 +168,9 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["generate", "-p", "{prompt}", "--batch-layout", "ragged"], "--batch-layout must be one of padded, packed"),
         (["generate", "-p", "{prompt}", "--tree-choices", "{prompt}"], "expected a JSON list"),
         (["generate", "-p", "{prompt}", "--tree", "dynamic", "--tree-choices", "{prompt}"], "--tree-choices is the shape of a static tree"),
+        (["generate", "-p", "{prompt}", "--tree", "static", "--tree-top-k", "4"], "--tree-top-k shapes the dynamic tree; a static tree's shape is --tree-choices"),
+        (["generate", "-p", "{prompt}", "--tree", "static", "--tree-depth", "3", "--total-tokens", "9"], "--tree-depth, --total-tokens shape the dynamic tree"),
+        (["generate", "-p", "{prompt}", "--total-tokens", "0"], "--tree-top-k, --tree-depth and --total-tokens must be at least 1"),
         (["tune-tree", "--eagle-head", "no/such/head", "--out", "x.json"], "no EAGLE head directory"),
         (["tune-tree", "--eagle-head", ".", "--out", "{prompt}"], "already exists"),
         (["tune-tree", "--eagle-head", ".", "--out", "new.json", "--batch-size", "0"], "--batch-size"),
@@ -203,6 +206,9 @@ def test_a_tree_shape_file_makes_the_tree_static(tmp_path):
     made = Drafting(tree_choices=shape).eagle_options()
     assert made.tree == "static" and made.choices == ((0,), (1,), (0, 0))
     assert Drafting(tree="static").eagle_options().tree == "static"
+    # the dynamic tree's sizes: the defaults unless given
+    assert (Drafting().eagle_options().top_k, Drafting().eagle_options().total_tokens) == (8, 32)
+    assert Drafting(tree_top_k=3, total_tokens=12).eagle_options().total_tokens == 12
 
 
 def test_unknown_cpu_kernel_setting_is_one_clear_line(prompt_file, monkeypatch):

@@ -39,9 +39,9 @@ class Drafting:
     bigram_table: Annotated[Optional[Path], typer.Option("--bigram-table", help="unigram/bigram/mixed: table file from `ngspec build-bigram --out` (default: built once per model and cached).", rich_help_panel=PANEL)] = None
     eagle_head: Annotated[Optional[Path], typer.Option("--eagle-head", help="eagle, eagle+search: an EAGLE-1 or EAGLE-3 head directory (public layout; `ngspec train-eagle` makes EAGLE-1 heads).", rich_help_panel=EAGLE)] = None
     tree: Annotated[Optional[str], typer.Option("--tree", help="eagle: dynamic (EAGLE-2: expand the best nodes per depth, keep the best --total-tokens) or static (EAGLE-1 choices, e.g. a shape from `ngspec tune-tree`). Default: static when --tree-choices is given, else dynamic.", rich_help_panel=EAGLE)] = None
-    tree_top_k: Annotated[int, typer.Option("--tree-top-k", help="eagle dynamic: nodes expanded per depth and children per node.", rich_help_panel=EAGLE)] = 8
-    tree_depth: Annotated[int, typer.Option("--tree-depth", help="eagle dynamic: draft depth.", rich_help_panel=EAGLE)] = 5
-    total_tokens: Annotated[int, typer.Option("--total-tokens", help="eagle dynamic: draft nodes kept per step.", rich_help_panel=EAGLE)] = 32
+    tree_top_k: Annotated[Optional[int], typer.Option("--tree-top-k", help="eagle dynamic: nodes expanded per depth and children per node (default 8).", rich_help_panel=EAGLE)] = None
+    tree_depth: Annotated[Optional[int], typer.Option("--tree-depth", help="eagle dynamic: draft depth (default 5).", rich_help_panel=EAGLE)] = None
+    total_tokens: Annotated[Optional[int], typer.Option("--total-tokens", help="eagle dynamic: draft nodes kept per step (default 32).", rich_help_panel=EAGLE)] = None
     tree_choices: Annotated[Optional[Path], typer.Option("--tree-choices", help="eagle static: a tree shape, either a JSON list of paths of child ranks ([[0],[1],[0,0]]) or a `tune-tree` output file (default: a 17-node tree).", rich_help_panel=EAGLE)] = None
     draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="eagle, eagle+search: draft over the head's N most frequent tokens (its draft_vocab.json, from train-eagle) plus the prompt's, instead of the whole vocabulary: the LM head is most of EAGLE's drafting time on a CPU. 0 = whole vocabulary (as are heads without that file).", rich_help_panel=EAGLE)] = 8192
     head_int8: Annotated[bool, typer.Option("--head-int8/--head-float32", help="eagle, eagle+search on a CPU with a float32 model: run the head's products (but its fc) and the draft-vocabulary product in int8. They read a quarter of the bytes, 2.6-2.9x faster from a cold cache; drafts change a little, outputs never (BENCHMARKS.md 10p). Ignored on GPUs and for EAGLE-3 heads.", rich_help_panel=EAGLE)] = True
@@ -88,7 +88,12 @@ class Drafting:
             raise NgspecError("--tree-choices is the shape of a static tree; the dynamic tree builds its own: use --tree static (or leave --tree out)")
         choices = read_choices(self.tree_choices) if self.tree_choices else DEFAULT_CHOICES
         tree = self.tree or ("static" if self.tree_choices is not None else "dynamic")
-        return EagleOptions(tree, self.tree_top_k, self.tree_depth, self.total_tokens, choices, self.draft_vocab, self.head_int8, self.head_graphs)
+        dynamic = {"--tree-top-k": self.tree_top_k, "--tree-depth": self.tree_depth, "--total-tokens": self.total_tokens}
+        given = [flag for flag, value in dynamic.items() if value is not None]
+        if tree == "static" and given:
+            raise NgspecError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} the dynamic tree; a static tree's shape is --tree-choices")
+        top_k, depth, total = (value if value is not None else default for value, default in zip(dynamic.values(), (EagleOptions.top_k, EagleOptions.depth, EagleOptions.total_tokens)))
+        return EagleOptions(tree, top_k, depth, total, choices, self.draft_vocab, self.head_int8, self.head_graphs)
 
     def resources(self, engine, drafters: list[str]) -> Resources:
         """Load what ``drafters`` need for ``engine``'s model: n-gram tables, the EAGLE drafter
