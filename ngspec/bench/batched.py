@@ -12,15 +12,15 @@ rounds on two CPU cores differed by 6%).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ngspec.batch import BatchConfig
 from ngspec.bench.interval import rounds_interval
 from ngspec.bench.report import interval_text, table_lines
-from ngspec.bench.runner import WARM_UP_TOKENS
+from ngspec.bench.runner import arm_drafter, warm_config
 from ngspec.decode import DecodeConfig
-from ngspec.drafters import Resources, make_drafter
+from ngspec.drafters import Resources
 from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.errors import NgspecError
@@ -78,16 +78,15 @@ def run_batched(
     untimed, every arm decodes a few tokens of one batch of the first prompts (as `warm_up` does
     for one row)."""
     out: dict[str, list[BatchRound]] = {a.label: [] for a in arms}
-    warm = replace(cfg, max_new_tokens=min(WARM_UP_TOKENS, cfg.max_new_tokens))
     for arm in arms:
-        engine.run_batch(ids[: batch.batch_size], lambda arm=arm: make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore), warm, batch)
+        engine.run_batch(ids[: batch.batch_size], lambda arm=arm: arm_drafter(arm, res), warm_config(cfg), batch)
     for r in range(rounds):
         for arm in arms if r % 2 == 0 else arms[::-1]:
             calibration = Calibration()
             if res.datastore is not None:
                 res.datastore.forget()  # every timed run reads it cold: arms and rounds repeat the same prompts
             results, report = engine.run_batch(
-                ids, lambda arm=arm: make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore, calibration), cfg, batch,
+                ids, lambda arm=arm: arm_drafter(arm, res, calibration), cfg, batch,
             )
             failed = next((x for x in results if x.error), None)
             if failed is not None:

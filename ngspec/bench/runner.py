@@ -84,6 +84,17 @@ class BenchRecord:
     round: int = 0  # with several rounds, every prompt has a record per round
 
 
+def arm_drafter(arm: Arm, res: Resources, calibration: Calibration | None = None):
+    """A fresh drafter of ``arm`` with the run's tables, head and datastore; ``calibration``: the
+    estimates it carries from earlier prompts (None: its own, as a warm-up's)."""
+    return make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore, calibration)
+
+
+def warm_config(cfg: DecodeConfig) -> DecodeConfig:
+    """``cfg`` for an untimed warm-up run: `WARM_UP_TOKENS` new tokens at most."""
+    return replace(cfg, max_new_tokens=min(WARM_UP_TOKENS, cfg.max_new_tokens))
+
+
 def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Resources, pid: str, calibration: Calibration | None = None) -> ArmRun:
     """``calibration``: the arm's drafter estimates carried from its earlier prompts."""
     if arm.drafter in HF_ARMS:
@@ -94,7 +105,7 @@ def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Re
     arm_cfg = replace(cfg, verify=arm.verify, max_draft_nodes=max(cfg.max_draft_nodes, cap))
     if res.datastore is not None:
         res.datastore.forget()  # every timed run reads it cold: arms and rounds repeat the same prompts
-    gen = engine.run(ids, make_drafter(arm.drafter, arm.opts, res.tables, res.eagle, res.datastore, calibration), arm_cfg)
+    gen = engine.run(ids, arm_drafter(arm, res, calibration), arm_cfg)
     steps = gen.stats.steps
     return ArmRun(
         pid, gen.token_ids, gen.seconds, len(steps), [s.accepted for s in steps], gen.stats.draft_seconds, gen.stats.prefill_seconds, gen.drafter_stats
@@ -105,9 +116,8 @@ def warm_up(engine: Engine, arms: list[Arm], ids: list[int], cfg: DecodeConfig, 
     """Every arm decodes `WARM_UP_TOKENS` of ``ids`` once, untimed, so that a process's first
     allocations, lazy setup and first kernels land on no arm's clock (the first arm of the first
     prompt would pay them all; BENCHMARKS.md 10zk). Its drafter estimates are thrown away."""
-    warm = replace(cfg, max_new_tokens=min(WARM_UP_TOKENS, cfg.max_new_tokens))
     for arm in arms:
-        run_arm(engine, arm, ids, warm, res, "warm-up")
+        run_arm(engine, arm, ids, warm_config(cfg), res, "warm-up")
 
 
 def run_bench(
