@@ -132,7 +132,7 @@ def test_batched_tokens_per_call_by_turn_hand_worked(monkeypatch):
 
 def test_turns_must_be_all_or_first(tmp_path):
     result = _invoke("bench", "-q", _questions(tmp_path, [{"turns": ["a"]}]), "--turns", "second")
-    assert result.exit_code != 0 and "--turns must be all or first (got 'second')" in result.output
+    assert result.exit_code == 1 and "--turns must be all or first (got 'second')" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_questions_turns_are_one_cluster_in_the_intervals_and_two_rows_in_the_notes():
