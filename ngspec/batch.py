@@ -170,9 +170,11 @@ def generate_batch(
     feed: Callable[[], list[Request]] | None = None,
 ) -> tuple[list[BatchResult], BatchReport]:
     """Generate for every prompt, ``batch.batch_size`` at a time; results in input order.
-    ``feed``, when given, is asked before every step for requests that arrived since (each with
-    its own budget, sampling, stops and token callback); they fill free slots and rows up to the
-    batch size, and the call returns once no row is left (results in the order of their index)."""
+    ``feed``, when given, is asked for requests that arrived since (each with its own budget,
+    sampling, stops and token callback) whenever a slot is free: before every step while the batch
+    has fewer rows than its size, and as a row ends. They fill free slots and rows up to the batch
+    size, and the call returns once no row is left and none came (results in the order of their
+    index)."""
     if cfg.verify != "tree":
         raise NgspecError("batched generation verifies trees (--verify tree); rows layout is for batch size 1")
     # the rows the cache will hold: a static batch fills them; requests fed one by one (a server)
@@ -204,7 +206,11 @@ def generate_batch(
             on_finish(results[row.index])
 
     def admit(slot: int | None) -> _Row | None:
-        """Start the next waiting prompt that fits, in ``slot`` (None: a new row)."""
+        """Start the next waiting prompt that fits, in ``slot`` (None: a new row). Requests fed
+        since are taken first into the queue, among them any that a row just finished led to (a
+        conversation's next turn): a batch whose last row ends then goes on with them."""
+        if feed is not None:
+            waiting.extend(feed())
         while waiting:
             request = waiting.popleft()
             try:
@@ -235,18 +241,14 @@ def generate_batch(
 
     def fill() -> None:
         """New rows for waiting prompts, up to the batch size."""
-        while len(rows) < batch.batch_size and waiting:
+        while len(rows) < batch.batch_size:
             row = admit(None)
             if row is None:
                 break
             rows.append(row)
 
-    if feed is not None:
-        waiting.extend(feed())
     fill()
     while rows:
-        if feed is not None:
-            waiting.extend(feed())
         # rows that are done hand their slot to the next prompt, or leave the batch; a finished
         # row is let go before the next is admitted, so that the head-cache row its drafter holds
         # is free for the new drafter (indexed: `enumerate` would keep its last pair alive)

@@ -2,8 +2,8 @@
 
 A ``.txt`` file is one prompt. A ``.jsonl`` file holds one record per line: ``{"prompt": ...}``,
 ``{"text": ...}``, Spec-Bench/MT-bench style ``{"turns": [...]}`` (the first turn is the prompt, and
-every turn is kept for `ngspec bench`, which asks the later ones in the conversation so far,
-`ngspec.bench.turns`) or OpenAI-style ``{"messages": [...]}`` (a chat as it stands: a system
+every turn is kept: `ngspec bench` and `ngspec generate` ask the later ones in the conversation so
+far, `ngspec.turns`) or OpenAI-style ``{"messages": [...]}`` (a chat as it stands: a system
 prompt, earlier turns, then the user's message, through the chat template).
 """
 

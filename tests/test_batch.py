@@ -582,6 +582,32 @@ def test_prompts_fed_while_the_batch_runs_join_it_and_each_matches_its_own_plain
     assert report.new_tokens == sum(budgets)
 
 
+def test_a_request_that_a_finishing_row_leads_to_joins_even_when_that_row_was_the_last(tiny, prompts_and_expected):
+    """A conversation's next turn is fed once its row has finished (`ngspec generate --turns all`):
+    when that row was the batch's last, the batch goes on with it instead of ending."""
+    from ngspec.batch import Request
+    from ngspec.verify import SamplingConfig
+
+    prompts, expected = prompts_and_expected
+    later: list[Request] = []
+
+    def on_finish(result) -> None:
+        if result.index + 1 < 3:  # each row, as it ends, leads to the next prompt
+            later.append(Request(result.index + 1, prompts[result.index + 1], 30, SamplingConfig(), Stopper(frozenset())))
+
+    def feed() -> list[Request]:
+        ready = list(later)
+        later.clear()
+        return ready
+
+    results, report = generate_batch(
+        tiny, prompts[:1], lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=30), BatchConfig(2, 0, 0.0),
+        lambda: Stopper(frozenset()), on_finish=on_finish, feed=feed,
+    )
+    assert [r.generation.token_ids for r in results] == expected[:3]
+    assert report.new_tokens == sum(len(e) for e in expected[:3])
+
+
 def test_a_cancelled_request_ends_at_the_next_step_and_frees_its_slot(tiny, prompts_and_expected):
     from ngspec.batch import Request
     from ngspec.verify import SamplingConfig

@@ -1,5 +1,6 @@
-"""Multi-turn questions in `ngspec bench`: a later turn is asked after the conversation so far, with
-transformers' greedy answers to the earlier turns (as Spec-Bench asks MT-bench's second turn)."""
+"""Multi-turn questions in `ngspec bench` and `ngspec generate`: a later turn is asked after the
+conversation so far (as Spec-Bench asks MT-bench's second turn), with transformers' greedy answers
+to the earlier turns in `bench` and the answers just generated in `generate`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ngspec.bench.turns import Conversations, split_turns, turn_ids
+from ngspec.turns import Conversations, split_turns, turn_ids
 from ngspec.cli.app import app
 from ngspec.errors import NgspecError
 from ngspec.prompts import Prompt, encode, load_prompts, prompt_ids
@@ -235,3 +236,57 @@ def test_generate_and_bench_take_messages_records_and_synth_corpus_refuses_them(
         assert result.exit_code == 1 and "prompt c is chat messages" in result.stderr and "Traceback" not in result.stderr
     result = _invoke("synth-corpus", "--prompts", path, "--out", tmp_path / "out.jsonl")
     assert result.exit_code == 1 and "prompt c is chat messages" in result.stderr
+
+
+def _records(result) -> dict:
+    """`generate --json`'s prompt records (a batch prints them as they finish), by (id, turn)."""
+    rows = [json.loads(line) for line in result.stdout.strip().splitlines() if line.startswith("{")]
+    return {(r["id"], r["turn"]): r for r in rows if "id" in r}
+
+
+@pytest.mark.slow
+def test_generate_asks_the_second_turn_after_its_own_first_answer(tmp_path, default_model):
+    """One at a time and in a batch (where the second turn joins once the first is answered), every
+    turn token-identical to plain greedy decoding of its own prompt; the second turn's prompt is the
+    chat with the first answer."""
+    tok = default_model.tokenizer
+    path = _questions(tmp_path, [{"question_id": 81, "turns": [FIRST, SECOND]}, {"question_id": 3, "turns": ["Say hi."]}])
+    seen = {}
+    for extra in ([], ["-b", "2"], ["-b", "3"]):
+        result = _invoke("generate", "-p", path, "-d", "trie", "-n", 24, "--check", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        records = _records(result)
+        assert sorted(records) == [("3", 1), ("81", 1), ("81", 2)]
+        assert all(r["greedy_check"]["exact_match"] for r in records.values())
+        first, second = records[("81", 1)], records[("81", 2)]
+        answer = tok.decode(first["token_ids"], skip_special_tokens=True).strip()
+        asked = Prompt("81", SECOND, turns=(FIRST, SECOND), turn=2)
+        assert second["prompt_tokens"] == len(turn_ids(tok, asked, [first["token_ids"]])) and answer in tok.decode(turn_ids(tok, asked, [first["token_ids"]]))
+        seen[tuple(extra)] = {k: r["token_ids"] for k, r in records.items()}
+        if extra:
+            batch = json.loads(result.stdout.strip().splitlines()[-1])["batch"]
+            assert batch["prompts"] == 3 and batch["failed"] == 0
+    assert seen[()] == seen[("-b", "2")] == seen[("-b", "3")]
+
+    only_first = _invoke("generate", "-p", path, "-d", "trie", "-n", 24, "--turns", "first", "--json")
+    assert only_first.exit_code == 0, only_first.output
+    assert sorted(_records(only_first)) == [("3", 1), ("81", 1)]
+    human = _invoke("generate", "-p", path, "-d", "trie", "-n", 24, "-b", "2")
+    assert human.exit_code == 0 and "prompt 81 (turn 2)" in human.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_a_turn_that_fails_fails_the_turns_after_it_and_the_others_finish(tmp_path, batch):
+    path = _questions(tmp_path, [{"question_id": 2, "turns": ["word " * 9000, SECOND]}, {"question_id": 1, "turns": [FIRST, SECOND]}])
+    result = _invoke("generate", "-p", path, "-d", "trie", "-n", 8, "-b", batch, "--json")
+    assert result.exit_code == 1 and "Traceback" not in result.output + result.stderr
+    records = _records(result)
+    assert "the prompt has" in records[("2", 1)]["error"] and records[("2", 2)]["error"] == "not asked: turn 1 failed"
+    assert records[("1", 1)]["new_tokens"] > 0 and records[("1", 2)]["new_tokens"] > 0
+    assert "2 prompt(s) failed: 2, 2 (turn 2)" in result.stderr
+
+
+def test_generate_turns_must_be_all_or_first(tmp_path):
+    result = _invoke("generate", "-p", _questions(tmp_path, [{"turns": ["a"]}]), "--turns", "both")
+    assert result.exit_code == 1 and "--turns must be all or first (got 'both')" in result.stderr and "Traceback" not in result.stderr

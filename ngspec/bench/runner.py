@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ngspec.bench.turns import Conversations
 from ngspec.check import GreedyCheck, divergence
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, Resources, make_drafter
@@ -20,6 +19,7 @@ from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
 from ngspec.prompts import Prompt
+from ngspec.turns import Conversations
 
 HF_ARMS = ("hf-greedy", "hf-prompt-lookup")
 WARM_UP_TOKENS = 16
@@ -134,7 +134,7 @@ def run_bench(
     """Run ``arms`` on every prompt, ``rounds`` times (the arms in reversed order every other
     round; each round's drafters calibrate afresh and carry that from prompt to prompt); one
     record per prompt and round, hf-greedy's output the reference. ``every_turn``: a multi-turn
-    question's later turns are prompts too, each after the conversation so far (`ngspec.bench.turns`)."""
+    question's later turns are prompts too, each after the conversation so far (`ngspec.turns`)."""
     records = []
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
     warm_up(engine, arms, asked.ids(0), cfg, res)

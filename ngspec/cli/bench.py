@@ -13,7 +13,7 @@ from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
-from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, TrustRemoteCodeOpt
+from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, TrustRemoteCodeOpt, asks_every_turn
 from ngspec.drafters import check_drafter
 from ngspec.errors import NgspecError
 
@@ -57,9 +57,9 @@ def bench_command(
     from ngspec.bench.grid import ablation, heatmaps, sweeps
     from ngspec.bench.report import COLUMNS, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
     from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
-    from ngspec.bench.turns import split_turns
     from ngspec.perf.sweep import parse_values
     from ngspec.prompts import load_prompts, prompt_input
+    from ngspec.turns import split_turns
 
     cfg = decode_config(max_new_tokens, sampling_config(0.0, 1.0, 0, None), None)
     for name in drafters:
@@ -67,8 +67,7 @@ def bench_command(
             check_drafter(name)
     drafting.check(drafters)
     opts = drafting.options()
-    if turns not in ("all", "first"):
-        raise NgspecError(f"--turns must be all or first (got {turns!r})")
+    every_turn = asks_every_turn(turns)
     if verify not in ("tree", "rows", "both"):
         raise NgspecError(f"--verify must be tree, rows or both (got {verify!r})")
     bad = [f"{flag} must be at least 1 (got {value})" for flag, value in (("--batch-size", batch_size), ("--rounds", rounds)) if value is not None and value < 1]
@@ -87,7 +86,6 @@ def bench_command(
     prompts = load_prompts(questions, category, limit, per_category)
     for p in prompts:
         prompt_input(p, raw)  # chat messages refuse --raw before the model loads
-    every_turn = turns == "all"
     asked = len(split_turns(prompts, every_turn))  # one prompt per turn asked
     for path in (markdown_out, json_path):
         if path is not None:
@@ -194,7 +192,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     from ngspec.batch import BatchConfig
     from ngspec.bench import batched
     from ngspec.bench.report import environment
-    from ngspec.bench.turns import Conversations
+    from ngspec.turns import Conversations
 
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:

@@ -11,20 +11,21 @@ from ngspec.cli.common import decode_config, load_engine, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import (
     DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt, TrustRemoteCodeOpt,
-    StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt,
+    StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt, asks_every_turn,
 )
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions
 from ngspec.errors import NgspecError
-from ngspec.prompts import load_prompts, prompt_input
+from ngspec.prompts import Prompt, load_prompts, prompt_input
 
 if TYPE_CHECKING:  # torch and transformers load when a command runs, not for --help
     from ngspec.api import Output, Speculator
     from ngspec.batch import BatchResult
+    from ngspec.turns import Conversations
 
 
-def result_record(prompt_id: str, drafter: str, output: Output) -> dict:
-    """The per-prompt JSON record (also the source of the human summary)."""
-    return {"id": prompt_id, "drafter": drafter, **output.as_dict()}
+def result_record(prompt: Prompt, drafter: str, output: Output) -> dict:
+    """The per-prompt JSON record (also the source of the human summary): its id and turn."""
+    return {"id": prompt.id, "turn": prompt.turn, "drafter": drafter, **output.as_dict()}
 
 
 def _check_rows(check: dict | None) -> list[tuple[str, str]]:
@@ -72,44 +73,74 @@ def _search_summary(stats: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
-def _run_batch(spec: Speculator, prompts, ids, cfg, batch, json_out: bool, check: bool) -> None:
+def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: bool, check: bool) -> None:
     """Batched generation: each prompt's text and record as it finishes, then the batch summary;
-    prompts that cannot run fail alone (exit code 1 at the end). With ``check``, every row is
-    compared with its own plain greedy decoding once the batch is done (outside its timing), and
-    the records follow then."""
-    drafter, failed, checked = spec.drafter, [], []
+    prompts that cannot run fail alone (exit code 1 at the end). A question's later turn joins the
+    batch once its earlier turn is answered. With ``check``, every row is compared with its own
+    plain greedy decoding once the batch is done (outside its timing), and the records follow then."""
+    from ngspec.batch import Request
 
-    def show(record: dict) -> None:
+    drafter, units, failed, checked = spec.drafter, asked.units, [], []
+    unit_of, ids, later = [], [], []  # by batch index: the unit it asks and its token ids; later turns ready to join
+    fed_gen = cfg.sampling.generator()  # later turns' sampling, one generator as the first turns share one
+
+    def enqueue(i: int) -> int:
+        unit_of.append(i)
+        ids.append(asked.ids(i))
+        return len(ids) - 1
+
+    def show(unit: Prompt, record: dict) -> None:
         if json_out:
             render.json_line(record)
             return
-        render.console.rule(f"prompt {record['id']}")
+        render.console.rule(f"prompt {unit.label}")
         render.console.print(record["text"], markup=False, highlight=False)
         render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}{_check_note(record.get('greedy_check'))}")
 
+    def fail(i: int, error: str) -> None:
+        failed.append(units[i].label)
+        _show_failure(units[i], drafter, error, json_out)
+        if (j := asked.next_turn(i)) is not None:
+            fail(j, f"not asked: turn {units[i].turn} failed")
+
     def on_finish(result: BatchResult) -> None:
-        prompt = prompts[result.index]
+        i = unit_of[result.index]
         if result.error is not None:
-            failed.append(prompt.id)
-            _show_failure(prompt.id, drafter, result.error, json_out)
+            fail(i, result.error)
             return
         gen = result.generation
+        asked.answered(i, gen.token_ids)
         output = spec.output(gen, len(ids[result.index]))
         if check:
             checked.append((result.index, output))
         else:
-            show(result_record(prompt.id, drafter, output))
+            show(units[i], result_record(units[i], drafter, output))
+        if (j := asked.next_turn(i)) is not None:
+            try:
+                index = enqueue(j)
+            except NgspecError as exc:  # e.g. a chat template that refuses the conversation
+                fail(j, str(exc))
+                return
+            later.append(Request(index, ids[index], cfg.max_new_tokens, cfg.sampling, spec.engine.stopper(cfg), gen=fed_gen))
 
-    results, report = spec.run_batch(ids, cfg, batch, on_finish)
+    def feed() -> list[Request]:
+        ready = list(later)
+        later.clear()
+        return ready
+
+    first = [enqueue(i) for i, unit in enumerate(units) if unit.turn == 1]
+    many_turns = len(units) > len(first)
+    results, report = spec.run_batch([ids[b] for b in first], cfg, batch, on_finish, feed if many_turns else None)
     records = []
     for index, output in checked:
-        records.append(result_record(prompts[index].id, drafter, spec.checked(output, ids[index], cfg)))
-        show(records[-1])
+        unit = units[unit_of[index]]
+        records.append(result_record(unit, drafter, spec.checked(output, ids[index], cfg)))
+        show(unit, records[-1])
     done = [r.generation for r in results if r.generation is not None]
     calls = sum(g.stats.verify_calls for g in done)
     summary = {
         "batch_size": batch.batch_size, "rearrange_every": batch.rearrange_every, "rearrange_min_share": batch.rearrange_min_share,
-        "joint_sizing": batch.joint_sizing, "layout": batch.layout, "prompts": len(prompts), "failed": len(failed),
+        "joint_sizing": batch.joint_sizing, "layout": batch.layout, "prompts": len(units), "failed": len(failed),
         "mean_tokens_per_call": sum(len(g.token_ids) for g in done) / calls if calls else 0.0, **report.as_dict(),
     }
     if check:
@@ -120,7 +151,7 @@ def _run_batch(spec: Speculator, prompts, ids, cfg, batch, json_out: bool, check
         render.summary_table(
             f"{drafter}, batch of {batch.batch_size} on {spec.engine.loaded.name} ({spec.engine.target.device})",
             [
-                ("prompts (failed)", f"{len(prompts)} ({len(failed)})"),
+                ("prompts (failed)", f"{len(units)} ({len(failed)})"),
                 ("new tokens", str(summary["new_tokens"])),
                 ("seconds", f"{summary['seconds']:.2f}"),
                 ("tokens/s (all rows)", f"{summary['tokens_per_second']:.1f}"),
@@ -139,12 +170,12 @@ def _run_batch(spec: Speculator, prompts, ids, cfg, batch, json_out: bool, check
         raise NgspecError(_failures(failed))
 
 
-def _show_failure(prompt_id: str, drafter: str, error: str, json_out: bool) -> None:
+def _show_failure(prompt: Prompt, drafter: str, error: str, json_out: bool) -> None:
     """A prompt that could not run: its JSON record, or one line on stderr."""
     if json_out:
-        render.json_line({"id": prompt_id, "drafter": drafter, "error": error})
+        render.json_line({"id": prompt.id, "turn": prompt.turn, "drafter": drafter, "error": error})
     else:
-        render.error(f"prompt {prompt_id}: {error}")
+        render.error(f"prompt {prompt.label}: {error}")
 
 
 def _failures(failed: list[str]) -> str:
@@ -172,6 +203,7 @@ def generate_command(
     rearrange_min_share: Annotated[Optional[float], typer.Option("--rearrange-min-share", help="Compact only when that frees at least this share of the cache's slots (compaction copies the whole cache); 0 = at every check. [default: 0.2, measured on CPU]")] = None,
     batch_layout: Annotated[str, typer.Option("--batch-layout", help="With --batch-size > 1: padded (every row's tree padded to the widest, one width chosen for all) or packed (rows back to back, each row keeps the nodes that pay for their share of the step; lost to padded on a two-core CPU, BENCHMARKS.md 10n).")] = "padded",
     rows_alone: Annotated[bool, typer.Option("--size-rows-alone", help="With --batch-size > 1: each row sizes its draft tree by itself. Default: one width for the whole batch, chosen from every row's estimates (one forward pays for the widest tree).")] = False,
+    turns: Annotated[str, typer.Option("--turns", help="all: a multi-turn question's later turns ({'turns': [...]} records, MT-bench's second) are asked too, each after the conversation so far with the answers just generated, as Spec-Bench asks them; first: only the first turns.")] = "all",
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16). In a batch every row is checked after the batch (its timing excludes the checks).")] = False,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
@@ -185,6 +217,7 @@ def generate_command(
     from ngspec.api import Speculator, check_choice
     from ngspec.batch import BatchConfig
     from ngspec.decode import check_prompt
+    from ngspec.turns import Conversations
 
     check_choice(drafter, drafting)  # validate everything before loading anything
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
@@ -195,28 +228,36 @@ def generate_command(
     batch = BatchConfig(batch_size, every, min_share, joint_sizing=not rows_alone, layout=batch_layout)
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size > 1 verifies trees: use --verify tree (rows are for one prompt at a time)")
+    every_turn = asks_every_turn(turns)
     prompts = load_prompts(prompt_file)
-    inputs = [prompt_input(p, raw) for p in prompts]  # chat messages or text
+    for p in prompts:
+        prompt_input(p, raw)  # --raw refuses chat messages before the model loads
     # the drafters' estimates are carried from prompt to prompt (and row to row) in the Speculator
     spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code), drafter, drafting)
-    encoded = [spec.encode(x, raw) for x in inputs]
+    asked = Conversations(spec.engine.loaded.tokenizer, prompts, every_turn, raw)  # one prompt per turn asked
     if batch_size > 1:
-        _run_batch(spec, prompts, encoded, cfg, batch, json_out, check)
+        _run_batch(spec, asked, cfg, batch, json_out, check)
         return
-    engine, failed = spec.engine, []
-    for prompt, ids in zip(prompts, encoded):
-        if len(prompts) > 1:  # a prompt that cannot run fails alone, as in a batch
-            try:
+    engine, units, failed = spec.engine, asked.units, []
+    for i, unit in enumerate(units):
+        if unit.turn > 1 and units[i - 1].label in failed:
+            failed.append(unit.label)
+            _show_failure(unit, drafter, f"not asked: turn {unit.turn - 1} failed", json_out)
+            continue
+        try:
+            ids = asked.ids(i)
+            if len(units) > 1:  # a prompt that cannot run fails alone, as in a batch
                 check_prompt(ids, engine.target.max_length)
-            except NgspecError as exc:
-                failed.append(prompt.id)
-                _show_failure(prompt.id, drafter, str(exc), json_out)
-                continue
+        except NgspecError as exc:
+            failed.append(unit.label)
+            _show_failure(unit, drafter, str(exc), json_out)
+            continue
         stream = None if json_out else render.TextStream(engine.detokenize)
-        if stream is not None and len(prompts) > 1:
-            render.console.rule(f"prompt {prompt.id}")
+        if stream is not None and len(units) > 1:
+            render.console.rule(f"prompt {unit.label}")
         output = spec.output(spec.run(ids, cfg, on_tokens=stream), len(ids))
-        record = result_record(prompt.id, drafter, spec.checked(output, ids, cfg) if check else output)
+        asked.answered(i, output.token_ids)
+        record = result_record(unit, drafter, spec.checked(output, ids, cfg) if check else output)
         if json_out:
             render.json_line(record)
             continue

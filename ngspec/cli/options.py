@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ngspec.drafters import REGISTRY
+from ngspec.errors import NgspecError
 
 DRAFTERS = ", ".join(REGISTRY)
 
@@ -35,7 +36,14 @@ ProfileOpt = Annotated[Optional[Path], typer.Option("--profile", help="Device pr
 
 VerifyOpt = Annotated[str, typer.Option("--verify", help="tree: one forward over the draft tree under a tree mask; rows: each root-to-leaf path as its own batch row, all sharing the context's KV cache (the paper's layout). Both are lossless.")]
 
-PromptFileArg = Annotated[Path, typer.Option("--prompt-file", "-p", help=".txt (one prompt) or .jsonl ({'prompt': ...}, Spec-Bench {'turns': [...]} (the first turn), or a chat {'messages': [{'role': 'system', ...}, {'role': 'user', ...}]}) file.")]
+PromptFileArg = Annotated[Path, typer.Option("--prompt-file", "-p", help=".txt (one prompt) or .jsonl ({'prompt': ...}, Spec-Bench {'turns': [...]} (every turn, see --turns), or a chat {'messages': [{'role': 'system', ...}, {'role': 'user', ...}]}) file.")]
+
+
+def asks_every_turn(turns: str) -> bool:
+    """``--turns``: all (a multi-turn question's later turns are asked too) or first."""
+    if turns not in ("all", "first"):
+        raise NgspecError(f"--turns must be all or first (got {turns!r})")
+    return turns == "all"
 
 TrustRemoteCodeOpt = Annotated[
     bool,

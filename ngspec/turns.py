@@ -2,12 +2,13 @@
 conversation so far.
 
 A question with turns ``[q1, q2]`` is two prompts: ``q1`` alone, then the chat
-``[user q1, assistant a1, user q2]``, where ``a1`` is transformers' greedy answer to ``q1`` (the
-reference every arm is checked against), decoded without special tokens and stripped, as FastChat
-and Spec-Bench put it back into the conversation. Every arm is lossless, so that is each arm's own
-answer too; taking the reference's keeps every arm's prompt the same when one differs (a near-tie
-in low precision). The second turn is where search drafting has the most to find: "Rewrite your
-previous response..." asks for text that is already in the context.
+``[user q1, assistant a1, user q2]``, where ``a1`` is the answer to ``q1``, decoded without special
+tokens and stripped, as FastChat and Spec-Bench put it back into the conversation. In `ngspec bench`
+``a1`` is transformers' greedy answer (the reference every arm is checked against): every arm is
+lossless, so that is each arm's own answer too, and taking the reference's keeps every arm's prompt
+the same when one differs (a near-tie in low precision). In `ngspec generate` it is the answer just
+generated. The second turn is where search drafting has the most to find: "Rewrite your previous
+response..." asks for text that is already in the context.
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ def turn_ids(tokenizer, prompt: Prompt, answers: list[list[int]], raw: bool = Fa
 
 
 class Conversations:
-    """The prompts of a bench run, one per turn asked (``units``), and their token ids: a later
-    turn's ids are built once the reference has answered the turns before it (`answered`). With
-    ``max_length``, a prompt that leaves no room in the context window is refused, naming it:
-    every first turn at once, a later turn when it is built."""
+    """The prompts of a run, one per turn asked (``units``, a question's turns one after another),
+    and their token ids: a later turn's ids are built once the turns before it have been answered
+    (`answered`). With ``max_length``, a prompt that leaves no room in the context window is
+    refused, naming it: every first turn at once, a later turn when it is built."""
 
     def __init__(self, tokenizer, prompts: list[Prompt], every_turn: bool, raw: bool = False, max_length: int | None = None) -> None:
         self.tokenizer = tokenizer
@@ -79,6 +80,11 @@ class Conversations:
             self._ids[i] = ids
         return self._ids[i]
 
+    def next_turn(self, i: int) -> int | None:
+        """The index of the unit that asks ``units[i]``'s question's next turn (None: it was the last)."""
+        j = i + 1
+        return j if j < len(self.units) and self.units[j].turn > 1 else None
+
     def answered(self, i: int, token_ids: list[int]) -> None:
-        """The reference's answer to ``units[i]``; the first one given is kept (later rounds repeat it)."""
+        """The answer to ``units[i]``; the first one given is kept (a bench's later rounds repeat it)."""
         self._answers.setdefault(i, list(token_ids))
