@@ -118,7 +118,7 @@ ablation() {  # ablation NAME SECONDS SHAPE ARGS...: READER's ablation in float3
 }
 
 lane_single() {  # issue 7 at batch size 1
-    stage tune-b1 240 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b1.json -b 1 -n 64 --limit 6 --dtype float32 --json
+    stage tune-b1 240 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b1.json --turns first -b 1 -n 64 --limit 6 --dtype float32 --json
     # every arm, "EAGLE" (sized by the GPU's measured cost table) and "EAGLE (whole tree)" (the paper's)
     ablation ablation-rag-b1 360 $RES/shape-b1.json --category rag --limit 8 --batch-sizes 1
     ablation ablation-summarization-b1 360 $RES/shape-b1.json --category summarization --limit 8 --batch-sizes 1
@@ -141,7 +141,7 @@ lane_heads() {  # the rows' head runs and top-k requests answered together again
 BATCH_ARMS="trie,search,EAGLE,+ search branch,+ deepening,+ KV rearrangement,+ tuned tree"
 
 lane_batched() {  # issue 7 at batch sizes 8, 16, 32
-    stage tune-b8 240 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 64 --limit 6 --dtype float32 --json
+    stage tune-b8 240 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json --turns first -b 8 -n 64 --limit 6 --dtype float32 --json
     lane_heads
     ablation ablation-rag-b8-32 600 $RES/shape-b8.json --category rag --limit 32 --batch-sizes 8,16,32 --only "$BATCH_ARMS"
     ablation ablation-summarization-b8-32 600 $RES/shape-b8.json --category summarization --limit 32 --batch-sizes 8,16,32 --only "$BATCH_ARMS"
@@ -153,8 +153,8 @@ lane_batched() {  # issue 7 at batch sizes 8, 16, 32
 # on each batch of prompts (--interleave-batches 1): on the 2026-11-26 visit, one arm after another
 # over all prompts while the other ablations started and ended left their speeds incomparable.
 lane_short() {
-    stage tune-b1 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b1.json -b 1 -n 48 --limit 4 --finalists 2 --dtype float32 --json &
-    stage tune-b8 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json -b 8 -n 32 --limit 8 --finalists 2 --dtype float32 --json &
+    stage tune-b1 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b1.json --turns first -b 1 -n 48 --limit 4 --finalists 2 --dtype float32 --json &
+    stage tune-b8 150 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $RES/shape-b8.json --turns first -b 8 -n 32 --limit 8 --finalists 2 --dtype float32 --json &
     wait
     ablation ablation-rag-b8-32 360 $RES/shape-b8.json --category rag --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" --interleave-batches 1 &
     ablation ablation-summarization-b8-32 360 $RES/shape-b8.json --category summarization --limit 32 -n 64 --batch-sizes 8,16,32 --only "$BATCH_ARMS" --interleave-batches 1 &
@@ -190,8 +190,8 @@ lane_versus() {
     if [ -f /tmp/data/shape-b1.json ] && [ -f /tmp/data/shape-b8.json ]; then
         cp /tmp/data/shape-b1.json $b1 && cp /tmp/data/shape-b8.json $b8
     else
-        stage tune-b1 140 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $b1 -b 1 -n 48 --limit 4 --finalists 2 --dtype float32 --json &
-        stage tune-b8 140 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $b8 -b 8 -n 32 --limit 8 --finalists 2 --dtype float32 --json &
+        stage tune-b1 140 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $b1 --turns first -b 1 -n 48 --limit 4 --finalists 2 --dtype float32 --json &
+        stage tune-b8 140 "${NG[@]}" tune-tree --eagle-head /tmp/head --out $b8 --turns first -b 8 -n 32 --limit 8 --finalists 2 --dtype float32 --json &
         wait
     fi
     echo '[[0], [1], [2], [3], [0, 0], [1, 0], [0, 1]]' >$RES/shape-7.json  # 10za's tuned size

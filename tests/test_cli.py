@@ -392,11 +392,17 @@ def test_an_eagle_head_in_int8_or_float32_through_generate_and_tune_tree(tmp_pat
     assert result.exit_code == 0, result.output
     shape = json.loads((tmp_path / "shape.json").read_text())
     assert shape["head_int8"] is int8.available("cpu")
+    assert (shape["calibration_prompts"], shape["turns"]) == (4, "all")  # two questions, both turns of each
     # the search's two fastest counts timed again side by side, prompt by prompt: the winner is the shape
     final = shape["playoff"]
     assert len(final["nodes"]) == 2 and final["nodes"][0] == shape["nodes"] and set(final["nodes"]) <= {int(m) for m in shape["searched"]}
     assert final["best_vs_runner_up"] == pytest.approx(final["tokens_per_second"][str(final["nodes"][0])] / final["tokens_per_second"][str(final["nodes"][1])])
     assert final["best_vs_runner_up"] >= 1.0 and len(final["interval"]) == 2
+    first = invoke("tune-tree", "--eagle-head", tmp_path / "head", "--out", tmp_path / "first.json", "--limit", 2, "-n", 8, "--nodes", 4, "--depth", 2, "--width", 2, "--finalists", 1, "--turns", "first")
+    assert first.exit_code == 0, first.output
+    assert "2 prompts" in first.stderr + first.stdout and "2 questions, 4 turns" in result.stderr + result.stdout
+    shape = json.loads((tmp_path / "first.json").read_text())
+    assert (shape["calibration_prompts"], shape["turns"]) == (2, "first")
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
-from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, TrustRemoteCodeOpt, asks_every_turn
+from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, TrustRemoteCodeOpt, asks_every_turn, counted
 from ngspec.drafters import check_drafter
 from ngspec.errors import NgspecError
 
@@ -143,7 +143,7 @@ def bench_command(
     if json_out:
         render.json_line(report)
         return
-    render.table(f"bench: {_counted(len(prompts), asked)}{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
+    render.table(f"bench: {counted(len(prompts), asked)}{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
                  COLUMNS, rows(summaries))
     for title, columns, cells, _ in splits:
         render.table(f"{title}; ceiling: the group's self-repetition", columns, cells)
@@ -180,11 +180,6 @@ def bench_command(
         render.info("heatmaps: " + ", ".join(report["plots"]))
 
 
-def _counted(questions: int, asked: int) -> str:
-    """'12 prompts', or '12 questions, 24 turns' when later turns are asked too."""
-    return f"{questions} prompts" if asked == questions else f"{questions} questions, {asked} turns"
-
-
 def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool) -> None:
     """`bench --batch-size`: every arm's batch over all prompts (each turn asked one), ``rounds``
     times, against vanilla at the same batch size; every row checked against transformers' greedy
@@ -218,7 +213,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     if json_out:
         render.json_line(report)
         return
-    render.table(f"bench: {_counted(len(prompts), len(ids))} in batches of {batch_size}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
+    render.table(f"bench: {counted(len(prompts), len(ids))} in batches of {batch_size}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
     render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings)}")
     if turns:

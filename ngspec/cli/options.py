@@ -45,6 +45,11 @@ def asks_every_turn(turns: str) -> bool:
         raise NgspecError(f"--turns must be all or first (got {turns!r})")
     return turns == "all"
 
+
+def counted(questions: int, asked: int) -> str:
+    """'12 prompts', or '12 questions, 24 turns' when later turns are asked too."""
+    return f"{questions} prompts" if asked == questions else f"{questions} questions, {asked} turns"
+
 TrustRemoteCodeOpt = Annotated[
     bool,
     typer.Option(

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.common import load_engine
-from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, RawOpt, TrustRemoteCodeOpt
+from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, RawOpt, TrustRemoteCodeOpt, asks_every_turn, counted
 from ngspec.errors import NgspecError
 
 MT_BENCH = Path(__file__).resolve().parents[1] / "data" / "mt_bench.jsonl"
@@ -37,6 +37,7 @@ def tune_tree_command(
     questions: Annotated[Optional[Path], typer.Option("--questions", "-q", help="Calibration questions (jsonl with 'turns' or 'prompt'); default: the bundled MT-bench questions.")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="First N questions of every category (default: 1 of each of the bundled MT-bench's eight; every question of your --questions).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="At most this many questions (after --per-category).")] = None,
+    turns: Annotated[str, typer.Option("--turns", help="all: a question's later turns (MT-bench's second) are calibration prompts too, each asked after the conversation so far, as bench and generate ask them; first: only the first turns (about half the time).")] = "all",
     max_new_tokens: MaxNewTokensOpt = 128,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Tune for decoding this many prompts at once.")] = 1,
     nodes: Annotated[int, typer.Option("--nodes", help="Nodes of the large tree measured first (and the largest count searched).")] = 80,
@@ -67,7 +68,7 @@ def tune_tree_command(
     from ngspec.eagle import int8
     from ngspec.eagle.head import load_draft_vocab, load_head
     from ngspec.eagle.tune import AcceptanceRecorder, SideBySide, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, playoff, prune, rate
-    from ngspec.prompts import prompt_ids
+    from ngspec.turns import Conversations
 
     if not eagle_head.is_dir():
         raise NgspecError(f"no EAGLE head directory at {eagle_head}")
@@ -79,11 +80,15 @@ def tune_tree_command(
         bad.append(f"--min-nodes {min_nodes} is more than --nodes {nodes}")
     if bad:
         raise NgspecError("; ".join(bad))
+    every_turn = asks_every_turn(turns)
     staging.output_directory(out)
     batch = BatchConfig(batch_size)
     prompts = calibration_prompts(questions, per_category, limit)
     engine = load_engine(model, device, dtype, trust_remote_code=trust_remote_code)
-    ids = [prompt_ids(engine.loaded.tokenizer, p, raw) for p in prompts]
+    # one prompt per turn asked; a later turn is built once the large tree's run has answered the
+    # turn before it (lossless: plain greedy's answer), and every prompt must fit the context window
+    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
+    units = asked.units
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, max_draft_nodes=nodes)
     head = load_head(eagle_head, engine.loaded.model)  # read once; every candidate tree reuses it
     vocab = load_draft_vocab(eagle_head)
@@ -94,27 +99,32 @@ def tune_tree_command(
     def factory(choices):
         return eagle_factory(engine.loaded.model, head, EagleOptions(tree="static", choices=choices, head_int8=head_int8), vocab)
 
-    def decode(first: int, count: int, make, on_finish):
-        """Decode prompts ``first`` .. ``first + count - 1`` as one batch run."""
-        results, report = engine.run_batch(ids[first : first + count], make, cfg, batch, on_finish)
+    def decode(at: list[int], make, on_finish):
+        """Decode the prompts ``units[i]`` for ``i`` in ``at`` as one batch run: their results and
+        (new tokens, seconds, verify calls)."""
+        results, report = engine.run_batch([asked.ids(i) for i in at], make, cfg, batch, on_finish)
         failed = next((r for r in results if r.error), None)
         if failed is not None:
-            raise NgspecError(f"calibration prompt {prompts[first + failed.index].id} cannot run: {failed.error}")
-        return report.new_tokens, report.seconds, sum(r.generation.stats.verify_calls for r in results)
+            raise NgspecError(f"calibration prompt {units[at[failed.index]].label} cannot run: {failed.error}")
+        return results, (report.new_tokens, report.seconds, sum(r.generation.stats.verify_calls for r in results))
 
     def progress_bar() -> Progress:
         return render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
-    render.info(f"calibrating a {len(big)}-node tree on {len(ids)} prompts, batch size {batch_size} ...")
+    render.info(f"calibrating a {len(big)}-node tree on {counted(len(prompts), len(units))}, batch size {batch_size} ...")
     with progress_bar() as progress:
-        task = progress.add_task(f"measuring acceptance of {len(big)} nodes", total=len(ids))
+        task = progress.add_task(f"measuring acceptance of {len(big)} nodes", total=len(units))
         recorder = factory(big)
-        decode(0, len(ids), lambda: AcceptanceRecorder(recorder(), accepted, steps), lambda r: progress.advance(task))
+        for turn in sorted({u.turn for u in units}):  # every first turn, then the second turns they lead to, ...
+            at = [i for i, u in enumerate(units) if u.turn == turn]
+            results, _ = decode(at, lambda: AcceptanceRecorder(recorder(), accepted, steps), lambda r: progress.advance(task))
+            for i, result in zip(at, results):
+                asked.answered(i, result.generation.token_ids)
     rates = acceptance_rates(accepted, steps["steps"], big)
 
     # each node count decodes every group of --batch-size prompts; the counts of one comparison
     # take turns group by group (`SideBySide`), each count's drafter factory kept for all its groups
-    starts = list(range(0, len(ids), batch_size))
+    groups = [list(range(g, min(g + batch_size, len(units)))) for g in range(0, len(units), batch_size)]
     factories: dict = {}
     shown: set[int] = set()
 
@@ -141,12 +151,11 @@ def tune_tree_command(
         def run_group(m: int, g: int):
             if m not in factories:
                 factories[m] = factory(prune(rates, m))
-            first = starts[g]
-            result = decode(first, min(batch_size, len(ids) - first), factories[m], None)
+            _, result = decode(groups[g], factories[m], None)
             progress.advance(task)
             return result
 
-        timer = SideBySide(run_group, len(starts), announce)
+        timer = SideBySide(run_group, len(groups), announce)
         coarse_then_golden(tokens_per_second, min_nodes, len(big), timer.measure)
         searched = {m: figures(m) for m in sorted(timer.runs)}  # before the playoff times its counts again
         final = playoff(timer, finalists)
@@ -155,7 +164,7 @@ def tune_tree_command(
     record = {
         "format": "ngspec-tree-shape", "version": 1, "model": engine.loaded.name, "eagle_head": str(eagle_head),
         "device": str(engine.target.device), "dtype": str(engine.target.dtype).removeprefix("torch."),
-        "batch_size": batch_size, "head_int8": head_int8 and int8.applies(engine.loaded.model, head), "nodes": len(shape), "calibration_prompts": len(ids), "calibration_steps": steps["steps"],
+        "batch_size": batch_size, "head_int8": head_int8 and int8.applies(engine.loaded.model, head), "nodes": len(shape), "calibration_prompts": len(units), "turns": turns, "calibration_steps": steps["steps"],
         "searched": {str(m): v for m, v in searched.items()},
         "playoff": {"nodes": list(final.counts), "tokens_per_second": {str(m): v for m, v in final.tokens_per_second.items()},
                     "best_vs_runner_up": final.ratio, "interval": list(final.interval) if final.interval else None},
