@@ -48,6 +48,13 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
 
+A multi-turn question file (MT-bench's) asks each question's later turns too (``--turns all``, the
+default, as `ngspec bench` asks them: turn 2 after turn 1 and plain greedy's answer to it), and a
+question's turns resample together in the interval; ``--category`` may then be left out:
+
+    python benchmarks/reader_ab.py --questions ngspec/data/mt_bench.jsonl -n 256 --eagle-head heads/amd-v41 \\
+        --datastore datastores/shipped --tuned shapes/a.json --alt-tuned shapes/b.json --arms "trie,whole,whole at"
+
 With ``--batch-size B`` (B > 1) each arm runs all prompts as one batch of B rows per round
 (`Engine.run_batch`, arm order reversed every other round; the rows of an arm share its
 calibration, as in `generate --batch-size`), and speed is the batch's wall time; with
@@ -91,7 +98,8 @@ from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
 from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.engine import Engine
 from ngspec.models import load_model
-from ngspec.prompts import encode, load_prompts
+from ngspec.prompts import load_prompts
+from ngspec.turns import Conversations
 
 
 class BranchOnly(search.EagleSearchDrafter):
@@ -196,7 +204,10 @@ class NoHead(search.EagleSearchDrafter):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
-    ap.add_argument("--category", required=True)
+    ap.add_argument("--category", help="one category of --questions (default: every question)")
+    ap.add_argument("--turns", choices=["all", "first"], default="all",
+                    help="all: a question's later turns are prompts too, each after the conversation so far with plain greedy's "
+                    "answers, as `ngspec bench` asks them; first: first turns only")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
@@ -293,9 +304,17 @@ def main() -> None:
     if any(" graphs" in a for a in args.arms.split(",")):
         factory_graphs = eagle_factory(loaded.model, load_head(head_dir, loaded.model), replace(tuned, head_graphs=True), load_draft_vocab(head_dir))
     prompts = load_prompts(Path(args.questions), args.category, args.limit)
-    ids = [encode(loaded.tokenizer, p.text) for p in prompts]
-    names = [f"{args.category}:{p.id}" for p in prompts]  # each run's prompt, so that a prompt's rounds resample together
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
+    # one prompt per turn asked; plain greedy decoding's answers (the reference every arm must
+    # reproduce) make the later turns' prompts
+    asked = Conversations(loaded.tokenizer, prompts, args.turns == "all", max_length=engine.target.max_length)
+    ids, reference = [], []
+    for i in range(len(asked.units)):
+        ids.append(asked.ids(i))
+        reference.append(engine.run(ids[-1], make_drafter("vanilla"), cfg).token_ids)
+        asked.answered(i, reference[-1])
+    # each run's question, so that a question's rounds (and turns) resample together
+    names = [f"{u.category or args.category}:{u.id}" for u in asked.units]
     # the "... table" arms size trees by the cost table as measured (before `StepTimes`)
     configs = {a: replace(cfg, learn_costs=not a.endswith(" table")) for a in arms}
     batches = {a: BatchConfig(args.batch_size, layout="packed" if a.endswith(" packed") else "padded") for a in arms}
@@ -313,7 +332,6 @@ def main() -> None:
         if args.batch_size > 1:
             folding(a)
             engine.run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), batches[a])
-    reference = [engine.run(x, make_drafter("vanilla"), cfg).token_ids for x in ids]
     res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0], "runs": [], "keys": []} for a in arms}
 
     def record(a: str, r: int, gen, expected: list[int], seconds: float, key: str = "") -> None:
@@ -366,7 +384,7 @@ def main() -> None:
         # the 95% interval of the speed ratio: prompts (or groups) resampled, each with its rounds' pairs
         interval = ratio_interval(s["runs"], res[next(iter(arms))]["runs"], keys=s["keys"]) if s["runs"] else None
         print(
-            f"{args.category} b{args.batch_size} {a:12s} tokens/call {s['tokens'] / s['calls']:.3f}  vs {next(iter(arms))} per round "
+            f"{args.category or 'all'} b{args.batch_size} {a:12s} tokens/call {s['tokens'] / s['calls']:.3f}  vs {next(iter(arms))} per round "
             f"{[round(b / t, 3) for b, t in zip(base, s['seconds'])]}  total {sum(base) / sum(s['seconds']):.3f}x  "
             f"95% interval {'-' if interval is None else f'{interval[0]:.3f}-{interval[1]:.3f}'}  "
             f"drafting {s['draft'] / sum(s['seconds']):.3f}  exact {s['exact']}/{len(ids) * args.rounds}  "
