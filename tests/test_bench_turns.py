@@ -287,6 +287,14 @@ def test_a_turn_that_fails_fails_the_turns_after_it_and_the_others_finish(tmp_pa
     assert "2 prompt(s) failed: 2, 2 (turn 2)" in result.stderr
 
 
+@pytest.mark.slow
+def test_a_failed_turn_skips_only_its_own_questions_later_turns_even_under_a_shared_id(tmp_path):
+    path = _questions(tmp_path, [{"question_id": 2, "turns": ["word " * 9000, SECOND]}, {"question_id": 2, "turns": [FIRST, SECOND]}])
+    result = _invoke("generate", "-p", path, "-d", "trie", "-n", 8, "--json")
+    rows = [json.loads(line) for line in result.stdout.strip().splitlines() if line.startswith("{")]
+    assert [("error" in r, r["turn"]) for r in rows] == [(True, 1), (True, 2), (False, 1), (False, 2)]
+
+
 def test_generate_turns_must_be_all_or_first(tmp_path):
     result = _invoke("generate", "-p", _questions(tmp_path, [{"turns": ["a"]}]), "--turns", "both")
     assert result.exit_code == 1 and "--turns must be all or first (got 'both')" in result.stderr and "Traceback" not in result.stderr

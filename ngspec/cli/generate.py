@@ -80,7 +80,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
     plain greedy decoding once the batch is done (outside its timing), and the records follow then."""
     from ngspec.batch import Request
 
-    drafter, units, failed, checked = spec.drafter, asked.units, [], []
+    drafter, units, failed, checked = spec.drafter, asked.units, {}, []
     unit_of, ids, later = [], [], []  # by batch index: the unit it asks and its token ids; later turns ready to join
     fed_gen = cfg.sampling.generator()  # later turns' sampling, one generator as the first turns share one
 
@@ -98,7 +98,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
         render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}{_check_note(record.get('greedy_check'))}")
 
     def fail(i: int, error: str) -> None:
-        failed.append(units[i].label)
+        failed[i] = units[i].label
         _show_failure(units[i], drafter, error, json_out)
         if (j := asked.next_turn(i)) is not None:
             fail(j, f"not asked: turn {units[i].turn} failed")
@@ -178,8 +178,9 @@ def _show_failure(prompt: Prompt, drafter: str, error: str, json_out: bool) -> N
         render.error(f"prompt {prompt.label}: {error}")
 
 
-def _failures(failed: list[str]) -> str:
-    return f"{len(failed)} prompt(s) failed: {', '.join(failed)} (the others finished)"
+def _failures(failed: dict[int, str]) -> str:
+    """The prompts that failed (by index, their labels), in one line."""
+    return f"{len(failed)} prompt(s) failed: {', '.join(failed.values())} (the others finished)"
 
 
 @with_drafting_options
@@ -238,10 +239,10 @@ def generate_command(
     if batch_size > 1:
         _run_batch(spec, asked, cfg, batch, json_out, check)
         return
-    engine, units, failed = spec.engine, asked.units, []
+    engine, units, failed = spec.engine, asked.units, {}
     for i, unit in enumerate(units):
-        if unit.turn > 1 and units[i - 1].label in failed:
-            failed.append(unit.label)
+        if unit.turn > 1 and i - 1 in failed:
+            failed[i] = unit.label
             _show_failure(unit, drafter, f"not asked: turn {unit.turn - 1} failed", json_out)
             continue
         try:
@@ -249,7 +250,7 @@ def generate_command(
             if len(units) > 1:  # a prompt that cannot run fails alone, as in a batch
                 check_prompt(ids, engine.target.max_length)
         except NgspecError as exc:
-            failed.append(unit.label)
+            failed[i] = unit.label
             _show_failure(unit, drafter, str(exc), json_out)
             continue
         stream = None if json_out else render.TextStream(engine.detokenize)
