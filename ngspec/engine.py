@@ -22,6 +22,7 @@ from ngspec.cpu_linear import stock_linears
 from ngspec.perf.costs import cached_verify_costs
 from ngspec.perf.device_profile import DeviceProfile
 from ngspec.target import TargetModel
+from ngspec.verify import SamplingConfig
 
 
 def eos_ids(loaded: LoadedModel) -> frozenset[int]:
@@ -116,19 +117,26 @@ class Engine:
         return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, lambda: self.stopper(cfg), costs, on_finish, feed)
 
     @torch.inference_mode()
-    def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False) -> tuple[list[int], float]:
-        """transformers' own greedy `generate` (optionally with prompt lookup): ids and seconds.
-        Runs on the stock linear layers (not the engine's tuned CPU kernels), as transformers
-        would: the baseline a user would otherwise run."""
+    def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False, sampling: SamplingConfig | None = None) -> tuple[list[int], float]:
+        """transformers' own `generate` (optionally with prompt lookup): ids and seconds. Greedy,
+        or with ``sampling`` that samples, transformers' sampling at the same temperature, top-p
+        and top-k (seeded through torch's global generator when the sampling has a seed). Runs
+        on the stock linear layers (not the engine's tuned CPU kernels), as transformers would:
+        the baseline a user would otherwise run."""
         ids = torch.tensor([prompt_ids], device=self.target.device)
         kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}
+        if sampling is not None and not sampling.greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+        sample = bool(sampling is not None and not sampling.greedy)
         with stock_linears(self.loaded.model) as model:
             start = time.perf_counter()
             out = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
-                do_sample=False,
+                do_sample=sample,
                 eos_token_id=sorted(self.eos) or None,
                 pad_token_id=min(self.eos) if self.eos else None,
                 **kwargs,

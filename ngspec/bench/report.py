@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ngspec.bench.interval import ratio_interval, throughput_ratio
-from ngspec.bench.runner import BenchRecord
+from ngspec.bench.runner import BenchRecord, baseline
 
 
 @dataclass
@@ -32,7 +32,7 @@ class ArmSummary:
     acceptance_histogram: dict[int, int]  # tokens emitted by a call -> number of calls
     draft_share: float
     prefill_share: float | None  # the prompts' forwards, which no drafter shortens (None: transformers' arms)
-    exact_match: float  # share of prompts whose tokens equal hf-greedy's
+    exact_match: float | None  # share of prompts whose tokens equal hf-greedy's (None: sampled, nothing to match)
     ceiling_ratio: float | None  # tokens_per_call / token-weighted self-repetition of hf-greedy outputs
     median_ceiling_ratio: float | None  # median over prompts of that ratio per prompt
     largest_tie_margin: float | None = None  # over mismatched prompts: hf-greedy's top-2 logit margin where they split
@@ -71,8 +71,18 @@ def prompts_of(records: list[BenchRecord]) -> list[str]:
     return [r.prompt.id for r in records]
 
 
+def reference_arm(records: list[BenchRecord]) -> str:
+    """The arm every speedup is against: the first of every record's runs (hf-greedy, or hf-sample)."""
+    return next(iter(records[0].runs))
+
+
+def sampled(records: list[BenchRecord]) -> bool:
+    """Whether the arms sampled (against hf-sample): outputs differ, and none is checked token for token."""
+    return reference_arm(records) == baseline(True)
+
+
 def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
-    ref = "hf-greedy"
+    ref = reference_arm(records)
     ceiling = ceiling_of(records)
     out = []
     for arm in arms:
@@ -101,7 +111,7 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                 acceptance_histogram=dict(sorted(hist.items())) if known else {},
                 draft_share=sum(x.draft_seconds for x in runs) / seconds,
                 prefill_share=sum(x.prefill_seconds for x in runs) / seconds if all(x.prefill_seconds is not None for x in runs) else None,
-                exact_match=sum(r.runs[arm].token_ids == r.runs[ref].token_ids for r in records) / len(records),
+                exact_match=None if sampled(records) else sum(r.runs[arm].token_ids == r.runs[ref].token_ids for r in records) / len(records),
                 ceiling_ratio=tpc / ceiling if tpc is not None and ceiling else None,
                 median_ceiling_ratio=statistics.median(
                     len(r.runs[arm].token_ids) / r.runs[arm].verify_calls / r.self_repetition.value
@@ -172,6 +182,10 @@ def versus(records: list[BenchRecord], arms: list[str], base: str) -> list[dict]
     return out
 
 
+SAMPLED_NOTE = ("Every arm sampled: speculative sampling keeps the model's distribution, not its tokens, so outputs differ "
+                "from arm to arm and exact match does not apply (the engine's sampling is tested against the distribution, "
+                "tests/test_sampling.py).")
+
 COLUMNS = ["arm", "tok/s", "speedup", "95% interval", "median speedup", "tokens/call", "vs ceiling", "median vs ceiling", "draft share", "prefill share", "exact match", "acceptance histogram"]
 
 
@@ -196,7 +210,7 @@ def rows(summaries: list[ArmSummary]) -> list[list[str]]:
             _fmt(s.median_ceiling_ratio, ".2f"),
             f"{100 * s.draft_share:.1f}%",
             "-" if s.prefill_share is None else f"{100 * s.prefill_share:.1f}%",
-            f"{100 * s.exact_match:.0f}%",
+            "-" if s.exact_match is None else f"{100 * s.exact_match:.0f}%",
             " ".join(f"{k}:{v}" for k, v in s.acceptance_histogram.items()) or "-",
         ]
         for s in summaries
@@ -232,12 +246,15 @@ def markdown(
         base = pairs[0]["versus"]
         lines += [""] + table_lines(["arm", f"throughput vs {base}", "95% interval"], [[p["arm"], f"{p['ratio']:.3f}x", interval_text(p["interval"], ".3f")] for p in pairs])
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
+    ref = reference_arm(list(records)) if records else baseline(False)
     return (
-        f"{meta}\n\nSelf-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}"
+        f"{meta}\n\nSelf-repetition ceiling of the {ref} outputs (token-weighted): {ceiling:.2f}"
         + (f"; with the datastore: {ceiling_with_datastore:.2f}" if ceiling_with_datastore is not None else "")
         + "\n\n"
-        "Speedup is total-throughput vs hf-greedy, with its 95% interval over the prompts (paired bootstrap, a question's rounds and turns resampled together); "
-        "tokens/call counts the bonus token and the prefill.\n\n"
+        f"Speedup is total-throughput vs {ref}, with its 95% interval over the prompts (paired bootstrap, a question's rounds and turns resampled together); "
+        "tokens/call counts the bonus token and the prefill."
+        + (f" {SAMPLED_NOTE}" if ref == baseline(True) else "")
+        + "\n\n"
         + "\n".join(lines)
         + "\n"
         + mismatch_notes(records, summaries)
@@ -278,7 +295,7 @@ def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) 
                         "verify_calls": x.verify_calls,
                         "draft_seconds": x.draft_seconds,
                         "prefill_seconds": x.prefill_seconds,
-                        "exact_match": x.token_ids == r.runs["hf-greedy"].token_ids,
+                        "exact_match": None if sampled(records) else x.token_ids == r.runs[reference_arm(records)].token_ids,
                         **({"first_mismatch": x.vs_reference.first_mismatch, "near_tie_margin": x.vs_reference.margin}
                            if x.vs_reference is not None and not x.vs_reference.exact_match else {}),
                     }

@@ -1,6 +1,7 @@
 """Runs every arm on every prompt in one process, interleaved, and records what each did.
 
-Arms: ``hf-greedy`` and ``hf-prompt-lookup`` (transformers' `generate`, the ecosystem baseline),
+Arms: ``hf-greedy`` (``hf-sample`` when sampling) and ``hf-prompt-lookup`` (transformers'
+`generate`, the ecosystem baseline),
 ``vanilla`` (our engine with no drafts) and the chosen drafters, each possibly at several (k, w)
 and in both verification layouts. For each prompt the arms run back to back, so slow drift of the
 machine affects all arms alike; with several rounds, in reversed order every other round.
@@ -21,7 +22,7 @@ from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
 from ngspec.prompts import Prompt
 from ngspec.turns import Conversations
 
-HF_ARMS = ("hf-greedy", "hf-prompt-lookup")
+HF_ARMS = ("hf-greedy", "hf-sample", "hf-prompt-lookup")
 WARM_UP_TOKENS = 16
 
 
@@ -39,13 +40,19 @@ class Arm:
         return (self.opts.k, self.opts.w) if self.drafter in ROW_DRAFTERS else None
 
 
-def make_arms(drafters: list[str], opts: DrafterOptions, ks: list[int], ws: list[int], layouts: list[str]) -> list[Arm]:
-    """hf-greedy, hf-prompt-lookup and vanilla, then every drafter; row drafters once per (k, w)
-    cell, every drafter once per layout. Labels say what differs."""
-    arms = [Arm(name, name, opts) for name in ("hf-greedy", "hf-prompt-lookup", "vanilla")]
+def baseline(sampled: bool) -> str:
+    """The arm every speedup is against: transformers' greedy `generate`, or its sampling."""
+    return "hf-sample" if sampled else "hf-greedy"
+
+
+def make_arms(drafters: list[str], opts: DrafterOptions, ks: list[int], ws: list[int], layouts: list[str], sampled: bool = False) -> list[Arm]:
+    """The baseline (hf-greedy, or hf-sample when ``sampled``), hf-prompt-lookup and vanilla,
+    then every drafter; row drafters once per (k, w) cell, every drafter once per layout. Labels
+    say what differs."""
+    arms = [Arm(name, name, opts) for name in (baseline(sampled), "hf-prompt-lookup", "vanilla")]
     grid = len(ks) * len(ws) > 1
     for name in dict.fromkeys(drafters):
-        if name in ("hf-greedy", "hf-prompt-lookup", "vanilla"):
+        if name in HF_ARMS or name == "vanilla":
             continue
         cells = [(k, w) for k in ks for w in ws] if name in ROW_DRAFTERS else [(opts.k, opts.w)]
         for k, w in cells:
@@ -71,7 +78,7 @@ class ArmRun:
     draft_seconds: float = 0.0
     prefill_seconds: float | None = None  # the prompt's forward; unknown for transformers' arms
     drafter_stats: dict | None = None  # row drafters: rows and accepted tokens per strategy
-    vs_reference: GreedyCheck | None = None  # against hf-greedy: first mismatch and its near-tie margin
+    vs_reference: GreedyCheck | None = None  # against hf-greedy: first mismatch and its near-tie margin (None when sampling)
 
 
 @dataclass
@@ -79,7 +86,7 @@ class BenchRecord:
     prompt: Prompt
     prompt_tokens: int
     runs: dict[str, ArmRun]
-    self_repetition: SelfRepetition  # of the hf-greedy output given the prompt
+    self_repetition: SelfRepetition  # of the baseline's output given the prompt
     with_datastore: SelfRepetition | None = None  # the same, also searching --datastore
     round: int = 0  # with several rounds, every prompt has a record per round
 
@@ -98,8 +105,8 @@ def warm_config(cfg: DecodeConfig) -> DecodeConfig:
 def run_arm(engine: Engine, arm: Arm, ids: list[int], cfg: DecodeConfig, res: Resources, pid: str, calibration: Calibration | None = None) -> ArmRun:
     """``calibration``: the arm's drafter estimates carried from its earlier prompts."""
     if arm.drafter in HF_ARMS:
-        tokens, seconds = engine.hf_generate(ids, cfg.max_new_tokens, lookup=arm.drafter == "hf-prompt-lookup")
-        calls = len(tokens) if arm.drafter == "hf-greedy" else None
+        tokens, seconds = engine.hf_generate(ids, cfg.max_new_tokens, lookup=arm.drafter == "hf-prompt-lookup", sampling=cfg.sampling)
+        calls = len(tokens) if arm.drafter != "hf-prompt-lookup" else None
         return ArmRun(pid, tokens, seconds, calls, [1] * len(tokens) if calls else [])
     cap = arm.opts.k * arm.opts.w if arm.drafter in ROW_DRAFTERS else 0
     arm_cfg = replace(cfg, verify=arm.verify, max_draft_nodes=max(cfg.max_draft_nodes, cap))
@@ -133,8 +140,11 @@ def run_bench(
 ) -> list[BenchRecord]:
     """Run ``arms`` on every prompt, ``rounds`` times (the arms in reversed order every other
     round; each round's drafters calibrate afresh and carry that from prompt to prompt); one
-    record per prompt and round, hf-greedy's output the reference. ``every_turn``: a multi-turn
-    question's later turns are prompts too, each after the conversation so far (`ngspec.turns`)."""
+    record per prompt and round, the first arm's output (the baseline's) the reference: every
+    arm is checked against it when greedy, and its answers make the later turns' prompts.
+    ``every_turn``: a multi-turn question's later turns are prompts too, each after the
+    conversation so far (`ngspec.turns`). Sampling (``cfg.sampling``), every arm samples: lossless
+    in distribution, so no output is checked token for token."""
     records = []
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
     warm_up(engine, arms, asked.ids(0), cfg, res)
@@ -149,10 +159,10 @@ def run_bench(
                 if on_progress:
                     on_progress(arm.label)
             runs = {arm.label: runs[arm.label] for arm in arms}
-            reference = runs["hf-greedy"].token_ids
+            reference = runs[arms[0].label].token_ids
             asked.answered(i, reference)
             for run in runs.values():
-                run.vs_reference = divergence(engine, ids, reference, run.token_ids)
+                run.vs_reference = divergence(engine, ids, reference, run.token_ids) if cfg.sampling.greedy else None
             if i not in ceilings:
                 store = self_repetition(ids, reference, res.datastore) if res.datastore is not None else None
                 ceilings[i] = (self_repetition(ids, reference), store)

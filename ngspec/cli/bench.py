@@ -13,7 +13,10 @@ from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
-from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, TrustRemoteCodeOpt, asks_every_turn, counted
+from ngspec.cli.options import (
+    DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, SeedOpt, TemperatureOpt, TopKOpt, TopPOpt, TrustRemoteCodeOpt,
+    asks_every_turn, counted,
+)
 from ngspec.drafters import check_drafter
 from ngspec.errors import NgspecError
 
@@ -32,6 +35,10 @@ def bench_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     raw: RawOpt = False,
+    temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    seed: SeedOpt = None,
     verify: Annotated[str, typer.Option("--verify", help="tree, rows, or both (every drafter runs in each layout).")] = "tree",
     plots: Annotated[Path, typer.Option("--plots", help="Directory for the (k, w) heatmaps of a grid sweep.")] = Path("bench-out"),
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the report as Markdown to this file.")] = None,
@@ -50,18 +57,21 @@ def bench_command(
     --rounds N runs every arm on every prompt N times. With --batch-size B each arm decodes the
     prompts as batches of B rows instead, --rounds times. A multi-turn question (MT-bench) is a
     prompt per turn, each later turn after the conversation so far, and the report splits by turn.
+    With --temperature above 0 every arm samples, against transformers' sampling (hf-sample):
+    identical in distribution, not token for token, so exact match does not apply.
 
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
     """
     from ngspec.bench.grid import ablation, heatmaps, sweeps
-    from ngspec.bench.report import COLUMNS, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
-    from ngspec.bench.runner import HF_ARMS, make_arms, run_bench
+    from ngspec.bench.report import COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
+    from ngspec.bench.runner import HF_ARMS, baseline, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
     from ngspec.prompts import load_prompts, prompt_input
     from ngspec.turns import split_turns
 
-    cfg = decode_config(max_new_tokens, sampling_config(0.0, 1.0, 0, None), None)
+    cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), None)
+    sampled = not cfg.sampling.greedy
     for name in drafters:
         if name not in HF_ARMS:
             check_drafter(name)
@@ -76,6 +86,8 @@ def bench_command(
     rounds = rounds or (2 if batch_size > 1 else 1)
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size verifies every row's tree in one forward: use --verify tree")
+    if batch_size > 1 and sampled:
+        raise NgspecError("--batch-size checks every row against transformers' greedy decoding: use it with --temperature 0 (sampling is benchmarked one prompt at a time)")
     if batch_size > 1 and versus_arm in HF_ARMS:
         raise NgspecError(f"--versus {versus_arm}: transformers' arms are left out of batches; compare with vanilla or a drafter")
     layouts = ["tree", "rows"] if verify == "both" else [verify]
@@ -95,7 +107,7 @@ def bench_command(
         defaults = rows_options(opts, None, None, engine.profile, 0, engine.target.device.type)
         ks = ks or [defaults.k]
         ws = ws or [defaults.w]
-    arms = make_arms(drafters, opts, ks, ws, layouts)
+    arms = make_arms(drafters, opts, ks, ws, layouts, sampled)
     if versus_arm is not None and versus_arm not in [a.label for a in arms]:
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; the arms are: {', '.join(a.label for a in arms)}")
     res = drafting.resources(engine, [a.drafter for a in arms])
@@ -113,7 +125,8 @@ def bench_command(
     summaries = summarise(records, [a.label for a in arms])
     splits = split_tables(records, [a.label for a in arms])
     settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
-                "max_new_tokens": max_new_tokens, "rounds": rounds}
+                "max_new_tokens": max_new_tokens, "rounds": rounds,
+                **({"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed} if sampled else {})}
     env = environment(engine, settings)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
@@ -166,7 +179,10 @@ def bench_command(
             ],
         )
     store = f", {ceiling_of(records, True):.2f} when the datastore is searched too" if res.datastore is not None else ""
-    render.info(f"self-repetition ceiling of the hf-greedy outputs (token-weighted): {ceiling:.2f}{store}; speedup = total throughput vs hf-greedy")
+    ref = baseline(sampled)
+    render.info(f"self-repetition ceiling of the {ref} outputs (token-weighted): {ceiling:.2f}{store}; speedup = total throughput vs {ref}")
+    if sampled:
+        render.info(SAMPLED_NOTE)
     if pairs:
         render.table(
             f"against {versus_arm}, prompts paired",
