@@ -6,8 +6,8 @@ A question with turns ``[q1, q2]`` is two prompts: ``q1`` alone, then the chat
 tokens and stripped, as FastChat and Spec-Bench put it back into the conversation. In `ngspec bench`
 ``a1`` is transformers' greedy answer (the reference every arm is checked against): every arm is
 lossless, so that is each arm's own answer too, and taking the reference's keeps every arm's prompt
-the same when one differs (a near-tie in low precision). In `ngspec generate` it is the answer just
-generated. The second turn is where search drafting has the most to find: "Rewrite your previous
+the same when one differs (a near-tie in low precision); sampling (``--temperature``), it is
+transformers' sampled answer. In `ngspec generate` it is the answer just generated. The second turn is where search drafting has the most to find: "Rewrite your previous
 response..." asks for text that is already in the context.
 """
 
