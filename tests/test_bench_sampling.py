@@ -63,7 +63,7 @@ def _invoke(*args):
 
 
 @pytest.mark.slow
-def test_bench_samples_every_arm_and_refuses_sampled_batches(tmp_path):
+def test_bench_samples_every_arm_one_prompt_at_a_time_and_in_batches(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text(json.dumps({"question_id": 1, "turns": ["Say something about foxes.", "Say it again."]}) + "\n")
     md = tmp_path / "b.md"
@@ -73,5 +73,8 @@ def test_bench_samples_every_arm_and_refuses_sampled_batches(tmp_path):
     assert [a["arm"] for a in report["arms"]] == ["hf-sample", "hf-prompt-lookup", "vanilla", "trie"]
     assert all(a["exact_match"] is None for a in report["arms"]) and report["environment"]["temperature"] == 0.8
     assert [p["turn"] for p in report["prompts"]] == [1, 2] and SAMPLED_NOTE in md.read_text()
-    refused = _invoke("bench", "-q", path, "-b", "2", "--temperature", "0.8")
-    assert refused.exit_code == 1 and "use it with --temperature 0" in refused.stderr and "Traceback" not in refused.stderr
+    batched = _invoke("bench", "-q", path, "-n", 12, "-b", "2", "--rounds", "1", "-d", "trie", "--temperature", "0.8", "--seed", "1", "--json", "--markdown", md)
+    assert batched.exit_code == 0, batched.output
+    report = json.loads(batched.stdout.strip().splitlines()[-1])
+    assert [a["arm"] for a in report["arms"]] == ["vanilla", "trie"] and all(a["exact_match"] is None for a in report["arms"])
+    assert report["environment"]["temperature"] == 0.8 and "sampled outputs" in md.read_text() and SAMPLED_NOTE in md.read_text()

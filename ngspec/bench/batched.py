@@ -5,7 +5,8 @@ prompt, as in `generate --batch-size`); arms run one after another, in reversed 
 round, so slow drift of the machine hits all of them. Rows overlap in time, so throughput is the
 batch's total tokens over its wall time, and the baseline is ``vanilla`` at the same batch size
 (transformers' `generate` pads a batch its own way and is left out). Every row is checked against
-transformers' greedy decoding of its prompt alone. A round is one pair per arm, not one per prompt:
+transformers' greedy decoding of its prompt alone (sampling, against nothing: speculative sampling
+keeps the distribution, not the tokens). A round is one pair per arm, not one per prompt:
 the spread of the per-round ratios is what tells a few percent from noise (BENCHMARKS.md 10p: two
 rounds on two CPU cores differed by 6%).
 """
@@ -17,7 +18,7 @@ from typing import Callable
 
 from ngspec.batch import BatchConfig
 from ngspec.bench.interval import rounds_interval
-from ngspec.bench.report import interval_text, table_lines
+from ngspec.bench.report import SAMPLED_NOTE, interval_text, table_lines
 from ngspec.bench.runner import arm_drafter, warm_config
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import Resources
@@ -55,7 +56,7 @@ class BatchArmSummary:
     tokens_per_call: float  # per row: tokens / verify calls summed over the rows
     draft_share: float
     prefill_share: float
-    exact_match: float  # share of rows (over every round) equal to transformers' greedy decoding
+    exact_match: float | None  # share of rows (over every round) equal to transformers' greedy decoding (None: sampled)
     rounds: list[BatchRound] = field(default_factory=list, repr=False)
 
 
@@ -101,9 +102,10 @@ def run_batched(
     return out
 
 
-def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[int]]) -> list[BatchArmSummary]:
+def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[int]], sampled: bool = False) -> list[BatchArmSummary]:
     """Per arm: throughput and its ratio to vanilla's (in total and round by round), tokens per
-    call per row, drafting and prefill shares, and the rows equal to ``reference``."""
+    call per row, drafting and prefill shares, and the rows equal to ``reference`` (none checked
+    when ``sampled``)."""
     base = runs[BASE]
     out = []
     for arm, rounds in runs.items():
@@ -119,7 +121,7 @@ def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[in
             tokens_per_call=tokens / sum(x.calls for x in rounds),
             draft_share=sum(x.draft_seconds for x in rounds) / seconds,
             prefill_share=sum(x.prefill_seconds for x in rounds) / seconds,
-            exact_match=sum(got == want for got, want in checked) / len(checked),
+            exact_match=None if sampled else sum(got == want for got, want in checked) / len(checked),
             rounds=rounds,
         ))
     return out
@@ -172,7 +174,8 @@ def rows(summaries: list[BatchArmSummary]) -> list[list[str]]:
     return [
         [
             s.arm, f"{s.tokens_per_second:.1f}", f"{s.speedup:.3f}x", " ".join(f"{v:.3f}" for v in s.round_speedups),
-            f"{s.tokens_per_call:.2f}", f"{100 * s.draft_share:.1f}%", f"{100 * s.prefill_share:.1f}%", f"{100 * s.exact_match:.0f}%",
+            f"{s.tokens_per_call:.2f}", f"{100 * s.draft_share:.1f}%", f"{100 * s.prefill_share:.1f}%",
+            "-" if s.exact_match is None else f"{100 * s.exact_match:.0f}%",
         ]
         for s in summaries
     ]
@@ -235,12 +238,14 @@ def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, 
     }
 
 
-def ceiling_text(ceilings: tuple[float, float | None]) -> str:
+def ceiling_text(ceilings: tuple[float, float | None], sampled: bool = False) -> str:
     store = f"; with the datastore: {ceilings[1]:.2f}" if ceilings[1] is not None else ""
-    return f"Self-repetition ceiling of transformers' greedy outputs (token-weighted): {ceilings[0]:.2f}{store}"
+    return f"Self-repetition ceiling of transformers' {'sampled' if sampled else 'greedy'} outputs (token-weighted): {ceilings[0]:.2f}{store}"
 
 
-def markdown(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict], turns: list[dict] = ()) -> str:
+def markdown(
+    summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict], turns: list[dict] = (), sampled: bool = False,
+) -> str:
     lines = table_lines(COLUMNS, rows(summaries))
     if turns:
         lines += ["", "By turn (tokens/call per row; a later turn is asked after the conversation so far):", ""] + table_lines(turn_columns(turns), turn_rows(turns))
@@ -249,8 +254,9 @@ def markdown(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float,
         lines += [""] + table_lines(versus_columns(base), versus_rows(pairs)) + ["", versus_note(pairs)]
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
     return (
-        f"{meta}\n\n{ceiling_text(ceilings)}\n\n"
+        f"{meta}\n\n{ceiling_text(ceilings, sampled)}\n\n"
         "Each arm decodes all prompts as one batch per round; throughput is total tokens over wall time, against "
-        "vanilla at the same batch size; tokens/call is per row and counts the bonus token and the prefill.\n\n"
+        "vanilla at the same batch size; tokens/call is per row and counts the bonus token and the prefill."
+        + (f" {SAMPLED_NOTE}" if sampled else "") + "\n\n"
         + "\n".join(lines) + "\n"
     )

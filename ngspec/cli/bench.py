@@ -72,6 +72,7 @@ def bench_command(
 
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), None)
     sampled = not cfg.sampling.greedy
+    sampling_settings = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed} if sampled else {}
     for name in drafters:
         if name not in HF_ARMS:
             check_drafter(name)
@@ -86,8 +87,6 @@ def bench_command(
     rounds = rounds or (2 if batch_size > 1 else 1)
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size verifies every row's tree in one forward: use --verify tree")
-    if batch_size > 1 and sampled:
-        raise NgspecError("--batch-size checks every row against transformers' greedy decoding: use it with --temperature 0 (sampling is benchmarked one prompt at a time)")
     if batch_size > 1 and versus_arm in HF_ARMS:
         raise NgspecError(f"--versus {versus_arm}: transformers' arms are left out of batches; compare with vanilla or a drafter")
     layouts = ["tree", "rows"] if verify == "both" else [verify]
@@ -113,7 +112,8 @@ def bench_command(
     res = drafting.resources(engine, [a.drafter for a in arms])
     if batch_size > 1:
         settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
-                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "rounds": rounds}
+                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "rounds": rounds,
+                    **sampling_settings}
         _bench_batched(engine, prompts, every_turn, [a for a in arms if a.drafter not in HF_ARMS], cfg, res, raw, batch_size, rounds, settings,
                        versus_arm, markdown_out, json_path, json_out)
         return
@@ -126,7 +126,7 @@ def bench_command(
     splits = split_tables(records, [a.label for a in arms])
     settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
                 "max_new_tokens": max_new_tokens, "rounds": rounds,
-                **({"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed} if sampled else {})}
+                **sampling_settings}
     env = environment(engine, settings)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
@@ -199,31 +199,33 @@ def bench_command(
 def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool) -> None:
     """`bench --batch-size`: every arm's batch over all prompts (each turn asked one), ``rounds``
     times, against vanilla at the same batch size; every row checked against transformers' greedy
-    decoding alone, whose answers to earlier turns make the later turns' prompts."""
+    decoding alone, whose answers to earlier turns make the later turns' prompts (sampling:
+    transformers' sampled answers make them, and no row is checked)."""
     from ngspec.batch import BatchConfig
     from ngspec.bench import batched
-    from ngspec.bench.report import environment
+    from ngspec.bench.report import SAMPLED_NOTE, environment
     from ngspec.turns import Conversations
 
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
+    sampled = not cfg.sampling.greedy
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
-        task = progress.add_task("reference (transformers' greedy, one prompt at a time)", total=len(asked.units))
+        task = progress.add_task(f"reference (transformers' {'sampling' if sampled else 'greedy'}, one prompt at a time)", total=len(asked.units))
         ids, reference = [], []
         for i in range(len(asked.units)):
             ids.append(asked.ids(i))
-            reference.append(engine.hf_generate(ids[-1], cfg.max_new_tokens)[0])
+            reference.append(engine.hf_generate(ids[-1], cfg.max_new_tokens, sampling=cfg.sampling)[0])
             asked.answered(i, reference[-1])
             progress.advance(task)
         task = progress.add_task(f"batches of {batch_size}", total=rounds * len(arms))
         runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task))
-    summaries = batched.summarise_batched(runs, reference)
+    summaries = batched.summarise_batched(runs, reference, sampled)
     env = environment(engine, settings)
     ceilings = (batched.ceiling(ids, reference), batched.ceiling(ids, reference, res.datastore) if res.datastore is not None else None)
     pairs = batched.versus(summaries, versus_arm) if versus_arm is not None else []
     turns = batched.by_turn(runs, ids, reference, [u.turn for u in asked.units])
     report = batched.to_json(summaries, env, ceilings, pairs, turns)
     if markdown_out is not None:
-        staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs, turns))
+        staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs, turns, sampled))
     if json_path is not None:
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
@@ -231,12 +233,14 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         return
     render.table(f"bench: {counted(len(prompts), len(ids))} in batches of {batch_size}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
-    render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings)}")
+    render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings, sampled)}")
+    if sampled:
+        render.info(SAMPLED_NOTE)
     if turns:
         render.table("by turn: tokens/call per row (a later turn is asked after the conversation so far)", batched.turn_columns(turns), batched.turn_rows(turns))
     if pairs:
         render.table(f"against {versus_arm}", batched.versus_columns(versus_arm), batched.versus_rows(pairs))
         render.info(batched.versus_note(pairs))
-    wrong = [s.arm for s in summaries if s.exact_match < 1]
+    wrong = [s.arm for s in summaries if s.exact_match is not None and s.exact_match < 1]
     if wrong:
         render.info(f"rows that differ from transformers' greedy decoding: {', '.join(wrong)} (float32 on a CPU should give none; see --check in generate)")
