@@ -125,11 +125,11 @@ class Engine:
         the baseline a user would otherwise run."""
         ids = torch.tensor([prompt_ids], device=self.target.device)
         kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}
-        if sampling is not None and not sampling.greedy:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+        sample = sampling is not None and not sampling.greedy
+        if sample:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)  # top_k 0 is off in both
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
-        sample = bool(sampling is not None and not sampling.greedy)
         with stock_linears(self.loaded.model) as model:
             start = time.perf_counter()
             out = model.generate(

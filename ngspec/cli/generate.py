@@ -97,16 +97,10 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
         render.console.print(record["text"], markup=False, highlight=False)
         render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}{_check_note(record.get('greedy_check'))}")
 
-    def fail(i: int, error: str) -> None:
-        failed[i] = units[i].label
-        _show_failure(units[i], drafter, error, json_out)
-        if (j := asked.next_turn(i)) is not None:
-            fail(j, f"not asked: turn {units[i].turn} failed")
-
     def on_finish(result: BatchResult) -> None:
         i = unit_of[result.index]
         if result.error is not None:
-            fail(i, result.error)
+            _fail(asked, i, result.error, failed, drafter, json_out)
             return
         gen = result.generation
         asked.answered(i, gen.token_ids)
@@ -119,7 +113,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
             try:
                 index = enqueue(j)
             except NgspecError as exc:  # e.g. a chat template that refuses the conversation
-                fail(j, str(exc))
+                _fail(asked, j, str(exc), failed, drafter, json_out)
                 return
             later.append(Request(index, ids[index], cfg.max_new_tokens, cfg.sampling, spec.engine.stopper(cfg), gen=fed_gen))
 
@@ -168,6 +162,16 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
         )
     if failed:
         raise NgspecError(_failures(failed))
+
+
+def _fail(asked: Conversations, i: int, error: str, failed: dict[int, str], drafter: str, json_out: bool) -> None:
+    """``asked.units[i]`` could not run: recorded in ``failed`` and shown, and so are its
+    question's later turns, which cannot be asked without its answer."""
+    unit = asked.units[i]
+    failed[i] = unit.label
+    _show_failure(unit, drafter, error, json_out)
+    if (j := asked.next_turn(i)) is not None:
+        _fail(asked, j, f"not asked: turn {unit.turn} failed", failed, drafter, json_out)
 
 
 def _show_failure(prompt: Prompt, drafter: str, error: str, json_out: bool) -> None:
@@ -241,17 +245,14 @@ def generate_command(
         return
     engine, units, failed = spec.engine, asked.units, {}
     for i, unit in enumerate(units):
-        if unit.turn > 1 and i - 1 in failed:
-            failed[i] = unit.label
-            _show_failure(unit, drafter, f"not asked: turn {unit.turn - 1} failed", json_out)
+        if i in failed:  # a later turn of a question whose earlier turn failed
             continue
         try:
             ids = asked.ids(i)
             if len(units) > 1:  # a prompt that cannot run fails alone, as in a batch
                 check_prompt(ids, engine.target.max_length)
         except NgspecError as exc:
-            failed[i] = unit.label
-            _show_failure(unit, drafter, str(exc), json_out)
+            _fail(asked, i, str(exc), failed, drafter, json_out)
             continue
         stream = None if json_out else render.TextStream(engine.detokenize)
         if stream is not None and len(units) > 1:
