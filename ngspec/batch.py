@@ -312,7 +312,7 @@ def generate_batch(
         argmax = verified.greedy() if any(r.request.sampling.greedy for r in rows) else None
         verdicts = [
             accept_argmax(t, argmax[b]) if r.request.sampling.greedy
-            else accept_sampled(t, verified.row(b).cpu(), r.request.sampling, r.request.gen)
+            else accept_sampled(t, verified.row(b), r.request.sampling, r.request.gen)
             for b, (r, t) in enumerate(zip(rows, trees))
         ]
         target.commit([v.path for v in verdicts])

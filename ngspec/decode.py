@@ -168,7 +168,7 @@ def generate(
         if cfg.sampling.greedy:
             verdict = accept_greedy(tree, logits)
         else:
-            verdict = accept_sampled(tree, logits.cpu(), cfg.sampling, gen)
+            verdict = accept_sampled(tree, logits, cfg.sampling, gen)
         target.commit(verdict.path)
         step_cost = table_cost(table, tree.size)  # by the measured table: no timing noise
         times.record(step_cost, time.perf_counter() - t1)  # the verdict read waited for the device

@@ -69,3 +69,63 @@ def test_gpu_decoding_keeps_attention_off_cudnn_unless_asked(monkeypatch):
     monkeypatch.setenv("NGSPEC_CUDNN_ATTENTION", "1")
     decode_attention(torch.device("cuda"))
     assert calls == [False]
+
+
+def full_sort_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p rule by its definition: sort the whole vocabulary, keep the tokens whose mass
+    before them is under top_p, renormalise."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    kept = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(before >= top_p, 0.0))
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def test_top_p_sorts_only_the_head_and_matches_the_full_sort():
+    """`target_probs` sorts only the most likely tokens, widening the head when the nucleus runs
+    past it (a flat distribution at a high temperature); the kept tokens and their probabilities
+    are those of the full sort (up to the order of exactly tied tokens at the boundary, which
+    only a near-flat distribution has), for one row and for several."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = 49152
+    for temperature, scale in [(0.7, 3.0), (1.0, 1.0), (2.0, 0.3), (1.5, 0.01)]:
+        logits = torch.randn(3, vocab, generator=gen) * scale
+        for top_p in (0.1, 0.5, 0.9, 0.99):
+            cfg = SamplingConfig(temperature=temperature, top_p=top_p)
+            want = full_sort_nucleus(torch.softmax(logits / temperature, dim=-1), top_p)
+            got = target_probs(logits, cfg)
+            assert torch.equal((got > 0).sum(dim=-1), (want > 0).sum(dim=-1)), (temperature, top_p)
+            assert int(((got > 0) != (want > 0)).sum()) <= 2 * (scale < 0.1) * len(logits)  # tie swaps
+            assert torch.allclose(got.sort(dim=-1).values, want.sort(dim=-1).values, atol=1e-7)
+            assert torch.allclose(target_probs(logits[1], cfg), got[1], atol=1e-7)
+    # the widened head: at scale 0.01 the 0.99 nucleus holds nearly the whole vocabulary
+    assert int((target_probs(logits, SamplingConfig(temperature=1.5, top_p=0.99)) > 0).sum(dim=-1).min()) > 8 * 1024
+
+
+def test_top_k_then_top_p_matches_the_full_sort():
+    logits = torch.randn(2, 5000, generator=torch.Generator().manual_seed(1)) * 2
+    cfg = SamplingConfig(temperature=0.8, top_k=40, top_p=0.9)
+    scores = logits / 0.8
+    kth = torch.topk(scores, 40, dim=-1).values[..., -1:]
+    want = full_sort_nucleus(torch.softmax(scores.masked_fill(scores < kth, float("-inf")), dim=-1), 0.9)
+    got = target_probs(logits, cfg)
+    assert torch.equal(got > 0, want > 0) and torch.allclose(got, want, atol=1e-7)
+    assert int((got > 0).sum(dim=-1).max()) <= 40
+
+
+def test_sampling_reads_logits_on_the_device_and_draws_on_the_host():
+    """Acceptance takes the verify call's logits where they are (a GPU's: no copy of the whole
+    tree's logits) and draws with the host generator a seed makes; the same seed, the same tokens
+    on either device."""
+    import pytest
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from ngspec.verify import sample_token
+
+    tree = DraftTree((3, 1, 4), (-1, -1, -1))
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
+    cfg = SamplingConfig(temperature=1.0, top_p=0.9, seed=5)
+    host = [accept_sampled(tree, logits, cfg, cfg.generator()) for _ in range(1)]
+    device = [accept_sampled(tree, logits.cuda(), cfg, cfg.generator()) for _ in range(1)]
+    assert host == device
+    assert sample_token(target_probs(logits[0].cuda(), cfg), cfg.generator()) == sample_token(target_probs(logits[0], cfg), cfg.generator())
