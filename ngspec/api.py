@@ -8,8 +8,8 @@
     outs = spec.generate_batch(prompts, batch_size=8)          # one Output per prompt, in order
 
 Every output is token-identical to plain greedy decoding of the same model (with ``temperature``
-> 0, identical in distribution). Drafter options are the keyword arguments of `generate`'s
-options, without the dashes: ``--eagle-head DIR`` is ``eagle_head="DIR"``, ``--num-draft 16`` is
+> 0, to plain sampling with the same seed, and so identical in distribution). Drafter options are
+the keyword arguments of `generate`'s options, without the dashes: ``--eagle-head DIR`` is ``eagle_head="DIR"``, ``--num-draft 16`` is
 ``num_draft=16``. Bad input raises `ngspec.errors.NgspecError` with a one-line message.
 """
 
@@ -60,8 +60,10 @@ class Output:
     mean_tree_size: float
     finish_reason: str  # eos | stop | length | context | error (| cancelled, for a fed request)
     drafter_stats: dict | None = None  # per drafter: rows per strategy, search branch sources, ...
-    greedy_check: dict | None = None  # with check=True: whether plain greedy decoding gives the same
+    # with check=True: whether plain decoding (greedy, or sampling with this run's seed) gives the same
+    greedy_check: dict | None = None
     error: str | None = None  # a batch row that could not run (finish_reason "error")
+    seed: int | None = None  # sampling's seed (drawn for the run when none was given): replays its tokens
 
     @classmethod
     def of(cls, gen: Generation, prompt_tokens: int, text: str | None) -> Output:
@@ -84,6 +86,7 @@ class Output:
             mean_tree_size=sum(s.tree_size for s in steps) / calls if calls else 0.0,
             finish_reason=gen.finish_reason,
             drafter_stats=gen.drafter_stats,
+            seed=gen.seed,
         )
 
     @classmethod
@@ -254,7 +257,7 @@ class Speculator:
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, False)
         sampling, stream = cfg.sampling, self._text_stream(on_text)
         return Request(
-            index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), stream, sampling.generator(), cancelled,
+            index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), stream, cancelled,
             on_done=stream and stream.flush,
         )
 
@@ -299,18 +302,17 @@ class Speculator:
         if stop:
             self._tokenizer("stop strings")
         cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), list(stop or ()))
-        if check and not cfg.sampling.greedy:
-            raise NgspecError("check compares with greedy decoding: use it with temperature 0")
         return cfg
 
     def checked(self, out: Output, ids: list[int], cfg: DecodeConfig) -> Output:
-        """``out`` with its `greedy_check`: plain greedy decoding of ``ids`` on the model's stock
-        layers, compared token for token (a failed row stays as it is)."""
+        """``out`` with its `greedy_check`: plain decoding of ``ids`` (greedy, or sampling with the
+        run's seed) on the model's stock layers, compared token for token (a failed row stays as
+        it is)."""
         if out.error is not None:
             return out
         from ngspec.check import check_against_greedy
 
-        return replace(out, greedy_check=check_against_greedy(self.engine, ids, out.token_ids, cfg).as_dict())
+        return replace(out, greedy_check=check_against_greedy(self.engine, ids, out.token_ids, cfg, out.seed).as_dict())
 
     # the user's level: prompts and keyword arguments
 

@@ -28,8 +28,6 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import torch
-
 from ngspec.architecture import rope_depth
 from ngspec.batch_target import BatchTarget
 from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
@@ -38,7 +36,7 @@ from ngspec.eagle.batched import propose_together
 from ngspec.errors import NgspecError
 from ngspec.perf.online import StepTimes
 from ngspec.tree import joint_width, packed_sizes
-from ngspec.verify import SamplingConfig, accept_argmax, accept_sampled
+from ngspec.verify import Draws, SamplingConfig, accept_argmax, accept_sampled
 
 
 LAYOUTS = ("padded", "packed")
@@ -106,8 +104,9 @@ class BatchResult:
 @dataclass
 class Request:
     """A prompt with settings of its own, for a batch that takes prompts as they arrive (``feed``
-    of `generate_batch`: `ngspec serve` batches concurrent requests so). ``gen``: its sampling's
-    random generator (None: greedy, or unseeded)."""
+    of `generate_batch`: `ngspec serve` batches concurrent requests so). ``draws``: its sampling's
+    random numbers, from its seed and prompt (`verify.Draws`; None: greedy), so a row samples what
+    the prompt alone would."""
 
     index: int
     prompt: list[int]
@@ -115,9 +114,12 @@ class Request:
     sampling: SamplingConfig
     stopper: Stopper
     on_tokens: Callable[[list[int]], None] | None = None
-    gen: torch.Generator | None = None
     cancelled: Callable[[], bool] | None = None  # asked before each step: True ends the row ("cancelled")
     on_done: Callable[[], None] | None = None  # called once the row has ended, unless cancelled (e.g. to send the last text)
+    draws: Draws | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.draws = Draws.of(self.sampling, self.prompt)
 
 
 @dataclass
@@ -181,10 +183,9 @@ def generate_batch(
     # may never, so their rows grow by doubling
     wanted = min(batch.batch_size, len(prompts)) if feed is None else None
     target = BatchTarget(model, packed=batch.layout == "packed", rows_wanted=wanted)
-    gen = cfg.sampling.generator()
     results: dict[int, BatchResult] = {}
     report = BatchReport()
-    waiting = deque(Request(i, list(p), cfg.max_new_tokens, cfg.sampling, new_stopper(), gen=gen) for i, p in enumerate(prompts))
+    waiting = deque(Request(i, list(p), cfg.max_new_tokens, cfg.sampling, new_stopper()) for i, p in enumerate(prompts))
     rows: list[_Row] = []
     # what this batch's verify calls take, fitted per number of rows (a step of fewer rows costs
     # less): rescales the cost table, as at batch 1
@@ -199,7 +200,8 @@ def generate_batch(
         if row.request.on_done is not None and row.reason != "cancelled":
             row.request.on_done()
         g = Generation(row.out, time.perf_counter() - row.start, row.reason, row.stats,
-                       row.drafter.stats() if hasattr(row.drafter, "stats") else None)
+                       row.drafter.stats() if hasattr(row.drafter, "stats") else None,
+                       None if row.request.draws is None else row.request.draws.seed)
         results[row.index] = BatchResult(row.index, g)
         report.new_tokens += len(row.out)
         if on_finish:
@@ -225,7 +227,7 @@ def generate_batch(
             target.keep_features = target.keep_features or bool(getattr(drafter, "needs_features", False))
             target.feature_layers = getattr(drafter, "feature_layers", None)
             row = _Row(request, drafter, time.perf_counter())
-            root = _first_token(target.admit(request.prompt, slot), request.sampling, request.gen)
+            root = _first_token(target.admit(request.prompt, slot), request.sampling, request.draws)
             row.stats.prefill_seconds = time.perf_counter() - row.start
             report.prefill_seconds += row.stats.prefill_seconds
             row.out, row.reason = row.stopper.cut([], [root])
@@ -312,7 +314,7 @@ def generate_batch(
         argmax = verified.greedy() if any(r.request.sampling.greedy for r in rows) else None
         verdicts = [
             accept_argmax(t, argmax[b]) if r.request.sampling.greedy
-            else accept_sampled(t, verified.row(b), r.request.sampling, r.request.gen)
+            else accept_sampled(t, verified.row(b), r.request.sampling, r.request.draws, len(r.out))
             for b, (r, t) in enumerate(zip(rows, trees))
         ]
         target.commit([v.path for v in verdicts])

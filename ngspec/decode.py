@@ -17,7 +17,7 @@ from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats, table_c
 from ngspec.errors import NgspecError
 from ngspec.perf.online import StepTimes
 from ngspec.target import TargetModel
-from ngspec.verify import SamplingConfig, accept_greedy, accept_sampled, sample_token, target_probs
+from ngspec.verify import Draws, SamplingConfig, accept_greedy, accept_sampled, target_probs
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class Generation:
     finish_reason: str  # eos | stop | length | context (| cancelled: a batch row whose request was cancelled)
     stats: RunStats
     drafter_stats: dict | None = None
+    seed: int | None = None  # sampling's seed, drawn for the run when none was given (None: greedy)
 
 
 class Stopper:
@@ -98,10 +99,11 @@ def special_stop_ids(tokenizer, stop_strings: Sequence[str], detokenize: Callabl
     return frozenset(i for i, token in added.items() if token.content in wanted and detokenize([i]) == "")
 
 
-def _first_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> int:
-    if cfg.greedy:
+def _first_token(logits: torch.Tensor, cfg: SamplingConfig, draws: Draws | None) -> int:
+    """The token after the prompt (output position 0)."""
+    if draws is None:
         return int(logits.argmax())
-    return sample_token(target_probs(logits, cfg), gen)
+    return draws.token(target_probs(logits, cfg), 0)
 
 
 def check_prompt(prompt: Sequence[int], max_length: int) -> None:
@@ -129,17 +131,17 @@ def generate(
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> Generation:
     """Generate from ``prompt``; the output equals plain decoding of the target (greedy: token for
-    token; sampling: in distribution)."""
+    token; sampling: in distribution, and token for token with plain sampling at the same seed)."""
     prompt = list(prompt)
     check_prompt(prompt, target.max_length)
     stopper = stopper or Stopper(cfg.eos_ids)
-    gen = cfg.sampling.generator()
+    draws = Draws.of(cfg.sampling, prompt)
     stats = RunStats()
 
     start = time.perf_counter()
     target.keep_features = bool(getattr(drafter, "needs_features", False))
     target.feature_layers = getattr(drafter, "feature_layers", None)  # EAGLE-3 reads three layers
-    root = _first_token(target.prefill(prompt), cfg.sampling, gen)
+    root = _first_token(target.prefill(prompt), cfg.sampling, draws)
     stats.prefill_seconds = time.perf_counter() - start
     out, reason = stopper.cut([], [root])
     stats.steps.append(StepStats(tree_size=0, accepted=len(out), draft_seconds=0.0, verify_cost=0.0))  # the prefill
@@ -165,10 +167,10 @@ def generate(
         draft_s = t1 - t0
 
         logits = target.verify(out[-1], tree, cfg.verify)
-        if cfg.sampling.greedy:
+        if draws is None:
             verdict = accept_greedy(tree, logits)
         else:
-            verdict = accept_sampled(tree, logits, cfg.sampling, gen)
+            verdict = accept_sampled(tree, logits, cfg.sampling, draws, len(out))
         target.commit(verdict.path)
         step_cost = table_cost(table, tree.size)  # by the measured table: no timing noise
         times.record(step_cost, time.perf_counter() - t1)  # the verdict read waited for the device
@@ -181,7 +183,7 @@ def generate(
 
     seconds = time.perf_counter() - start
     drafter_stats = drafter.stats() if hasattr(drafter, "stats") else None  # e.g. rows per strategy
-    return Generation(out, seconds, reason, stats, drafter_stats)
+    return Generation(out, seconds, reason, stats, drafter_stats, None if draws is None else draws.seed)
 
 
 def emit(on_tokens: Callable[[list[int]], None] | None, tokens: list[int]) -> None:

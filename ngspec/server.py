@@ -10,7 +10,8 @@ and answer. Requests that arrive while others are decoded join their batch at th
 stops and stream. As in OpenAI's API, the text of an answer that ends at a stop string ends just
 before it (its ``token_ids`` keep every generated token), and a stream holds back the characters
 a stop string could still start in (`HeldText`). Greedy (``temperature`` 0, the default here) is
-token-identical to plain decoding; ``temperature`` > 0 samples, identical in distribution. Every
+token-identical to plain decoding; ``temperature`` > 0 samples, token-identical to plain sampling
+with the request's ``seed`` (so identical in distribution). Every
 response carries an ``ngspec`` object (tokens per call, speed, drafting share) and the choices'
 ``token_ids``. Bad requests get HTTP 400 with OpenAI's error shape and one readable message.
 """

@@ -1,20 +1,28 @@
 """Acceptance rules: which drafted nodes the target agrees with, and the bonus token.
 
 Knows nothing about where drafts come from. Greedy acceptance follows the target's argmax down the
-tree. Sampling is lossless for deterministic drafts: at each node the siblings are tried in order,
-sibling x is accepted with probability p(x) under the (renormalised) target distribution, a rejected
-sibling is zeroed out, and if none is accepted the bonus token is drawn from what remains.
+tree. Sampling follows the target's *sample* down the tree the same way: the token at output
+position t is the one whose probability over its own random number is largest (the exponential
+race, argmax p(x) / E(x) with E(x) ~ Exp(1): a sample of p, the Gumbel-max trick), and the random
+numbers of position t come from the seed, the prompt and t alone (`Draws`). A drafted token is
+therefore accepted exactly when it is the token plain sampling would draw there: with probability
+p(x), as rejection sampling accepts it, and the siblings of a node together with their summed
+probability, as sibling-by-sibling rejection accepts them. So sampling is lossless in distribution
+and, more, token-identical to plain sampling with the same seed, whatever the drafter, the tree or
+the batch.
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from ngspec.contracts import DraftTree, Verdict
-from ngspec.tree import children
+from ngspec.tree import children, depths
 
 
 @dataclass(frozen=True)
@@ -29,10 +37,6 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
-
-    def generator(self) -> torch.Generator | None:
-        """A random generator seeded with ``seed`` when sampling (None: greedy, or unseeded)."""
-        return torch.Generator().manual_seed(self.seed) if not self.greedy and self.seed is not None else None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -105,35 +109,55 @@ def accept_argmax(tree: DraftTree, preds: Sequence[int]) -> Verdict:
     return Verdict(path, tuple(tree.tokens[i] for i in path) + (preds[last],))
 
 
-def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw on the host, where a seed's generator lives, wherever ``probs`` were computed."""
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+class Draws:
+    """The random numbers one prompt's sampling uses: a vector of uniforms over the vocabulary for
+    every output position, from (seed, prompt, position) alone, so every way of decoding the
+    prompt (any drafter, tree, batch or device) samples the same tokens. Without a seed a random
+    one is drawn here (``seed`` says which, so a run can be replayed: `--check` does)."""
+
+    def __init__(self, seed: int | None, prompt: Sequence[int]) -> None:
+        self.seed = secrets.randbits(63) if seed is None else seed
+        ids = b"".join(int(i).to_bytes(8, "little", signed=True) for i in prompt)
+        self._key = hashlib.blake2b(self.seed.to_bytes(16, "little", signed=True) + ids, digest_size=16).digest()
+
+    @classmethod
+    def of(cls, sampling: SamplingConfig, prompt: Sequence[int]) -> Draws | None:
+        """The draws of a sampled prompt; None when greedy."""
+        return None if sampling.greedy else cls(sampling.seed, prompt)
+
+    def uniforms(self, vocab: int, position: int) -> torch.Tensor:
+        """Output ``position``'s uniforms, one per token (on the host)."""
+        digest = hashlib.blake2b(position.to_bytes(8, "little"), key=self._key, digest_size=8).digest()
+        return torch.rand(vocab, generator=torch.Generator().manual_seed(int.from_bytes(digest, "little")))
+
+    def token(self, probs: torch.Tensor, position: int) -> int:
+        """The token sampled from ``probs`` (``[vocab]``, any device) at output ``position``: the
+        winner of the exponential race p(x) / E(x), E(x) = -log u(x), on the host."""
+        return int((probs.cpu() / -torch.log(self.uniforms(probs.shape[-1], position))).argmax())
+
+    def scores(self, probs: torch.Tensor, position: int) -> torch.Tensor:
+        """The race in log space, log p(x) + Gumbel(x), whose argmax `token` is (for margins)."""
+        return torch.log(probs.cpu()) - torch.log(-torch.log(self.uniforms(probs.shape[-1], position)))
 
 
-def accept_sampled(
-    tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
-) -> Verdict:
-    """Sibling-by-sibling rejection sampling with residual resampling (lossless in distribution).
+class _Samples:
+    """The target's sample at every block index of a verified tree, drawn when first asked: node
+    d levels below the root predicts output position ``position + d``."""
 
-    ``logits`` stay where the verify call left them: only the visited nodes' distributions come
-    to the host, where the seed's generator draws."""
-    kids = children(tree)
-    node, path = 0, []
-    while True:
-        probs = target_probs(logits[node], cfg).cpu()
-        accepted = None
-        for child in kids[node]:
-            tok = tree.tokens[child - 1]
-            mass = probs.sum()
-            p_tok = float(probs[tok] / mass) if mass > 0 else 0.0
-            u = float(torch.rand((), generator=generator))
-            if u < p_tok:
-                accepted = child
-                break
-            probs = probs.clone()
-            probs[tok] = 0.0
-        if accepted is None:
-            bonus = sample_token(probs / probs.sum(), generator)
-            return Verdict(tuple(path), tuple(tree.tokens[i] for i in path) + (bonus,))
-        path.append(accepted - 1)
-        node = accepted
+    def __init__(self, tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, draws: Draws, position: int) -> None:
+        self.logits, self.cfg, self.draws, self.position = logits, cfg, draws, position
+        self.depth = [0, *depths(tree)]
+        self.drawn: dict[int, int] = {}
+
+    def __getitem__(self, node: int) -> int:
+        if node not in self.drawn:
+            self.drawn[node] = self.draws.token(target_probs(self.logits[node], self.cfg), self.position + self.depth[node])
+        return self.drawn[node]
+
+
+def accept_sampled(tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, draws: Draws, position: int) -> Verdict:
+    """`accept_argmax` against the target's samples instead of its argmax (see the module's
+    docstring): lossless in distribution, and the tokens plain sampling draws with the same seed.
+    ``position``: the output position the root's logits predict (the tokens generated so far).
+    ``logits`` stay on their device: only the distributions of the nodes visited come to the host."""
+    return accept_argmax(tree, _Samples(tree, logits, cfg, draws, position))

@@ -93,7 +93,6 @@ def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
         (lambda s: s.generate([1, 2.0]), "a prompt is a str"),
         (lambda s: s.generate([]), "the prompt is empty"),
         (lambda s: s.generate([1, 2], max_new_tokens=0), "--max-new-tokens must be at least 1"),
-        (lambda s: s.generate([1, 2], temperature=0.5, check=True), "check compares with greedy decoding"),
         (lambda s: s.generate([1, 2], top_p=0.0, temperature=1.0), "top_p"),
         (lambda s: s.generate_batch([[1, 2]], batch_size=0), "--batch-size must be at least 1"),
         (lambda s: s.generate_batch([[1, 2]], layout="diagonal"), "--batch-layout must be one of"),
@@ -102,6 +101,21 @@ def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
 def test_bad_input_raises_one_clear_error(tiny, call, message):
     with pytest.raises(NgspecError, match=message):
         call(Speculator.from_model(tiny, drafter="trie"))
+
+
+def test_sampling_is_checked_against_plain_sampling_and_a_seed_replays_it(tiny, prompts_and_expected):
+    """``check`` replays a sampled run with its seed (given, or drawn and reported in
+    ``Output.seed``); the same seed gives the same tokens alone, in a batch and with any drafter."""
+    prompts, _ = prompts_and_expected
+    trie, search = Speculator.from_model(tiny, drafter="trie"), Speculator.from_model(tiny, drafter="search")
+    out = trie.generate(prompts[0], max_new_tokens=24, temperature=0.7, top_p=0.9, check=True)
+    assert out.greedy_check["exact_match"] and out.seed is not None
+    again = search.generate(prompts[0], max_new_tokens=24, temperature=0.7, top_p=0.9, seed=out.seed)
+    assert again.token_ids == out.token_ids and again.seed == out.seed
+    outs = trie.generate_batch(prompts, max_new_tokens=24, batch_size=3, temperature=0.7, seed=4, check=True)
+    assert all(o.greedy_check["exact_match"] and o.seed == 4 for o in outs)
+    assert [o.token_ids for o in outs] == [search.generate(p, max_new_tokens=24, temperature=0.7, seed=4).token_ids for p in prompts]
+    assert outs[0].token_ids != trie.generate(prompts[0], max_new_tokens=24, temperature=0.7, seed=5).token_ids
 
 
 def test_an_empty_batch_gives_no_outputs(tiny):

@@ -151,7 +151,6 @@ def test_bench_compares_arms_as_batches(tmp_path):
         (["generate", "-p", "{prompt}", "--tree-choices", "{dir}"], "is a directory; --tree-choices takes a JSON file"),
         (["self-repetition", "--dataset", "{prompt}", "--questions", "{dir}"], "is a directory; --questions takes a .jsonl"),
         (["profile-bound", "--k", "1", "--w", "0", "--out", "{prompt}"], "is a file; give a directory"),
-        (["generate", "-p", "{prompt}", "--check", "--temperature", "0.7"], "--check compares with greedy"),
         (["build-datastore", "-c", "{prompt}", "--num-proc", "0"], "--num-proc"),
         (["synth-corpus", "--out", "{prompt}"], "already exists"),
         (["datastore-info", "{empty}"], "datastore not found"),
@@ -290,13 +289,38 @@ def test_batched_generate_matches_one_at_a_time_and_a_long_prompt_fails_alone(tm
     assert lines[-1]["batch"]["layout"] == "padded" and packed_rows[-1]["batch"]["layout"] == "packed"
     # --check in a batch: every finished row against its own plain greedy decoding
     assert [r["greedy_check"]["exact_match"] for r in packed_rows if "token_ids" in r] == [True, True]
-    assert packed_rows[-1]["batch"]["identical_to_plain_greedy"] == 2
+    assert packed_rows[-1]["batch"]["identical_to_plain"] == 2
     assert {r["id"]: r.get("token_ids") for r in packed_rows if "id" in r} == {r["id"]: r.get("token_ids") for r in lines if "id" in r}
     for pid in ("a", "b"):
         single = tmp_path / f"{pid}.txt"
         single.write_text(next(r["prompt"] for r in rows if r["id"] == pid))
         alone = invoke("generate", "-p", single, "-d", "vanilla", "-n", 16, "--json")
         assert by_id[pid]["token_ids"] == json.loads(alone.stdout.strip().splitlines()[-1])["token_ids"]
+
+
+def test_generate_samples_plain_samplings_tokens_and_reports_the_seed(tmp_path):
+    """Sampling with `--check`: every record compared with plain sampling at its seed, which the
+    record carries (drawn when none was given); a seed gives the same tokens one at a time, in a
+    batch and with `vanilla`."""
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": "a", "prompt": PROMPT}, {"id": "b", "prompt": "Count from one to ten."}, {"id": "a2", "prompt": PROMPT}]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    sampled = ["-n", 16, "--temperature", "0.8", "--top-p", "0.95", "--json"]
+    runs = {}
+    for name, extra in {"batch": ["-d", "trie", "-b", 2, "--check"], "alone": ["-d", "trie", "--check"], "vanilla": ["-d", "vanilla"]}.items():
+        result = invoke("generate", "-p", prompts, *sampled, "--seed", 3, *extra)
+        assert result.exit_code == 0, result.stderr
+        runs[name] = {r["id"]: r for r in map(json.loads, result.stdout.strip().splitlines()) if "id" in r}
+    for name in ("batch", "alone"):
+        assert all(r["greedy_check"]["exact_match"] and r["seed"] == 3 for r in runs[name].values())
+        assert {i: r["token_ids"] for i, r in runs[name].items()} == {i: r["token_ids"] for i, r in runs["vanilla"].items()}
+    assert runs["vanilla"]["a"]["token_ids"] == runs["vanilla"]["a2"]["token_ids"]  # one seed, one prompt: one sample
+    unseeded = invoke("generate", "-p", prompts, *sampled, "-d", "trie", "-b", 2, "--check")
+    records = [r for r in map(json.loads, unseeded.stdout.strip().splitlines()) if "id" in r]
+    assert all(r["greedy_check"]["exact_match"] for r in records)
+    assert len({r["seed"] for r in records}) == 3  # a seed drawn per prompt, the repeated one too
+    text = invoke("generate", "-p", tmp_path / "a.txt" if (tmp_path / "a.txt").write_text(PROMPT) else None, "-n", 8, "--temperature", "0.8", "--check")
+    assert text.exit_code == 0 and "identical to plain decoding" in text.stdout and "seed" in text.stdout
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
 """Randomised losslessness: seeded random combinations of drafter, batch size, budget (down to one
 token), prompts that reach the end of the context window, EOS, stop strings, verify-cost table,
 batch layout, sizing and compaction, EAGLE's tree options, requests fed to a running batch,
-sampling that must reduce to greedy (top-k 1, or a top-p that keeps one token), and model families
-(sliding windows, latent attention, learned positions, ...), each row against transformers' plain
-greedy decoding.
+sampling that must reduce to greedy (top-k 1, or a top-p that keeps one token) or that really
+samples, and model families (sliding windows, latent attention, learned positions, ...), each row
+against transformers' plain greedy decoding, or against plain sampling with the same seed (the
+`vanilla` drafter: one token a call, no drafts), which must draw the same tokens.
 
 The targeted tests fix one setting at a time; combinations they did not name are where a
 randomised search found bugs (a prompt admitted into a freed slot with a one-token budget took a
@@ -17,6 +18,7 @@ in these models' logits): the search met one such tie, 2.4e-7 wide, in about 10,
 
 import os
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,7 +29,7 @@ from ngspec.decode import DecodeConfig, Stopper, generate
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
 from ngspec.drafters.eagle import EagleOptions, eagle_factory
 from ngspec.target import TargetModel
-from ngspec.verify import SamplingConfig
+from ngspec.verify import Draws, SamplingConfig, target_probs
 from test_families import FAMILIES, family_model
 from test_lossless import STEEP_COST, VOCAB, tiny_datastore, tiny_eagle, tiny_tables  # noqa: F401 (fixtures)
 
@@ -64,11 +66,23 @@ def _cost(rng: random.Random) -> tuple[float, ...]:
 
 
 def _sampling(rng: random.Random) -> SamplingConfig:
-    """Greedy, or sampling that keeps only the most likely token (so it must equal greedy)."""
+    """Greedy, sampling that keeps only the most likely token (so it must equal greedy), or real
+    sampling (it must equal plain sampling with the same seed)."""
     temperature, seed = rng.choice([0.0, 0.5, 1.0, 2.0]), rng.randrange(100)
-    if rng.random() < 0.5:
+    kind = rng.random()
+    if kind < 0.3:
         return SamplingConfig(temperature=temperature, top_k=1, seed=seed)
-    return SamplingConfig(temperature=temperature, top_p=1e-9, seed=seed)
+    if kind < 0.6:
+        return SamplingConfig(temperature=temperature, top_p=1e-9, seed=seed)
+    return SamplingConfig(
+        temperature=rng.choice([0.2, 0.5, 1.0]), top_p=rng.choice([1.0, 0.9, 0.5]), top_k=rng.choice([0, 0, 5, 40]),
+        seed=rng.choice([None, seed]),  # unseeded: each row draws a seed and reports it
+    )
+
+
+def _samples(sampling: SamplingConfig) -> bool:
+    """Whether ``sampling`` really samples (not greedy, nor reduced to it)."""
+    return not sampling.greedy and sampling.top_k != 1 and sampling.top_p > 1e-6
 
 
 def _eagle_options(rng: random.Random) -> EagleOptions:
@@ -100,7 +114,7 @@ def _fed(prompts: list[list[int]], budgets: list[int], sampling: SamplingConfig,
     def feed() -> list[Request]:
         step, calls[0] = calls[0], calls[0] + 1
         return [
-            Request(i, prompts[i], budgets[i], sampling, stopper(), on_tokens=lambda t, i=i: streamed.setdefault(i, []).extend(t), gen=sampling.generator())
+            Request(i, prompts[i], budgets[i], sampling, stopper(), on_tokens=lambda t, i=i: streamed.setdefault(i, []).extend(t))
             for i in arrivals.pop(step, [])
         ]
 
@@ -123,8 +137,32 @@ def _greedy(model, prompt: list[int], budget: int, eos: int | None, stops: tuple
     return _until_stop(hf_greedy(model, prompt, min(budget, WINDOW + 1 - len(prompt)), eos=eos), stops)
 
 
-def _check(model, prompts, budgets, got, eos, where, ties, stops: tuple[str, ...] = ()) -> None:
+def _plain_sampling(model, prompt: list[int], budget: int, eos: int | None, stops: tuple[str, ...], sampling: SamplingConfig) -> list[int]:
+    stopper = Stopper(frozenset({eos} if eos is not None else ()), stops, detokenize)
+    return generate(TargetModel(model), make_drafter("vanilla"), prompt, DecodeConfig(max_new_tokens=budget, sampling=sampling), stopper).token_ids
+
+
+def _sampled_near_tie(model, prompt: list[int], want: list[int], got: list[int], sampling: SamplingConfig) -> bool:
+    """Whether ``got`` first leaves plain sampling's ``want`` where the two best race scores (log
+    probability plus the position's noise) are a rounding apart."""
+    first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    if first is None:
+        return False
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + want[:first]])).logits[0, -1]
+    top = torch.topk(Draws(sampling.seed, prompt).scores(target_probs(logits, sampling), first), 2).values
+    return float(top[0] - top[1]) < NEAR_TIE
+
+
+def _check(model, prompts, budgets, got, eos, where, ties, stops: tuple[str, ...] = (), sampling: SamplingConfig = SamplingConfig(), seeds=None) -> None:
     for i, (prompt, budget, row) in enumerate(zip(prompts, budgets, got)):
+        if _samples(sampling):  # against plain sampling with the row's seed (drawn for it when none was given)
+            seeded = replace(sampling, seed=seeds[i])
+            want = _plain_sampling(model, prompt, budget, eos, stops, seeded)
+            if row != want:
+                assert _sampled_near_tie(model, prompt, want, row, seeded), f"{where}, row {i}: {row} != {want}"
+                ties.append(where)
+            continue
         want = _greedy(model, prompt, budget, eos, stops)
         if row != want:
             assert _near_tie(model, prompt, want, row), f"{where}, row {i}: {row} != {want}"
@@ -171,7 +209,8 @@ def test_random_settings_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_
             target = TargetModel(tiny)
             target.cost_tables = {0: cost}
             cfg = DecodeConfig(max_new_tokens=budget, verify=rng.choice(["tree", "rows"]), sampling=sampling)
-            got = [generate(target, new_drafter(), p, cfg, stopper()).token_ids for p in prompts]
+            runs = [generate(target, new_drafter(), p, cfg, stopper()) for p in prompts]
+            got, seeds = [g.token_ids for g in runs], [g.seed for g in runs]
         else:
             batch = BatchConfig(
                 batch_size, rng.choice([0, 1, 3, 8]), rng.choice([0.0, 0.2]), joint_sizing=rng.random() < 0.8,
@@ -192,8 +231,8 @@ def test_random_settings_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_
             else:
                 results, _ = generate_batch(tiny, prompts, new_drafter, cfg, batch, stopper, verify_cost=lambda context: cost)
             assert all(r.error is None for r in results), where
-            got = [r.generation.token_ids for r in results]
-        _check(tiny, prompts, budgets, got, eos, where, ties, stops)
+            got, seeds = [r.generation.token_ids for r in results], [r.generation.seed for r in results]
+        _check(tiny, prompts, budgets, got, eos, where, ties, stops, sampling, seeds)
     assert len(ties) <= max(1, CASES // 2000), ties  # rounding ties are rare; many would be a bug that picks near-ties
 
 

@@ -82,7 +82,7 @@ def test_sampling_in_a_batch_matches_target_distribution(layout):
     """The batched loop samples each row from its own row of the batch's logits (padded or packed,
     rows joining as others finish): two prompts in turn, each row's tokens distributed as plain
     sampling of its own prompt."""
-    from ngspec.batch import BatchConfig, generate_batch
+    from ngspec.batch import BatchConfig, Request, generate_batch
     from ngspec.decode import Stopper
 
     vocab = 4
@@ -94,9 +94,11 @@ def test_sampling_in_a_batch_matches_target_distribution(layout):
     joints = [exact_pair_after_first(model, p, cfg, vocab) for p in prompts]
     assert 0.5 * (joints[0] - joints[1]).abs().sum() > 0.15  # rows that mixed up their prompts would show
     draws = 6000  # a total variation of about 0.026 per prompt from sampling alone; 0.2 with rows mixed up
+    # each request with a seed of its own: a seed and a prompt make one sample (`verify.Draws`)
+    fed = [[Request(i, prompts[i % 2], 3, SamplingConfig(1.0, 1.0, 3, seed=i), Stopper(frozenset())) for i in range(draws)]]
     results, _ = generate_batch(
-        model, [prompts[i % 2] for i in range(draws)], FixedTreeDrafter,
-        DecodeConfig(max_new_tokens=3, sampling=SamplingConfig(1.0, 1.0, 3, seed=5)), BatchConfig(8, 0, layout=layout), lambda: Stopper(frozenset()),
+        model, [], FixedTreeDrafter, DecodeConfig(max_new_tokens=3), BatchConfig(8, 0, layout=layout), lambda: Stopper(frozenset()),
+        feed=lambda: fed.pop() if fed else [],
     )
     counts = torch.zeros(2, vocab, vocab)
     deep = 0

@@ -1,7 +1,7 @@
 import torch
 
 from ngspec.contracts import DraftTree
-from ngspec.verify import SamplingConfig, accept_greedy, accept_sampled, target_probs
+from ngspec.verify import Draws, SamplingConfig, accept_greedy, accept_sampled, target_probs
 
 
 def one_hot_logits(preds: list[int], vocab: int = 20) -> torch.Tensor:
@@ -37,19 +37,53 @@ def test_top_k_and_top_p_filters():
 
 
 def test_sibling_rejection_sampling_matches_target_distribution():
-    """Whatever siblings are drafted, the emitted first token is distributed like the target."""
+    """Whatever siblings are drafted, the emitted first token is distributed like the target, and
+    a drafted token is accepted with its probability (the siblings together: their sum)."""
     probs = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
     logits = torch.log(probs.clamp_min(1e-30)).expand(4, 5)
     tree = DraftTree((3, 1, 4), (-1, -1, -1))  # a rare, a likely and an impossible sibling
-    gen = torch.Generator().manual_seed(0)
     cfg = SamplingConfig(temperature=1.0)
     draws = 20000
     counts = torch.zeros(5)
-    for _ in range(draws):
-        counts[accept_sampled(tree, logits, cfg, gen).tokens[0]] += 1
+    accepted = 0
+    for seed in range(draws):
+        verdict = accept_sampled(tree, logits, cfg, Draws(seed, [7]), 0)
+        counts[verdict.tokens[0]] += 1
+        accepted += bool(verdict.path)
     tv = 0.5 * (counts / draws - probs).abs().sum().item()
     assert tv < 0.015
     assert counts[4] == 0
+    assert abs(accepted / draws - 0.4) < 0.015  # tokens 3 and 1: 0.1 + 0.3
+
+
+def test_sampled_acceptance_is_plain_sampling_with_the_same_draws():
+    """At every node the tree takes the token plain sampling draws at that output position, so
+    the emitted tokens are plain sampling's whatever was drafted; other seeds, other tokens."""
+    torch.manual_seed(3)
+    logits = torch.randn(4, 50) * 2
+    cfg = SamplingConfig(temperature=0.8, top_p=0.95)
+    chain = DraftTree.chain([0, 0, 0])
+    for seed in range(50):
+        draws = Draws(seed, [1, 2, 3])
+        plain = [draws.token(target_probs(logits[d], cfg), 10 + d) for d in range(4)]
+        verdict = accept_sampled(DraftTree.chain(plain[:3]), logits, cfg, draws, 10)
+        assert verdict.tokens == tuple(plain)  # a draft of plain sampling's tokens: all accepted
+        wrong = accept_sampled(DraftTree.chain([(plain[0] + 1) % 50, 0, 0]), logits, cfg, draws, 10)
+        assert wrong.tokens == (plain[0],)
+        assert accept_sampled(chain, logits, cfg, draws, 10).tokens[0] == plain[0]
+    assert len({Draws(seed, [1, 2, 3]).token(target_probs(logits[0], cfg), 0) for seed in range(50)}) > 3
+    assert Draws(5, [1, 2, 3]).token(target_probs(logits[0], cfg), 0) == Draws(5, [1, 2, 3]).token(target_probs(logits[0], cfg), 0)
+
+
+def test_draws_depend_on_seed_prompt_and_position_only():
+    a = Draws(1, [4, 5]).uniforms(1000, 3)
+    assert torch.equal(a, Draws(1, [4, 5]).uniforms(1000, 3))
+    assert not torch.equal(a, Draws(2, [4, 5]).uniforms(1000, 3))
+    assert not torch.equal(a, Draws(1, [4, 6]).uniforms(1000, 3))
+    assert not torch.equal(a, Draws(1, [4, 5]).uniforms(1000, 4))
+    unseeded = Draws(None, [4, 5])  # a seed is drawn, and kept to replay the run
+    assert torch.equal(unseeded.uniforms(100, 0), Draws(unseeded.seed, [4, 5]).uniforms(100, 0))
+    assert Draws(None, [4, 5]).seed != unseeded.seed
 
 
 def test_gpu_decoding_keeps_attention_off_cudnn_unless_asked(monkeypatch):
@@ -114,18 +148,16 @@ def test_top_k_then_top_p_matches_the_full_sort():
 
 def test_sampling_reads_logits_on_the_device_and_draws_on_the_host():
     """Acceptance takes the verify call's logits where they are (a GPU's: no copy of the whole
-    tree's logits) and draws with the host generator a seed makes; the same seed, the same tokens
-    on either device."""
+    tree's logits) and draws with host random numbers; the same seed, the same tokens on either
+    device."""
     import pytest
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from ngspec.verify import sample_token
-
     tree = DraftTree((3, 1, 4), (-1, -1, -1))
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
     cfg = SamplingConfig(temperature=1.0, top_p=0.9, seed=5)
-    host = [accept_sampled(tree, logits, cfg, cfg.generator()) for _ in range(1)]
-    device = [accept_sampled(tree, logits.cuda(), cfg, cfg.generator()) for _ in range(1)]
-    assert host == device
-    assert sample_token(target_probs(logits[0].cuda(), cfg), cfg.generator()) == sample_token(target_probs(logits[0], cfg), cfg.generator())
+    for seed in range(20):
+        draws = Draws(seed, [1])
+        assert accept_sampled(tree, logits, cfg, draws, 0) == accept_sampled(tree, logits.cuda(), cfg, draws, 0)
+        assert draws.token(target_probs(logits[0].cuda(), cfg), 0) == draws.token(target_probs(logits[0], cfg), 0)

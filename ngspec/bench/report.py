@@ -32,16 +32,23 @@ class ArmSummary:
     acceptance_histogram: dict[int, int]  # tokens emitted by a call -> number of calls
     draft_share: float
     prefill_share: float | None  # the prompts' forwards, which no drafter shortens (None: transformers' arms)
-    exact_match: float | None  # share of prompts whose tokens equal hf-greedy's (None: sampled, nothing to match)
+    exact_match: float | None  # share of prompts whose tokens equal hf-greedy's (sampled: vanilla's; None: transformers' sampling)
     ceiling_ratio: float | None  # tokens_per_call / token-weighted self-repetition of hf-greedy outputs
     median_ceiling_ratio: float | None  # median over prompts of that ratio per prompt
     largest_tie_margin: float | None = None  # over mismatched prompts: hf-greedy's top-2 logit margin where they split
     speedup_interval: tuple[float, float] | None = None  # 95% paired bootstrap interval of speedup (None: one prompt)
 
 
+def exact_share(records: list[BenchRecord], arm: str) -> float | None:
+    """The share of ``arm``'s outputs equal to their reference (hf-greedy's; sampled, vanilla's);
+    None when its outputs were not checked (transformers' sampling draws its own numbers)."""
+    checks = [r.runs[arm].vs_reference for r in records]
+    return None if any(c is None for c in checks) else sum(c.exact_match for c in checks) / len(checks)
+
+
 def mismatches(records: list[BenchRecord], arm: str) -> list[tuple[str, int, float]]:
-    """(prompt id, first differing position, hf-greedy's top-2 margin there) for every prompt whose
-    ``arm`` output differs from hf-greedy's."""
+    """(prompt id, first differing position, the reference's top-2 margin there) for every prompt
+    whose ``arm`` output differs from its reference's (hf-greedy's; sampled, vanilla's)."""
     return [
         (r.prompt.label, c.first_mismatch, c.margin)
         for r in records
@@ -76,11 +83,6 @@ def reference_arm(records: list[BenchRecord]) -> str:
     return next(iter(records[0].runs))
 
 
-def sampled(records: list[BenchRecord]) -> bool:
-    """Whether the arms sampled (against hf-sample): outputs differ, and none is checked token for token."""
-    return reference_arm(records) == baseline(True)
-
-
 def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
     ref = reference_arm(records)
     ceiling = ceiling_of(records)
@@ -111,7 +113,7 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                 acceptance_histogram=dict(sorted(hist.items())) if known else {},
                 draft_share=sum(x.draft_seconds for x in runs) / seconds,
                 prefill_share=sum(x.prefill_seconds for x in runs) / seconds if all(x.prefill_seconds is not None for x in runs) else None,
-                exact_match=None if sampled(records) else sum(r.runs[arm].token_ids == r.runs[ref].token_ids for r in records) / len(records),
+                exact_match=exact_share(records, arm),
                 ceiling_ratio=tpc / ceiling if tpc is not None and ceiling else None,
                 median_ceiling_ratio=statistics.median(
                     len(r.runs[arm].token_ids) / r.runs[arm].verify_calls / r.self_repetition.value
@@ -182,9 +184,9 @@ def versus(records: list[BenchRecord], arms: list[str], base: str) -> list[dict]
     return out
 
 
-SAMPLED_NOTE = ("Every arm sampled: speculative sampling keeps the model's distribution, not its tokens, so outputs differ "
-                "from arm to arm and exact match does not apply (the engine's sampling is tested against the distribution, "
-                "tests/test_sampling.py).")
+SAMPLED_NOTE = ("Every arm sampled with one seed: the engine's arms draw plain sampling's tokens, so their exact match is "
+                "against vanilla (the same seed samples the same tokens whatever the drafts, ngspec.verify.Draws); transformers' "
+                "arms draw their own random numbers (-).")
 
 COLUMNS = ["arm", "tok/s", "speedup", "95% interval", "median speedup", "tokens/call", "vs ceiling", "median vs ceiling", "draft share", "prefill share", "exact match", "acceptance histogram"]
 
@@ -262,14 +264,16 @@ def markdown(
 
 
 def mismatch_notes(records: list[BenchRecord], summaries: list[ArmSummary]) -> str:
-    """Markdown lines for every output that differs from hf-greedy: where, and the top-2 logit margin
-    of hf-greedy there (a near-tie in low precision, or a bug when the margin is large)."""
+    """Markdown lines for every output that differs from its reference (hf-greedy's; sampled,
+    vanilla's): where, and the reference's top-2 margin there (a near-tie in low precision, or a
+    bug when the margin is large)."""
+    ref = "vanilla" if reference_arm(records) == baseline(True) else reference_arm(records)
     lines = list(dict.fromkeys(  # once per prompt and place, however many rounds repeat it
-        f"- {s.arm}, prompt {pid}: first differs at token {pos}, hf-greedy's top-2 margin there {margin:.4f}"
+        f"- {s.arm}, prompt {pid}: first differs at token {pos}, {ref}'s top-2 margin there {margin:.4f}"
         for s in summaries
         for pid, pos, margin in mismatches(records, s.arm)
     ))
-    return "\nMismatches vs hf-greedy:\n" + "\n".join(lines) + "\n" if lines else ""
+    return f"\nMismatches vs {ref}:\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) -> dict:
@@ -295,7 +299,7 @@ def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) 
                         "verify_calls": x.verify_calls,
                         "draft_seconds": x.draft_seconds,
                         "prefill_seconds": x.prefill_seconds,
-                        "exact_match": None if sampled(records) else x.token_ids == r.runs[reference_arm(records)].token_ids,
+                        "exact_match": None if x.vs_reference is None else x.vs_reference.exact_match,
                         **({"first_mismatch": x.vs_reference.first_mismatch, "near_tie_margin": x.vs_reference.margin}
                            if x.vs_reference is not None and not x.vs_reference.exact_match else {}),
                     }

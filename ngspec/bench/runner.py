@@ -21,6 +21,7 @@ from ngspec.engine import Engine
 from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
 from ngspec.prompts import Prompt
 from ngspec.turns import Conversations
+from ngspec.verify import Draws
 
 HF_ARMS = ("hf-greedy", "hf-sample", "hf-prompt-lookup")
 WARM_UP_TOKENS = 16
@@ -78,7 +79,7 @@ class ArmRun:
     draft_seconds: float = 0.0
     prefill_seconds: float | None = None  # the prompt's forward; unknown for transformers' arms
     drafter_stats: dict | None = None  # row drafters: rows and accepted tokens per strategy
-    vs_reference: GreedyCheck | None = None  # against hf-greedy: first mismatch and its near-tie margin (None when sampling)
+    vs_reference: GreedyCheck | None = None  # against hf-greedy (sampling: vanilla): first mismatch and its near-tie margin (None: not checked)
 
 
 @dataclass
@@ -127,6 +128,22 @@ def warm_up(engine: Engine, arms: list[Arm], ids: list[int], cfg: DecodeConfig, 
         run_arm(engine, arm, ids, warm_config(cfg), res, "warm-up")
 
 
+def check_runs(engine: Engine, ids: list[int], arms: list[Arm], runs: dict[str, ArmRun], cfg: DecodeConfig) -> None:
+    """Every run's `vs_reference`. Greedy: against the first arm (hf-greedy). Sampling: the
+    engine's arms against `vanilla` (plain sampling with the same seed draws the same tokens,
+    `verify.Draws`); transformers' arms draw their own random numbers, so theirs stay None."""
+    if cfg.sampling.greedy:
+        reference = runs[arms[0].label].token_ids
+        for run in runs.values():
+            run.vs_reference = divergence(engine, ids, reference, run.token_ids)
+        return
+    plain = runs.get("vanilla")
+    for arm in arms:
+        if arm.drafter not in HF_ARMS and plain is not None:
+            run = runs[arm.label]
+            run.vs_reference = divergence(engine, ids, plain.token_ids, run.token_ids, cfg, Draws.of(cfg.sampling, ids))
+
+
 def run_bench(
     engine: Engine,
     prompts: list[Prompt],
@@ -143,8 +160,8 @@ def run_bench(
     record per prompt and round, the first arm's output (the baseline's) the reference: every
     arm is checked against it when greedy, and its answers make the later turns' prompts.
     ``every_turn``: a multi-turn question's later turns are prompts too, each after the
-    conversation so far (`ngspec.turns`). Sampling (``cfg.sampling``), every arm samples: lossless
-    in distribution, so no output is checked token for token."""
+    conversation so far (`ngspec.turns`). Sampling (``cfg.sampling``, one seed), every arm samples,
+    and the engine's arms are checked against `vanilla`'s plain sampling (`check_runs`)."""
     records = []
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
     warm_up(engine, arms, asked.ids(0), cfg, res)
@@ -161,8 +178,7 @@ def run_bench(
             runs = {arm.label: runs[arm.label] for arm in arms}
             reference = runs[arms[0].label].token_ids
             asked.answered(i, reference)
-            for run in runs.values():
-                run.vs_reference = divergence(engine, ids, reference, run.token_ids) if cfg.sampling.greedy else None
+            check_runs(engine, ids, arms, runs, cfg)
             if i not in ceilings:
                 store = self_repetition(ids, reference, res.datastore) if res.datastore is not None else None
                 ceilings[i] = (self_repetition(ids, reference), store)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -57,8 +58,9 @@ def bench_command(
     --rounds N runs every arm on every prompt N times. With --batch-size B each arm decodes the
     prompts as batches of B rows instead, --rounds times. A multi-turn question (MT-bench) is a
     prompt per turn, each later turn after the conversation so far, and the report splits by turn.
-    With --temperature above 0 every arm samples, against transformers' sampling (hf-sample):
-    identical in distribution, not token for token, so exact match does not apply.
+    With --temperature above 0 every arm samples with one seed (drawn when --seed is not given),
+    against transformers' sampling (hf-sample); the engine's arms sample plain sampling's tokens,
+    so their exact match is against vanilla.
 
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
@@ -70,8 +72,10 @@ def bench_command(
     from ngspec.prompts import load_prompts, prompt_input
     from ngspec.turns import split_turns
 
+    sampled = temperature > 0
+    if sampled and seed is None:  # one seed for every arm: the engine's arms then sample the same tokens
+        seed = secrets.randbits(31)
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), None)
-    sampled = not cfg.sampling.greedy
     sampling_settings = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed} if sampled else {}
     for name in drafters:
         if name not in HF_ARMS:
@@ -200,7 +204,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     """`bench --batch-size`: every arm's batch over all prompts (each turn asked one), ``rounds``
     times, against vanilla at the same batch size; every row checked against transformers' greedy
     decoding alone, whose answers to earlier turns make the later turns' prompts (sampling:
-    transformers' sampled answers make them, and no row is checked)."""
+    transformers' sampled answers make them, and every row is checked against vanilla's)."""
     from ngspec.batch import BatchConfig
     from ngspec.bench import batched
     from ngspec.bench.report import SAMPLED_NOTE, environment

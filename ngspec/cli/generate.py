@@ -32,11 +32,15 @@ def _check_rows(check: dict | None) -> list[tuple[str, str]]:
     if check is None:
         return []
     if check["exact_match"]:
-        return [("identical to plain greedy", "yes")]
+        return [("identical to plain decoding", "yes")]
     return [
-        ("identical to plain greedy", f"NO, from token {check['first_mismatch']}"),
-        ("top-2 logit margin there", f"{check['near_tie_margin']:.4g}"),
+        ("identical to plain decoding", f"NO, from token {check['first_mismatch']}"),
+        ("top-2 margin there", f"{check['near_tie_margin']:.4g}"),
     ]
+
+
+def _seed_note(record: dict) -> str:
+    return f", seed {record['seed']}" if record.get("seed") is not None else ""
 
 
 def _check_note(check: dict | None) -> str:
@@ -44,8 +48,8 @@ def _check_note(check: dict | None) -> str:
     if check is None:
         return ""
     if check["exact_match"]:
-        return ", identical to plain greedy"
-    return f", NOT identical to plain greedy from token {check['first_mismatch']} (top-2 logit margin there {check['near_tie_margin']:.4g})"
+        return ", identical to plain decoding"
+    return f", NOT identical to plain decoding from token {check['first_mismatch']} (top-2 margin there {check['near_tie_margin']:.4g})"
 
 
 def _rows_summary(stats: dict | None, opts: DrafterOptions | None) -> list[tuple[str, str]]:
@@ -77,12 +81,11 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
     """Batched generation: each prompt's text and record as it finishes, then the batch summary;
     prompts that cannot run fail alone (exit code 1 at the end). A question's later turn joins the
     batch once its earlier turn is answered. With ``check``, every row is compared with its own
-    plain greedy decoding once the batch is done (outside its timing), and the records follow then."""
+    plain decoding once the batch is done (outside its timing), and the records follow then."""
     from ngspec.batch import Request
 
     drafter, units, failed, checked = spec.drafter, asked.units, {}, []
     unit_of, ids, later = [], [], []  # by batch index: the unit it asks and its token ids; later turns ready to join
-    fed_gen = cfg.sampling.generator()  # later turns' sampling, one generator as the first turns share one
 
     def enqueue(i: int) -> int:
         unit_of.append(i)
@@ -95,7 +98,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
             return
         render.console.rule(f"prompt {unit.label}")
         render.console.print(record["text"], markup=False, highlight=False)
-        render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}{_check_note(record.get('greedy_check'))}")
+        render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}{_seed_note(record)}{_check_note(record.get('greedy_check'))}")
 
     def on_finish(result: BatchResult) -> None:
         i = unit_of[result.index]
@@ -115,7 +118,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
             except NgspecError as exc:  # e.g. a chat template that refuses the conversation
                 _fail(asked, j, str(exc), failed, drafter, json_out)
                 return
-            later.append(Request(index, ids[index], cfg.max_new_tokens, cfg.sampling, spec.engine.stopper(cfg), gen=fed_gen))
+            later.append(Request(index, ids[index], cfg.max_new_tokens, cfg.sampling, spec.engine.stopper(cfg)))
 
     def feed() -> list[Request]:
         ready = list(later)
@@ -138,7 +141,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
         "mean_tokens_per_call": sum(len(g.token_ids) for g in done) / calls if calls else 0.0, **report.as_dict(),
     }
     if check:
-        summary["identical_to_plain_greedy"] = sum(r["greedy_check"]["exact_match"] for r in records)
+        summary["identical_to_plain"] = sum(r["greedy_check"]["exact_match"] for r in records)
     if json_out:
         render.json_line({"batch": summary})
     else:
@@ -157,7 +160,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
                 ("cache entries freed (rows x slots)", str(summary["freed_entries"])),
                 ("mean share of cache slots that are holes", f"{100 * summary['mean_hole_share']:.0f}%"),
                 ("peak cache slots per row", str(summary["peak_cache_slots"])),
-                *([("rows identical to plain greedy", f"{summary['identical_to_plain_greedy']} of {len(checked)}")] if check else []),
+                *([("rows identical to plain decoding", f"{summary['identical_to_plain']} of {len(checked)}")] if check else []),
             ],
         )
     if failed:
@@ -209,7 +212,7 @@ def generate_command(
     batch_layout: Annotated[str, typer.Option("--batch-layout", help="With --batch-size > 1: padded (every row's tree padded to the widest, one width chosen for all) or packed (rows back to back, each row keeps the nodes that pay for their share of the step; lost to padded on a two-core CPU, BENCHMARKS.md 10n).")] = "padded",
     rows_alone: Annotated[bool, typer.Option("--size-rows-alone", help="With --batch-size > 1: each row sizes its draft tree by itself. Default: one width for the whole batch, chosen from every row's estimates (one forward pays for the widest tree).")] = False,
     turns: Annotated[str, typer.Option("--turns", help="all: a multi-turn question's later turns ({'turns': [...]} records, MT-bench's second) are asked too, each after the conversation so far with the answers just generated, as Spec-Bench asks them; first: only the first turns.")] = "all",
-    check: Annotated[bool, typer.Option("--check", help="Also decode plainly (greedy, no drafts) and report whether the tokens are identical; on a mismatch, the position and the top-2 logit margin there (a near-tie explains a flip in bf16/fp16). In a batch every row is checked after the batch (its timing excludes the checks).")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Also decode plainly (no drafts; greedy, or sampling with the run's seed) and report whether the tokens are identical; on a mismatch, the position and the top-2 margin there (logits; sampling: log-probability plus the seed's noise), a near-tie explaining a flip in bf16/fp16. In a batch every row is checked after the batch (its timing excludes the checks).")] = False,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
@@ -226,8 +229,6 @@ def generate_command(
 
     check_choice(drafter, drafting)  # validate everything before loading anything
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
-    if check and not cfg.sampling.greedy:
-        raise NgspecError("--check compares with greedy decoding: use it with --temperature 0")
     every = BatchConfig.rearrange_every if rearrange_every is None else rearrange_every
     min_share = BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share
     batch = BatchConfig(batch_size, every, min_share, joint_sizing=not rows_alone, layout=batch_layout)
@@ -275,6 +276,7 @@ def generate_command(
                 ("drafting share of time", f"{100 * record['draft_share']:.1f}%"),
                 ("prefill share of time", f"{100 * record['prefill_share']:.1f}%"),
                 ("finished by", record["finish_reason"]),
+                *([("sampling seed", str(record["seed"]))] if record.get("seed") is not None else []),
                 *_rows_summary(record.get("drafter_stats"), spec.options_for(len(ids)) if drafter in ROW_DRAFTERS else None),
                 *_search_summary(record.get("drafter_stats")),
                 *_check_rows(record.get("greedy_check")),
