@@ -2,9 +2,10 @@
 twice per drafter, once with the nucleus found by sorting the whole vocabulary (``full sort``: how
 `ngspec.verify.target_probs` did it before BENCHMARKS.md 10zm) and once by sorting only its head
 (`ngspec.verify.nucleus`, the default), arm order reversed every other prompt. Both keep the same
-tokens, so with one seed `vanilla`'s two arms decode the same tokens (checked) and its throughput
-ratio is the cost of the sort alone. A drafter's arms sample different tokens from the same seed:
-its trees are sized by measured step times, and a different tree draws a different random stream.
+tokens, and a seed fixes what every drafter samples (`ngspec.verify.Draws`), so each drafter's two
+arms decode the same tokens (checked) and the throughput ratio is the cost of the sort alone.
+(Before sampling was keyed by position, BENCHMARKS.md 10zm's first runs, a drafter's arms drew
+different tokens: the random stream followed its trees, sized by measured step times.)
 
     python benchmarks/sampling_cost.py --questions ngspec/data/mt_bench.jsonl --limit 8 -n 128 \\
         --temperature 0.7 --top-p 0.9 -d vanilla -d trie
@@ -69,8 +70,8 @@ def main() -> None:
                 out = spec.generate(prompt.text, args.max_new_tokens, **sampling)
                 runs[d, arm].append((out.new_tokens, out.seconds - out.prefill_seconds))
                 tokens[arm] = out.token_ids
-            if d == "vanilla" and tokens["full sort"] != tokens["head sort"]:
-                print(f"note: {prompt.id}: vanilla's arms sampled different tokens (a tie at the nucleus' edge?)")
+            if tokens["full sort"] != tokens["head sort"]:
+                print(f"note: {prompt.id} {d}: the arms sampled different tokens (a tie at the nucleus' edge?)")
         print(f"{i + 1}/{len(prompts)} {prompt.id}", flush=True)
     ngspec.verify.nucleus = ARMS["head sort"]
 
