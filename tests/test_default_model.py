@@ -15,6 +15,7 @@ from ngspec.eagle.head import EagleHead, head_config_for, init_from_target
 from ngspec.engine import eos_ids
 from ngspec.prompts import encode
 from ngspec.target import TargetModel
+from ngspec.verify import SamplingConfig
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -98,6 +99,40 @@ def test_default_model_batched_lossless(default_model, default_tables, default_e
     )
     for result, (_, expected) in zip(results, expected_outputs):
         assert result.generation.token_ids == expected
+
+
+SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9, seed=11)
+
+
+@pytest.fixture(scope="module")
+def sampled_outputs(default_model, expected_outputs):
+    """Plain sampling (`vanilla`: no drafts) of the real prompts, with one seed."""
+    eos = eos_ids(default_model)
+    cfg = DecodeConfig(max_new_tokens=48, eos_ids=eos, sampling=SAMPLED)
+    out = [(ids, generate(TargetModel(default_model.model), make_drafter("vanilla"), ids, cfg).token_ids) for ids, _ in expected_outputs]
+    assert all(got != want[: len(got)] for (_, got), (_, want) in zip(out, expected_outputs))  # really sampled: not greedy's tokens
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", [d for d in REGISTRY if d != "vanilla"])
+def test_default_model_samples_plain_samplings_tokens(default_model, default_tables, default_eagle, default_datastore, sampled_outputs, drafter):
+    """Sampling with a seed, alone and in a batch of the real prompts: every drafter draws plain
+    sampling's tokens (`verify.Draws`: the seed, the prompt and the position fix each token)."""
+    from ngspec.batch import BatchConfig, generate_batch
+    from ngspec.decode import Stopper
+
+    eos = eos_ids(default_model)
+    opts = DrafterOptions(k=4, w=3, search_depth=8, deepen=True)
+    cfg = DecodeConfig(max_new_tokens=48, eos_ids=eos, sampling=SAMPLED)
+    target = TargetModel(default_model.model)
+    for ids, want in sampled_outputs[:2]:
+        assert generate(target, make_drafter(drafter, opts, default_tables, default_eagle, default_datastore), ids, cfg).token_ids == want
+    results, _ = generate_batch(
+        default_model.model, [ids for ids, _ in sampled_outputs],
+        lambda: make_drafter(drafter, opts, default_tables, default_eagle, default_datastore), cfg, BatchConfig(4, rearrange_every=8), lambda: Stopper(eos),
+    )
+    assert [r.generation.token_ids for r in results] == [want for _, want in sampled_outputs]
 
 
 @pytest.mark.slow
