@@ -126,7 +126,7 @@ def generation_kwargs(body: dict, max_tokens_default: int) -> dict[str, Any]:
         "temperature": _number(body, "temperature", 0.0, float, 0.0, 2.0),
         "top_p": _number(body, "top_p", 1.0, float, 0.0, 1.0),
         "top_k": _number(body, "top_k", 0, int, 0),
-        "seed": _number(body, "seed", None, int),
+        "seed": _number(body, "seed", None, int, 0, 2**63 - 1),
         "stop": stop or (),
     }
 

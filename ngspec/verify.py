@@ -45,6 +45,8 @@ class SamplingConfig:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError("seed must be between 0 and 2**63 - 1")
 
 
 def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -116,9 +118,9 @@ class Draws:
     one is drawn here (``seed`` says which, so a run can be replayed: `--check` does)."""
 
     def __init__(self, seed: int | None, prompt: Sequence[int]) -> None:
-        self.seed = secrets.randbits(63) if seed is None else seed
+        self.seed = secrets.randbits(32) if seed is None else seed
         ids = b"".join(int(i).to_bytes(8, "little", signed=True) for i in prompt)
-        self._key = hashlib.blake2b(self.seed.to_bytes(16, "little", signed=True) + ids, digest_size=16).digest()
+        self._key = hashlib.blake2b(str(self.seed).encode() + b":" + ids, digest_size=16).digest()
 
     @classmethod
     def of(cls, sampling: SamplingConfig, prompt: Sequence[int]) -> Draws | None:

@@ -137,6 +137,27 @@ def test_a_list_of_prompts_is_decoded_as_one_batch_each_plain_greedy(tiny, tiny_
     assert status == 400 and "'stream' takes one prompt per request" in answer["error"]["message"]
 
 
+def test_a_seeded_request_gets_plain_samplings_answer_alone_or_batched(tiny, tiny_server):
+    """A sampled request with a seed is answered with plain sampling's tokens for that seed, alone
+    or in a batch with other prompts: the same request, the same answer."""
+    from ngspec.decode import DecodeConfig, generate
+    from ngspec.drafters import make_drafter
+    from ngspec.target import TargetModel
+    from ngspec.verify import SamplingConfig
+
+    rng = random.Random(6)
+    prompts = [repetitive_prompt(rng, VOCAB, rng.randrange(10, 60)) for _ in range(3)]
+    sampling = {"temperature": 0.8, "top_p": 0.9, "seed": 21, "max_tokens": 16}
+    status, alone = call(tiny_server, "/v1/completions", {"prompt": prompts[0], **sampling})
+    assert status == 200
+    status, batched = call(tiny_server, "/v1/completions", {"prompt": prompts, **sampling})
+    assert status == 200
+    cfg = DecodeConfig(max_new_tokens=16, eos_ids=frozenset({tiny.generation_config.eos_token_id}), sampling=SamplingConfig(0.8, 0.9, 0, 21))
+    plain = [generate(TargetModel(tiny), make_drafter("vanilla"), p, cfg).token_ids for p in prompts]
+    assert alone["choices"][0]["token_ids"] == plain[0]
+    assert [c["token_ids"] for c in batched["choices"]] == plain
+
+
 @pytest.mark.parametrize(
     "path, body, status, message",
     [
@@ -148,6 +169,7 @@ def test_a_list_of_prompts_is_decoded_as_one_batch_each_plain_greedy(tiny, tiny_
         ("/v1/completions", {"prompt": [1, 2], "logprobs": 3}, 400, "'logprobs' is not supported"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": "hot"}, 400, "'temperature' must be a number"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": 3}, 400, r"'temperature' must be in \[0.0, 2.0\]"),
+        ("/v1/completions", {"prompt": [1, 2], "temperature": 1, "seed": -1}, 400, r"'seed' must be in \[0, "),
         ("/v1/completions", {"prompt": [1, 2], "max_tokens": 0}, 400, "'max_tokens' must be in"),
         ("/v1/completions", {"prompt": [1, 2], "max_tokens": 2.5}, 400, "'max_tokens' must be an integer"),
         ("/v1/completions", {"prompt": [1, 2], "stop": [""]}, 400, "'stop' must be a string or a list"),

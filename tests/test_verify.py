@@ -161,3 +161,12 @@ def test_sampling_reads_logits_on_the_device_and_draws_on_the_host():
         draws = Draws(seed, [1])
         assert accept_sampled(tree, logits, cfg, draws, 0) == accept_sampled(tree, logits.cuda(), cfg, draws, 0)
         assert draws.token(target_probs(logits[0].cuda(), cfg), 0) == draws.token(target_probs(logits[0], cfg), 0)
+
+
+def test_a_seed_out_of_range_is_refused():
+    import pytest
+
+    for seed in (-1, 2**63):
+        with pytest.raises(ValueError, match="seed must be between 0 and 2"):
+            SamplingConfig(temperature=1.0, seed=seed)
+    SamplingConfig(temperature=1.0, seed=2**63 - 1)

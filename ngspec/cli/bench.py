@@ -74,7 +74,7 @@ def bench_command(
 
     sampled = temperature > 0
     if sampled and seed is None:  # one seed for every arm: the engine's arms then sample the same tokens
-        seed = secrets.randbits(31)
+        seed = secrets.randbits(32)
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), None)
     sampling_settings = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed} if sampled else {}
     for name in drafters:
