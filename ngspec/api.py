@@ -9,8 +9,8 @@
 
 Every output is token-identical to plain greedy decoding of the same model (with ``temperature``
 > 0, to plain sampling with the same seed, and so identical in distribution). Drafter options are
-the keyword arguments of `generate`'s options, without the dashes: ``--eagle-head DIR`` is ``eagle_head="DIR"``, ``--num-draft 16`` is
-``num_draft=16``. Bad input raises `ngspec.errors.NgspecError` with a one-line message.
+the keyword arguments of `generate`'s options, without the dashes: ``--eagle-head DIR`` is
+``eagle_head="DIR"``, ``--num-draft 16`` is ``num_draft=16``. Bad input raises `ngspec.errors.NgspecError` with a one-line message.
 """
 
 from __future__ import annotations

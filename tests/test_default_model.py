@@ -110,7 +110,8 @@ def sampled_outputs(default_model, expected_outputs):
     eos = eos_ids(default_model)
     cfg = DecodeConfig(max_new_tokens=48, eos_ids=eos, sampling=SAMPLED)
     out = [(ids, generate(TargetModel(default_model.model), make_drafter("vanilla"), ids, cfg).token_ids) for ids, _ in expected_outputs]
-    assert all(got != want[: len(got)] for (_, got), (_, want) in zip(out, expected_outputs))  # really sampled: not greedy's tokens
+    # really sampled: not greedy's tokens (the code edit's continuation is peaked enough to sample greedy's)
+    assert sum(got != want[: len(got)] for (_, got), (_, want) in zip(out, expected_outputs)) >= len(out) // 2
     return out
 
 

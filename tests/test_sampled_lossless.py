@@ -5,6 +5,7 @@ output position alone (`ngspec.verify.Draws`), so drafts change how many tokens 
 which. That plain sampling itself draws from the model's distribution is `tests/test_sampling.py`."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -36,8 +37,7 @@ def cases(tiny):
     out = []
     for case in range(8):
         prompt = repetitive_prompt(rng, VOCAB, rng.randrange(5, 100))
-        sampling = SamplingConfig(**{**SAMPLINGS[case % len(SAMPLINGS)].__dict__, "seed": 100 + case})
-        cfg = DecodeConfig(max_new_tokens=30, sampling=sampling)
+        cfg = DecodeConfig(max_new_tokens=30, sampling=replace(SAMPLINGS[case % len(SAMPLINGS)], seed=100 + case))
         out.append((prompt, cfg, plain_sampling(tiny, prompt, cfg)))
     return out
 
