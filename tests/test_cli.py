@@ -495,3 +495,19 @@ def test_a_failed_command_exits_without_its_exception_chain(error, capsys):
     assert info.value.__context__ is None and info.value.__cause__ is None
     assert held[0]() is None  # nothing of the command's frame is left
     assert capsys.readouterr().err.strip()  # and its one-line message was shown
+
+
+def test_generate_keeps_a_category_and_the_first_prompts(tmp_path):
+    """`--category` and `--limit` pick prompts of a question file, as `bench` does; an unknown
+    category is refused in one line naming those there are, before the model loads."""
+    path = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": c, "turns": [f"Say {i}."]} for i, c in enumerate(["rag", "code", "rag", "rag"])]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    result = invoke("generate", "-p", path, "--category", "rag", "--limit", 2, "-d", "vanilla", "-n", 3, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert [json.loads(x)["id"] for x in result.stdout.strip().splitlines()] == ["0", "2"]
+    bad = invoke("generate", "-p", path, "--category", "math", "-n", 3)
+    assert bad.exit_code == 1 and "no prompts of category 'math'" in bad.stderr and "code, rag" in bad.stderr
+    assert "Traceback" not in bad.stderr and "loading model" not in bad.stderr
+    zero = invoke("generate", "-p", path, "--limit", 0, "-n", 3)
+    assert zero.exit_code == 1 and "--limit must be at least 1" in zero.stderr

@@ -15,7 +15,7 @@ from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import (
-    DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, SeedOpt, TemperatureOpt, TopKOpt, TopPOpt, TrustRemoteCodeOpt,
+    DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, SeedOpt, TemperatureOpt, TopKOpt, TopPOpt, TrustRemoteCodeOpt,
     asks_every_turn, counted,
 )
 from ngspec.drafters import check_drafter
@@ -26,7 +26,7 @@ from ngspec.errors import NgspecError
 def bench_command(
     questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns', or a .jsonl of 'prompt', 'text' or chat 'messages' records, or a .txt prompt).")],
     drafters: Annotated[list[str], typer.Option("--drafter", "-d", help=f"Drafter to compare (repeatable); one of: {DRAFTERS}.")] = ["trie", "prompt-lookup"],
-    category: Annotated[Optional[str], typer.Option(help="Keep only this category (e.g. rag, summarization).")] = None,
+    category: CategoryOpt = None,
     limit: Annotated[Optional[int], typer.Option(help="Use the first N questions (after --category and --per-category).")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="Use the first N questions of every category (a spread over MT-bench's eight).")] = None,
     turns: Annotated[str, typer.Option("--turns", help="all: a question's later turns (MT-bench's second) are prompts too, each asked after the conversation so far, with transformers' greedy answers to the earlier turns, as Spec-Bench does; first: only the first turns.")] = "all",

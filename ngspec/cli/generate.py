@@ -10,7 +10,7 @@ from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import (
-    DRAFTERS, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt, TrustRemoteCodeOpt,
+    DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt, TrustRemoteCodeOpt,
     StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt, asks_every_turn,
 )
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions
@@ -194,6 +194,8 @@ def _failures(failed: dict[int, str]) -> str:
 def generate_command(
     prompt_file: PromptFileArg,
     drafter: Annotated[str, typer.Option("--drafter", "-d", help=f"One of: {DRAFTERS}.")] = "trie",
+    category: CategoryOpt = None,
+    limit: Annotated[Optional[int], typer.Option(help="Use the first N prompts (questions) of the file, after --category.")] = None,
     model: ModelOpt = "default",
     trust_remote_code: TrustRemoteCodeOpt = False,
     max_new_tokens: MaxNewTokensOpt = 256,
@@ -235,7 +237,7 @@ def generate_command(
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size > 1 verifies trees: use --verify tree (rows are for one prompt at a time)")
     every_turn = asks_every_turn(turns)
-    prompts = load_prompts(prompt_file)
+    prompts = load_prompts(prompt_file, category, limit)
     for p in prompts:
         prompt_input(p, raw)  # --raw refuses chat messages before the model loads
     # the drafters' estimates are carried from prompt to prompt (and row to row) in the Speculator

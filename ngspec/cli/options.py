@@ -29,6 +29,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on 
 TemperatureOpt = Annotated[float, typer.Option(help="0 = greedy; > 0 samples, token-identical to plain sampling with the same seed (so lossless in distribution).", rich_help_panel="Sampling")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1.0 = off).", rich_help_panel="Sampling")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel="Sampling")]
+CategoryOpt = Annotated[Optional[str], typer.Option(help="Keep only this category of a .jsonl's records (e.g. rag, summarization).")]
 SeedOpt = Annotated[Optional[int], typer.Option(help="Random seed for sampling: with the prompt, it fixes the answer (any drafter, any batch). Default: one drawn and reported (generate: per prompt; bench: one for every arm).", rich_help_panel="Sampling")]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable): the output ends with the token that completes it (the text keeps it); a special token's name (<|im_start|>, <|eot_id|>) stops at that token. EOS always stops.")]
 
