@@ -178,6 +178,7 @@ def ngspec_stats(out: Output, drafter: str) -> dict:
         "draft_share": out.draft_share,
         "prefill_share": out.prefill_share,
         "finish_reason": out.finish_reason,
+        **({"seed": out.seed} if out.seed is not None else {}),  # sampled: the seed that replays it
     }
 
 

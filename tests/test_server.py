@@ -156,6 +156,12 @@ def test_a_seeded_request_gets_plain_samplings_answer_alone_or_batched(tiny, tin
     plain = [generate(TargetModel(tiny), make_drafter("vanilla"), p, cfg).token_ids for p in prompts]
     assert alone["choices"][0]["token_ids"] == plain[0]
     assert [c["token_ids"] for c in batched["choices"]] == plain
+    assert alone["ngspec"]["seed"] == 21 and all(c["ngspec"]["seed"] == 21 for c in batched["choices"])
+    # unseeded: a seed is drawn and reported, and sending it back replays the answer
+    status, drawn = call(tiny_server, "/v1/completions", {"prompt": prompts[1], **sampling, "seed": None})
+    assert status == 200 and isinstance(drawn["ngspec"]["seed"], int)
+    status, replay = call(tiny_server, "/v1/completions", {"prompt": prompts[1], **sampling, "seed": drawn["ngspec"]["seed"]})
+    assert replay["choices"][0]["token_ids"] == drawn["choices"][0]["token_ids"]
 
 
 @pytest.mark.parametrize(
