@@ -132,14 +132,18 @@ class Draws:
         digest = hashlib.blake2b(position.to_bytes(8, "little"), key=self._key, digest_size=8).digest()
         return torch.rand(vocab, generator=torch.Generator().manual_seed(int.from_bytes(digest, "little")))
 
+    def race(self, probs: torch.Tensor, position: int) -> torch.Tensor:
+        """The exponential race at output ``position``: p(x) / E(x), E(x) = -log u(x), on the host."""
+        return probs.cpu() / -torch.log(self.uniforms(probs.shape[-1], position))
+
     def token(self, probs: torch.Tensor, position: int) -> int:
         """The token sampled from ``probs`` (``[vocab]``, any device) at output ``position``: the
-        winner of the exponential race p(x) / E(x), E(x) = -log u(x), on the host."""
-        return int((probs.cpu() / -torch.log(self.uniforms(probs.shape[-1], position))).argmax())
+        race's winner."""
+        return int(self.race(probs, position).argmax())
 
     def scores(self, probs: torch.Tensor, position: int) -> torch.Tensor:
         """The race in log space, log p(x) + Gumbel(x), whose argmax `token` is (for margins)."""
-        return torch.log(probs.cpu()) - torch.log(-torch.log(self.uniforms(probs.shape[-1], position)))
+        return torch.log(self.race(probs, position))
 
 
 class _Samples:

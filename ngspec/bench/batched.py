@@ -5,10 +5,10 @@ prompt, as in `generate --batch-size`); arms run one after another, in reversed 
 round, so slow drift of the machine hits all of them. Rows overlap in time, so throughput is the
 batch's total tokens over its wall time, and the baseline is ``vanilla`` at the same batch size
 (transformers' `generate` pads a batch its own way and is left out). Every row is checked against
-transformers' greedy decoding of its prompt alone (sampling, against nothing: speculative sampling
-keeps the distribution, not the tokens). A round is one pair per arm, not one per prompt:
-the spread of the per-round ratios is what tells a few percent from noise (BENCHMARKS.md 10p: two
-rounds on two CPU cores differed by 6%).
+transformers' greedy decoding of its prompt alone (sampling, against vanilla's row: one seed
+samples the same tokens whatever the drafts, `verify.Draws`). A round is one pair per arm, not
+one per prompt: the spread of the per-round ratios is what tells a few percent from noise
+(BENCHMARKS.md 10p: two rounds on two CPU cores differed by 6%).
 """
 
 from __future__ import annotations

@@ -138,10 +138,13 @@ def check_runs(engine: Engine, ids: list[int], arms: list[Arm], runs: dict[str, 
             run.vs_reference = divergence(engine, ids, reference, run.token_ids)
         return
     plain = runs.get("vanilla")
+    if plain is None:
+        return
+    draws = Draws.of(cfg.sampling, ids)
     for arm in arms:
-        if arm.drafter not in HF_ARMS and plain is not None:
+        if arm.drafter not in HF_ARMS:
             run = runs[arm.label]
-            run.vs_reference = divergence(engine, ids, plain.token_ids, run.token_ids, cfg, Draws.of(cfg.sampling, ids))
+            run.vs_reference = divergence(engine, ids, plain.token_ids, run.token_ids, cfg, draws)
 
 
 def run_bench(

@@ -247,4 +247,5 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         render.info(batched.versus_note(pairs))
     wrong = [s.arm for s in summaries if s.exact_match is not None and s.exact_match < 1]
     if wrong:
-        render.info(f"rows that differ from transformers' greedy decoding: {', '.join(wrong)} (float32 on a CPU should give none; see --check in generate)")
+        against = "vanilla's sampled rows" if sampled else "transformers' greedy decoding"
+        render.info(f"rows that differ from {against}: {', '.join(wrong)} (float32 on a CPU should give none; see --check in generate)")
