@@ -12,8 +12,8 @@
 #    LANES="versus": the 15-minute visit on the whole method against the trie, with `prepare HEAD
 #    DATASTORE SHAPES`, SHAPES a folder with an earlier visit's shape-b1.json and shape-b8.json, e.g.
 #    benchmarks/shapes-h100-amd-v34-q25 (tuned on the fifth visit for heads/amd-v34-q25); then
-#    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry, then `trace_more`
-#    likewise if 200 s of device time are left)
+#    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry, then
+#    `sampled_more` and `trace_more` likewise while 200 s of device time are left)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -207,9 +207,26 @@ versus_more() {
     cd "$REPO" || exit 1
     ab versus-b8-summarization 140 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 1 --batch-size 8 \
         --interleave-batches 1 --arms "$B8_ARMS"
-    stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py
+    # the graphs' tests, and sampling's acceptance reading a GPU's logits with host draws (10zm)
+    stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py \
+        tests/test_verify.py::test_sampling_reads_logits_on_the_device_and_draws_on_the_host
     tar -czf "${OUT:-$RES}/more.tgz" -C "$(dirname $RES)" "$(basename $RES)"
     grep -h "tokens/call" $RES/versus-*.log
+}
+
+# after versus_more, on the warm machine (no carry): sampling at batch 8 on the GPU (10zm: each
+# visited node's race draws the vocabulary's uniforms on the host, about 0.18 ms on the CPU VM),
+# one seed for every arm, so the engine's arms decode vanilla's tokens and bench checks that; then
+# the same run greedy, for what sampling costs each arm (two runs one after the other: indicative)
+sampled_more() {
+    cd "$REPO" || exit 1
+    local common=(-q /tmp/data/spec_bench/question.jsonl --category rag --limit 16 -n 64 -b 8 --dtype float32
+        -d vanilla,trie,eagle+search --eagle-head /tmp/head --datastore /tmp/datastore --tree-choices $RES/shape-b8.json --head-graphs)
+    stage sampled-b8-rag 100 "${NG[@]}" bench "${common[@]}" --temperature 0.7 --top-p 0.9 --seed 1 \
+        --markdown $RES/sampled-b8-rag.md --json-out $RES/sampled-b8-rag.json
+    stage greedy-b8-rag 100 "${NG[@]}" bench "${common[@]}" --markdown $RES/greedy-b8-rag.md --json-out $RES/greedy-b8-rag.json
+    tar -czf "${OUT:-$RES}/sampled.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    cat $RES/sampled-b8-rag.md $RES/greedy-b8-rag.md
 }
 
 # after versus_more, on the warm machine (no carry), only with 200 s of device time to spare: where
@@ -295,7 +312,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
         for lane in ${LANES:-bench single batched short versus}; do "lane_$lane"; done
-        case " ${LANES:-versus} " in *" versus "*) versus_more; trace_more ;; esac
+        case " ${LANES:-versus} " in *" versus "*) versus_more; sampled_more; trace_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
 
