@@ -13,7 +13,7 @@
 #    DATASTORE SHAPES`, SHAPES a folder with an earlier visit's shape-b1.json and shape-b8.json, e.g.
 #    benchmarks/shapes-h100-amd-v34-q25 (tuned on the fifth visit for heads/amd-v34-q25); then
 #    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry, then
-#    `sampled_more` and `trace_more` likewise while 200 s of device time are left)
+#    `sampled_more`, `versus_wide` and `trace_more` likewise while 200 s of device time are left)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -229,6 +229,19 @@ sampled_more() {
     cat $RES/sampled-b8-rag.md $RES/greedy-b8-rag.md
 }
 
+# after sampled_more, on the warm machine (no carry), with 200 s of device time to spare: the whole
+# method (head replayed from graphs) against the trie at batch sizes 16 and 32 on rag, the batch-8
+# shape, every arm in turn on each batch (issue 7 asks for 16 and 32 where a GPU is lent)
+versus_wide() {
+    cd "$REPO" || exit 1
+    ab versus-b16-rag 120 --tuned $RES/shape-b8.json --category rag --limit 48 -n 64 --rounds 1 --batch-size 16 --interleave-batches 1 \
+        --arms "trie,whole graphs"
+    ab versus-b32-rag 120 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
+        --arms "trie,whole graphs"
+    tar -czf "${OUT:-$RES}/wide.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    grep -h "tokens/call" $RES/versus-b16-*.log $RES/versus-b32-*.log
+}
+
 # after versus_more, on the warm machine (no carry), only with 200 s of device time to spare: where
 # a batched step's time goes on the GPU, by phase (host time, kernel launches, copies and syncs,
 # kernel time; BENCHMARKS.md 10zd): the whole method's drafting at batch 8 against the trie's, and
@@ -312,7 +325,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
         for lane in ${LANES:-bench single batched short versus}; do "lane_$lane"; done
-        case " ${LANES:-versus} " in *" versus "*) versus_more; sampled_more; trace_more ;; esac
+        case " ${LANES:-versus} " in *" versus "*) versus_more; sampled_more; versus_wide; trace_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
 
