@@ -221,7 +221,7 @@ versus_more() {
 sampled_more() {
     cd "$REPO" || exit 1
     local common=(-q /tmp/data/spec_bench/question.jsonl --category rag --limit 16 -n 64 -b 8 --dtype float32
-        -d vanilla,trie,eagle+search --eagle-head /tmp/head --datastore /tmp/datastore --tree-choices $RES/shape-b8.json --head-graphs)
+        -d vanilla -d trie -d eagle+search --eagle-head /tmp/head --datastore /tmp/datastore --tree-choices $RES/shape-b8.json --head-graphs)
     stage sampled-b8-rag 100 "${NG[@]}" bench "${common[@]}" --temperature 0.7 --top-p 0.9 --seed 1 \
         --markdown $RES/sampled-b8-rag.md --json-out $RES/sampled-b8-rag.json
     stage greedy-b8-rag 100 "${NG[@]}" bench "${common[@]}" --markdown $RES/greedy-b8-rag.md --json-out $RES/greedy-b8-rag.json
@@ -316,7 +316,7 @@ toy_copy() {  # toy_copy DIR: DIR/session.sh, this script with its stages at toy
     # short lanes' five processes share two cores here), reading head, datastore and data from DIR
     sed -e "s#^REPO=.*#REPO=$REPO#" -e "s#^RES=.*#RES=$1/res#" -e 's# NGSPEC_CACHE=[^ ]*##' -e 's#OMP_NUM_THREADS=[0-9]*#OMP_NUM_THREADS=2#' \
         -e "s#/tmp/\(head\|datastore\|data\)#$1/\1#g" -e 's#--limit [0-9]*#--limit 2#g' -e 's#--batch-sizes [0-9]*,[0-9,]*#--batch-sizes 2#g' -e 's#--batch-sizes \(8\|32\) #--batch-sizes 2 #g' \
-        -e 's# -n [0-9]*# -n 8#g' -e 's# -b \(8\|32\) # -b 2 #g' -e 's#tune-tree #tune-tree --nodes 8 #g' \
+        -e 's# --head-graphs##g' -e 's# -n [0-9]*# -n 8#g' -e 's# -b \(8\|32\) # -b 2 #g' -e 's#tune-tree #tune-tree --nodes 8 #g' \
         -e 's#timeout "\$limit"#timeout "$((limit * 4))"#' "$REPO/benchmarks/gpu_session.sh" >"$1/session.sh"
 }
 
