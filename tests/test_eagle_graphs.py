@@ -181,11 +181,22 @@ class _StandInGraphs:
     @contextlib.contextmanager
     def graph(self, graph, pool=None):
         self.recording = graph
+        setitem = torch.Tensor.__setitem__
+
+        def no_host_values(tensor, index, value):
+            # on a GPU a Python number assigned to a CUDA tensor's items is made a host tensor
+            # first, and copying that inside a capture fails (the sixth visit's first capture did)
+            if not isinstance(value, torch.Tensor):
+                raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned.")
+            return setitem(tensor, index, value)
+
+        torch.Tensor.__setitem__ = no_host_values
         try:
             yield
             if self.fail:
                 raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
         finally:
+            torch.Tensor.__setitem__ = setitem
             self.recording = None
 
 
@@ -253,7 +264,7 @@ def test_head_graphs_need_a_gpu_in_the_cli(tmp_path):
     head_dir.mkdir()
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello")
-    result = CliRunner().invoke(app, ["generate", "--prompt-file", str(prompts), "-d", "eagle", "--eagle-head", str(head_dir), "--head-graphs", "-n", "4"])
+    result = CliRunner().invoke(app, ["generate", "--prompt-file", str(prompts), "-d", "eagle", "--eagle-head", str(head_dir), "--head-graphs", "-n", "4", "--device", "cpu"])
     assert result.exit_code != 0
     assert "--head-graphs needs a CUDA GPU" in result.output
     assert "Traceback" not in result.output

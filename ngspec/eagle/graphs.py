@@ -89,7 +89,7 @@ def static_attention(module, query, key, value, attention_mask, scaling=None, dr
     q[b.row, :, b.query_place] = query[0].transpose(0, 1)
     mask = b.slots[None, None, :] < b.prefix[:, None, None]
     mask = mask.expand(rows, shape.longest, shape.width).clone()
-    mask[b.vis_row, b.vis_query, b.vis_slot] = True
+    mask[b.vis_row, b.vis_query, b.vis_slot] = mask.new_ones(())  # a device value: a Python True is a host copy, which a capture refuses
     keys, values = pool.keys[:, :, : shape.width], pool.values[:, :, : shape.width]
     out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], scale=scaling, enable_gqa=True)
     return out.transpose(1, 2)[b.row, b.query_place][None], None
