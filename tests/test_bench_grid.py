@@ -52,6 +52,7 @@ def test_bench_grid_end_to_end(tmp_path):
         (["generate", "-p", "examples/rag_ngspec.txt", "--verify", "diagonal"], "--verify must be tree or rows"),
         (["bench", "-q", "examples/prompts.jsonl", "-d", "mixed", "--w", "3..1"], "inverted range"),
         (["bench", "-q", "examples/prompts.jsonl", "--verify", "all"], "--verify must be tree, rows or both"),
+        (["bench", "-q", "examples/prompts.jsonl", "-d", "vanilla,trie,nope"], "unknown drafter 'nope'"),
     ],
 )
 def test_bad_row_options_fail_cleanly(args, message):
@@ -75,3 +76,10 @@ def test_foreign_or_damaged_bigram_table_is_refused(tmp_path):
     assert result.exit_code == 1 and "damaged n-gram table" in result.output
     result = invoke("generate", "-p", "examples/rag_ngspec.txt", "-d", "trie", "-n", 4, "--bigram-table", path)
     assert result.exit_code == 1 and "only used by the unigram, bigram and mixed" in result.output
+
+
+def test_drafters_may_be_repeated_or_comma_separated():
+    from ngspec.cli.bench import split_names
+
+    assert split_names(["vanilla,trie", "eagle+search", " search , "]) == ["vanilla", "trie", "eagle+search", "search"]
+    assert split_names(["trie"]) == ["trie"]

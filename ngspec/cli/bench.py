@@ -25,7 +25,7 @@ from ngspec.errors import NgspecError
 @with_drafting_options
 def bench_command(
     questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns', or a .jsonl of 'prompt', 'text' or chat 'messages' records, or a .txt prompt).")],
-    drafters: Annotated[list[str], typer.Option("--drafter", "-d", help=f"Drafter to compare (repeatable); one of: {DRAFTERS}.")] = ["trie", "prompt-lookup"],
+    drafters: Annotated[list[str], typer.Option("--drafter", "-d", help=f"Drafter to compare (repeatable, or comma-separated: -d trie,eagle+search); one of: {DRAFTERS}.")] = ["trie", "prompt-lookup"],
     category: CategoryOpt = None,
     limit: Annotated[Optional[int], typer.Option(help="Use the first N questions (after --category and --per-category).")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="Use the first N questions of every category (a spread over MT-bench's eight).")] = None,
@@ -77,6 +77,7 @@ def bench_command(
         seed = secrets.randbits(32)
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), None)
     sampling_settings = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed} if sampled else {}
+    drafters = split_names(drafters)
     for name in drafters:
         if name not in HF_ARMS:
             check_drafter(name)
@@ -249,3 +250,8 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     if wrong:
         against = "vanilla's sampled rows" if sampled else "transformers' greedy decoding"
         render.info(f"rows that differ from {against}: {', '.join(wrong)} (float32 on a CPU should give none; see --check in generate)")
+
+
+def split_names(values: list[str]) -> list[str]:
+    """``-d`` values as given, repeated or comma-separated (``-d vanilla,trie -d eagle+search``)."""
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
