@@ -41,6 +41,8 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   `ngspec.eagle.graphs`; off a GPU the same shapes run uncaptured); the graphs made, replayed and
   any reason capturing stopped are printed after the arms; ``whole graphs no deepen``: the
   same without deepening (whether its searches pay their host time, BENCHMARKS.md 10zg);
+  ``whole no deepen``: ``whole`` without deepening, head run as usual (beside ``whole graphs no
+  deepen`` it isolates the graphs; at batch 8 on the sixth visit deepening cost 10%, 10zn);
 * ``whole cover``: ``whole`` with the gate weighing the head against the draft it would make
   without it (branch and local tree, sized), crediting its top guess only with the chance that
   none of that draft's first nodes is right (`CoverGate`).
@@ -259,6 +261,7 @@ def main() -> None:
         "whole graphs": lambda: search.EagleSearchDrafter(factory_graphs(), store, deepen=True, calibration=carried.get("whole graphs")),
         "eagle graphs": lambda: make_drafter("eagle", eagle=factory_graphs, calibration=carried.get("eagle graphs")),
         "whole graphs no deepen": lambda: search.EagleSearchDrafter(factory_graphs(), store, calibration=carried.get("whole graphs no deepen")),
+        "whole no deepen": lambda: search.EagleSearchDrafter(factory(), store, calibration=carried.get("whole no deepen")),
         "whole cover": lambda: CoverGate(factory(), store, deepen=True, calibration=carried.get("whole cover")),
         "whole alt": lambda: search.EagleSearchDrafter(factory(), alt, deepen=True, calibration=carried.get("whole alt")),
         "no head alt": lambda: NoHead(None, alt, deepen=True, calibration=carried.get("no head alt")),
