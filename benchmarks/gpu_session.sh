@@ -51,6 +51,10 @@ stage() {  # stage NAME SECONDS COMMAND...: run, log to $RES/NAME.log, note rc a
     echo "== $name: rc=$? in $((SECONDS - t))s"
 }
 
+pack() {  # pack NAME: every result so far as $OUT/NAME (the device tool returns what $OUT holds)
+    tar -czf "${OUT:-$RES}/$1" -C "$(dirname $RES)" "$(basename $RES)"
+}
+
 install_wheels() {  # the carried wheels (the GPU image lacks or has older ones) into $SITE
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl
 }
@@ -211,7 +215,7 @@ versus_more() {
     # the graphs' tests, and sampling's acceptance reading a GPU's logits with host draws (10zm)
     stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py \
         tests/test_verify.py::test_sampling_reads_logits_on_the_device_and_draws_on_the_host
-    tar -czf "${OUT:-$RES}/more.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    pack more.tgz
     grep -h "tokens/call" $RES/versus-*.log
 }
 
@@ -226,7 +230,7 @@ sampled_more() {
     stage sampled-b8-rag 100 "${NG[@]}" bench "${common[@]}" --temperature 0.7 --top-p 0.9 --seed 1 \
         --markdown $RES/sampled-b8-rag.md --json-out $RES/sampled-b8-rag.json
     stage greedy-b8-rag 100 "${NG[@]}" bench "${common[@]}" --markdown $RES/greedy-b8-rag.md --json-out $RES/greedy-b8-rag.json
-    tar -czf "${OUT:-$RES}/sampled.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    pack sampled.tgz
     cat $RES/sampled-b8-rag.md $RES/greedy-b8-rag.md
 }
 
@@ -240,7 +244,7 @@ versus_wide() {
         --arms "trie,whole no deepen,whole graphs no deepen"
     ab versus-b32-rag 120 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
         --arms "trie,whole no deepen,whole graphs no deepen"
-    tar -czf "${OUT:-$RES}/wide.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    pack wide.tgz
     grep -h "tokens/call" $RES/versus-b16-*.log $RES/versus-b32-*.log
 }
 
@@ -252,9 +256,9 @@ trace_more() {
     cd "$REPO" || exit 1
     local common=(--questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head --datastore /tmp/datastore --tuned $RES/shape-b8.json -n 32)
     stage trace-b8 90 "$PY" benchmarks/step_trace.py "${common[@]}" --batch-sizes 8 --limit 16 --arms vanilla,trie,whole --json-out $RES/trace-b8.json
-    tar -czf "${OUT:-$RES}/trace.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    pack trace.tgz
     stage trace-b32 90 "$PY" benchmarks/step_trace.py "${common[@]}" --batch-sizes 32 --limit 32 --arms vanilla,trie --json-out $RES/trace-b32.json
-    tar -czf "${OUT:-$RES}/trace.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    pack trace.tgz
     grep -h "a step" $RES/trace-*.log
 }
 
