@@ -38,8 +38,8 @@ def test_summary_of_hand_made_rounds():
     logs = [math.log(8 / 10), math.log(8 / 12)]
     half = 12.706 * abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)
     mid = sum(logs) / 2
-    assert pair["round_interval_95"] == pytest.approx([math.exp(mid - half), math.exp(mid + half)])
-    assert versus_rows([pair])[0][3] == f"{math.exp(mid - half):.3f}-{math.exp(mid + half):.3f}x"
+    assert pair["interval_over"] == "rounds" and pair["interval_95"] == pytest.approx([math.exp(mid - half), math.exp(mid + half)])
+    assert versus_rows([pair])[0][3] == f"{math.exp(mid - half):.3f}-{math.exp(mid + half):.3f}x (rounds)"
 
 
 def test_rounds_interval_hand_worked():
@@ -56,14 +56,14 @@ def test_rounds_interval_hand_worked():
 
 def test_the_versus_note_says_which_arms_the_rounds_tell_apart():
     pairs = [
-        {"arm": "fast", "versus": "trie", "round_interval_95": [1.02, 1.08]},
-        {"arm": "slow", "versus": "trie", "round_interval_95": [0.90, 0.97]},
-        {"arm": "level", "versus": "trie", "round_interval_95": [0.95, 1.04]},
-        {"arm": "once", "versus": "trie", "round_interval_95": None},
+        {"arm": "fast", "versus": "trie", "interval_95": [1.02, 1.08], "interval_over": "rounds"},
+        {"arm": "slow", "versus": "trie", "interval_95": [0.90, 0.97], "interval_over": "rounds"},
+        {"arm": "level", "versus": "trie", "interval_95": [0.95, 1.04], "interval_over": "rounds"},
+        {"arm": "once", "versus": "trie", "interval_95": None, "interval_over": "rounds"},
     ]
     note = versus_note(pairs)
     assert "ahead of trie: fast" in note and "behind trie: slow" in note
-    assert "not told apart from trie by these rounds (more --rounds narrow the interval): level, once" in note
+    assert "not told apart from trie by these runs (more --rounds (or --interleave-batches) narrow the interval): level, once" in note
 
 
 
@@ -136,3 +136,114 @@ def test_every_arm_warms_up_untimed_before_the_first_timed_run(monkeypatch):
     assert calls[:2] == [("hf-greedy", "warm-up", 16), ("trie", "warm-up", 16)]
     assert calls[2:] == [(arm, pid, 64) for pid in "ab" for arm in ("hf-greedy", "trie")]
     assert [r.prompt.id for r in records] == ["a", "b"]
+
+
+class _Recorder:
+    """A stand-in engine: every row's output is its prompt, and each run takes ``seconds[arm]``
+    per row; it records which arm ran which prompts with which calibration."""
+
+    def __init__(self, seconds: dict[str, float], fail: tuple[str, int] | None = None):
+        self.seconds, self.fail, self.runs = seconds, fail, []
+
+    def run_batch(self, ids, new_drafter, cfg, batch):
+        drafter = new_drafter()
+        arm = drafter.name
+        self.runs.append((arm, [x[0] for x in ids], cfg.max_new_tokens, drafter.calibration))
+        gens = [SimpleNamespace(token_ids=list(x), stats=SimpleNamespace(verify_calls=len(x), draft_seconds=0.0)) for x in ids]
+        results = [SimpleNamespace(index=i, error=None, generation=g) for i, g in enumerate(gens)]
+        if self.fail and self.fail[0] == arm and self.fail[1] in [x[0] for x in ids]:
+            results[[x[0] for x in ids].index(self.fail[1])].error = "too long"
+        return results, SimpleNamespace(seconds=self.seconds[arm] * len(ids), new_tokens=sum(len(x) for x in ids), prefill_seconds=0.0)
+
+
+def _fake_drafters(monkeypatch):
+    import ngspec.bench.batched as batched
+
+    monkeypatch.setattr(batched, "arm_drafter", lambda arm, res, calibration=None: SimpleNamespace(name=arm.label, calibration=calibration))
+
+
+def test_interleaved_batches_run_every_arm_on_each_group_in_turn(monkeypatch):
+    """``groups`` K: every arm in turn on each group of K*B prompts, order reversed every other
+    group (and round); an arm's calibration carried across a round's groups and fresh the next
+    round; a round's outputs in prompt order and its groups' (tokens, seconds) kept."""
+    _fake_drafters(monkeypatch)
+    engine = _Recorder({"vanilla": 2.0, "trie": 1.0})
+    ids = [[i, i] for i in range(5)]
+    arms = [Arm("vanilla", "vanilla"), Arm("trie", "trie")]
+    out = run_batched(engine, ids, arms, DecodeConfig(max_new_tokens=64), Resources(), BatchConfig(2), rounds=2, groups=1)
+    timed = engine.runs[2:]  # after each arm's warm-up
+    assert [(arm, first) for arm, first, _, _ in timed] == [
+        ("vanilla", [0, 1]), ("trie", [0, 1]), ("trie", [2, 3]), ("vanilla", [2, 3]), ("vanilla", [4]), ("trie", [4]),  # round 1
+        ("trie", [0, 1]), ("vanilla", [0, 1]), ("vanilla", [2, 3]), ("trie", [2, 3]), ("trie", [4]), ("vanilla", [4]),  # round 2
+    ]
+    trie_calibrations = [c for arm, _, _, c in timed if arm == "trie"]
+    assert trie_calibrations[0] is trie_calibrations[1] is trie_calibrations[2] and trie_calibrations[3] is not trie_calibrations[0]
+    trie = out["trie"]
+    assert [r.outputs for r in trie] == [ids, ids] and [r.tokens for r in trie] == [10, 10] and [r.seconds for r in trie] == [5.0, 5.0]
+    assert trie[0].groups == [(4, 2.0), (4, 2.0), (2, 1.0)] and trie[0].row_calls == [2] * 5
+    # without groups: one run per arm and round over every prompt, nothing kept per group
+    engine.runs.clear()
+    whole = run_batched(engine, ids, arms, DecodeConfig(max_new_tokens=64), Resources(), BatchConfig(2), rounds=1)
+    assert [(arm, len(first)) for arm, first, _, _ in engine.runs[2:]] == [("vanilla", 5), ("trie", 5)]
+    assert whole["trie"][0].groups == [(10, 5.0)]
+
+
+def test_a_failed_row_in_a_later_group_is_named_by_its_place_among_all_prompts(monkeypatch):
+    from ngspec.errors import NgspecError
+
+    _fake_drafters(monkeypatch)
+    engine = _Recorder({"vanilla": 1.0, "trie": 1.0}, fail=("trie", 3))
+    with pytest.raises(NgspecError, match="prompt 4 cannot run: too long"):
+        run_batched(engine, [[i] for i in range(5)], [Arm("vanilla", "vanilla"), Arm("trie", "trie")], DecodeConfig(max_new_tokens=8),
+                    Resources(), BatchConfig(2), rounds=1, groups=1)
+
+
+def test_versus_over_groups_resamples_the_groups_with_their_rounds():
+    """With several groups, the interval is the paired bootstrap over groups (a group's rounds
+    resampled together), and each group's ratio is reported."""
+    from ngspec.bench.interval import ratio_interval
+
+    reference = [[1]] * 6
+
+    def rounds(group_runs):
+        return [BatchRound(sum(s for _, s in g), sum(t for t, _ in g), 6, 0.0, 0.0, reference, [1] * 6, g) for g in group_runs]
+
+    runs = {
+        "vanilla": rounds([[(20, 2.0), (20, 2.0), (20, 2.0)], [(20, 2.2), (20, 2.0), (20, 1.8)]]),
+        "trie": rounds([[(20, 1.0), (20, 1.6), (20, 1.2)], [(20, 1.1), (20, 1.5), (20, 1.0)]]),
+    }
+    summaries = summarise_batched(runs, reference)
+    (pair,) = versus(summaries, "vanilla")
+    want = ratio_interval([(20, 1.0), (20, 1.6), (20, 1.2), (20, 1.1), (20, 1.5), (20, 1.0)],
+                          [(20, 2.0), (20, 2.0), (20, 2.0), (20, 2.2), (20, 2.0), (20, 1.8)], keys=[0, 1, 2, 0, 1, 2])
+    assert pair["interval_over"] == "groups" and pair["interval_95"] == pytest.approx(list(want))
+    assert [pytest.approx(x) for x in [[2.0, 1.25, 2.0 / 1.2], [2.2 / 1.1, 2.0 / 1.5, 1.8]]] == pair["per_group"]
+    assert pair["per_round"] == pytest.approx([6.0 / 3.8, 6.0 / 3.6])
+    assert "more prompts or --rounds narrow the interval" in versus_note([{**pair, "interval_95": [0.9, 1.1]}])
+    assert versus_rows([pair])[0][3].endswith("(groups)")
+
+
+@pytest.mark.slow
+def test_bench_interleaves_batches_on_the_default_model_and_refuses_what_cannot_be(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question_id": i, "turns": [f"List {i + 2} colours, one per line."]}) + "\n" for i in range(5)))
+    md = tmp_path / "b.md"
+    args = ["bench", "-q", str(path), "-n", "12", "-b", "2", "-d", "trie", "--versus", "vanilla"]
+    result = CliRunner().invoke(app, [*args, "--interleave-batches", "1", "--rounds", "1", "--json", "--markdown", str(md)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["environment"]["interleave_batches"] == 1
+    assert [a["exact_match"] for a in report["arms"]] == [1.0, 1.0]  # every row, every group: plain greedy's tokens
+    assert [len(a["group_runs"][0]) for a in report["arms"]] == [3, 3]  # 5 prompts in groups of 2, 2, 1
+    (pair,) = report["versus"]
+    assert pair["interval_over"] == "groups" and len(pair["per_group"][0]) == 3 and pair["interval_95"] is not None
+    assert "3 groups of prompts per round" in md.read_text()
+    for extra, message in ((["--interleave-batches", "-1"], "must be 0 (off) or more"), (["-b", "1", "--interleave-batches", "1"], "give --batch-size above 1")):
+        refused = CliRunner().invoke(app, [*args, *extra])
+        assert refused.exit_code != 0 and message in refused.output and "Traceback" not in refused.output

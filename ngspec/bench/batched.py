@@ -1,4 +1,4 @@
-"""`ngspec bench --batch-size B`: the arms compared as batches of B rows.
+"""`ngspec bench --batch-size`: the arms compared as batches of B rows.
 
 Each arm decodes all the prompts as one batch of B rows (a finished row's slot goes to the next
 prompt, as in `generate --batch-size`); arms run one after another, in reversed order every other
@@ -9,6 +9,13 @@ transformers' greedy decoding of its prompt alone (sampling, against vanilla's r
 samples the same tokens whatever the drafts, `verify.Draws`). A round is one pair per arm, not
 one per prompt: the spread of the per-round ratios is what tells a few percent from noise
 (BENCHMARKS.md 10p: two rounds on two CPU cores differed by 6%).
+
+With ``groups`` (``--interleave-batches K``) the prompts are cut into groups of K batches' worth
+and every arm runs in turn on each group (order reversed every other group), so that a load that
+changes within a round hits every arm alike (on an H100 two whole rounds differed by 20-60%,
+BENCHMARKS.md 10zn); each group's runs are then a pair, and the interval resamples the groups
+(`interval.ratio_interval`, a group's rounds together). A group is a batch run of its own: its
+last rows drain with slots left empty, which a run over every prompt fills with the next one.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ngspec.batch import BatchConfig
-from ngspec.bench.interval import rounds_interval
+from ngspec.bench.interval import ratio_interval, rounds_interval
 from ngspec.bench.report import SAMPLED_NOTE, interval_text, table_lines
 from ngspec.bench.runner import arm_drafter, warm_config
 from ngspec.decode import DecodeConfig
@@ -41,6 +48,7 @@ class BatchRound:
     prefill_seconds: float
     outputs: list[list[int]]
     row_calls: list[int] = field(default_factory=list)  # each row's verify calls, its prefill counted
+    groups: list[tuple[int, float]] = field(default_factory=list)  # (tokens, seconds) of each group's run, in order
 
     @property
     def rate(self) -> float:
@@ -72,34 +80,51 @@ def batch_groups(ids: list, batch_size: int, batches: int) -> list[list]:
 
 def run_batched(
     engine: Engine, ids: list[list[int]], arms: list, cfg: DecodeConfig, res: Resources, batch: BatchConfig, rounds: int,
-    on_progress: Callable[[str], None] | None = None,
+    on_progress: Callable[[str], None] | None = None, groups: int = 0,
 ) -> dict[str, list[BatchRound]]:
     """Every arm's batch over ``ids``, ``rounds`` times; each arm's drafter estimates carried from
-    prompt to prompt within a round (as `generate --batch-size` does), fresh every round. First,
-    untimed, every arm decodes a few tokens of one batch of the first prompts (as `warm_up` does
-    for one row)."""
+    prompt to prompt within a round (as `generate --batch-size` does), fresh every round. With
+    ``groups`` (K), every arm in turn on each group of K batches' worth of prompts instead (order
+    reversed every other group), a round's groups summed into its `BatchRound`. First, untimed,
+    every arm decodes a few tokens of one batch of the first prompts (as `warm_up` does for one
+    row)."""
     out: dict[str, list[BatchRound]] = {a.label: [] for a in arms}
     for arm in arms:
         engine.run_batch(ids[: batch.batch_size], lambda arm=arm: arm_drafter(arm, res), warm_config(cfg), batch)
     for r in range(rounds):
-        for arm in arms if r % 2 == 0 else arms[::-1]:
-            calibration = Calibration()
-            if res.datastore is not None:
-                res.datastore.forget()  # every timed run reads it cold: arms and rounds repeat the same prompts
-            results, report = engine.run_batch(
-                ids, lambda arm=arm: arm_drafter(arm, res, calibration), cfg, batch,
-            )
-            failed = next((x for x in results if x.error), None)
-            if failed is not None:
-                raise NgspecError(f"prompt {failed.index + 1} cannot run: {failed.error}")
-            gens = [x.generation for x in results]
-            out[arm.label].append(BatchRound(
-                report.seconds, report.new_tokens, sum(g.stats.verify_calls for g in gens), sum(g.stats.draft_seconds for g in gens),
-                report.prefill_seconds, [g.token_ids for g in gens], [g.stats.verify_calls for g in gens],
-            ))
-            if on_progress:
-                on_progress(arm.label)
+        carried = {arm.label: Calibration() for arm in arms}
+        parts: dict[str, list[BatchRound]] = {arm.label: [] for arm in arms}
+        start = 0
+        for g, group in enumerate(batch_groups(ids, batch.batch_size, groups)):
+            for arm in arms if (r + g) % 2 == 0 else arms[::-1]:
+                if res.datastore is not None:
+                    res.datastore.forget()  # every timed run reads it cold: arms and rounds repeat the same prompts
+                results, report = engine.run_batch(
+                    group, lambda arm=arm: arm_drafter(arm, res, carried[arm.label]), cfg, batch,
+                )
+                failed = next((x for x in results if x.error), None)
+                if failed is not None:
+                    raise NgspecError(f"prompt {start + failed.index + 1} cannot run: {failed.error}")
+                gens = [x.generation for x in results]
+                parts[arm.label].append(BatchRound(
+                    report.seconds, report.new_tokens, sum(g.stats.verify_calls for g in gens), sum(g.stats.draft_seconds for g in gens),
+                    report.prefill_seconds, [g.token_ids for g in gens], [g.stats.verify_calls for g in gens],
+                ))
+                if on_progress:
+                    on_progress(arm.label)
+            start += len(group)
+        for arm in arms:
+            out[arm.label].append(_joined(parts[arm.label]))
     return out
+
+
+def _joined(parts: list[BatchRound]) -> BatchRound:
+    """One round of an arm from its groups' runs, in prompt order."""
+    return BatchRound(
+        sum(x.seconds for x in parts), sum(x.tokens for x in parts), sum(x.calls for x in parts), sum(x.draft_seconds for x in parts),
+        sum(x.prefill_seconds for x in parts), [o for x in parts for o in x.outputs], [c for x in parts for c in x.row_calls],
+        [(x.tokens, x.seconds) for x in parts],
+    )
 
 
 def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[int]], sampled: bool = False) -> list[BatchArmSummary]:
@@ -182,7 +207,9 @@ def rows(summaries: list[BatchArmSummary]) -> list[list[str]]:
 
 
 def versus(summaries: list[BatchArmSummary], base: str) -> list[dict]:
-    """Every other arm's throughput against ``base``'s, in total and round by round."""
+    """Every other arm's throughput against ``base``'s, in total and round by round, with its 95%
+    interval: over the groups when the prompts ran in several (`ratio_interval`, each group with
+    its rounds' pairs), else over the rounds (`rounds_interval`)."""
     by = {s.arm: s for s in summaries}
     theirs = by[base]
     out = []
@@ -190,34 +217,44 @@ def versus(summaries: list[BatchArmSummary], base: str) -> list[dict]:
         if s.arm == base:
             continue
         per_round = [x.rate / b.rate for x, b in zip(s.rounds, theirs.rounds)]
-        interval = rounds_interval(per_round)
+        grouped = len(s.rounds[0].groups) > 1
+        if grouped:
+            interval = ratio_interval(
+                [p for x in s.rounds for p in x.groups], [p for x in theirs.rounds for p in x.groups],
+                keys=[g for x in s.rounds for g in range(len(x.groups))],
+            )
+        else:
+            interval = rounds_interval(per_round)
         out.append({
             "arm": s.arm, "versus": base, "ratio": s.tokens_per_second / theirs.tokens_per_second, "per_round": per_round,
-            "round_interval_95": list(interval) if interval is not None else None,
+            **({"per_group": [[t / sec / (bt / bs) for (t, sec), (bt, bs) in zip(x.groups, b.groups)] for x, b in zip(s.rounds, theirs.rounds)]} if grouped else {}),
+            "interval_95": list(interval) if interval is not None else None,
+            "interval_over": "groups" if grouped else "rounds",
         })
     return out
 
 
 def versus_columns(base: str) -> list[str]:
-    return ["arm", f"throughput vs {base}", "per round", "95% interval (rounds)"]
+    return ["arm", f"throughput vs {base}", "per round", "95% interval"]
 
 
 def versus_rows(pairs: list[dict]) -> list[list[str]]:
     return [
-        [p["arm"], f"{p['ratio']:.3f}x", " ".join(f"{v:.3f}" for v in p["per_round"]), interval_text(p["round_interval_95"], ".3f")]
+        [p["arm"], f"{p['ratio']:.3f}x", " ".join(f"{v:.3f}" for v in p["per_round"]), interval_text(p["interval_95"], ".3f") + f" ({p['interval_over']})"]
         for p in pairs
     ]
 
 
 def versus_note(pairs: list[dict]) -> str:
-    """What the rounds' intervals say: which arms are ahead of or behind the base, or that a few
-    rounds cannot tell."""
+    """What the intervals say: which arms are ahead of or behind the base, or that a few rounds
+    (or groups) cannot tell."""
     base = pairs[0]["versus"]
-    ahead = [p["arm"] for p in pairs if p["round_interval_95"] and p["round_interval_95"][0] > 1]
-    behind = [p["arm"] for p in pairs if p["round_interval_95"] and p["round_interval_95"][1] < 1]
+    ahead = [p["arm"] for p in pairs if p["interval_95"] and p["interval_95"][0] > 1]
+    behind = [p["arm"] for p in pairs if p["interval_95"] and p["interval_95"][1] < 1]
+    more = "more prompts or --rounds narrow" if pairs[0]["interval_over"] == "groups" else "more --rounds (or --interleave-batches) narrow"
     level = [p["arm"] for p in pairs if p["arm"] not in ahead + behind]
     parts = [f"ahead of {base}: {', '.join(ahead)}" if ahead else "", f"behind {base}: {', '.join(behind)}" if behind else "",
-             f"not told apart from {base} by these rounds (more --rounds narrow the interval): {', '.join(level)}" if level else ""]
+             f"not told apart from {base} by these runs ({more} the interval): {', '.join(level)}" if level else ""]
     return "; ".join(p for p in parts if p)
 
 
@@ -231,6 +268,7 @@ def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, 
         **({"self_repetition_token_weighted_with_datastore": ceilings[1]} if ceilings[1] is not None else {}),
         "arms": [
             {k: v for k, v in vars(s).items() if k != "rounds"} | {"round_seconds": [x.seconds for x in s.rounds]}
+            | ({"group_runs": [[list(g) for g in x.groups] for x in s.rounds]} if len(s.rounds[0].groups) > 1 else {})
             for s in summaries
         ],
         **({"versus": pairs} if pairs else {}),
@@ -241,6 +279,13 @@ def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, 
 def ceiling_text(ceilings: tuple[float, float | None], sampled: bool = False) -> str:
     store = f"; with the datastore: {ceilings[1]:.2f}" if ceilings[1] is not None else ""
     return f"Self-repetition ceiling of transformers' {'sampled' if sampled else 'greedy'} outputs (token-weighted): {ceilings[0]:.2f}{store}"
+
+
+def how_run(summaries: list[BatchArmSummary]) -> str:
+    groups = len(summaries[0].rounds[0].groups)
+    if groups > 1:
+        return f"Every arm runs in turn on each of {groups} groups of prompts per round, each group a batch run of its own"
+    return "Each arm decodes all prompts as one batch per round"
 
 
 def markdown(
@@ -255,7 +300,7 @@ def markdown(
     meta = ", ".join(f"{k}: {v}" for k, v in env.items())
     return (
         f"{meta}\n\n{ceiling_text(ceilings, sampled)}\n\n"
-        "Each arm decodes all prompts as one batch per round; throughput is total tokens over wall time, against "
+        + how_run(summaries) + "; throughput is total tokens over wall time, against "
         "vanilla at the same batch size; tokens/call is per row and counts the bonus token and the prefill."
         + (f" {SAMPLED_NOTE}" if sampled else "") + "\n\n"
         + "\n".join(lines) + "\n"

@@ -46,7 +46,8 @@ def bench_command(
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
     versus_arm: Annotated[Optional[str], typer.Option("--versus", help="Also compare every arm with this one (an arm label, e.g. trie): throughput ratio and its 95% interval, prompts paired. An arm is ahead when the interval's lower end is above 1.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Compare the arms as batches of this many rows (each arm decodes all prompts as one batch, refilled as rows finish; against vanilla at the same batch size; transformers' arms left out).")] = 1,
-    rounds: Annotated[Optional[int], typer.Option("--rounds", help="Run every arm on every prompt this many times (default 1), arms in reversed order every other round: a question's rounds (and turns) are resampled together in the 95% intervals, so rounds average timing noise while more prompts narrow an interval more. With --batch-size above 1 (default 2), every arm's batch this many times: a round is one pair per arm, --versus's interval is over the rounds, and 5 or more resolve a few percent.")] = None,
+    rounds: Annotated[Optional[int], typer.Option("--rounds", help="Run every arm on every prompt this many times (default 1), arms in reversed order every other round: a question's rounds (and turns) are resampled together in the 95% intervals, so rounds average timing noise while more prompts narrow an interval more. With --batch-size above 1 (default 2), every arm's batch this many times: a round is one pair per arm, --versus's interval is over the rounds (over the groups with --interleave-batches), and 5 or more resolve a few percent.")] = None,
+    interleave_batches: Annotated[int, typer.Option("--interleave-batches", metavar="K", help="With --batch-size B: cut the prompts into groups of K*B and run every arm in turn on each group (order reversed every other group), not each arm over all prompts before the next; a load that drifts within a round (a GPU's clocks, other jobs) then hits every arm alike, and --versus's interval resamples the groups. Each group is a batch run of its own, so its last rows drain with empty slots. 0: off.")] = 0,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
@@ -58,12 +59,14 @@ def bench_command(
     --rounds N runs every arm on every prompt N times. With --batch-size B each arm decodes the
     prompts as batches of B rows instead, --rounds times. A multi-turn question (MT-bench) is a
     prompt per turn, each later turn after the conversation so far, and the report splits by turn.
+    On a GPU, add --interleave-batches 1 to batches: whole rounds there differ by 20-60%.
     With --temperature above 0 every arm samples with one seed (drawn when --seed is not given),
     against transformers' sampling (hf-sample); the engine's arms sample plain sampling's tokens,
     so their exact match is against vanilla.
 
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
+    Batches, interleaved: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 32 -b 8 --interleave-batches 1 -d trie,eagle+search --eagle-head HEAD --datastore DS --versus trie
     """
     from ngspec.bench.grid import ablation, heatmaps, sweeps
     from ngspec.bench.report import COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
@@ -90,6 +93,10 @@ def bench_command(
     if bad:
         raise NgspecError("; ".join(bad))
     rounds = rounds or (2 if batch_size > 1 else 1)
+    if interleave_batches < 0:
+        raise NgspecError(f"--interleave-batches must be 0 (off) or more (got {interleave_batches})")
+    if interleave_batches and batch_size == 1:
+        raise NgspecError("--interleave-batches groups batches: give --batch-size above 1 (at batch size 1 the arms already run prompt by prompt)")
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size verifies every row's tree in one forward: use --verify tree")
     if batch_size > 1 and versus_arm in HF_ARMS:
@@ -117,10 +124,10 @@ def bench_command(
     res = drafting.resources(engine, [a.drafter for a in arms])
     if batch_size > 1:
         settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
-                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "rounds": rounds,
+                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "rounds": rounds, "interleave_batches": interleave_batches,
                     **sampling_settings}
         _bench_batched(engine, prompts, every_turn, [a for a in arms if a.drafter not in HF_ARMS], cfg, res, raw, batch_size, rounds, settings,
-                       versus_arm, markdown_out, json_path, json_out)
+                       versus_arm, markdown_out, json_path, json_out, interleave_batches)
         return
 
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
@@ -201,9 +208,11 @@ def bench_command(
         render.info("heatmaps: " + ", ".join(report["plots"]))
 
 
-def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool) -> None:
-    """`bench --batch-size`: every arm's batch over all prompts (each turn asked one), ``rounds``
-    times, against vanilla at the same batch size; every row checked against transformers' greedy
+def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool,
+                   groups: int = 0) -> None:
+    """`bench --batch-size`: every arm's batch over all prompts (each turn asked one; with
+    ``groups``, every arm in turn on each group of that many batches' worth), ``rounds`` times,
+    against vanilla at the same batch size; every row checked against transformers' greedy
     decoding alone, whose answers to earlier turns make the later turns' prompts (sampling:
     transformers' sampled answers make them, and every row is checked against vanilla's)."""
     from ngspec.batch import BatchConfig
@@ -221,8 +230,9 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
             reference.append(engine.hf_generate(ids[-1], cfg.max_new_tokens, sampling=cfg.sampling)[0])
             asked.answered(i, reference[-1])
             progress.advance(task)
-        task = progress.add_task(f"batches of {batch_size}", total=rounds * len(arms))
-        runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task))
+        parts = len(batched.batch_groups(ids, batch_size, groups))
+        task = progress.add_task(f"batches of {batch_size}" + (f", {parts} groups" if parts > 1 else ""), total=rounds * len(arms) * parts)
+        runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task), groups)
     summaries = batched.summarise_batched(runs, reference, sampled)
     env = environment(engine, settings)
     ceilings = (batched.ceiling(ids, reference), batched.ceiling(ids, reference, res.datastore) if res.datastore is not None else None)
@@ -236,7 +246,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     if json_out:
         render.json_line(report)
         return
-    render.table(f"bench: {counted(len(prompts), len(ids))} in batches of {batch_size}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
+    render.table(f"bench: {counted(len(prompts), len(ids))} in batches of {batch_size}{f', {parts} interleaved groups' if parts > 1 else ''}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
     render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings, sampled)}")
     if sampled:
