@@ -10,6 +10,14 @@ p(x), as rejection sampling accepts it, and the siblings of a node together with
 probability, as sibling-by-sibling rejection accepts them. So sampling is lossless in distribution
 and, more, token-identical to plain sampling with the same seed, whatever the drafter, the tree or
 the batch.
+
+Where the samples are drawn depends on the device. On a CPU only the nodes the walk visits are
+sampled (`_Samples`: a node's distribution is a softmax over the vocabulary, too dear to take for
+every node). On a GPU that way costs a wait for the device and a copy for every visited node,
+about 1-2 ms per sampled token at batch 8 (BENCHMARKS.md 10zn), so there every node's race runs
+at once on the device and one copy brings the samples back (`tree_samples`), as greedy's argmax
+does; the uniforms, still drawn on the host, are copied once per output position (`Draws.window`).
+Both ways draw the same numbers, so they sample the same tokens.
 """
 
 from __future__ import annotations
@@ -121,6 +129,7 @@ class Draws:
         self.seed = secrets.randbits(32) if seed is None else seed
         ids = b"".join(int(i).to_bytes(8, "little", signed=True) for i in prompt)
         self._key = hashlib.blake2b(str(self.seed).encode() + b":" + ids, digest_size=16).digest()
+        self._held: dict[int, torch.Tensor] = {}  # output position -> its exponentials on the device (`window`)
 
     @classmethod
     def of(cls, sampling: SamplingConfig, prompt: Sequence[int]) -> Draws | None:
@@ -145,6 +154,18 @@ class Draws:
         """The race in log space, log p(x) + Gumbel(x), whose argmax `token` is (for margins)."""
         return torch.log(self.race(probs, position))
 
+    def window(self, vocab: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """The exponentials -log u of output positions ``start`` to ``stop - 1``, ``[stop - start,
+        vocab]`` on ``device``. Each position's uniforms are drawn on the host and copied once, in
+        one copy for all the positions new to this call, and held until a call starts past them:
+        a tree's positions are mostly the last step's, moved on by the tokens it accepted."""
+        self._held = {p: e for p, e in self._held.items() if p >= start}
+        new = [p for p in range(start, stop) if p not in self._held]
+        if new:
+            block = -torch.log(torch.stack([self.uniforms(vocab, p) for p in new]).to(device))
+            self._held.update(zip(new, block))
+        return torch.stack([self._held[p] for p in range(start, stop)])
+
 
 class _Samples:
     """The target's sample at every block index of a verified tree, drawn when first asked: node
@@ -161,9 +182,26 @@ class _Samples:
         return self.drawn[node]
 
 
+def tree_samples(tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, draws: Draws, position: int) -> list[int]:
+    """The target's sample at every block index of a verified tree, every node's race at once on
+    ``logits``' device and one copy to the host: the tokens `_Samples` draws node by node."""
+    depth = [0, *depths(tree)]
+    exponentials = draws.window(logits.shape[-1], position, position + max(depth) + 1, logits.device)
+    probs = target_probs(logits[: tree.size + 1], cfg)
+    return (probs / exponentials[torch.tensor(depth, device=logits.device)]).argmax(dim=-1).tolist()
+
+
+def all_at_once(logits: torch.Tensor) -> bool:
+    """Whether `accept_sampled` races every node on the device (off a CPU) or the visited ones."""
+    return logits.device.type != "cpu"
+
+
 def accept_sampled(tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, draws: Draws, position: int) -> Verdict:
     """`accept_argmax` against the target's samples instead of its argmax (see the module's
     docstring): lossless in distribution, and the tokens plain sampling draws with the same seed.
     ``position``: the output position the root's logits predict (the tokens generated so far).
-    ``logits`` stay on their device: only the distributions of the nodes visited come to the host."""
+    ``logits`` stay on their device: on a GPU every node is sampled there at once
+    (`tree_samples`); on a CPU only the nodes visited are."""
+    if all_at_once(logits):
+        return accept_argmax(tree, tree_samples(tree, logits, cfg, draws, position))
     return accept_argmax(tree, _Samples(tree, logits, cfg, draws, position))

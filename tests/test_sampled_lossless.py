@@ -108,3 +108,25 @@ def test_a_batch_of_one_setting_samples_each_prompt_as_alone(tiny, tiny_eagle, t
     for prompt, result in zip(prompts[:2] * 2, results):
         replay = DecodeConfig(max_new_tokens=30, sampling=SamplingConfig(temperature=0.6, top_p=0.9, seed=result.generation.seed))
         assert result.generation.token_ids == plain_sampling(tiny, prompt, replay)
+
+
+@pytest.mark.parametrize("drafter", list(REGISTRY))
+def test_racing_every_node_at_once_samples_the_same_tokens(tiny, tiny_tables, tiny_eagle, tiny_datastore, cases, drafter, monkeypatch):
+    """A GPU samples every node of a tree at once (`verify.tree_samples`); forced here on the CPU,
+    every drafter, alone and in a batch of 4, still samples plain sampling's tokens (drawn node by
+    node, the CPU's way)."""
+    import ngspec.verify as verify
+
+    monkeypatch.setattr(verify, "all_at_once", lambda logits: True)
+    target = TargetModel(tiny)
+    opts = DrafterOptions(k=3, w=3, search_depth=6, deepen=True)
+    for case, (prompt, cfg, want) in enumerate(cases[:4]):
+        got = generate(target, make_drafter(drafter, opts, tiny_tables, tiny_eagle, tiny_datastore if case % 2 else None), prompt, cfg)
+        assert got.token_ids == want, f"{drafter} case {case}"
+    fed = [[Request(i, prompt, cfg.max_new_tokens, cfg.sampling, Stopper(frozenset())) for i, (prompt, cfg, _) in enumerate(cases)]]
+    results, _ = generate_batch(
+        tiny, [], lambda: make_drafter(drafter, opts, tiny_tables, tiny_eagle, tiny_datastore),
+        DecodeConfig(max_new_tokens=30), BatchConfig(4, 3, 0.0, layout="packed"), lambda: Stopper(frozenset()),
+        feed=lambda: fed.pop() if fed else [],
+    )
+    assert [r.generation.token_ids for r in results] == [want for _, _, want in cases]

@@ -1,7 +1,7 @@
 import torch
 
 from ngspec.contracts import DraftTree
-from ngspec.verify import Draws, SamplingConfig, accept_greedy, accept_sampled, target_probs
+from ngspec.verify import Draws, SamplingConfig, _Samples, accept_argmax, accept_greedy, accept_sampled, target_probs, tree_samples
 
 
 def one_hot_logits(preds: list[int], vocab: int = 20) -> torch.Tensor:
@@ -148,8 +148,8 @@ def test_top_k_then_top_p_matches_the_full_sort():
 
 def test_sampling_reads_logits_on_the_device_and_draws_on_the_host():
     """Acceptance takes the verify call's logits where they are (a GPU's: no copy of the whole
-    tree's logits) and draws with host random numbers; the same seed, the same tokens on either
-    device."""
+    tree's logits; every node raced there at once, `tree_samples`) with the host's random numbers;
+    the same seed, the same tokens on either device."""
     import pytest
 
     if not torch.cuda.is_available():
@@ -170,3 +170,68 @@ def test_a_seed_out_of_range_is_refused():
         with pytest.raises(ValueError, match="seed must be between 0 and 2"):
             SamplingConfig(temperature=1.0, seed=seed)
     SamplingConfig(temperature=1.0, seed=2**63 - 1)
+
+
+def _random_tree(gen: torch.Generator, size: int, vocab: int) -> DraftTree:
+    parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, size)]
+    tokens = [int(t) for t in torch.randint(0, vocab, (size,), generator=gen)]
+    return DraftTree(tuple(tokens), tuple(parents))
+
+
+def test_every_node_sampled_at_once_draws_what_the_walk_draws_node_by_node():
+    """`tree_samples` (a GPU's way: every node's race at once, one copy) gives every block index
+    the token `_Samples` draws when the walk visits it (a CPU's way), on random trees and logits,
+    with temperature, top-k and top-p; so `accept_sampled` takes the same verdict either way."""
+    gen = torch.Generator().manual_seed(7)
+    vocab = 300
+    configs = [SamplingConfig(temperature=0.7, seed=1), SamplingConfig(temperature=1.3, top_k=20, seed=2),
+               SamplingConfig(temperature=0.9, top_p=0.8, seed=3), SamplingConfig(temperature=0.5, top_k=40, top_p=0.95, seed=4)]
+    for cfg in configs:
+        for size in (1, 5, 23):
+            tree = _random_tree(gen, size, vocab)
+            logits = torch.randn(size + 1, vocab, generator=gen) * 3
+            position = int(torch.randint(0, 50, (1,), generator=gen))
+            lazy = _Samples(tree, logits, cfg, Draws(cfg.seed, [9, 8]), position)
+            eager = tree_samples(tree, logits, cfg, Draws(cfg.seed, [9, 8]), position)
+            assert eager == [lazy[b] for b in range(size + 1)], (cfg, size)
+            # a draft of the samples themselves is accepted whole, either way
+            chain = DraftTree.chain([eager[0]])
+            assert accept_argmax(chain, eager) == accept_sampled(chain, logits[:2], cfg, Draws(cfg.seed, [9, 8]), position)
+
+
+def test_the_window_draws_each_position_once_and_moves_on(monkeypatch):
+    """`Draws.window` draws a position's uniforms on the first call that asks for it and holds
+    them until a call starts past them: consecutive steps whose trees overlap draw only the
+    positions new to them."""
+    draws = Draws(5, [1, 2])
+    drawn = []
+    real = Draws.uniforms
+
+    def counted(self, vocab, position):
+        drawn.append(position)
+        return real(self, vocab, position)
+
+    monkeypatch.setattr(Draws, "uniforms", counted)
+    first = draws.window(64, 10, 14, torch.device("cpu"))
+    assert drawn == [10, 11, 12, 13] and first.shape == (4, 64)
+    assert torch.equal(first[2], -torch.log(real(draws, 64, 12)))
+    second = draws.window(64, 12, 17, torch.device("cpu"))  # two tokens accepted: 12, 13 held
+    assert drawn == [10, 11, 12, 13, 14, 15, 16] and torch.equal(second[0], first[2])
+    assert sorted(draws._held) == [12, 13, 14, 15, 16]
+    draws.window(64, 16, 17, torch.device("cpu"))
+    assert sorted(draws._held) == [16] and drawn[-1] == 16
+
+
+def test_sampling_on_a_gpu_races_every_node_at_once(monkeypatch):
+    """`accept_sampled` takes the all-at-once way off a CPU (stood in for here by the predicate)."""
+    import ngspec.verify as verify
+
+    calls = []
+    monkeypatch.setattr(verify, "tree_samples", lambda *a: calls.append("all") or [1, 2])
+    logits = torch.randn(2, 10)
+    cfg = SamplingConfig(temperature=1.0, seed=1)
+    verify.accept_sampled(DraftTree.chain([1]), logits, cfg, Draws(1, [1]), 0)
+    assert calls == []
+    monkeypatch.setattr(verify, "all_at_once", lambda logits: True)
+    assert verify.accept_sampled(DraftTree.chain([1]), logits, cfg, Draws(1, [1]), 0).tokens == (1, 2)
+    assert calls == ["all"]
