@@ -36,7 +36,7 @@ from ngspec.eagle.batched import propose_together
 from ngspec.errors import NgspecError
 from ngspec.perf.online import StepTimes
 from ngspec.tree import joint_width, packed_sizes
-from ngspec.verify import Draws, SamplingConfig, accept_argmax, accept_sampled
+from ngspec.verify import Draws, SamplingConfig, accept_argmax, sample_rows
 
 
 LAYOUTS = ("padded", "packed")
@@ -310,13 +310,15 @@ def generate_batch(
         step_cost = target.step_cost(table, [t.size for t in trees])  # by the measured table: no timing noise
         t1 = time.perf_counter()
         verified = target.verify([r.out[-1] for r in rows], trees)
-        # greedy rows: one argmax and one copy to the host for every row; sampled rows: their own
+        # greedy rows: one argmax and one copy to the host for every row; sampled rows: on a GPU
+        # one race and one copy for the rows of a setting, on a CPU each visited node's draw
         argmax = verified.greedy() if any(r.request.sampling.greedy for r in rows) else None
-        verdicts = [
-            accept_argmax(t, argmax[b]) if r.request.sampling.greedy
-            else accept_sampled(t, verified.row(b), r.request.sampling, r.request.draws, len(r.out))
-            for b, (r, t) in enumerate(zip(rows, trees))
-        ]
+        sampled = [b for b, r in enumerate(rows) if not r.request.sampling.greedy]
+        samples = dict(zip(sampled, sample_rows(
+            [trees[b] for b in sampled], [verified.row(b) for b in sampled], [rows[b].request.sampling for b in sampled],
+            [rows[b].request.draws for b in sampled], [len(rows[b].out) for b in sampled],
+        )))
+        verdicts = [accept_argmax(t, argmax[b] if b not in samples else samples[b]) for b, t in enumerate(trees)]
         target.commit([v.path for v in verdicts])
         times[len(rows)].record(step_cost, time.perf_counter() - t1)  # the verdicts read waited for the device
         report.steps += 1

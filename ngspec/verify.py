@@ -15,8 +15,9 @@ Where the samples are drawn depends on the device. On a CPU only the nodes the w
 sampled (`_Samples`: a node's distribution is a softmax over the vocabulary, too dear to take for
 every node). On a GPU that way costs a wait for the device and a copy for every visited node,
 about 1-2 ms per sampled token at batch 8 (BENCHMARKS.md 10zn), so there every node's race runs
-at once on the device and one copy brings the samples back (`tree_samples`), as greedy's argmax
-does; the uniforms, still drawn on the host, are copied once per output position (`Draws.window`).
+at once on the device, and one copy brings them back for all the rows of a batch that share a
+setting (`race_rows`), as greedy's argmax does; the uniforms, still drawn on the host, are copied
+once per output position (`Draws.window`).
 Both ways draw the same numbers, so they sample the same tokens.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -182,26 +183,49 @@ class _Samples:
         return self.drawn[node]
 
 
-def tree_samples(tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, draws: Draws, position: int) -> list[int]:
-    """The target's sample at every block index of a verified tree, every node's race at once on
-    ``logits``' device and one copy to the host: the tokens `_Samples` draws node by node."""
-    depth = [0, *depths(tree)]
-    exponentials = draws.window(logits.shape[-1], position, position + max(depth) + 1, logits.device)
-    probs = target_probs(logits[: tree.size + 1], cfg)
-    return (probs / exponentials[torch.tensor(depth, device=logits.device)]).argmax(dim=-1).tolist()
+def race_rows(
+    trees: Sequence[DraftTree], logits: Sequence[torch.Tensor], cfgs: Sequence[SamplingConfig], draws: Sequence[Draws], positions: Sequence[int],
+) -> list[list[int]]:
+    """The target's sample at every block index of each row's verified tree (``logits[i]``: row
+    i's, root first), every node's race at once on the logits' device: one race for the rows that
+    share a setting (temperature, top-k, top-p; seeds may differ) and one copy to the host for
+    each. The tokens `_Samples` draws node by node."""
+    out: list[list[int]] = [[] for _ in trees]
+    alike: dict[SamplingConfig, list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        alike.setdefault(replace(cfg, seed=None), []).append(i)
+    for cfg, rows in alike.items():
+        exponentials = []
+        for i in rows:
+            depth = [0, *depths(trees[i])]
+            held = draws[i].window(logits[i].shape[-1], positions[i], positions[i] + max(depth) + 1, logits[i].device)
+            exponentials.append(held[torch.tensor(depth, device=held.device)])
+        probs = target_probs(torch.cat([logits[i][: trees[i].size + 1] for i in rows]), cfg)
+        flat = (probs / torch.cat(exponentials)).argmax(dim=-1).tolist()
+        for i in rows:
+            out[i], flat = flat[: trees[i].size + 1], flat[trees[i].size + 1 :]
+    return out
 
 
 def all_at_once(logits: torch.Tensor) -> bool:
-    """Whether `accept_sampled` races every node on the device (off a CPU) or the visited ones."""
+    """Whether `sample_rows` races every node on the device (off a CPU) or the visited ones."""
     return logits.device.type != "cpu"
+
+
+def sample_rows(
+    trees: Sequence[DraftTree], logits: Sequence[torch.Tensor], cfgs: Sequence[SamplingConfig], draws: Sequence[Draws], positions: Sequence[int],
+) -> list[Sequence[int]]:
+    """Each row's samples at every block index, for `accept_argmax`: off a CPU every node's, at
+    once (`race_rows`); on a CPU each node's when the walk first visits it (`_Samples`)."""
+    if logits and all_at_once(logits[0]):
+        return race_rows(trees, logits, cfgs, draws, positions)
+    return [_Samples(*row) for row in zip(trees, logits, cfgs, draws, positions)]
 
 
 def accept_sampled(tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, draws: Draws, position: int) -> Verdict:
     """`accept_argmax` against the target's samples instead of its argmax (see the module's
     docstring): lossless in distribution, and the tokens plain sampling draws with the same seed.
     ``position``: the output position the root's logits predict (the tokens generated so far).
-    ``logits`` stay on their device: on a GPU every node is sampled there at once
-    (`tree_samples`); on a CPU only the nodes visited are."""
-    if all_at_once(logits):
-        return accept_argmax(tree, tree_samples(tree, logits, cfg, draws, position))
-    return accept_argmax(tree, _Samples(tree, logits, cfg, draws, position))
+    ``logits`` stay on their device: on a GPU every node is sampled there at once; on a CPU only
+    the nodes visited are (`sample_rows`)."""
+    return accept_argmax(tree, sample_rows([tree], [logits], [cfg], [draws], [position])[0])

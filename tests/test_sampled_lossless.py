@@ -112,7 +112,7 @@ def test_a_batch_of_one_setting_samples_each_prompt_as_alone(tiny, tiny_eagle, t
 
 @pytest.mark.parametrize("drafter", list(REGISTRY))
 def test_racing_every_node_at_once_samples_the_same_tokens(tiny, tiny_tables, tiny_eagle, tiny_datastore, cases, drafter, monkeypatch):
-    """A GPU samples every node of a tree at once (`verify.tree_samples`); forced here on the CPU,
+    """A GPU samples every node of a tree at once (`verify.race_rows`); forced here on the CPU,
     every drafter, alone and in a batch of 4, still samples plain sampling's tokens (drawn node by
     node, the CPU's way)."""
     import ngspec.verify as verify

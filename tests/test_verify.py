@@ -1,7 +1,7 @@
 import torch
 
 from ngspec.contracts import DraftTree
-from ngspec.verify import Draws, SamplingConfig, _Samples, accept_argmax, accept_greedy, accept_sampled, target_probs, tree_samples
+from ngspec.verify import Draws, SamplingConfig, _Samples, accept_argmax, accept_greedy, accept_sampled, race_rows, target_probs
 
 
 def one_hot_logits(preds: list[int], vocab: int = 20) -> torch.Tensor:
@@ -148,7 +148,7 @@ def test_top_k_then_top_p_matches_the_full_sort():
 
 def test_sampling_reads_logits_on_the_device_and_draws_on_the_host():
     """Acceptance takes the verify call's logits where they are (a GPU's: no copy of the whole
-    tree's logits; every node raced there at once, `tree_samples`) with the host's random numbers;
+    tree's logits; every node raced there at once, `race_rows`) with the host's random numbers;
     the same seed, the same tokens on either device."""
     import pytest
 
@@ -179,24 +179,26 @@ def _random_tree(gen: torch.Generator, size: int, vocab: int) -> DraftTree:
 
 
 def test_every_node_sampled_at_once_draws_what_the_walk_draws_node_by_node():
-    """`tree_samples` (a GPU's way: every node's race at once, one copy) gives every block index
-    the token `_Samples` draws when the walk visits it (a CPU's way), on random trees and logits,
-    with temperature, top-k and top-p; so `accept_sampled` takes the same verdict either way."""
+    """`race_rows` (a GPU's way: every node's race at once, one copy per setting) gives every
+    block index of every row the token `_Samples` draws when the walk visits it (a CPU's way), on
+    random trees and logits, rows with their own seeds and positions and settings that differ
+    (temperature, top-k, top-p) or are shared; so `accept_argmax` takes the same verdict."""
     gen = torch.Generator().manual_seed(7)
     vocab = 300
     configs = [SamplingConfig(temperature=0.7, seed=1), SamplingConfig(temperature=1.3, top_k=20, seed=2),
-               SamplingConfig(temperature=0.9, top_p=0.8, seed=3), SamplingConfig(temperature=0.5, top_k=40, top_p=0.95, seed=4)]
-    for cfg in configs:
-        for size in (1, 5, 23):
-            tree = _random_tree(gen, size, vocab)
-            logits = torch.randn(size + 1, vocab, generator=gen) * 3
-            position = int(torch.randint(0, 50, (1,), generator=gen))
-            lazy = _Samples(tree, logits, cfg, Draws(cfg.seed, [9, 8]), position)
-            eager = tree_samples(tree, logits, cfg, Draws(cfg.seed, [9, 8]), position)
-            assert eager == [lazy[b] for b in range(size + 1)], (cfg, size)
-            # a draft of the samples themselves is accepted whole, either way
-            chain = DraftTree.chain([eager[0]])
-            assert accept_argmax(chain, eager) == accept_sampled(chain, logits[:2], cfg, Draws(cfg.seed, [9, 8]), position)
+               SamplingConfig(temperature=0.9, top_p=0.8, seed=3), SamplingConfig(temperature=0.5, top_k=40, top_p=0.95, seed=4),
+               SamplingConfig(temperature=0.7, seed=5), SamplingConfig(temperature=0.9, top_p=0.8, seed=6)]
+    for _ in range(3):
+        trees = [_random_tree(gen, int(torch.randint(1, 24, (1,), generator=gen)), vocab) for _ in configs]
+        logits = [torch.randn(t.size + 1 + 2, vocab, generator=gen) * 3 for t in trees]  # padded past the tree, as a batch's rows are
+        positions = [int(torch.randint(0, 50, (1,), generator=gen)) for _ in configs]
+        prompts = [[9, i] for i in range(len(configs))]
+        eager = race_rows(trees, logits, configs, [Draws(c.seed, p) for c, p in zip(configs, prompts)], positions)
+        for tree, x, cfg, prompt, position, got in zip(trees, logits, configs, prompts, positions, eager):
+            lazy = _Samples(tree, x, cfg, Draws(cfg.seed, prompt), position)
+            assert got == [lazy[b] for b in range(tree.size + 1)], cfg
+            chain = DraftTree.chain([got[0]])  # a draft of the sample itself is accepted, either way
+            assert accept_argmax(chain, got) == accept_sampled(chain, x[:2], cfg, Draws(cfg.seed, prompt), position)
 
 
 def test_the_window_draws_each_position_once_and_moves_on(monkeypatch):
@@ -227,7 +229,7 @@ def test_sampling_on_a_gpu_races_every_node_at_once(monkeypatch):
     import ngspec.verify as verify
 
     calls = []
-    monkeypatch.setattr(verify, "tree_samples", lambda *a: calls.append("all") or [1, 2])
+    monkeypatch.setattr(verify, "race_rows", lambda *a: calls.append("all") or [[1, 2]])
     logits = torch.randn(2, 10)
     cfg = SamplingConfig(temperature=1.0, seed=1)
     verify.accept_sampled(DraftTree.chain([1]), logits, cfg, Draws(1, [1]), 0)
