@@ -219,19 +219,25 @@ versus_more() {
     grep -h "tokens/call" $RES/versus-*.log
 }
 
-# after versus_more, on the warm machine (no carry): sampling at batch 8 on the GPU (10zm: each
-# visited node's race draws the vocabulary's uniforms on the host, about 0.18 ms on the CPU VM),
-# one seed for every arm, so the engine's arms decode vanilla's tokens and bench checks that; then
-# the same run greedy, for what sampling costs each arm (two runs one after the other: indicative;
-# within each, every arm runs in turn on each batch, since whole bench rounds differed by 20-60%)
+# after versus_more, on the warm machine (no carry): sampling at batch 8 on the GPU. First the two
+# ways of sampling side by side, every batch decoded both ways in turn (10zo: every node raced at
+# once on the device, one copy, against each visited node's distribution copied to the host, which
+# cost 1-2 ms per sampled token on the sixth visit); then bench with one seed for every arm, so
+# the engine's arms decode vanilla's tokens and bench checks that, and the same run greedy, for
+# what sampling costs each arm (two runs one after the other: indicative; within each, every arm
+# runs in turn on each batch, since whole bench rounds differed by 20-60%)
 sampled_more() {
     cd "$REPO" || exit 1
+    stage ways-b8-rag 120 "$PY" benchmarks/sampling_cost.py --compare ways -b 8 --questions /tmp/data/spec_bench/question.jsonl \
+        --category rag --limit 16 -n 64 --dtype float32 -d vanilla -d trie -d eagle+search --eagle-head /tmp/head \
+        --datastore /tmp/datastore --tree-choices $RES/shape-b8.json
     local common=(-q /tmp/data/spec_bench/question.jsonl --category rag --limit 16 -n 64 -b 8 --interleave-batches 1 --dtype float32
         -d vanilla -d trie -d eagle+search --eagle-head /tmp/head --datastore /tmp/datastore --tree-choices $RES/shape-b8.json --head-graphs)
     stage sampled-b8-rag 100 "${NG[@]}" bench "${common[@]}" --temperature 0.7 --top-p 0.9 --seed 1 \
         --markdown $RES/sampled-b8-rag.md --json-out $RES/sampled-b8-rag.json
     stage greedy-b8-rag 100 "${NG[@]}" bench "${common[@]}" --markdown $RES/greedy-b8-rag.md --json-out $RES/greedy-b8-rag.json
     pack sampled.tgz
+    tail -n 8 $RES/ways-b8-rag.log
     cat $RES/sampled-b8-rag.md $RES/greedy-b8-rag.md
 }
 
