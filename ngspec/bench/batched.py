@@ -1,4 +1,4 @@
-"""`ngspec bench --batch-size`: the arms compared as batches of B rows.
+"""`ngspec bench --batch-size B`: the arms compared as batches of B rows.
 
 Each arm decodes all the prompts as one batch of B rows (a finished row's slot goes to the next
 prompt, as in `generate --batch-size`); arms run one after another, in reversed order every other
@@ -95,8 +95,8 @@ def run_batched(
         carried = {arm.label: Calibration() for arm in arms}
         parts: dict[str, list[BatchRound]] = {arm.label: [] for arm in arms}
         start = 0
-        for g, group in enumerate(batch_groups(ids, batch.batch_size, groups)):
-            for arm in arms if (r + g) % 2 == 0 else arms[::-1]:
+        for n, group in enumerate(batch_groups(ids, batch.batch_size, groups)):
+            for arm in arms if (r + n) % 2 == 0 else arms[::-1]:
                 if res.datastore is not None:
                     res.datastore.forget()  # every timed run reads it cold: arms and rounds repeat the same prompts
                 results, report = engine.run_batch(
