@@ -17,7 +17,7 @@ every node). On a GPU that way costs a wait for the device and a copy for every 
 about 1-2 ms per sampled token at batch 8 (BENCHMARKS.md 10zn), so there every node's race runs
 at once on the device, and one copy brings them back for all the rows of a batch that share a
 setting (`race_rows`), as greedy's argmax does; the uniforms, still drawn on the host, are copied
-once per output position (`Draws.window`). Both ways draw the same numbers, so they sample the
+once per output position, all the rows' in one copy (`windows`). Both ways draw the same numbers, so they sample the
 same tokens (on a GPU up to the last bit of a logarithm, as every float there).
 """
 
@@ -130,7 +130,7 @@ class Draws:
         self.seed = secrets.randbits(32) if seed is None else seed
         ids = b"".join(int(i).to_bytes(8, "little", signed=True) for i in prompt)
         self._key = hashlib.blake2b(str(self.seed).encode() + b":" + ids, digest_size=16).digest()
-        self._held: dict[int, torch.Tensor] = {}  # output position -> its exponentials on the device (`window`)
+        self._held: dict[int, torch.Tensor] = {}  # output position -> its exponentials on the device (`windows`)
 
     @classmethod
     def of(cls, sampling: SamplingConfig, prompt: Sequence[int]) -> Draws | None:
@@ -155,17 +155,25 @@ class Draws:
         """The race in log space, log p(x) + Gumbel(x), whose argmax `token` is (for margins)."""
         return torch.log(self.race(probs, position))
 
-    def window(self, vocab: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
-        """The exponentials -log u of output positions ``start`` to ``stop - 1``, ``[stop - start,
-        vocab]`` on ``device``. Each position's uniforms are drawn on the host and copied once, in
-        one copy for all the positions new to this call, and held until a call starts past them:
-        a tree's positions are mostly the last step's, moved on by the tokens it accepted."""
+    def missing(self, start: int, stop: int) -> list[int]:
+        """Output positions ``start`` to ``stop - 1`` whose exponentials `windows` does not hold
+        yet; those before ``start`` are let go (a later tree never reaches back)."""
         self._held = {p: e for p, e in self._held.items() if p >= start}
-        new = [p for p in range(start, stop) if p not in self._held]
-        if new:
-            block = -torch.log(torch.stack([self.uniforms(vocab, p) for p in new]).to(device))
-            self._held.update(zip(new, block))
-        return torch.stack([self._held[p] for p in range(start, stop)])
+        return [p for p in range(start, stop) if p not in self._held]
+
+
+def windows(draws: Sequence[Draws], vocab: int, spans: Sequence[tuple[int, int]], device: torch.device) -> list[torch.Tensor]:
+    """The exponentials -log u of each row's output positions ``spans[i]`` (start, stop), as
+    ``[stop - start, vocab]`` on ``device``. Every position's uniforms are drawn on the host once
+    and held there after (a tree's positions are mostly the last step's, moved on by the tokens it
+    accepted); the rows' new ones are drawn first and copied in one copy, so that on a GPU the
+    drawing overlaps the verify forward, which the copy then waits for."""
+    new = [(d, p) for d, (start, stop) in zip(draws, spans) for p in d.missing(start, stop)]
+    if new:
+        block = -torch.log(torch.stack([d.uniforms(vocab, p) for d, p in new]).to(device))
+        for (d, p), e in zip(new, block):
+            d._held[p] = e
+    return [torch.stack([d._held[p] for p in range(start, stop)]) for d, (start, stop) in zip(draws, spans)]
 
 
 class _Samples:
@@ -194,14 +202,12 @@ def race_rows(
     alike: dict[SamplingConfig, list[int]] = {}
     for i, cfg in enumerate(cfgs):
         alike.setdefault(replace(cfg, seed=None), []).append(i)
+    depth = [[0, *depths(t)] for t in trees]
+    held = windows(draws, logits[0].shape[-1], [(p, p + max(d) + 1) for p, d in zip(positions, depth)], logits[0].device)
     for cfg, rows in alike.items():
-        exponentials = []
-        for i in rows:
-            depth = [0, *depths(trees[i])]
-            held = draws[i].window(logits[i].shape[-1], positions[i], positions[i] + max(depth) + 1, logits[i].device)
-            exponentials.append(held[torch.tensor(depth, device=held.device)])
+        exponentials = torch.cat([held[i][torch.tensor(depth[i], device=held[i].device)] for i in rows])
         probs = target_probs(torch.cat([logits[i][: trees[i].size + 1] for i in rows]), cfg)
-        flat = (probs / torch.cat(exponentials)).argmax(dim=-1).tolist()
+        flat = (probs / exponentials).argmax(dim=-1).tolist()
         for i in rows:
             out[i], flat = flat[: trees[i].size + 1], flat[trees[i].size + 1 :]
     return out

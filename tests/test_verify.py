@@ -201,27 +201,35 @@ def test_every_node_sampled_at_once_draws_what_the_walk_draws_node_by_node():
             assert accept_argmax(chain, got) == accept_sampled(chain, x[:2], cfg, Draws(cfg.seed, prompt), position)
 
 
-def test_the_window_draws_each_position_once_and_moves_on(monkeypatch):
-    """`Draws.window` draws a position's uniforms on the first call that asks for it and holds
-    them until a call starts past them: consecutive steps whose trees overlap draw only the
-    positions new to them."""
-    draws = Draws(5, [1, 2])
-    drawn = []
+def test_windows_draw_each_position_once_and_move_on(monkeypatch):
+    """`windows` draws a position's uniforms on the first call that asks for it, for every row
+    in one copy, and holds them until a call starts past them: consecutive steps whose trees
+    overlap draw only the positions new to them."""
+    import ngspec.verify as verify
+
+    a, b = Draws(5, [1, 2]), Draws(6, [1, 2])
+    drawn, copies = [], []
     real = Draws.uniforms
 
     def counted(self, vocab, position):
-        drawn.append(position)
+        drawn.append((self.seed, position))
         return real(self, vocab, position)
 
+    real_stack = torch.stack
     monkeypatch.setattr(Draws, "uniforms", counted)
-    first = draws.window(64, 10, 14, torch.device("cpu"))
-    assert drawn == [10, 11, 12, 13] and first.shape == (4, 64)
-    assert torch.equal(first[2], -torch.log(real(draws, 64, 12)))
-    second = draws.window(64, 12, 17, torch.device("cpu"))  # two tokens accepted: 12, 13 held
-    assert drawn == [10, 11, 12, 13, 14, 15, 16] and torch.equal(second[0], first[2])
-    assert sorted(draws._held) == [12, 13, 14, 15, 16]
-    draws.window(64, 16, 17, torch.device("cpu"))
-    assert sorted(draws._held) == [16] and drawn[-1] == 16
+    monkeypatch.setattr(verify.torch, "stack", lambda xs: copies.append(len(xs)) or real_stack(xs))
+    cpu = torch.device("cpu")
+    first_a, first_b = verify.windows([a, b], 64, [(10, 14), (3, 5)], cpu)
+    assert drawn == [(5, 10), (5, 11), (5, 12), (5, 13), (6, 3), (6, 4)] and copies[0] == 6  # one block for both rows
+    assert first_a.shape == (4, 64) and first_b.shape == (2, 64)
+    assert torch.equal(first_a[2], -torch.log(real(a, 64, 12))) and torch.equal(first_b[1], -torch.log(real(b, 64, 4)))
+    drawn.clear()
+    second_a, second_b = verify.windows([a, b], 64, [(12, 17), (4, 5)], cpu)  # two tokens accepted in a, one in b
+    assert drawn == [(5, 14), (5, 15), (5, 16)] and torch.equal(second_a[0], first_a[2]) and torch.equal(second_b[0], first_b[1])
+    assert sorted(a._held) == [12, 13, 14, 15, 16] and sorted(b._held) == [4]
+    drawn.clear()
+    verify.windows([a], 64, [(16, 17)], cpu)
+    assert drawn == [] and sorted(a._held) == [16]
 
 
 def test_sampling_on_a_gpu_races_every_node_at_once(monkeypatch):
