@@ -8,6 +8,7 @@ import contextlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import hf_greedy, started_head
 from ngspec.batch import BatchConfig, generate_batch
@@ -151,11 +152,38 @@ def test_generations_with_fixed_shape_head_runs_match_plain_greedy(tiny, tiny_da
     assert factory().pool.static_runs.shapes > 0
 
 
+# operations a CUDA graph capture refuses or cannot replay: a tensor's value read on the host
+# (`.item()`, `bool()`, `.tolist()`), outputs sized by their values (which wait for the device),
+# and tensors made from Python data (a copy from the host)
+# (on a CPU `.item()` and `bool()` dispatch as item and is_nonzero; a boolean mask as an index
+# runs nonzero on a GPU)
+UNCAPTURABLE = {
+    "aten._local_scalar_dense.default", "aten.item.default", "aten.is_nonzero.default", "aten.equal.default",
+    "aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default", "aten.unique_consecutive.default",
+    "aten.lift_fresh.default", "aten.repeat_interleave.Tensor",
+}
+MASK_INDEXED = {"aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default"}
+
+
+class _RefuseUncapturable(TorchDispatchMode):
+    """Inside a stand-in capture: raise on any of `UNCAPTURABLE`, or a boolean mask used as an
+    index, as a GPU's capture would."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        masked = name in MASK_INDEXED and any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+        if name in UNCAPTURABLE or masked:
+            raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({name})")
+        return func(*args, **(kwargs or {}))
+
+
 class _StandInGraphs:
     """torch.cuda's stream and graph calls for a CPU: a capture records the run without its result
     (the output is left as NaN, as a captured graph's memory holds no result until replayed), and
     a replay runs it again writing into the same output tensor, as a graph replays into the
-    addresses it captured. ``fail`` makes every capture raise as an uncapturable operation does."""
+    addresses it captured. As a GPU's capture does, it refuses what cannot be captured: Python
+    values assigned by index, host reads of a tensor's value and the rest of `UNCAPTURABLE`.
+    ``fail`` makes every capture raise as an uncapturable operation does."""
 
     def __init__(self, monkeypatch, fail: bool = False):
         self.fail, self.recording = fail, None
@@ -192,7 +220,8 @@ class _StandInGraphs:
 
         torch.Tensor.__setitem__ = no_host_values
         try:
-            yield
+            with _RefuseUncapturable():
+                yield
             if self.fail:
                 raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
         finally:
