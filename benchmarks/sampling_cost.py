@@ -74,6 +74,7 @@ def main() -> None:
         parser.error("--batch-size must be at least 1")
 
     name, arms = COMPARISONS[args.compare]
+    first, second = arms
     default = getattr(ngspec.verify, name)
     prompts = load_prompts(args.questions, args.category, args.limit)
     groups = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
@@ -98,7 +99,7 @@ def main() -> None:
     for d, spec in specs.items():
         for arm in arms:  # warm up each way: calibration, first kernels
             setattr(ngspec.verify, name, arms[arm])
-            decode(spec, [p for p in groups[0]])
+            decode(spec, groups[0])
     for i, group in enumerate(groups):
         for d, spec in specs.items():
             tokens = {}
@@ -106,12 +107,11 @@ def main() -> None:
                 setattr(ngspec.verify, name, arms[arm])  # the engine looks it up at each call
                 tokens[arm], new, seconds = decode(spec, group)
                 runs[d, arm].append((new, seconds))
-            if len({str(t) for t in tokens.values()}) > 1:
+            if tokens[first] != tokens[second]:
                 print(f"note: {group[0].id} {d}: the arms sampled different tokens (a near-tie?)")
         print(f"{i + 1}/{len(groups)} {group[0].id}", flush=True)
     setattr(ngspec.verify, name, default)
 
-    first, second = arms
     print(f"\n{len(prompts)} prompts, batch size {args.batch_size}, {args.max_new_tokens} new tokens, T={args.temperature} "
           f"top-p={args.top_p} top-k={args.top_k}, {next(iter(specs.values())).engine.target.device}; decode tok/s"
           + (" (prefill left out)" if args.batch_size == 1 else " (batch wall time)"))

@@ -17,8 +17,8 @@ every node). On a GPU that way costs a wait for the device and a copy for every 
 about 1-2 ms per sampled token at batch 8 (BENCHMARKS.md 10zn), so there every node's race runs
 at once on the device, and one copy brings them back for all the rows of a batch that share a
 setting (`race_rows`), as greedy's argmax does; the uniforms, still drawn on the host, are copied
-once per output position, all the rows' in one copy (`windows`). Both ways draw the same numbers, so they sample the
-same tokens (on a GPU up to the last bit of a logarithm, as every float there).
+once per output position, all the rows' in one copy (`windows`). Both ways draw the same numbers,
+so they sample the same tokens (on a GPU up to the last bit of a logarithm, as every float there).
 """
 
 from __future__ import annotations

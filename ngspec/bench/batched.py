@@ -67,6 +67,11 @@ class BatchArmSummary:
     exact_match: float | None  # share of rows (over every round) equal to transformers' greedy decoding (sampled: vanilla's rows; None for vanilla)
     rounds: list[BatchRound] = field(default_factory=list, repr=False)
 
+    @property
+    def groups(self) -> int:
+        """The groups of prompts each round ran in (1: all of them as one batch run)."""
+        return len(self.rounds[0].groups)
+
 
 def batch_groups(ids: list, batch_size: int, batches: int) -> list[list]:
     """The prompts in consecutive groups of ``batches`` batches' worth (all of them at 0): the
@@ -217,7 +222,7 @@ def versus(summaries: list[BatchArmSummary], base: str) -> list[dict]:
         if s.arm == base:
             continue
         per_round = [x.rate / b.rate for x, b in zip(s.rounds, theirs.rounds)]
-        grouped = len(s.rounds[0].groups) > 1
+        grouped = s.groups > 1
         if grouped:
             interval = ratio_interval(
                 [p for x in s.rounds for p in x.groups], [p for x in theirs.rounds for p in x.groups],
@@ -268,7 +273,7 @@ def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, 
         **({"self_repetition_token_weighted_with_datastore": ceilings[1]} if ceilings[1] is not None else {}),
         "arms": [
             {k: v for k, v in vars(s).items() if k != "rounds"} | {"round_seconds": [x.seconds for x in s.rounds]}
-            | ({"group_runs": [[list(g) for g in x.groups] for x in s.rounds]} if len(s.rounds[0].groups) > 1 else {})
+            | ({"group_runs": [[list(g) for g in x.groups] for x in s.rounds]} if s.groups > 1 else {})
             for s in summaries
         ],
         **({"versus": pairs} if pairs else {}),
@@ -282,7 +287,7 @@ def ceiling_text(ceilings: tuple[float, float | None], sampled: bool = False) ->
 
 
 def how_run(summaries: list[BatchArmSummary]) -> str:
-    groups = len(summaries[0].rounds[0].groups)
+    groups = summaries[0].groups
     if groups > 1:
         return f"Every arm runs in turn on each of {groups} groups of prompts per round, each group a batch run of its own"
     return "Each arm decodes all prompts as one batch per round"
