@@ -30,6 +30,7 @@ import json
 import pstats
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ from ngspec.batch import BatchConfig
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import DrafterOptions, make_drafter
-from ngspec.drafters.eagle import EagleOptions, eagle_factory
+from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
 from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.engine import Engine
 from ngspec.models import default_model_dir, load_model
@@ -121,6 +122,9 @@ def main() -> None:
     ap.add_argument("-n", "--max-new-tokens", type=int, default=48)
     ap.add_argument("--top", type=int, default=30, help="functions listed per ordering")
     ap.add_argument("--cost-slope", type=float, help="hand the drafters the verify cost 1 + S*n for n nodes (0.004: about the H100's for the default model, BENCHMARKS.md 10c), so that they draft as on a GPU with measured costs: gated head, local trie tree merged in, trees sized jointly (default: no cost, trees whole)")
+    ap.add_argument("--tuned", help="tune-tree output: the head's static tree, in float32 (as on a GPU; default: a dynamic tree of 16)")
+    ap.add_argument("--head-graphs", action="store_true", help="the head's runs at fixed shapes (`--head-graphs`; uncaptured on a CPU)")
+    ap.add_argument("--deepen", action="store_true", help="eagle+search with tree deepening")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     if args.drafter not in ("trie", "vanilla") and not args.eagle_head:
@@ -136,12 +140,13 @@ def main() -> None:
         new_drafter = lambda: make_drafter(args.drafter)  # noqa: E731
     else:
         head = load_head(Path(args.eagle_head), loaded.model)
-        factory = eagle_factory(loaded.model, head, EagleOptions("dynamic", 4, 4, 16), load_draft_vocab(Path(args.eagle_head)))
+        opts = EagleOptions("static", choices=read_choices(Path(args.tuned)), head_int8=False) if args.tuned else EagleOptions("dynamic", 4, 4, 16)
+        factory = eagle_factory(loaded.model, head, replace(opts, head_graphs=args.head_graphs), load_draft_vocab(Path(args.eagle_head)))
         if args.drafter == "whole-tree":
             new_drafter = factory
         else:
             store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
-            new_drafter = lambda: make_drafter("eagle+search", DrafterOptions(search_depth=16), None, factory, store)  # noqa: E731
+            new_drafter = lambda: make_drafter("eagle+search", DrafterOptions(search_depth=16, deepen=args.deepen), None, factory, store)  # noqa: E731
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.batch_size)]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)  # the slope stands (`Engine.cost_slope`)
     res = profile_batch(engine, ids, new_drafter, cfg, args.batch_size, args.top, args.whole_step, store)

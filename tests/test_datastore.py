@@ -116,6 +116,26 @@ def test_build_open_and_info(tmp_path, tokenizer):
     assert result.exit_code == 0 and json.loads(result.stdout)["tokens"] == meta.tokens
 
 
+@pytest.mark.parametrize("spec,local", [
+    ("corpora/magpie.jsonl", True), ("./corpus", True), ("/data/corpus", True), ("~/corpus", True), ("a/b/c", True),
+    ("x.parquet", True), ("Magpie-Align/Magpie-Pro-300K-Filtered", False), ("squad", False),
+])
+def test_a_missing_local_corpus_is_not_asked_of_the_hub(spec, local, tmp_path, monkeypatch):
+    """A path that cannot be a hub id fails at once when missing; hub-like names go to `datasets`."""
+    from ngspec.datastore import corpus as corpus_module
+
+    monkeypatch.chdir(tmp_path)
+    assert corpus_module.looks_local(spec) == local
+    asked = []
+    monkeypatch.setattr(corpus_module, "_stream", lambda spec, load: asked.append(spec) or iter(()))
+    if local:
+        with pytest.raises(NgspecError, match=f"corpus not found: {spec}"):
+            list(corpus_module.iter_records(spec))
+        assert asked == []
+    else:
+        assert list(corpus_module.iter_records(spec)) == [] and asked == [spec]
+
+
 def test_bad_builds_leave_nothing(tmp_path, tokenizer, monkeypatch):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -126,6 +146,12 @@ def test_bad_builds_leave_nothing(tmp_path, tokenizer, monkeypatch):
         with pytest.raises(NgspecError):
             build_datastore(str(corpus), tokenizer, "smol", tmp_path / "out", BuildOptions())
         assert not (tmp_path / "out").exists()
+    # a malformed record is named (its number, counted from 1) rather than crashing the tokeniser
+    turns = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "an answer"}]
+    malformed = write_jsonl(tmp_path / "malformed.jsonl", [{"conversations": turns}] * 2 + [{"conversations": 3}])
+    with pytest.raises(NgspecError, match="record 3: 'conversations' must be a list of turns, not int"):
+        build_datastore(str(malformed), tokenizer, "smol", tmp_path / "out", BuildOptions(batch_size=2))
+    assert not (tmp_path / "out").exists()
 
     good = write_jsonl(tmp_path / "good.jsonl", [{"text": "hello world"}])
     import ngspec.datastore.build as build_module

@@ -1,6 +1,7 @@
 """synth-corpus, (input, response) pair detection and the self-repetition command."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,23 @@ def test_pairs_need_fields():
         record_pairs({"foo": "bar"}, "r", {}, None, None)
 
 
+@pytest.mark.parametrize(
+    "record,says",
+    [
+        ({"conversations": 3}, "'conversations' must be a list of turns, not int"),
+        ({"messages": "hello"}, "'messages' must be a list of turns, not str"),
+        ({"question_id": 7, "choices": [{"turns": "a1"}]}, "an answer record needs"),
+        ({"question_id": 7, "choices": []}, "an answer record needs"),
+        ({"instruction": ["q"], "response": "a"}, "'instruction' must be a string, not list"),
+    ],
+)
+def test_malformed_records_are_named(record, says):
+    """A record of the right kind with a field of the wrong type: one message naming the record
+    (it crashed with a bare TypeError before)."""
+    with pytest.raises(NgspecError, match=f"record r: {re.escape(says)}"):
+        record_pairs(record, "r", {"7": ["Q1"]}, None, None)
+
+
 @pytest.mark.slow
 def test_self_repetition_command_on_real_answers(tmp_path):
     answers = SHARED / "mt_bench_answers" / "rest_vicuna-7b-v1.5" / "baseline-vicuna-7b-v1.5-temperature-0.0-top_p-0.jsonl"
@@ -127,6 +145,12 @@ def test_self_repetition_bad_input(tmp_path):
     result = runner.invoke(app, ["self-repetition", "--dataset", str(other)])
     assert result.exit_code == 1 and "none of its 2 records holds an (input, response) pair" in result.stderr
     assert "--input-field" in result.stderr and "Traceback" not in result.output
+    malformed = tmp_path / "malformed.jsonl"
+    malformed.write_text(json.dumps({"uuid": "u1", "conversations": [{"from": "human", "value": "q"}]}) + "\n"
+                         + json.dumps({"uuid": "u2", "conversations": 3}) + "\n")
+    result = runner.invoke(app, ["self-repetition", "--dataset", str(malformed)])
+    assert result.exit_code == 1 and "record u2: 'conversations' must be a list of turns" in result.stderr
+    assert "Traceback" not in result.output
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"question_id": 1, "turns": ["q"]}\n{"question_id": 2,\n')
     result = runner.invoke(app, ["self-repetition", "--dataset", str(path), "--questions", str(questions)])

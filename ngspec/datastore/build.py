@@ -86,7 +86,12 @@ def tokenize_to_file(records: Iterable[dict], tokenizer, opts: BuildOptions, pat
         for batch in _batches(records, opts.batch_size):
             if not done.format:
                 done.format = detect_format(batch[0])
-            docs = [d for r in batch for d in documents(r, done.format, opts.text == "all")]
+            docs = []
+            for i, record in enumerate(batch, done.records + 1):
+                try:
+                    docs += documents(record, done.format, opts.text == "all")
+                except NgspecError as exc:
+                    raise NgspecError(f"record {i}: {exc}") from None
             done.records += len(batch)
             if docs:
                 ids = pack_documents(tokenizer(docs, add_special_tokens=False)["input_ids"], dtype)

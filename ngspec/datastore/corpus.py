@@ -27,6 +27,8 @@ DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
 def detect_format(record: dict) -> str:
+    if not isinstance(record, dict):
+        raise NgspecError(f"the corpus's records must be JSON objects, not {type(record).__name__}")
     if "conversations" in record:
         return "sharegpt"
     if "messages" in record:
@@ -65,16 +67,27 @@ def _chat(turns: list, role_key: str, text_key: str, include_user: bool) -> list
     return _strings(out)
 
 
+def listed(record: dict, key: str) -> list:
+    """``record[key]`` where it must be a list of turns (missing or null: none); anything else is
+    a malformed record."""
+    turns = record.get(key) or []
+    if not isinstance(turns, list):
+        raise NgspecError(f"'{key}' must be a list of turns, not {type(turns).__name__}")
+    return turns
+
+
 def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
     """The texts of one record to index, each its own document."""
+    if not isinstance(record, dict):
+        raise NgspecError(f"a record must be a JSON object, not {type(record).__name__}")
     if fmt == "magpie":
         return _magpie(record, include_user)
     if fmt == "sharegpt":
-        return _chat(record.get("conversations") or [], "from", "value", include_user)
+        return _chat(listed(record, "conversations"), "from", "value", include_user)
     if fmt == "messages":
-        return _chat(record.get("messages") or [], "role", "content", include_user)
+        return _chat(listed(record, "messages"), "role", "content", include_user)
     if fmt == "ultrachat":
-        turns = record.get("data") or []
+        turns = listed(record, "data")
         return _strings(t for i, t in enumerate(turns) if i % 2 == 1 or include_user)
     if fmt == "text":
         return _strings([record.get("text")])
@@ -94,6 +107,14 @@ def local_files(path: Path) -> tuple[str, list[str]]:
     return kinds.pop(), [str(p) for p in files]
 
 
+def looks_local(spec: str) -> bool:
+    """Whether ``spec`` can only be a local path: a hub dataset id is ``name`` or ``owner/name``,
+    never starting with ``.``, ``/`` or ``~``, never with more than one ``/``, and not ending in
+    a data file's suffix. Such a path that does not exist is reported as missing at once,
+    without asking the hub (offline, `datasets` retries for most of a minute)."""
+    return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or Path(spec).suffix in DATA_SUFFIXES
+
+
 def _reading_error(spec: str, exc: Exception) -> NgspecError:
     message = " ".join(str(exc).split()) if str(exc) else type(exc).__name__
     if len(message) > 400:
@@ -109,6 +130,8 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
     of a directory are read one after another, so files whose records carry different extra
     fields (a Magpie export next to `synth-corpus` output) can sit side by side."""
     path = Path(spec).expanduser()
+    if not path.exists() and looks_local(spec):
+        raise NgspecError(f"corpus not found: {spec} (no such file or directory)")
     if not path.exists():
         yield from _stream(spec, lambda datasets: datasets.load_dataset(spec, split=split, streaming=True))
         return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ngspec.datastore.corpus import ASSISTANT_ROLES
+from ngspec.datastore.corpus import ASSISTANT_ROLES, listed
 from ngspec.errors import NgspecError
 
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
@@ -36,6 +36,17 @@ def _chat_pairs(rid: str, turns: list, role_key: str, text_key: str) -> list[Pai
     return out
 
 
+def _answer_turns(record: dict, rid: str) -> list[str]:
+    """An answer file's turns (Spec-Bench / FastChat: ``choices[0].turns``, a list of strings)."""
+    try:
+        turns = record["choices"][0]["turns"]
+    except (KeyError, IndexError, TypeError):
+        turns = None
+    if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+        raise NgspecError(f"record {rid}: an answer record needs 'choices': [{{'turns': [strings]}}]")
+    return turns
+
+
 def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_field: str | None, response_field: str | None) -> list[Pair]:
     if input_field or response_field:
         inp, resp = record.get(input_field or "", ""), record.get(response_field or "response")
@@ -43,7 +54,7 @@ def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_
             raise NgspecError(f"record {rid}: --input-field/--response-field must name string fields")
         return [Pair(rid, inp, resp)]
     if "choices" in record and "question_id" in record:
-        answers = record["choices"][0]["turns"]
+        answers = _answer_turns(record, rid)
         asked = questions.get(str(record["question_id"]), [])
         history, out = [], []
         for i, answer in enumerate(answers):
@@ -51,15 +62,19 @@ def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_
             out.append(Pair(f"{rid}.{i}", "\n".join(history), answer))
             history.append(answer)
         return out
-    if "conversations" in record:
-        return _chat_pairs(rid, record["conversations"], "from", "value")
-    if "messages" in record:
-        return _chat_pairs(rid, record["messages"], "role", "content")
+    for key, role_key, text_key in (("conversations", "from", "value"), ("messages", "role", "content")):
+        if key in record:
+            try:
+                return _chat_pairs(rid, listed(record, key), role_key, text_key)
+            except NgspecError as exc:
+                raise NgspecError(f"record {rid}: {exc}") from None
     turns = sorted((int(m.group(2)), m.group(1), k) for k in record if (m := _TURN.match(k)))
     if turns:
         chat = [{"role": "assistant" if kind == "response" else "user", "content": record[k]} for _, kind, k in turns]
         return _chat_pairs(rid, chat, "role", "content")
     if "instruction" in record:
         responses = record.get("responses") if isinstance(record.get("responses"), list) else [record.get("response")]
+        if not isinstance(record["instruction"], str):
+            raise NgspecError(f"record {rid}: 'instruction' must be a string, not {type(record['instruction']).__name__}")
         return [Pair(f"{rid}.{i}", record["instruction"], r) for i, r in enumerate(responses) if isinstance(r, str)]
     raise NgspecError(f"record {rid}: cannot find (input, response) fields in {sorted(record)}; use --input-field/--response-field")
