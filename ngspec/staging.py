@@ -22,8 +22,12 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     if out.exists() and not out.is_dir():
         raise NgspecError(f"{out} is a file; --force replaces a directory only, give another path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    _no_file_above(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise NgspecError(f"cannot write {out}: {exc.strerror or exc} ({exc.filename or out.parent})") from None
     try:
         yield tmp
         if out.exists():
@@ -34,12 +38,20 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _no_file_above(out: Path) -> None:
+    """Refuse ``out`` when its nearest existing ancestor is a file (mkdir would say "File exists")."""
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise NgspecError(f"cannot write {out}: {above} is a file, not a directory")
+
+
 def output_directory(out: Path) -> None:
     """Create the directory ``out`` will be written in and check that a file can be written there
     (called before a long run, so that a path that cannot be written fails at once, not after the
     work); ``out`` itself must not be a directory."""
     if Path(out).is_dir():
         raise NgspecError(f"{out} is a directory; give the path of a file to write")
+    _no_file_above(Path(out))
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -31,7 +31,7 @@ def test_output_directory_is_created_or_refused_clearly(tmp_path):
     staging.output_directory(tmp_path / "a" / "b" / "shape.json")
     assert (tmp_path / "a" / "b").is_dir()
     (tmp_path / "file").write_text("")
-    with pytest.raises(NgspecError, match="cannot create the directory for"):
+    with pytest.raises(NgspecError, match="cannot write .*/file/shape.json: .*/file is a file, not a directory"):
         staging.output_directory(tmp_path / "file" / "shape.json")
 
 
@@ -44,6 +44,13 @@ def test_output_paths_of_the_wrong_kind_are_refused_before_any_work(tmp_path):
         with staging.staged_directory(afile, force=True):
             pytest.fail("no work starts")
     assert afile.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_staged_directory_that_cannot_be_made_is_refused_clearly(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NgspecError, match="cannot write .*/file/store: .*/file is a file, not a directory"):
+        with staging.staged_directory(tmp_path / "file" / "store", force=False):
+            pytest.fail("no work starts")
 
 
 def test_an_os_error_names_the_path_the_user_gave():
