@@ -38,6 +38,8 @@ Prompt = Union[str, Sequence[dict], Sequence[int]]
 
 PATH_OPTIONS = {"bigram_table", "eagle_head", "tree_choices", "datastore"}
 
+PROMPT_KINDS = "a prompt is a str, a list of chat messages ({'role': ..., 'content': ...}) or a list of token ids"
+
 
 @dataclass(frozen=True)
 class Output:
@@ -268,11 +270,15 @@ class Speculator:
 
         if isinstance(prompt, str):
             return encode(self._tokenizer("text prompts"), prompt, raw)
+        if hasattr(prompt, "tolist") and getattr(prompt, "ndim", None) == 1:
+            prompt = prompt.tolist()  # a 1-D tensor or array of token ids
+        if not isinstance(prompt, (list, tuple)):
+            raise NgspecError(f"{PROMPT_KINDS} (got {type(prompt).__name__})")
         prompt = list(prompt)
         if prompt and all(isinstance(m, dict) for m in prompt):
             return encode_messages(self._tokenizer("chat messages"), prompt)
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise NgspecError("a prompt is a str, a list of chat messages ({'role': ..., 'content': ...}) or a list of token ids")
+            raise NgspecError(PROMPT_KINDS)
         vocab = self.engine.loaded.model.get_input_embeddings().num_embeddings
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
@@ -373,6 +379,8 @@ class Speculator:
             BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share,
             layout=layout,
         )
+        if isinstance(prompts, str):  # its characters would be read as prompts, one each
+            raise NgspecError("generate_batch takes a list of prompts; for one text prompt, call generate or pass [prompt]")
         if not prompts:
             return []
         ids = [self.encode(p, raw) for p in prompts]

@@ -10,6 +10,7 @@ import threading
 import warnings
 
 import pytest
+import torch
 
 from conftest import hf_greedy, repetitive_prompt, started_head
 from ngspec import NgspecError, Output, Speculator
@@ -92,6 +93,10 @@ def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
         (lambda s: s.generate([1, True]), "a prompt is a str"),
         (lambda s: s.generate([1, 2.0]), "a prompt is a str"),
         (lambda s: s.generate([]), "the prompt is empty"),
+        (lambda s: s.generate(None), r"a prompt is a str.* \(got NoneType\)"),
+        (lambda s: s.generate(7), r"a prompt is a str.* \(got int\)"),
+        (lambda s: s.generate(torch.ones(2, 2, dtype=torch.long)), r"\(got Tensor\)"),
+        (lambda s: s.generate_batch("one prompt"), "generate_batch takes a list of prompts"),
         (lambda s: s.generate([1, 2], max_new_tokens=0), "--max-new-tokens must be at least 1"),
         (lambda s: s.generate([1, 2], top_p=0.0, temperature=1.0), "top_p"),
         (lambda s: s.generate_batch([[1, 2]], batch_size=0), "--batch-size must be at least 1"),
@@ -101,6 +106,16 @@ def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
 def test_bad_input_raises_one_clear_error(tiny, call, message):
     with pytest.raises(NgspecError, match=message):
         call(Speculator.from_model(tiny, drafter="trie"))
+
+
+def test_a_tensor_or_array_of_token_ids_is_a_prompt(tiny):
+    import numpy as np
+
+    spec = Speculator.from_model(tiny, drafter="trie")
+    ids = [5, 9, 2, 7]
+    want = spec.generate(ids, max_new_tokens=6).token_ids
+    assert spec.generate(torch.tensor(ids), max_new_tokens=6).token_ids == want
+    assert spec.generate(np.array(ids), max_new_tokens=6).token_ids == want
 
 
 def test_sampling_is_checked_against_plain_sampling_and_a_seed_replays_it(tiny, prompts_and_expected):
