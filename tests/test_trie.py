@@ -58,6 +58,34 @@ def test_counts_equal_brute_force_on_random_texts():
         assert trie_counts(trie) == dict(brute_force_counts(text, n, prefix_len))
 
 
+def test_nodes_are_numbered_in_the_order_they_appear():
+    """Ties between equally frequent nodes go to the lower id (`top_subtree`, `greedy_path`), so
+    the numbering is part of what the drafter proposes: a node's id follows the first time its
+    path is read, by the position of its last token, then by the position it starts at; a node's
+    children iterate in id order."""
+    rng = random.Random(1)
+    for _ in range(200):
+        n = rng.randrange(2, 8)
+        prefix_len = rng.randrange(1, n)
+        text = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        trie = NGramTrie(n, prefix_len)
+        for i in range(0, len(text), 5):
+            trie.extend(text[i : i + 5])
+        paths = {}
+        for start in range(len(text)):
+            for end in range(start, min(start + n, len(text))):
+                paths.setdefault(tuple(text[start : end + 1]), (end, start))
+        by_id = [None] * (len(trie.counts))
+        stack = [(0, ())]
+        while stack:
+            node, path = stack.pop()
+            assert list(trie.children[node].values()) == sorted(trie.children[node].values())
+            for tok, kid in trie.children[node].items():
+                by_id[kid] = path + (tok,)
+                stack.append((kid, path + (tok,)))
+        assert by_id[1:] == sorted(paths, key=paths.get)
+
+
 def test_match_backs_off_to_shorter_suffixes():
     trie = NGramTrie(n=4, prefix_len=3)
     trie.extend([1, 2, 3, 4, 5, 6])

@@ -20,20 +20,12 @@ parent, so best-first selection by count yields a prefix-closed tree.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.tree import most_paying
 
 NUM_DRAFT = 32  # the trie's best nodes offered each step, of which the sizing keeps those that pay
-
-
-@dataclass
-class _Walker:
-    node: int
-    depth: int
-    max_j: int  # sub-prefix offsets 0..max_j start at this position
 
 
 class NGramTrie:
@@ -48,44 +40,63 @@ class NGramTrie:
         self.counts: list[int] = [0]
         self.tokens: list[int] = [-1]
         self.depths: list[int] = [0]
-        self._walkers: list[_Walker] = []
+        # the node each of the last n - 1 start positions has reached (oldest first): start s's
+        # paths are text[s + j : ...] for sub-prefix offsets j = 0 .. min(prefix_len - 1, s)
+        self._fronts: list[int] = []
         self._position = 0  # tokens inserted so far
+        # what a front adds to each node it passes, oldest first: of the paths through its start,
+        # those that reach this deep (below every window's end fewer do)
+        self._weights = [min(prefix_len - 1, i) + 1 for i in range(n - 1)]
 
     def __len__(self) -> int:
         return len(self.counts) - 1
 
+    def depth(self, node: int) -> int:
+        return self.depths[node]
+
     def _child(self, node: int, token: int) -> int:
         kid = self.children[node].get(token)
         if kid is None:
-            kid = len(self.counts)
-            self.children[node][token] = kid
+            kid = self.children[node][token] = len(self.counts)
             self.children.append({})
             self.counts.append(0)
             self.tokens.append(token)
             self.depths.append(self.depths[node] + 1)
         return kid
 
-    def depth(self, node: int) -> int:
-        return self.depths[node]
-
     def extend(self, tokens: Sequence[int]) -> None:
-        """Append tokens to the text the trie covers."""
+        """Append tokens to the text the trie covers. Each token moves every front one node down
+        (a new node where the path is new, numbered in the order nodes appear) and starts a new
+        one; the oldest front, n tokens deep, stops. A front at offset i of a full window (i = 0
+        the oldest) adds min(prefix_len - 1, i) + 1: its sub-prefixes that are still within one
+        window at this depth; in the first n - 1 tokens the same, as fronts are then fewer."""
+        children, counts, weights = self.children, self.counts, self._weights
+        new_children, new_count, new_label, new_depth = children.append, counts.append, self.tokens.append, self.depths.append
+        fronts, position, full = self._fronts, self._position, self.n - 1
         for tok in tokens:
-            alive: list[_Walker] = []
-            for w in self._walkers:
-                w.depth += 1
-                weight = min(w.max_j, self.n - w.depth) + 1
-                if weight <= 0:
-                    continue
-                w.node = self._child(w.node, tok)
-                self.counts[w.node] += weight
-                if w.depth < self.n:
-                    alive.append(w)
-            start = _Walker(self._child(0, tok), 1, min(self.prefix_len - 1, self._position))
-            self.counts[start.node] += start.max_j + 1
-            alive.append(start)
-            self._walkers = alive
-            self._position += 1
+            depth = len(fronts) + 1  # fronts[0]'s depth after this token
+            moved = []
+            for node, weight in zip(fronts, weights):  # the Python loop every prompt token pays n - 1 times
+                kids = children[node]
+                kid = kids.get(tok)
+                if kid is None:
+                    kid = kids[tok] = len(counts)
+                    new_children({})
+                    new_count(weight)
+                    new_label(tok)
+                    new_depth(depth)
+                else:
+                    counts[kid] += weight
+                moved.append(kid)
+                depth -= 1
+            if len(fronts) == full:
+                del moved[0]  # n deep: its window ends here
+            start = self._child(0, tok)  # a new start: its sub-prefixes begin at it
+            counts[start] += min(self.prefix_len - 1, position) + 1
+            moved.append(start)
+            fronts = moved
+            position += 1
+        self._fronts, self._position = fronts, position
 
     def match(self, context: Sequence[int]) -> int | None:
         """Node reached by the longest suffix of ``context`` (<= prefix_len) that has children
