@@ -215,8 +215,11 @@ versus_more() {
     # the graphs' tests, and sampling's acceptance reading a GPU's logits with host draws (10zm)
     stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py \
         tests/test_verify.py::test_sampling_reads_logits_on_the_device_and_draws_on_the_host
+    # the prompt's trie on this host (BENCHMARKS.md 10zp predicted 1.2 and 1.7 ms a 772-token prompt)
+    stage trie-build 30 "$PY" benchmarks/trie_build.py --questions /tmp/data/spec_bench/question.jsonl --category rag --limit 16
     pack more.tgz
     grep -h "tokens/call" $RES/versus-*.log
+    grep -h "a token" $RES/trie-build.log
 }
 
 # after versus_more, on the warm machine (no carry): sampling at batch 8 on the GPU. First the two

@@ -45,12 +45,16 @@ def test_hand_worked_example():
     assert len(counts) == 9
 
 
-def test_counts_equal_brute_force_on_random_texts():
-    rng = random.Random(0)
-    for _ in range(200):
+def random_cases(seed, vocab, shortest, cases=200):
+    """(rng, n, prefix_len, text) of random small tries' settings and texts."""
+    rng = random.Random(seed)
+    for _ in range(cases):
         n = rng.randrange(2, 8)
-        prefix_len = rng.randrange(1, n)
-        text = [rng.randrange(5) for _ in range(rng.randrange(0, 40))]
+        yield rng, n, rng.randrange(1, n), [rng.randrange(vocab) for _ in range(rng.randrange(shortest, 40))]
+
+
+def test_counts_equal_brute_force_on_random_texts():
+    for rng, n, prefix_len, text in random_cases(0, 5, 0):
         trie = NGramTrie(n, prefix_len)
         cut = rng.randrange(len(text) + 1)
         trie.extend(text[:cut])  # incremental insertion equals building at once
@@ -63,11 +67,7 @@ def test_nodes_are_numbered_in_the_order_they_appear():
     the numbering is part of what the drafter proposes: a node's id follows the first time its
     path is read, by the position of its last token, then by the position it starts at; a node's
     children iterate in id order."""
-    rng = random.Random(1)
-    for _ in range(200):
-        n = rng.randrange(2, 8)
-        prefix_len = rng.randrange(1, n)
-        text = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+    for _, n, prefix_len, text in random_cases(1, 4, 1):
         trie = NGramTrie(n, prefix_len)
         for i in range(0, len(text), 5):
             trie.extend(text[i : i + 5])
