@@ -11,6 +11,12 @@ prompt. Files written before reader_ab kept those keys count every pair as a pro
 pooling two such files that ran the same prompts reads narrower than the prompts justify (the
 report says so). Batch runs pool their groups (`--interleave-batches`) the same way. Pool only
 files from the same machine and setup.
+
+`ngspec bench -b B --interleave-batches K --json-out` files pool too: each group of prompts (a
+batch run of its own, every arm in turn on it) is one unit, keyed by the run's category, batch
+size and group index, so two files that ran the same groups count each group once.
+
+    python benchmarks/ab_pool.py res/sampled-b8-rag.json res/greedy-b8-rag.json --arm eagle+search --versus trie
 """
 
 from __future__ import annotations
@@ -38,6 +44,21 @@ def pairs(results: dict, arm: str, versus: str, name: str) -> tuple[list[Run], l
     return [tuple(r) for r in mine], [tuple(r) for r in theirs], keys if keys and len(keys) == len(mine) else None
 
 
+def bench_pairs(data: dict, arm: str, versus: str, name: str) -> tuple[list[Run], list[Run], list[str]]:
+    """The same for a `ngspec bench -b` result: its arms' group runs, round after round, keyed by
+    category, batch size and group (a bench run without groups has no pairs to resample)."""
+    arms = {a["arm"]: a for a in data["arms"]}
+    for a in (arm, versus):
+        if a not in arms:
+            raise SystemExit(f"{name}: no arm {a!r} (arms: {', '.join(arms)})")
+    if "group_runs" not in arms[arm] or "group_runs" not in arms[versus]:
+        raise SystemExit(f"{name}: no group runs (a bench -b run without --interleave-batches, or of one group): nothing to pool")
+    env = data.get("environment", {})
+    runs = {a: [tuple(g) for rnd in arms[a]["group_runs"] for g in rnd] for a in (arm, versus)}
+    keys = [f"{env.get('category')}:b{env.get('batch_size')}:group {g}" for rnd in arms[arm]["group_runs"] for g in range(len(rnd))]
+    return runs[arm], runs[versus], keys
+
+
 def describe(label: str, mine: list[Run], theirs: list[Run], keys: list[str]) -> str:
     interval = ratio_interval(mine, theirs, keys=keys)
     span = f"95% interval {interval[0]:.3f}-{interval[1]:.3f}x" if interval else "one prompt: no interval"
@@ -47,7 +68,7 @@ def describe(label: str, mine: list[Run], theirs: list[Run], keys: list[str]) ->
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="+", type=Path, help="reader_ab.py --json-out files")
+    ap.add_argument("files", nargs="+", type=Path, help="reader_ab.py or ngspec bench -b --json-out files")
     ap.add_argument("--arm", default="whole")
     ap.add_argument("--versus", default="trie")
     args = ap.parse_args(argv)
@@ -60,7 +81,10 @@ def main(argv: list[str] | None = None) -> None:
             results = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise SystemExit(f"{path}: cannot read reader_ab results ({exc})") from None
-        a, b, k = pairs(results, args.arm, args.versus, str(path))
+        if isinstance(results.get("arms"), list):  # ngspec bench -b --json-out
+            a, b, k = bench_pairs(results, args.arm, args.versus, str(path))
+        else:
+            a, b, k = pairs(results, args.arm, args.versus, str(path))
         if k is None:  # every pair a prompt of its own
             unkeyed.append(str(path))
             k = [f"{path}#{i}" for i in range(len(a))]

@@ -64,3 +64,38 @@ def test_a_missing_arm_or_unpaired_runs_or_a_bad_file_is_one_message(tmp_path):
     bad.write_text("{")
     with pytest.raises(SystemExit, match="cannot read"):
         pool.main([str(bad)])
+
+
+def bench_result(category, groups_by_arm, batch_size=8):
+    """An `ngspec bench -b B --interleave-batches K --json-out` result: per arm, each round's groups."""
+    return {
+        "environment": {"category": category, "batch_size": batch_size},
+        "arms": [{"arm": arm, "group_runs": rounds} for arm, rounds in groups_by_arm.items()],
+    }
+
+
+def test_bench_batch_files_pool_their_groups_each_once(tmp_path, capsys):
+    """A bench -b file's groups are its units: two rounds of one group count as one group, the same
+    groups in a second file once, another category's apart, as bench's own interval counts them."""
+    rag = {"eagle+search": [[[500, 5.0], [480, 5.5]], [[500, 5.2], [480, 5.1]]],
+           "trie": [[[500, 5.5], [480, 5.4]], [[500, 5.6], [480, 5.9]]]}
+    summ = {"eagle+search": [[[400, 4.0], [420, 4.4], [410, 4.1]]], "trie": [[[400, 4.2], [420, 4.3], [410, 4.5]]]}
+    files = [write(tmp_path / "rag.json", bench_result("rag", rag)), write(tmp_path / "summ.json", bench_result("summarization", summ)),
+             write(tmp_path / "rag-again.json", bench_result("rag", rag))]
+    pool.main([str(f) for f in files] + ["--arm", "eagle+search", "--versus", "trie"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "over 2 prompts or groups (4 pairs)" in lines[0] and "over 3 prompts or groups (3 pairs)" in lines[1]
+    assert "pooled" in lines[3] and "over 5 prompts or groups (11 pairs)" in lines[3]
+    keys = ["rag:b8:group 0", "rag:b8:group 1"] * 2
+    mine = [tuple(g) for rnd in rag["eagle+search"] for g in rnd]
+    theirs = [tuple(g) for rnd in rag["trie"] for g in rnd]
+    low, high = ratio_interval(mine, theirs, keys=keys)
+    assert f"{low:.3f}-{high:.3f}x" in lines[0]
+
+
+def test_a_bench_file_without_groups_is_refused_with_the_reason(tmp_path):
+    data = {"environment": {}, "arms": [{"arm": "eagle+search"}, {"arm": "trie"}]}
+    with pytest.raises(SystemExit, match="no group runs"):
+        pool.main([str(write(tmp_path / "b.json", data)), "--arm", "eagle+search", "--versus", "trie"])
+    with pytest.raises(SystemExit, match="no arm 'whole'"):
+        pool.main([str(write(tmp_path / "b.json", data)), "--arm", "whole", "--versus", "trie"])
