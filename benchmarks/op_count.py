@@ -53,7 +53,7 @@ PHASES = {  # phase: (owner, method) whose operations it counts
     "verify": (BatchTarget, "verify"),
     "commit": (BatchTarget, "commit"),
     "features": (BatchTarget, "take_features"),
-    "prefill": (BatchTarget, "admit"),
+    "prefill": (BatchTarget, "admit_many"),
 }
 
 

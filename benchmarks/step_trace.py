@@ -9,7 +9,7 @@ rag would have run 1.12x the trie). Operation counts (`op_count.py`) say how man
 operations a step issues; this says what they cost there, and how many of them wait for the GPU:
 a tensor made from a Python list on a CUDA device is a blocking copy, which waits for every
 queued kernel. Phases: ``drafting`` (`propose_together`), ``verify`` and ``commit``
-(`BatchTarget`), ``prefill`` (`BatchTarget.admit`), ``rest`` (the loop's own work: stopping,
+(`BatchTarget`), ``prefill`` (`BatchTarget.admit_many`), ``rest`` (the loop's own work: stopping,
 slots, compaction).
 
     python benchmarks/step_trace.py --questions question.jsonl --eagle-head /tmp/head \\
@@ -42,7 +42,7 @@ PHASES = {  # phase: (owner, method) whose time it is
     "drafting": (batch_module, "propose_together"),
     "verify": (BatchTarget, "verify"),
     "commit": (BatchTarget, "commit"),
-    "prefill": (BatchTarget, "admit"),
+    "prefill": (BatchTarget, "admit_many"),
 }
 RUNTIME_KINDS = {  # CUDA runtime (and driver) calls by what they do
     "launch": ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"),

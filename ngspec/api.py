@@ -361,6 +361,7 @@ class Speculator:
         rearrange_every: int | None = None,
         rearrange_min_share: float | None = None,
         layout: str = "padded",
+        prefill_tokens: int | None = None,
         check: bool = False,
         on_output: Callable[[int, Output], None] | None = None,
     ) -> list[Output]:
@@ -369,7 +370,8 @@ class Speculator:
         context window) gets ``finish_reason="error"`` and its ``error``, and the others finish.
         ``on_output(index, output)`` is called as each prompt finishes (before any check), to
         write results as they come. ``rearrange_every`` / ``rearrange_min_share``: as `generate
-        --rearrange-every` / ``--rearrange-min-share`` (defaults measured on a CPU)."""
+        --rearrange-every` / ``--rearrange-min-share`` (defaults measured on a CPU);
+        ``prefill_tokens``: as ``--prefill-tokens`` (None: 8192 on a GPU, 0 on a CPU)."""
         from ngspec.batch import BatchConfig
 
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, check)
@@ -378,6 +380,7 @@ class Speculator:
             BatchConfig.rearrange_every if rearrange_every is None else rearrange_every,
             BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share,
             layout=layout,
+            prefill_tokens=prefill_tokens,
         )
         if isinstance(prompts, str):  # its characters would be read as prompts, one each
             raise NgspecError("generate_batch takes a list of prompts; for one text prompt, call generate or pass [prompt]")

@@ -40,6 +40,7 @@ from ngspec.verify import Draws, SamplingConfig, accept_argmax, sample_rows
 
 
 LAYOUTS = ("padded", "packed")
+GPU_PREFILL_TOKENS = 8192  # the default `BatchConfig.prefill_tokens` off the CPU
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,11 @@ class BatchConfig:
     joint_sizing: bool = True  # size all rows' trees together (the batch pays for the widest); False: each row alone
     heads_together: bool = True  # run every row's EAGLE head calls in one forward per level; False: row by row
     layout: str = "padded"  # verify rows "padded" to the widest tree, or "packed" back to back (BENCHMARKS.md 10n)
+    # prompts admitted at once are prefilled together in forwards of at most this many tokens,
+    # padding included (0: each prompt alone; None: GPU_PREFILL_TOKENS on a GPU, where a prefill
+    # costs host work about as a step does, and 0 on a CPU, whose prefill is arithmetic: padding
+    # would cost and the logits move by float rounding, BENCHMARKS.md 10zp)
+    prefill_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -58,6 +64,8 @@ class BatchConfig:
             raise NgspecError("--rearrange-every must be >= 0 (0 = never compact)")
         if self.layout not in LAYOUTS:
             raise NgspecError(f"--batch-layout must be one of {', '.join(LAYOUTS)} (got {self.layout!r})")
+        if self.prefill_tokens is not None and self.prefill_tokens < 0:
+            raise NgspecError(f"--prefill-tokens must be >= 0 (0 = each prompt's prefill alone; got {self.prefill_tokens})")
         if not 0.0 <= self.rearrange_min_share < 1.0:
             raise NgspecError(f"--rearrange-min-share must be in [0, 1) (got {self.rearrange_min_share})")
 
@@ -77,7 +85,9 @@ class BatchReport:
     live_steps: int = 0  # the same for live entries only: what a hole-free cache would hold
     peak_slots: int = 0
     seconds: float = 0.0
-    prefill_seconds: float = 0.0  # admitting prompts, one at a time while the other rows wait
+    prefill_seconds: float = 0.0  # admitting prompts, while the other rows wait
+    prefill_tokens: int = 0  # the cap the batch prefilled under (`BatchConfig.prefill_tokens`, resolved)
+    prefill_forwards: int = 0
     new_tokens: int = 0
 
     @property
@@ -90,6 +100,7 @@ class BatchReport:
             "rearrange_seconds": self.rearrange_seconds, "freed_entries": self.freed_entries, "cost_units": self.cost_units,
             "mean_hole_share": self.hole_share, "peak_cache_slots": self.peak_slots, "seconds": self.seconds,
             "prefill_seconds": self.prefill_seconds, "prefill_share": self.prefill_seconds / self.seconds if self.seconds else 0.0,
+            "prefill_tokens": self.prefill_tokens, "prefill_forwards": self.prefill_forwards,
             "new_tokens": self.new_tokens, "tokens_per_second": self.new_tokens / self.seconds if self.seconds else 0.0,
         }
 
@@ -183,8 +194,9 @@ def generate_batch(
     # may never, so their rows grow by doubling
     wanted = min(batch.batch_size, len(prompts)) if feed is None else None
     target = BatchTarget(model, packed=batch.layout == "packed", rows_wanted=wanted)
+    target.prefill_tokens = batch.prefill_tokens if batch.prefill_tokens is not None else (0 if target.device.type == "cpu" else GPU_PREFILL_TOKENS)
     results: dict[int, BatchResult] = {}
-    report = BatchReport()
+    report = BatchReport(prefill_tokens=target.prefill_tokens)
     waiting = deque(Request(i, list(p), cfg.max_new_tokens, cfg.sampling, new_stopper()) for i, p in enumerate(prompts))
     rows: list[_Row] = []
     # what this batch's verify calls take, fitted per number of rows (a step of fewer rows costs
@@ -207,13 +219,16 @@ def generate_batch(
         if on_finish:
             on_finish(results[row.index])
 
-    def admit(slot: int | None) -> _Row | None:
-        """Start the next waiting prompt that fits, in ``slot`` (None: a new row). Requests fed
-        since are taken first into the queue, among them any that a row just finished led to (a
-        conversation's next turn): a batch whose last row ends then goes on with them."""
+    def admit(slots: list[int | None]) -> list[_Row]:
+        """Start waiting prompts that fit, one per slot of ``slots`` in order (None: a new row),
+        prefilled together where the target batches prefills; fewer rows when fewer wait.
+        Requests fed since are taken first into the queue, among them any that a row just
+        finished led to (a conversation's next turn): a batch whose last row ends then goes on
+        with them."""
         if feed is not None:
             waiting.extend(feed())
-        while waiting:
+        requests: list[Request] = []
+        while waiting and len(requests) < len(slots):
             request = waiting.popleft()
             try:
                 check_prompt(request.prompt, target.max_length)
@@ -223,13 +238,23 @@ def generate_batch(
                 if on_finish:
                     on_finish(results[request.index])
                 continue
-            drafter = new_drafter()
+            requests.append(request)
+        if not requests:
+            return []
+        drafters = [new_drafter() for _ in requests]
+        for drafter in drafters:
             target.keep_features = target.keep_features or bool(getattr(drafter, "needs_features", False))
             target.feature_layers = getattr(drafter, "feature_layers", None)
-            row = _Row(request, drafter, time.perf_counter())
-            root = _first_token(target.admit(request.prompt, slot), request.sampling, request.draws)
-            row.stats.prefill_seconds = time.perf_counter() - row.start
-            report.prefill_seconds += row.stats.prefill_seconds
+        t0 = time.perf_counter()
+        logits = target.admit_many([r.prompt for r in requests], slots[: len(requests)])
+        took = time.perf_counter() - t0
+        report.prefill_seconds += took
+        prefill = took / len(requests)  # a shared prefill: each row's share
+        started = []
+        for request, drafter, first in zip(requests, drafters, logits):
+            row = _Row(request, drafter, t0)
+            root = _first_token(first, request.sampling, request.draws)
+            row.stats.prefill_seconds = prefill
             row.out, row.reason = row.stopper.cut([], [root])
             # a budget of one token is spent here: a row admitted into a freed slot must stop
             # before the next step, as the loop's check stops the rows it sees
@@ -238,22 +263,20 @@ def generate_batch(
             drafter.start(request.prompt)
             drafter.observe(row.out)
             row.emit(row.out)
-            return row
-        return None
+            started.append(row)
+        return started
 
     def fill() -> None:
         """New rows for waiting prompts, up to the batch size."""
-        while len(rows) < batch.batch_size:
-            row = admit(None)
-            if row is None:
-                break
-            rows.append(row)
+        if len(rows) < batch.batch_size:
+            rows.extend(admit([None] * (batch.batch_size - len(rows))))
 
     fill()
     while rows:
         # rows that are done hand their slot to the next prompt, or leave the batch; a finished
         # row is let go before the next is admitted, so that the head-cache row its drafter holds
         # is free for the new drafter (indexed: `enumerate` would keep its last pair alive)
+        freed = []
         for b in range(len(rows)):
             row = rows[b]
             if row.reason is None and row.request.cancelled is not None and row.request.cancelled():
@@ -263,7 +286,9 @@ def generate_batch(
             if row.reason is not None:
                 finish(row)
                 rows[b] = row = None
-                rows[b] = admit(b)
+                freed.append(b)
+        for b, row in zip(freed, admit(freed)):  # all freed slots' prompts admitted together
+            rows[b] = row
         if any(r is None for r in rows):
             order = target.drop([b for b, r in enumerate(rows) if r is not None])
             rows = [rows[b] for b in order]
@@ -346,5 +371,6 @@ def generate_batch(
                 report.freed_entries += (before - target.slots) * target.rows
 
     report.seconds = time.perf_counter() - began
+    report.prefill_forwards = target.prefill_forwards
     return [results[i] for i in sorted(results)], report
 

@@ -265,6 +265,10 @@ class BatchTarget:
         self.rope_switch = rope_switch(config)  # where longrope frequencies switch, if they do
         self.keep_features = False
         self.feature_layers: tuple[int, ...] | None = None
+        # prompts admitted together are prefilled in forwards of at most this many tokens (0: one
+        # prompt a forward); the batch loop sets it (`BatchConfig.prefill_tokens`)
+        self.prefill_tokens = 0
+        self.prefill_forwards = 0
         self.cache: DynamicCache | None = None
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [rows, slots]
         self.lengths: list[int] = []  # live entries per row (= its committed tokens)
@@ -300,18 +304,51 @@ class BatchTarget:
     def admit(self, prompt: Sequence[int], row: int | None = None) -> torch.Tensor:
         """Prefill ``prompt`` on its own and place it in ``row`` (a finished row's slot) or a new
         last row; returns the next-token logits after the prompt."""
-        own = make_cache(self.model.config, capacity=len(prompt))
+        return self.admit_many([prompt], [row])[0]
+
+    @torch.inference_mode()
+    def admit_many(self, prompts: Sequence[Sequence[int]], rows: Sequence[int | None]) -> list[torch.Tensor]:
+        """`admit` for several prompts, in order (a None row: a new last row), each prompt's
+        next-token logits. With ``prefill_tokens`` > 0, consecutive prompts are prefilled together
+        in forwards of at most that many tokens, padding included (on a host-bound GPU a prefill
+        costs about what a decoding step does, whatever its rows); a prompt's own forward gives
+        the same logits and entries up to float rounding, as different shapes do."""
+        out: list[torch.Tensor] = []
+        i = 0
+        while i < len(prompts):
+            j = i + 1
+            while j < len(prompts) and (j + 1 - i) * max(len(p) for p in prompts[i : j + 1]) <= self.prefill_tokens:
+                j += 1
+            out += self._prefill(prompts[i:j], rows[i:j])
+            i = j
+        return out
+
+    def _prefill(self, prompts: Sequence[Sequence[int]], rows: Sequence[int | None]) -> list[torch.Tensor]:
+        """One forward for ``prompts``, right-padded to the longest (a pad comes after every real
+        token of its row, so the causal mask keeps it out of them), each placed in its row."""
+        self.prefill_forwards += 1
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        own = make_cache(self.model.config, capacity=width)
+        ids = torch.tensor([list(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
+        ends = sorted({n - 1 for n in lengths})
+        keep = 1 if ends == [width - 1] else torch.tensor(ends, device=self.device)  # the LM head on the prompts' last positions only
         out, features = forward_with_features(
-            lambda **extra: self.model(
-                input_ids=torch.tensor([list(prompt)], device=self.device), **cache_argument(self.model, own), use_cache=True, logits_to_keep=1, **extra,
-            ),
+            lambda **extra: self.model(input_ids=ids, **cache_argument(self.model, own), use_cache=True, logits_to_keep=keep, **extra),
             self.model, self.keep_features, self.feature_layers,
         )
-        n = len(prompt)
+        logits = []
+        for i, (n, row) in enumerate(zip(lengths, rows)):
+            self._place(own, i, n, row, None if features is None else features[i, :n])
+            logits.append(out.logits[i, -1 if isinstance(keep, int) else ends.index(n - 1)])
+        return logits
+
+    def _place(self, own: DynamicCache, i: int, n: int, row: int | None, features: torch.Tensor | None) -> None:
+        """Row ``i``'s first ``n`` entries of the prefill cache ``own`` into ``row`` (None: a new last row)."""
         if self.cache is None:
             self.cache = make_cache(self.model.config, capacity=n + 512)
             for layer, src in zip(self.cache.layers, own.layers):
-                layer.update(src.keys, src.values)
+                layer.update(src.keys[i : i + 1, :, :n], src.values[i : i + 1, :, :n])
             self.valid = torch.ones(1, n, dtype=torch.bool)
             self.lengths, self.pending = [n], [[]]
             row = 0
@@ -328,15 +365,14 @@ class BatchTarget:
                 row = self.rows - 1
             for layer, src in zip(self.cache.layers, own.layers):
                 first = max(at, layer.dropped)  # entries before a sliding layer's first slot are past the window
-                layer.keys[row, :, first - layer.dropped : at + n - layer.dropped] = src.keys[0, :, first - at :]
-                layer.values[row, :, first - layer.dropped : at + n - layer.dropped] = src.values[0, :, first - at :]
+                layer.keys[row, :, first - layer.dropped : at + n - layer.dropped] = src.keys[i, :, first - at : n]
+                layer.values[row, :, first - layer.dropped : at + n - layer.dropped] = src.values[i, :, first - at : n]
             self.valid[row] = False
             self.valid[row, at : at + n] = True
             self.lengths[row] = n
             self.pending[row] = []
         if features is not None:
-            self.pending[row] = [features[0]]
-        return out.logits[0, -1]
+            self.pending[row] = [features]
 
     def _grow(self, extra: int) -> None:
         """Append ``extra`` empty slots to every row (holes until something is written there)."""

@@ -513,7 +513,7 @@ def test_prefill_time_is_reported_apart_from_drafting_and_verification(tiny, mon
     from ngspec.target import TargetModel
 
     slow = 0.2
-    prefill, admit = TargetModel.prefill, BatchTarget.admit
+    prefill, admit = TargetModel.prefill, BatchTarget._prefill
 
     def slow_prefill(self, *args):
         time.sleep(slow)
@@ -524,7 +524,7 @@ def test_prefill_time_is_reported_apart_from_drafting_and_verification(tiny, mon
         return admit(self, *args)
 
     monkeypatch.setattr(TargetModel, "prefill", slow_prefill)
-    monkeypatch.setattr(BatchTarget, "admit", slow_admit)
+    monkeypatch.setattr(BatchTarget, "_prefill", slow_admit)  # one forward of a row's prompt (on a CPU, one prompt a forward)
     rng = random.Random(9)
     prompts = [repetitive_prompt(rng, VOCAB, 40) for _ in range(3)]
     cfg = DecodeConfig(max_new_tokens=12)
@@ -651,3 +651,90 @@ def test_each_row_that_ends_calls_its_on_done_once_after_its_last_tokens_and_a_c
     assert ended[1].finish_reason == "cancelled"
     assert sorted(done) == [(i, len(ended[i].token_ids)) for i in (0, 2, 3)]
     assert ended[0].token_ids == expected[0] and ended[2].token_ids == expected[2][:1] and ended[3].token_ids == expected[3][:12]
+
+
+def _same_placement(a: BatchTarget, b: BatchTarget) -> None:
+    assert torch.equal(a.valid, b.valid) and a.lengths == b.lengths and a.dropped == b.dropped
+    for la, lb in zip(a.cache.layers, b.cache.layers):
+        live = a.valid[:, la.dropped :].to(la.keys.device)[:, None, :, None]  # holes may hold anything
+        for x, y in ((la.keys, lb.keys), (la.values, lb.values)):
+            assert x.shape == y.shape
+            torch.testing.assert_close(x * live, y * live, atol=1e-5, rtol=1e-4)
+    for pa, pb in zip(a.pending, b.pending):
+        assert len(pa) == len(pb) and all(torch.allclose(x, y, atol=1e-5) for x, y in zip(pa, pb))
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3", "gpt2", "mixtral"])
+def test_prompts_prefilled_together_are_placed_as_each_alone(name):
+    """`admit_many` with ``prefill_tokens`` runs one forward for prompts of different lengths,
+    right-padded, and places each as its own prefill would: the same slots, valid map, lengths,
+    dropped sliding slots and features, entries and logits equal up to float rounding; also into a
+    finished row's slot beside a new row (every slide, learned positions, routed experts)."""
+    from test_families import family_model
+    from ngspec.models import tiny_model
+
+    model = tiny_model("llama", seed=3) if name == "llama" else family_model(name)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 90) for _ in range(n)] for n in (20, 7, 33, 12, 5)]
+    alone, together = BatchTarget(model, rows_wanted=4), BatchTarget(model, rows_wanted=4)
+    together.prefill_tokens = 10_000
+    for t in (alone, together):
+        t.keep_features = True
+    first = [alone.admit(p) for p in prompts[:3]]
+    for x, y in zip(first, together.admit_many(prompts[:3], [None] * 3)):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    _same_placement(alone, together)
+    for t in (alone, together):
+        t.drop([0, 2])
+    later = [alone.admit(prompts[3], 1), alone.admit(prompts[4])]
+    for x, y in zip(later, together.admit_many(prompts[3:], [1, None])):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    _same_placement(alone, together)
+
+
+@pytest.mark.parametrize("cap, forwards", [(0, 5), (60, 3), (10_000, 1)])
+def test_prefill_tokens_caps_what_one_forward_holds(tiny, cap, forwards):
+    """Consecutive prompts share a forward while their count times the longest stays within the
+    cap (padding counts): lengths 20, 7, 33, 12, 5 under 60 go as [20, 7], [33], [12, 5]."""
+    calls = []
+    target = BatchTarget(tiny)
+    target.prefill_tokens = cap
+    original = target._prefill
+    target._prefill = lambda prompts, rows: calls.append([len(p) for p in prompts]) or original(prompts, rows)
+    target.admit_many([[5] * n for n in (20, 7, 33, 12, 5)], [None] * 5)
+    assert len(calls) == forwards and sum(calls, []) == [20, 7, 33, 12, 5]
+    if cap == 60:
+        assert calls == [[20, 7], [33], [12, 5]]
+
+
+@pytest.mark.parametrize("drafter", ["vanilla", "trie", "eagle+search"])
+def test_rows_prefilled_together_match_their_own_plain_greedy(tiny, tiny_eagle, tiny_datastore, prompts_and_expected, drafter):
+    """A batch that prefills the prompts it admits at once together (the default on a GPU): the
+    first rows, and freed slots refilled as rows finish, every row its own plain greedy output."""
+    prompts, expected = prompts_and_expected
+    opts = DrafterOptions(search_depth=6)
+    forwards = []
+    original = BatchTarget._prefill
+
+    def counted(self, prompts, rows):
+        forwards.append(len(prompts))
+        return original(self, prompts, rows)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BatchTarget, "_prefill", counted)
+        results, report = generate_batch(
+            tiny, prompts, lambda: make_drafter(drafter, opts, None, tiny_eagle, tiny_datastore), DecodeConfig(max_new_tokens=30),
+            BatchConfig(4, prefill_tokens=100_000), lambda: Stopper(frozenset()),
+        )
+    assert [r.generation.token_ids for r in results] == expected
+    assert forwards[0] == 4 and sum(forwards) == len(prompts)
+    assert (report.prefill_tokens, report.prefill_forwards) == (100_000, len(forwards))
+
+
+def test_prefill_tokens_default_by_device_and_validated(tiny, monkeypatch):
+    seen = []
+    monkeypatch.setattr(BatchTarget, "admit_many", lambda self, prompts, rows: seen.append(self.prefill_tokens) or [])
+    generate_batch(tiny, [[5, 6]], lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=4), BatchConfig(2), lambda: Stopper(frozenset()))
+    assert seen == [0]  # a CPU prefills one prompt a forward
+    with pytest.raises(NgspecError, match="--prefill-tokens must be >= 0"):
+        BatchConfig(2, prefill_tokens=-1)

@@ -34,6 +34,13 @@ from ngspec.verify import Draws, SamplingConfig, target_probs
 from test_families import FAMILIES, family_model
 from test_lossless import STEEP_COST, VOCAB, tiny_datastore, tiny_eagle, tiny_tables  # noqa: F401 (fixtures)
 
+def _prefill_tokens(case: int) -> int | None:
+    """Prompts admitted at once prefilled one a forward (the CPU's default), together, or together
+    under a cap that splits them: drawn from a stream of its own, so the other settings' draws
+    (and the cases they made before this dimension) stay as they were."""
+    return random.Random(f"prefill {case}").choice([None, None, 0, 64, 100_000])
+
+
 CASES = int(os.environ.get("NGSPEC_FUZZ_CASES", "60"))  # per tiny model family, and over the other families
 WINDOW = 512  # the test models' context window
 NEAR_TIE = 1e-5  # top-1 minus top-2 logit below which float32 rounding may pick either
@@ -222,7 +229,7 @@ def test_random_settings_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_
         else:
             batch = BatchConfig(
                 batch_size, rng.choice([0, 1, 3, 8]), rng.choice([0.0, 0.2]), joint_sizing=rng.random() < 0.8,
-                heads_together=rng.random() < 0.8, layout=rng.choice(LAYOUTS),
+                heads_together=rng.random() < 0.8, layout=rng.choice(LAYOUTS), prefill_tokens=_prefill_tokens(case),
             )
             where += f", {batch}"
             cfg = DecodeConfig(max_new_tokens=budget, sampling=sampling)
@@ -284,7 +291,7 @@ def test_random_settings_match_plain_greedy_on_other_families(families):
             got = [generate(target, new_drafter(), p, cfg).token_ids for p in prompts]
         else:
             layout = "padded" if model.config._attn_implementation == "eager" else rng.choice(LAYOUTS)  # Gemma 2: eager, padded only
-            batch = BatchConfig(batch_size, rng.choice([0, 1, 2, 5]), rng.choice([0.0, 0.2]), layout=layout)
+            batch = BatchConfig(batch_size, rng.choice([0, 1, 2, 5]), rng.choice([0.0, 0.2]), layout=layout, prefill_tokens=_prefill_tokens(case))
             where += f", {batch}"
             results, _ = generate_batch(
                 model, prompts, new_drafter, DecodeConfig(max_new_tokens=budget), batch, lambda: Stopper(frozenset()), verify_cost=lambda context: cost,

@@ -55,9 +55,9 @@ def test_a_traced_batch_reports_every_phase_and_restores_the_loop():
     engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
     rng = random.Random(5)
     ids = [repetitive_prompt(rng, 96, n) for n in (20, 33, 12)]
-    before = (BatchTarget.verify, BatchTarget.commit, BatchTarget.admit)
+    before = (BatchTarget.verify, BatchTarget.commit, BatchTarget.admit_many)
     res = trace.trace_arm(engine, ids, lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=10), BatchConfig(2), cuda=False)
-    assert (BatchTarget.verify, BatchTarget.commit, BatchTarget.admit) == before
+    assert (BatchTarget.verify, BatchTarget.commit, BatchTarget.admit_many) == before
     assert res["steps"] > 0 and res["traced_steps"] == res["steps"]  # the same decoding, traced
     assert res["new_tokens"] > 0 and res["tokens_per_row_step"] > 1
     phases = res["phases"]

@@ -152,7 +152,8 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
                 ("new tokens", str(summary["new_tokens"])),
                 ("seconds", f"{summary['seconds']:.2f}"),
                 ("tokens/s (all rows)", f"{summary['tokens_per_second']:.1f}"),
-                ("prefill share of time (prompts admitted one at a time)", f"{100 * summary['prefill_share']:.1f}%"),
+                ("prefill share of time", f"{100 * summary['prefill_share']:.1f}%"),
+                ("prefill forwards (--prefill-tokens)", f"{summary['prefill_forwards']} ({summary['prefill_tokens'] or 'one prompt each'})"),
                 ("batched verification steps", str(summary["steps"])),
                 ("mean tokens per call (per row)", f"{summary['mean_tokens_per_call']:.2f}"),
                 ("cache rearrangements (seconds)", f"{summary['rearrangements']} ({summary['rearrange_seconds']:.3f})"),
@@ -212,6 +213,7 @@ def generate_command(
     rearrange_every: Annotated[Optional[int], typer.Option("--rearrange-every", help="With --batch-size > 1: every N steps, compact the KV cache (drop the holes rejected drafts leave) if that frees enough (--rearrange-min-share); 0 = never. [default: 8]")] = None,
     rearrange_min_share: Annotated[Optional[float], typer.Option("--rearrange-min-share", help="Compact only when that frees at least this share of the cache's slots (compaction copies the whole cache); 0 = at every check. [default: 0.2, measured on CPU]")] = None,
     batch_layout: Annotated[str, typer.Option("--batch-layout", help="With --batch-size > 1: padded (every row's tree padded to the widest, one width chosen for all) or packed (rows back to back, each row keeps the nodes that pay for their share of the step; lost to padded on a two-core CPU, BENCHMARKS.md 10n).")] = "padded",
+    prefill_tokens: Annotated[Optional[int], typer.Option("--prefill-tokens", help="With --batch-size > 1: prompts admitted at once (a batch's first rows, slots freed in the same step) are prefilled together in forwards of at most this many tokens, padding included; 0 = each prompt alone. [default: 8192 on a GPU, where a prefill costs host work as a step does; 0 on a CPU, where padding costs arithmetic]")] = None,
     rows_alone: Annotated[bool, typer.Option("--size-rows-alone", help="With --batch-size > 1: each row sizes its draft tree by itself. Default: one width for the whole batch, chosen from every row's estimates (one forward pays for the widest tree).")] = False,
     turns: Annotated[str, typer.Option("--turns", help="all: a multi-turn question's later turns ({'turns': [...]} records, MT-bench's second) are asked too, each after the conversation so far with the answers just generated, as Spec-Bench asks them; first: only the first turns.")] = "all",
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (no drafts; greedy, or sampling with the run's seed) and report whether the tokens are identical; on a mismatch, the position and the top-2 margin there (logits; sampling: log-probability plus the seed's noise), a near-tie explaining a flip in bf16/fp16. In a batch every row is checked after the batch (its timing excludes the checks).")] = False,
@@ -233,7 +235,7 @@ def generate_command(
     cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
     every = BatchConfig.rearrange_every if rearrange_every is None else rearrange_every
     min_share = BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share
-    batch = BatchConfig(batch_size, every, min_share, joint_sizing=not rows_alone, layout=batch_layout)
+    batch = BatchConfig(batch_size, every, min_share, joint_sizing=not rows_alone, layout=batch_layout, prefill_tokens=prefill_tokens)
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size > 1 verifies trees: use --verify tree (rows are for one prompt at a time)")
     every_turn = asks_every_turn(turns)
