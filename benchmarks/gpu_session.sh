@@ -247,13 +247,15 @@ sampled_more() {
 # after sampled_more, on the warm machine (no carry), with 200 s of device time to spare: the whole
 # method without deepening (head run as usual, and replayed from graphs) against the trie at batch
 # sizes 16 and 32 on rag, the batch-8 shape, every arm in turn on each batch (issue 7 asks for 16
-# and 32 where a GPU is lent; on the sixth visit, with deepening and no graph captured: 0.95x, 0.89x)
+# and 32 where a GPU is lent; on the sixth visit, with deepening and no graph captured: 0.95x, 0.89x);
+# at 32 also the trie with each prompt prefilled alone, against the default that prefills a batch's
+# first rows together on a GPU (10zp predicted 5-15% for the trie)
 versus_wide() {
     cd "$REPO" || exit 1
     ab versus-b16-rag 120 --tuned $RES/shape-b8.json --category rag --limit 48 -n 64 --rounds 1 --batch-size 16 --interleave-batches 1 \
         --arms "trie,whole no deepen,whole graphs no deepen"
-    ab versus-b32-rag 120 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
-        --arms "trie,whole no deepen,whole graphs no deepen"
+    ab versus-b32-rag 150 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
+        --arms "trie,whole no deepen,whole graphs no deepen,trie prefill alone"
     pack wide.tgz
     grep -h "tokens/call" $RES/versus-b16-*.log $RES/versus-b32-*.log
 }

@@ -31,6 +31,9 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``trie packed`` and ``whole packed``: at batch size B > 1, the rows' blocks back to back and
   sized row by row (``--batch-layout packed``, `tree.packed_sizes`) instead of padded to one
   width (`tree.joint_width`);
+* ``trie prefill alone``: at batch size B > 1, the trie with each admitted prompt prefilled in a
+  forward of its own (``--prefill-tokens 0``), against the default that prefills the prompts a
+  batch admits at once together on a GPU (BENCHMARKS.md 10zp);
 * ``trie unfolded`` and ``whole unfolded``: tree steps' grouped-query attention by PyTorch's
   ``enable_gqa`` (``NGSPEC_FOLD_GQA=0``) instead of folded into the queries
   (`batch_target.folded_gqa_attention`, the default on a CPU);
@@ -268,6 +271,7 @@ def main() -> None:
         "trie packed": lambda: make_drafter("trie", calibration=carried.get("trie packed")),
         "whole packed": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole packed")),
         "trie unfolded": lambda: make_drafter("trie", calibration=carried.get("trie unfolded")),
+        "trie prefill alone": lambda: make_drafter("trie", calibration=carried.get("trie prefill alone")),
         "whole unfolded": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole unfolded")),
     }
     for name in args.arms.split(","):  # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times
@@ -320,7 +324,10 @@ def main() -> None:
     names = [f"{u.category or args.category}:{u.id}" for u in asked.units]
     # the "... table" arms size trees by the cost table as measured (before `StepTimes`)
     configs = {a: replace(cfg, learn_costs=not a.endswith(" table")) for a in arms}
-    batches = {a: BatchConfig(args.batch_size, layout="packed" if a.endswith(" packed") else "padded") for a in arms}
+    batches = {
+        a: BatchConfig(args.batch_size, layout="packed" if a.endswith(" packed") else "padded", prefill_tokens=0 if a.endswith(" prefill alone") else None)
+        for a in arms
+    }
 
     def folding(a: str) -> None:  # read by each batch's `BatchTarget`
         os.environ["NGSPEC_FOLD_GQA"] = "0" if a.endswith(" unfolded") else "1"
