@@ -337,11 +337,39 @@ class BatchTarget:
             lambda **extra: self.model(input_ids=ids, **cache_argument(self.model, own), use_cache=True, logits_to_keep=keep, **extra),
             self.model, self.keep_features, self.feature_layers,
         )
-        logits = []
-        for i, (n, row) in enumerate(zip(lengths, rows)):
-            self._place(own, i, n, row, None if features is None else features[i, :n])
-            logits.append(out.logits[i, -1 if isinstance(keep, int) else ends.index(n - 1)])
-        return logits
+        # placed one by one: a prompt alone, and under sliding layers (each prompt ends at the last
+        # slot, an offset of its own); else together, after the first row where it makes the cache
+        first = len(prompts) if len(prompts) == 1 or self.window else int(self.cache is None)
+        for i in range(first):
+            self._place(own, i, lengths[i], rows[i], None if features is None else features[i, : lengths[i]])
+        if first < len(prompts):
+            self._place_together(own, first, lengths[first:], rows[first:], features)
+        return [out.logits[i, -1 if isinstance(keep, int) else ends.index(n - 1)] for i, n in enumerate(lengths)]
+
+    def _place_together(self, own: DynamicCache, first: int, lengths: Sequence[int], rows: Sequence[int | None], features: torch.Tensor | None) -> None:
+        """`_place` for the prefill's rows from ``first`` on at once (no sliding layers): each
+        layer's entries by one indexed write for all of them, padding included (about 600 tensor
+        operations a row placed one by one, BENCHMARKS.md 10zp). A row's slots past its prompt get
+        its padding's entries: finite values its valid map marks as holes, as any row's unused
+        slots are."""
+        width = max(lengths)
+        if width > self.slots:
+            self._grow(width - self.slots)
+        new = sum(r is None for r in rows)
+        if new:
+            self._add_row(new)
+        added = iter(range(self.rows - new, self.rows))
+        rows = [next(added) if r is None else r for r in rows]
+        index = torch.tensor(rows)
+        on_device = index.to(self.device)
+        for layer, src in zip(self.cache.layers, own.layers):
+            layer.keys[on_device, :, :width] = src.keys[first:, :, :width]
+            layer.values[on_device, :, :width] = src.values[first:, :, :width]
+        self.valid[index] = False
+        self.valid[index, :width] = torch.arange(width) < torch.tensor(lengths)[:, None]
+        for i, (row, n) in enumerate(zip(rows, lengths), first):
+            self.lengths[row] = n
+            self.pending[row] = [] if features is None else [features[i, :n]]
 
     def _place(self, own: DynamicCache, i: int, n: int, row: int | None, features: torch.Tensor | None) -> None:
         """Row ``i``'s first ``n`` entries of the prefill cache ``own`` into ``row`` (None: a new last row)."""
@@ -396,15 +424,15 @@ class BatchTarget:
             layer.dropped = now
         self.valid = torch.cat([torch.zeros(self.rows, extra, dtype=torch.bool), self.valid], dim=1)
 
-    def _add_row(self) -> None:
-        """A new last row of holes, in the cache buffers' spare rows (made for ``rows_wanted`` rows,
-        else by doubling: filling a batch of B rows copies the cache once or about once, not B
-        times, which took 3.6% of a batch-32 run on two CPU cores, BENCHMARKS.md 10zd)."""
+    def _add_row(self, n: int = 1) -> None:
+        """``n`` new last rows of holes, in the cache buffers' spare rows (made for ``rows_wanted``
+        rows, else by doubling: filling a batch of B rows copies the cache once or about once, not
+        B times, which took 3.6% of a batch-32 run on two CPU cores, BENCHMARKS.md 10zd)."""
         for layer in self.cache.layers:
-            layer.add_rows(1, self.rows_wanted)
-        self.valid = torch.cat([self.valid, torch.zeros(1, self.slots, dtype=torch.bool)])
-        self.lengths.append(0)
-        self.pending.append([])
+            layer.add_rows(n, self.rows_wanted)
+        self.valid = torch.cat([self.valid, torch.zeros(n, self.slots, dtype=torch.bool)])
+        self.lengths += [0] * n
+        self.pending += [[] for _ in range(n)]
 
     @torch.inference_mode()
     def drop(self, keep: Sequence[int]) -> list[int]:
