@@ -37,6 +37,9 @@ class DecodeConfig:
             raise NgspecError("--max-new-tokens must be at least 1")
         if self.max_draft_nodes < 0:
             raise NgspecError("the draft-node cap must be >= 0")
+        bad = [s for s in self.stop_strings if not isinstance(s, str) or not s]
+        if bad:
+            raise NgspecError(f"--stop takes non-empty strings (got {bad[0]!r})")
 
 
 @dataclass

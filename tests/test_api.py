@@ -161,6 +161,20 @@ def test_the_default_model_from_text_messages_and_stream_matches_plain_greedy():
     assert json.loads(json.dumps(record))["token_ids"] == out.token_ids and "error" not in record
 
 
+def test_one_stop_string_is_a_string_not_its_characters(default_model):
+    """``stop="the mat"`` stops at "the mat" (it stopped at any of its characters, read as a list
+    of one-character strings); an empty stop string is refused."""
+    spec = Speculator.from_model(default_model.model, default_model.tokenizer, "trie")
+    prompt = "Repeat exactly: the cat sat on the mat, the cat sat on the mat."
+    whole = spec.generate(prompt, max_new_tokens=24).text
+    assert "the mat" in whole and whole.index("the mat") > whole.index("t")
+    out = spec.generate(prompt, max_new_tokens=24, stop="the mat")
+    assert out.finish_reason == "stop" and out.text == whole[: whole.index("the mat") + len("the mat")]
+    assert spec.generate(prompt, max_new_tokens=24, stop=["the mat"]).text == out.text
+    with pytest.raises(NgspecError, match="--stop takes non-empty strings"):
+        spec.generate(prompt, max_new_tokens=4, stop=[""])
+
+
 @pytest.mark.slow
 def test_eagle_search_with_a_head_and_a_datastore_on_disk(tmp_path, default_model):
     """The path options (eagle_head=, datastore=) are read from disk, and the output is exact."""
