@@ -305,11 +305,9 @@ class Speculator:
         return self.engine.loaded.tokenizer
 
     def _config(self, max_new_tokens, temperature, top_p, top_k, seed, stop, check) -> DecodeConfig:
-        if isinstance(stop, str):  # one stop string, not its characters
-            stop = [stop]
         if stop:
             self._tokenizer("stop strings")
-        cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), list(stop or ()))
+        cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop)
         return cfg
 
     def checked(self, out: Output, ids: list[int], cfg: DecodeConfig) -> Output:

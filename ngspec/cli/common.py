@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ngspec.drafters import NEEDS_TABLES, ROW_DRAFTERS, DrafterOptions
 from ngspec.errors import NgspecError
@@ -26,10 +26,12 @@ def sampling_config(temperature: float, top_p: float, top_k: int, seed: int | No
         raise NgspecError(str(exc)) from exc
 
 
-def decode_config(max_new_tokens: int, sampling: SamplingConfig, stop: list[str] | None, verify: str = "tree") -> DecodeConfig:
+def decode_config(max_new_tokens: int, sampling: SamplingConfig, stop: str | Sequence[str] | None, verify: str = "tree") -> DecodeConfig:
+    """``stop``: one stop string or several (a string is one, not its characters)."""
     from ngspec.decode import DecodeConfig
 
-    return DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling, stop_strings=tuple(stop or ()), verify=verify)
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    return DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling, stop_strings=stops, verify=verify)
 
 
 def fit_rows(cfg: DecodeConfig, drafter: str, opts: DrafterOptions) -> DecodeConfig:
