@@ -403,8 +403,8 @@ def main() -> None:
         )
     if factory_graphs is not None:
         static = factory_graphs().pool.static_runs
-        print(f"head graphs: {static.captures} captured, {static.replays} replays, {static.shapes} shapes for the pool's present buffers, "
-              f"{static.unbucketed} runs too large for one; capturing {'stopped: ' + static.failure if static.failure else 'never failed'}", flush=True)
+        print(f"head graphs: {static.graphs.report()}; {static.shapes} shapes for the pool's present buffers, "
+              f"{static.unbucketed} runs too large for one", flush=True)
     print(json.dumps(res))
 
 

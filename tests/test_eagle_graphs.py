@@ -4,13 +4,11 @@ GPU, the captured graphs' replays equal the uncaptured runs."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import hf_greedy, started_head
+from graph_standin import StandInGraphs
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.decode import DecodeConfig, Stopper
 from ngspec.drafters import DrafterOptions, make_drafter
@@ -76,7 +74,7 @@ def test_fixed_shape_runs_equal_run_calls(llama, head, kind):
         torch.testing.assert_close(g.keys, e.keys, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(g.values, e.values, rtol=1e-5, atol=1e-6)
     assert pool.keys.shape[0] > pool.rows_made  # a spare row no drafter holds
-    assert static.unbucketed == 0 and static.captures == static.replays == 0
+    assert static.unbucketed == 0 and static.graphs.captures == static.graphs.replays == 0
 
 
 def test_shapes_are_reused_and_dropped_when_the_pool_grows(llama, head):
@@ -152,97 +150,10 @@ def test_generations_with_fixed_shape_head_runs_match_plain_greedy(tiny, tiny_da
     assert factory().pool.static_runs.shapes > 0
 
 
-# operations a CUDA graph capture refuses or cannot replay: a tensor's value read on the host
-# (`.item()`, `bool()`, `.tolist()`), outputs sized by their values (which wait for the device),
-# and tensors made from Python data (a copy from the host)
-# (on a CPU `.item()` and `bool()` dispatch as item and is_nonzero; a boolean mask as an index
-# runs nonzero on a GPU)
-UNCAPTURABLE = {
-    "aten._local_scalar_dense.default", "aten.item.default", "aten.is_nonzero.default", "aten.equal.default",
-    "aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default", "aten.unique_consecutive.default",
-    "aten.lift_fresh.default", "aten.repeat_interleave.Tensor",
-}
-MASK_INDEXED = {"aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default"}
-
-
-class _RefuseUncapturable(TorchDispatchMode):
-    """Inside a stand-in capture: raise on any of `UNCAPTURABLE`, or a boolean mask used as an
-    index, as a GPU's capture would."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func)
-        masked = name in MASK_INDEXED and any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1])
-        if name in UNCAPTURABLE or masked:
-            raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({name})")
-        return func(*args, **(kwargs or {}))
-
-
-class _StandInGraphs:
-    """torch.cuda's stream and graph calls for a CPU: a capture records the run without its result
-    (the output is left as NaN, as a captured graph's memory holds no result until replayed), and
-    a replay runs it again writing into the same output tensor, as a graph replays into the
-    addresses it captured. As a GPU's capture does, it refuses what cannot be captured: Python
-    values assigned by index, host reads of a tensor's value and the rest of `UNCAPTURABLE`.
-    ``fail`` makes every capture raise as an uncapturable operation does."""
-
-    def __init__(self, monkeypatch, fail: bool = False):
-        self.fail, self.recording = fail, None
-        stream = type("Stream", (), {"wait_stream": lambda self, other: None})
-        monkeypatch.setattr(torch.cuda, "Stream", stream)
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream())
-        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
-        monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: _Replayable())
-        monkeypatch.setattr(torch.cuda, "graph", self.graph)
-        forward = StaticRuns._forward
-
-        def recorded(runs, bufs, shape):
-            if self.recording is None:
-                return forward(runs, bufs, shape)
-            forward(runs, bufs, shape)
-            bufs.out.fill_(float("nan"))
-            self.recording.run = lambda: forward(runs, bufs, shape)
-            self.recording.bufs = bufs
-
-        monkeypatch.setattr(StaticRuns, "_forward", recorded)
-
-    @contextlib.contextmanager
-    def graph(self, graph, pool=None):
-        self.recording = graph
-        setitem = torch.Tensor.__setitem__
-
-        def no_host_values(tensor, index, value):
-            # on a GPU a Python number assigned to a CUDA tensor's items is made a host tensor
-            # first, and copying that inside a capture fails (the sixth visit's first capture did)
-            if not isinstance(value, torch.Tensor):
-                raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned.")
-            return setitem(tensor, index, value)
-
-        torch.Tensor.__setitem__ = no_host_values
-        try:
-            with _RefuseUncapturable():
-                yield
-            if self.fail:
-                raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-        finally:
-            torch.Tensor.__setitem__ = setitem
-            self.recording = None
-
-
-class _Replayable:
-    run = bufs = None
-
-    def replay(self):
-        captured = self.bufs.out
-        self.run()
-        captured.copy_(self.bufs.out)
-        self.bufs.out = captured
-
-
 def test_captured_runs_replay_into_their_buffers(llama, head, monkeypatch):
     """The capture plumbing with a stand-in for torch.cuda's graphs: each shape captured once,
     later runs replayed from their refilled inputs, outputs and cache rows as `run_calls`'."""
-    _StandInGraphs(monkeypatch)
+    StandInGraphs(monkeypatch)
     embed = llama.get_input_embeddings()
     expected, expected_rows = _script(llama, head, embed, run_calls, HeadPool())
     pool = HeadPool()
@@ -252,18 +163,19 @@ def test_captured_runs_replay_into_their_buffers(llama, head, monkeypatch):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
     for g, e in zip(got_rows, expected_rows):
         torch.testing.assert_close(g.keys, e.keys, rtol=1e-5, atol=1e-6)
-    assert static.failure is None and 0 < static.captures < static.replays
+    assert static.graphs.failure is None and 0 < static.graphs.captures < static.graphs.replays
 
 
 def test_a_capture_that_fails_warns_once_and_runs_go_on_uncaptured(llama, head, monkeypatch):
-    _StandInGraphs(monkeypatch, fail=True)
+    StandInGraphs(monkeypatch, fail=True)
     embed = llama.get_input_embeddings()
     expected, _ = _script(llama, head, embed, run_calls, HeadPool())
     static = StaticRuns(head, embed, HeadPool(), capture=True)
     with pytest.warns(UserWarning, match="cannot be captured as CUDA graphs") as caught:
         got, _ = _script(llama, head, embed, static.run, static.pool)
     assert len(caught) == 1
-    assert "operation not permitted" in static.failure and static.captures == static.replays == 0 and not static.capture
+    graphs = static.graphs
+    assert "operation not permitted" in graphs.failure and graphs.captures == graphs.replays == 0 and not graphs.enabled
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
@@ -279,7 +191,8 @@ def test_captured_runs_equal_uncaptured_ones_on_a_gpu():
     captured = StaticRuns(head, embed, HeadPool(), capture=True)
     expected, _ = _script(llama, head, embed, uncaptured.run, uncaptured.pool)
     got, _ = _script(llama, head, embed, captured.run, captured.pool)
-    assert captured.failure is None and captured.captures > 0 and captured.replays > captured.captures
+    graphs = captured.graphs
+    assert graphs.failure is None and graphs.captures > 0 and graphs.replays > graphs.captures
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
 

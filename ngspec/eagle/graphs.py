@@ -14,8 +14,8 @@ addresses it was captured with. So `StaticRuns` lays every run out at bucketed s
   its block), made on the device from index lists padded to ``seen_entries``;
 - the host's part of a run is one copy of those index lists and one of the features.
 
-Each shape is captured once (after one warm-up run, which does the same writes the replay
-repeats) and replayed after. A graph holds the pool's buffers by address, so when the pool grows
+Each shape is captured once (`ngspec.cuda_graphs`: after one warm-up run, which does the same
+writes the replay repeats) and replayed after. A graph holds the pool's buffers by address, so when the pool grows
 (doubling, `HeadPool.reserve`) every graph is dropped and shapes are captured again. Off a GPU,
 or with ``capture=False``, the same fixed-shape run executes as ordinary operations: that is how
 the tests check it against `run_calls`. Runs too large for a graph (a long prompt's catching up is
@@ -24,13 +24,13 @@ mostly cached by `_cache_unread` first) run as `run_calls` does.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from functools import partial
 from typing import Sequence
 
 import torch
 
+from ngspec.cuda_graphs import Graphs
 from ngspec.eagle.batched import HeadCall, _cache_unread, run_calls
 from ngspec.eagle.pool import HeadPool
 from ngspec.rows import attention_function
@@ -98,17 +98,16 @@ def static_attention(module, query, key, value, attention_mask, scaling=None, dr
 class StaticRuns:
     """One head's runs over one pool at fixed shapes, captured as CUDA graphs when ``capture``.
 
-    ``captures``, ``replays`` and ``unbucketed`` (runs left to `run_calls`) count what it did;
-    ``failure`` says why capturing stopped, if it did (the runs then go on uncaptured)."""
+    ``graphs`` counts captures and replays and says why capturing stopped, if it did (the runs
+    then go on uncaptured); ``unbucketed`` counts runs left to `run_calls`."""
 
     def __init__(self, head: torch.nn.Module, embed: torch.nn.Module, pool: HeadPool, capture: bool) -> None:
-        self.head, self.embed, self.pool, self.capture = head, embed, pool, capture
+        self.head, self.embed, self.pool = head, embed, pool
+        self.graphs = Graphs("the EAGLE head's runs", capture)
         self.param = next(head.parameters())
-        self._shapes: dict[Shape, tuple[_Buffers, torch.cuda.CUDAGraph | None]] = {}
+        self._shapes: dict[Shape, tuple[_Buffers, object | None]] = {}
         self._pool_buffer: torch.Tensor | None = None  # the pool's keys the shapes were made for
-        self._memory = None  # the graphs' shared memory pool
-        self.captures = self.replays = self.unbucketed = 0
-        self.failure: str | None = None  # why capturing stopped, if it did
+        self.unbucketed = 0
 
     @property
     def shapes(self) -> int:
@@ -139,14 +138,16 @@ class StaticRuns:
         bufs.ints.copy_(torch.tensor(_layout(calls, sizes, visible, shape, rows), pin_memory=bufs.ints.is_cuda), non_blocking=True)
         features = calls[0].features if len(calls) == 1 else torch.cat([c.features for c in calls])
         bufs.features[: len(features)].copy_(features)
-        if made is None:  # a new shape: captured from this run's inputs
-            graph = self._capture(bufs, shape) if self.capture else None
+        if made is None:  # a new shape: captured from this run's inputs (its warm-up, which lazy
+            # initialisations need outside the capture, writes to the pool what the replay writes again)
+            graph, out = self.graphs.capture(partial(self._forward, bufs, shape))
+            if graph is not None:
+                bufs.out = out
             self._shapes[shape] = (bufs, graph)
         if graph is None:
-            self._forward(bufs, shape)
+            bufs.out = self._forward(bufs, shape)
         else:
-            graph.replay()
-            self.replays += 1
+            self.graphs.replay(graph)
         for c, end in zip(calls, ends):
             c.cache.length = end
         return list(bufs.out[: sum(sizes)].clone().split(sizes))
@@ -159,33 +160,11 @@ class StaticRuns:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return self.param.new_empty(1, config.num_key_value_heads, 1, head_dim)
 
-    def _forward(self, bufs: _Buffers, shape: Shape) -> None:
-        """The run at ``shape`` from ``bufs``' inputs, its output left in ``bufs.out``."""
+    def _forward(self, bufs: _Buffers, shape: Shape) -> torch.Tensor:
+        """The run at ``shape`` from ``bufs``' inputs: its output."""
         embeds = self.embed(bufs.tokens[None]).to(self.param.dtype)
         with attention_function(self.head, ATTENTION_NAME, partial(static_attention, pool=self.pool, bufs=bufs, shape=shape)):
-            bufs.out = self.head(embeds, bufs.features[None], bufs.positions[None], None, None)[0]
-
-    def _capture(self, bufs: _Buffers, shape: Shape) -> torch.cuda.CUDAGraph | None:
-        """The run at ``shape`` captured from ``bufs``, which hold this run's inputs: its warm-up
-        (lazy initialisations must happen outside a capture) writes to the pool what the replay
-        that follows writes again. None, and no more captures, if it cannot be captured."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._forward(bufs, shape)
-        torch.cuda.current_stream().wait_stream(side)
-        if self._memory is None:
-            self._memory = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=self._memory):
-                self._forward(bufs, shape)
-        except RuntimeError as exc:  # an operation that cannot be captured: run at fixed shapes, uncaptured
-            self.capture, self.failure = False, f"{type(exc).__name__}: {exc}".splitlines()[0]
-            warnings.warn(f"ngspec: the EAGLE head's runs cannot be captured as CUDA graphs here ({self.failure}); they run uncaptured", stacklevel=3)
-            return None
-        self.captures += 1
-        return graph
+            return self.head(embeds, bufs.features[None], bufs.positions[None], None, None)[0]
 
 
 def _layout(calls: Sequence[HeadCall], sizes: list[int], visible: list[list[list[int]]], shape: Shape, rows: int) -> list[int]:
