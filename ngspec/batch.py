@@ -56,6 +56,8 @@ class BatchConfig:
     # costs host work about as a step does, and 0 on a CPU, whose prefill is arithmetic: padding
     # would cost and the logits move by float rounding, BENCHMARKS.md 10zp)
     prefill_tokens: int | None = None
+    # verify at fixed shapes, replayed from captured CUDA graphs on a GPU (`ngspec.static_verify`)
+    target_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -89,6 +91,7 @@ class BatchReport:
     prefill_tokens: int = 0  # the cap the batch prefilled under (`BatchConfig.prefill_tokens`, resolved)
     prefill_forwards: int = 0
     new_tokens: int = 0
+    target_graphs: str | None = None  # what `--target-graphs` captured and replayed (`Graphs.report`)
 
     @property
     def hole_share(self) -> float:
@@ -102,6 +105,7 @@ class BatchReport:
             "prefill_seconds": self.prefill_seconds, "prefill_share": self.prefill_seconds / self.seconds if self.seconds else 0.0,
             "prefill_tokens": self.prefill_tokens, "prefill_forwards": self.prefill_forwards,
             "new_tokens": self.new_tokens, "tokens_per_second": self.new_tokens / self.seconds if self.seconds else 0.0,
+            "target_graphs": self.target_graphs,
         }
 
 
@@ -195,6 +199,7 @@ def generate_batch(
     wanted = min(batch.batch_size, len(prompts)) if feed is None else None
     target = BatchTarget(model, packed=batch.layout == "packed", rows_wanted=wanted)
     target.prefill_tokens = batch.prefill_tokens if batch.prefill_tokens is not None else (0 if target.device.type == "cpu" else GPU_PREFILL_TOKENS)
+    static = target.use_graphs() if batch.target_graphs else None
     results: dict[int, BatchResult] = {}
     report = BatchReport(prefill_tokens=target.prefill_tokens)
     waiting = deque(Request(i, list(p), cfg.max_new_tokens, cfg.sampling, new_stopper()) for i, p in enumerate(prompts))
@@ -372,5 +377,6 @@ def generate_batch(
 
     report.seconds = time.perf_counter() - began
     report.prefill_forwards = target.prefill_forwards
+    report.target_graphs = None if static is None else static.report()
     return [results[i] for i in sorted(results)], report
 

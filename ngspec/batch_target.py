@@ -48,7 +48,8 @@ from ngspec.contracts import DraftTree, table_cost
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, drop_front, dropped, make_cache, truncate
 from ngspec.rows import attention_function
-from ngspec.target import forward_with_features, prepare_model
+from ngspec.static_verify import StaticVerify, for_batches
+from ngspec.target import forward_with_features, prepare_model, static_verifier
 from ngspec.tree import batch_blocks
 
 PACKED_ATTENTION = "ngspec_packed_rows"
@@ -276,6 +277,17 @@ class BatchTarget:
         # the last verified block: its start slot, width, features ``[entries, F]`` and, per row,
         # the entry of its root there
         self._block: tuple[int, int, torch.Tensor | None, list[int]] | None = None
+        self.static: StaticVerify | None = None  # verification at fixed shapes (`use_graphs`)
+
+    def use_graphs(self, capture: bool | None = None) -> StaticVerify:
+        """Verify at fixed shapes from now on, replayed from captured CUDA graphs (``capture``, by
+        default on a GPU only; `ngspec.static_verify`); the padded layout only. The model's
+        batches share one `StaticVerify`, and each starts from the last one's cache buffers, so
+        the shapes it captured are replayed, not captured again."""
+        if self.packed:
+            raise NgspecError("--target-graphs verifies the padded layout: leave out --batch-layout packed")
+        self.static = for_batches(self.model, lambda: static_verifier(self.model, self.window, self.device, capture))
+        return self.static
 
     @property
     def rows(self) -> int:
@@ -374,7 +386,7 @@ class BatchTarget:
     def _place(self, own: DynamicCache, i: int, n: int, row: int | None, features: torch.Tensor | None) -> None:
         """Row ``i``'s first ``n`` entries of the prefill cache ``own`` into ``row`` (None: a new last row)."""
         if self.cache is None:
-            self.cache = make_cache(self.model.config, capacity=n + 512)
+            self.cache = (self.static and self.static.reusable()) or make_cache(self.model.config, capacity=n + 512)
             for layer, src in zip(self.cache.layers, own.layers):
                 layer.update(src.keys[i : i + 1, :, :n], src.values[i : i + 1, :, :n])
             self.valid = torch.ones(1, n, dtype=torch.bool)
@@ -504,6 +516,10 @@ class BatchTarget:
         ids, positions, block = batch_blocks(roots, trees, self.lengths)
         width = ids.shape[1]
         sizes = [1 + t.size for t in trees]
+        if self.static is not None and self.static.fits(width):
+            features = (self.feature_layers or ()) if self.keep_features else None
+            logits, hidden = self.static.run(self.cache, start, ids, positions, self.valid, block, features, self.rows_wanted or 1)
+            return self._verified(start, width, logits, hidden, [b * width for b in range(rows)], sizes, False)
         valid = self.valid.to(self.device)
         visible = torch.cat([valid[:, None, :].expand(rows, width, start), block.to(self.device)], dim=2)
         # a cached entry's position: its order among the row's valid slots (sliding windows only)
@@ -533,10 +549,14 @@ class BatchTarget:
                 ),
                 self.model, self.keep_features, self.feature_layers,
             )
-        self.valid = torch.cat([self.valid, torch.zeros(rows, width, dtype=torch.bool)], dim=1)
+        return self._verified(start, width, out.logits, features, roots_at, sizes, packed)
+
+    def _verified(self, start: int, width: int, logits: torch.Tensor, features: torch.Tensor | None, roots_at: list[int], sizes: list[int], packed: bool) -> Verified:
+        """The block's slots are holes until `commit` keeps the accepted ones."""
+        self.valid = torch.cat([self.valid, torch.zeros(self.rows, width, dtype=torch.bool)], dim=1)
         flat = features.reshape(-1, features.shape[-1]) if features is not None else None
         self._block = (start, width, flat, roots_at)
-        return Verified(out.logits, sizes, packed)
+        return Verified(logits, sizes, packed)
 
     def discard(self) -> None:
         """Forget the last verified block without keeping anything (cost measurements)."""

@@ -20,6 +20,14 @@ import torch
 T = TypeVar("T")
 
 
+def bucket(n: int, least: int) -> int:
+    """The smallest power of two at least ``n`` and ``least`` (a captured shape's size)."""
+    b = least
+    while b < n:
+        b *= 2
+    return b
+
+
 def record(run: Callable[[], T], memory: Any) -> tuple[Any, T]:
     """``run`` captured as a CUDA graph sharing the pool ``memory``, after one warm-up run on a
     side stream; the graph and the outputs the captured run left (filled by each replay).

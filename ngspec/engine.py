@@ -45,16 +45,22 @@ class Engine:
     with neither, drafters assume verification is free. ``cost_slope`` S overrides them all with
     the assumed cost 1 + S*n for n nodes at every batch size and context (a what-if for
     benchmarks: trees sized as on another device, e.g. 0.004, about the H100's for the default
-    model; its runs never rescale it by this machine's own step times: ``learn_costs`` is off)."""
+    model; its runs never rescale it by this machine's own step times: ``learn_costs`` is off).
+    ``target_graphs``: verify at fixed shapes, replayed from captured CUDA graphs on a GPU
+    (`ngspec.static_verify`), one prompt at a time and in batches; set before calibrating, so
+    the costs measured are those of the replays."""
 
     loaded: LoadedModel
     calibrate: bool = True
     max_draft_nodes: int = 32
     profile: DeviceProfile | None = None
     cost_slope: float | None = None
+    target_graphs: bool = False
 
     def __post_init__(self) -> None:
         self.target = TargetModel(self.loaded.model)
+        if self.target_graphs:
+            self.target.use_graphs()
         self.eos = eos_ids(self.loaded)
         self._tables: NgramTables | None = None
         if self.cost_slope is not None:
@@ -114,6 +120,8 @@ class Engine:
         size when ``feed`` may bring more prompts)."""
         rows = batch.batch_size if feed is not None else min(batch.batch_size, len(prompts))
         costs = self.batch_costs(max(rows, 1))
+        if self.target_graphs:
+            batch = replace(batch, target_graphs=True)
         return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, lambda: self.stopper(cfg), costs, on_finish, feed)
 
     @torch.inference_mode()

@@ -53,8 +53,10 @@ class GrowableLayer(DynamicLayer):
         ones or ``key_states`` have), holding the first ``used`` slots of the current entries."""
         rows, heads, _, k_dim = key_states.shape
         room = max(rows, row_room, self._keys.shape[0] if self._keys is not None else 0)
-        keys = key_states.new_empty(room, heads, size, k_dim)
-        values = value_states.new_empty(room, heads, size, value_states.shape[-1])
+        # zeros, not whatever the memory held: attention at fixed shapes (`ngspec.static_verify`)
+        # reads slots never written, under a mask, and a masked NaN still makes NaN
+        keys = key_states.new_zeros(room, heads, size, k_dim)
+        values = value_states.new_zeros(room, heads, size, value_states.shape[-1])
         if used:
             keys[:rows, :, :used] = self.keys
             values[:rows, :, :used] = self.values
@@ -72,6 +74,28 @@ class GrowableLayer(DynamicLayer):
         self._v[:, :, start:end] = value_states
         self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
         return self.keys, self.values
+
+    def make_room(self, rows: int, size: int) -> None:
+        """Buffers of at least ``rows`` rows and ``size`` slots (slots by doubling), the entries kept."""
+        capacity = self._keys.shape[-2]
+        if rows <= self._keys.shape[0] and size <= capacity:
+            return
+        self._reserve(self.keys, self.values, capacity if size <= capacity else max(size, 2 * capacity), self.keys.shape[-2], row_room=rows)
+
+    def write_at(self, slots: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A write at fixed shapes: ``key_states`` ``[r, heads, len(slots), d]`` into the buffers'
+        first r rows (spare rows included) at ``slots``, a device tensor, so the block's start is
+        an input, not a constant; returns those rows' first ``span`` slots. The entries do not
+        change until `hold` says how far they reach."""
+        rows = key_states.shape[0]
+        keys, values = self._keys[:rows], self._values[:rows]
+        keys.index_copy_(2, slots, key_states)
+        values.index_copy_(2, slots, value_states)
+        return keys[:, :, :span], values[:, :, :span]
+
+    def hold(self, rows: int, used: int) -> None:
+        """The entries are the buffers' first ``rows`` rows and ``used`` slots (after `write_at`)."""
+        self._use_rows(rows, used)
 
     def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Hold ``keys`` and ``values`` instead (a batch's entries compacted or moved), written

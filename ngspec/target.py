@@ -22,7 +22,8 @@ from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, drop_front, dropped, keep_block, make_cache, truncate
 from ngspec.cpu_linear import tune_linears
 from ngspec.rows import RowBlockCache, forward_rows
-from ngspec.tree import block_positions, block_visibility, root_to_leaf_paths
+from ngspec.static_verify import StaticVerify
+from ngspec.tree import block_positions, block_visibility, root_to_leaf_paths, visibility
 
 
 def forward_with_features(call: Callable[..., Any], model: PreTrainedModel, keep: bool, layers: tuple[int, ...] | None) -> tuple[Any, torch.Tensor | None]:
@@ -87,6 +88,15 @@ def prepare_model(model: PreTrainedModel) -> tuple[PreTrainedModel, torch.device
     return model.eval(), param.device, param.dtype, int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
 
+def static_verifier(model: PreTrainedModel, window: int | None, device: torch.device, capture: bool | None) -> StaticVerify:
+    """`StaticVerify` for ``model``, capturing on a GPU unless ``capture`` says otherwise; a model
+    with sliding-window layers is refused (their caches drop leading slots, which fixed shapes
+    do not follow)."""
+    if window:
+        raise NgspecError("--target-graphs needs a model whose layers all use full attention (this one has sliding-window layers)")
+    return StaticVerify(model, device.type == "cuda" if capture is None else capture)
+
+
 class TargetModel:
     """One sequence (batch row) decoded by a transformers causal LM."""
 
@@ -107,6 +117,13 @@ class TargetModel:
         # context length -> relative cost of verifying a tree of each size (index = nodes); a table
         # applies from its context length up to the next one; empty = not measured
         self.cost_tables: dict[int, tuple[float, ...]] = {}
+        self.static: StaticVerify | None = None  # tree verification at fixed shapes (`use_graphs`)
+
+    def use_graphs(self, capture: bool | None = None) -> StaticVerify:
+        """Verify trees at fixed shapes from now on, replayed from captured CUDA graphs
+        (``capture``, by default on a GPU only; `ngspec.static_verify`)."""
+        self.static = static_verifier(self.model, self.window, self.device, capture)
+        return self.static
 
     def verify_cost(self, context: int | None = None) -> tuple[float, ...]:
         """The cost table for ``context`` cached tokens (default: the current length)."""
@@ -136,7 +153,10 @@ class TargetModel:
     @torch.inference_mode()
     def prefill(self, prompt: Sequence[int]) -> torch.Tensor:
         """Start a new sequence; returns the next-token logits after the prompt, ``[vocab]``."""
-        self.cache = make_cache(self.model.config, capacity=len(prompt) + 512)
+        if self.static is not None and self.cache is not None:  # the same buffers, which the graphs hold
+            truncate(self.cache, 0)
+        else:
+            self.cache = make_cache(self.model.config, capacity=len(prompt) + 512)
         self._row_block, self._rows_paths = None, None
         ids = torch.tensor([list(prompt)], dtype=torch.long)
         logits = self._forward(ids, logits_to_keep=1)
@@ -158,6 +178,11 @@ class TargetModel:
             return self._verify_tree_as_rows(root, tree)
         ids = torch.tensor([[root, *tree.tokens]], dtype=torch.long)
         positions = torch.tensor([block_positions(tree, self.length)], dtype=torch.long)
+        if self.static is not None and self.static.fits(1 + tree.size):
+            features = (self.feature_layers or ()) if self.keep_features else None
+            logits, hidden = self.static.run(self.cache, self.length, ids, positions, None, visibility(tree)[None], features)
+            self._block_hidden = hidden[0] if hidden is not None else None
+            return logits[0]
         kwargs: dict = {"position_ids": positions.to(self.device)}
         if tree.size or self.window:  # a lone root: transformers' causal mask, unless layers slide
             kwargs["attention_mask"] = self._tree_mask(tree, positions)

@@ -18,6 +18,7 @@ import torch
 
 from ngspec.bench.interval import ratio_interval, throughput_ratio
 from ngspec.bench.runner import BenchRecord, baseline
+from ngspec.static_verify import batches_static
 
 
 @dataclass
@@ -228,6 +229,9 @@ def environment(engine, settings: dict) -> dict:
         "dtype": str(engine.target.dtype).removeprefix("torch."),
         "torch": torch.__version__,
         **({"cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled()} if device.type == "cuda" else {}),
+        # `--target-graphs`: one prompt at a time, and in batches
+        **({"target_graphs": engine.target.static.report()} if engine.target.static is not None else {}),
+        **({"batch_target_graphs": batched.report()} if (batched := batches_static(engine.loaded.model)) is not None else {}),
         **settings,
     }
 

@@ -15,7 +15,7 @@ from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import (
-    DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, RawOpt, SeedOpt, TemperatureOpt, TopKOpt, TopPOpt, TrustRemoteCodeOpt,
+    DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, TargetGraphsOpt, RawOpt, SeedOpt, TemperatureOpt, TopKOpt, TopPOpt, TrustRemoteCodeOpt,
     asks_every_turn, counted,
 )
 from ngspec.drafters import check_drafter
@@ -49,6 +49,7 @@ def bench_command(
     rounds: Annotated[Optional[int], typer.Option("--rounds", help="Run every arm on every prompt this many times (default 1), arms in reversed order every other round: a question's rounds (and turns) are resampled together in the 95% intervals, so rounds average timing noise while more prompts narrow an interval more. With --batch-size above 1 (default 2), every arm's batch this many times: a round is one pair per arm, --versus's interval is over the rounds (over the groups with --interleave-batches), and 5 or more resolve a few percent.")] = None,
     interleave_batches: Annotated[int, typer.Option("--interleave-batches", metavar="K", help="With --batch-size B: cut the prompts into groups of K*B and run every arm in turn on each group (order reversed every other group), not each arm over all prompts before the next; a load that drifts within a round (a GPU's clocks, other jobs) then hits every arm alike, and --versus's interval resamples the groups. Each group is a batch run of its own, so its last rows drain with empty slots. 0: off.")] = 0,
     profile: ProfileOpt = None,
+    target_graphs: TargetGraphsOpt = False,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
 ) -> None:
@@ -113,7 +114,7 @@ def bench_command(
     for path in (markdown_out, json_path):
         if path is not None:
             staging.output_directory(path)
-    engine = load_engine(model, device, dtype, profile, trust_remote_code)
+    engine = load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs)
     if ks is None or ws is None:  # unset: the profile's (k, w) at the first prompt's length, else the defaults
         defaults = rows_options(opts, None, None, engine.profile, 0, engine.target.device.type)
         ks = ks or [defaults.k]

@@ -89,17 +89,22 @@ def rows_options(
 
 
 def load_engine(
-    model: str, device: str, dtype: str, profile: Path | None = None, trust_remote_code: bool = False, quiet: bool = False
+    model: str, device: str, dtype: str, profile: Path | None = None, trust_remote_code: bool = False, quiet: bool = False,
+    target_graphs: bool = False,
 ) -> Engine:
     """The engine for ``model``; ``profile`` (from `profile-bound --save-profile`) replaces the
-    built-in calibration of verify costs; ``quiet``: no progress lines on stderr."""
+    built-in calibration of verify costs; ``quiet``: no progress lines on stderr;
+    ``target_graphs``: `--target-graphs` (a CUDA GPU only)."""
     from ngspec.cli.render import info
     from ngspec.cpu_linear import tune_linears
     from ngspec.engine import Engine
-    from ngspec.models import load_model
+    from ngspec.models import load_model, pick_device
     from ngspec.perf.device_profile import load_profile
 
     notify = None if quiet else info
+    where = pick_device(device)
+    if target_graphs and where.type != "cuda":  # before the model loads
+        raise NgspecError(f"--target-graphs needs a CUDA GPU (the model would run on {where.type}); leave it out to verify as usual")
     device_profile = load_profile(profile) if profile is not None else None  # bad files fail first
     if notify:
         notify(f"loading model {model} ...")
@@ -107,4 +112,4 @@ def load_engine(
     if device_profile is not None:
         device_profile.check_model(loaded.name, profile)
     tune_linears(loaded.model, notify=notify)  # the Engine would do it silently
-    return Engine(loaded, profile=device_profile)
+    return Engine(loaded, profile=device_profile, target_graphs=target_graphs)

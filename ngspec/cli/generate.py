@@ -10,7 +10,7 @@ from ngspec.cli import render
 from ngspec.cli.common import decode_config, load_engine, sampling_config
 from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import (
-    DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, PromptFileArg, RawOpt, SeedOpt, TrustRemoteCodeOpt,
+    DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, TargetGraphsOpt, PromptFileArg, RawOpt, SeedOpt, TrustRemoteCodeOpt,
     StopOpt, TemperatureOpt, TopKOpt, TopPOpt, VerifyOpt, asks_every_turn,
 )
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions
@@ -162,6 +162,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
                 ("mean share of cache slots that are holes", f"{100 * summary['mean_hole_share']:.0f}%"),
                 ("peak cache slots per row", str(summary["peak_cache_slots"])),
                 *([("rows identical to plain decoding", f"{summary['identical_to_plain']} of {len(checked)}")] if check else []),
+                *([("target graphs", summary["target_graphs"])] if summary["target_graphs"] else []),
             ],
         )
     if failed:
@@ -218,6 +219,7 @@ def generate_command(
     turns: Annotated[str, typer.Option("--turns", help="all: a multi-turn question's later turns ({'turns': [...]} records, MT-bench's second) are asked too, each after the conversation so far with the answers just generated, as Spec-Bench asks them; first: only the first turns.")] = "all",
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (no drafts; greedy, or sampling with the run's seed) and report whether the tokens are identical; on a mismatch, the position and the top-2 margin there (logits; sampling: log-probability plus the seed's noise), a near-tie explaining a flip in bf16/fp16. In a batch every row is checked after the batch (its timing excludes the checks).")] = False,
     profile: ProfileOpt = None,
+    target_graphs: TargetGraphsOpt = False,
     json_out: JsonOpt = False,
     drafting: Drafting = Drafting(),
 ) -> None:
@@ -243,7 +245,7 @@ def generate_command(
     for p in prompts:
         prompt_input(p, raw)  # --raw refuses chat messages before the model loads
     # the drafters' estimates are carried from prompt to prompt (and row to row) in the Speculator
-    spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code), drafter, drafting)
+    spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs), drafter, drafting)
     asked = Conversations(spec.engine.loaded.tokenizer, prompts, every_turn, raw)  # one prompt per turn asked
     if batch_size > 1:
         _run_batch(spec, asked, cfg, batch, json_out, check)
@@ -265,6 +267,8 @@ def generate_command(
         output = spec.output(spec.run(ids, cfg, on_tokens=stream), len(ids))
         asked.answered(i, output.token_ids)
         record = result_record(unit, drafter, spec.checked(output, ids, cfg) if check else output)
+        if engine.target.static is not None:  # so far, over the prompts run
+            record["target_graphs"] = engine.target.static.report()
         if json_out:
             render.json_line(record)
             continue
@@ -284,6 +288,7 @@ def generate_command(
                 *_rows_summary(record.get("drafter_stats"), spec.options_for(len(ids)) if drafter in ROW_DRAFTERS else None),
                 *_search_summary(record.get("drafter_stats")),
                 *_check_rows(record.get("greedy_check")),
+                *([("target graphs (so far)", record["target_graphs"])] if "target_graphs" in record else []),
             ],
         )
     if failed:

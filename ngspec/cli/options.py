@@ -33,6 +33,8 @@ CategoryOpt = Annotated[Optional[str], typer.Option(help="Keep only this categor
 SeedOpt = Annotated[Optional[int], typer.Option(help="Random seed for sampling: with the prompt, it fixes the answer (any drafter, any batch). Default: one drawn and reported (generate: per prompt; bench: one for every arm).", rich_help_panel="Sampling")]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable): the output ends with the token that completes it (the text keeps it); a special token's name (<|im_start|>, <|eot_id|>) stops at that token. EOS always stops.")]
 
+TargetGraphsOpt = Annotated[bool, typer.Option("--target-graphs", help="On a CUDA GPU: verify at fixed shapes (rows, block width and attended cache slots rounded up to powers of two) and replay each verification from a captured CUDA graph, one launch instead of the two thousand or so operations a small model's forward issues from Python. Each shape is captured the first time it occurs. Outputs as without it (logits up to float rounding). Not for sliding-window models or --batch-layout packed. Experimental: not yet timed on a GPU (BENCHMARKS.md 10zq).")]
+
 ProfileOpt = Annotated[Optional[Path], typer.Option("--profile", help="Device profile from `ngspec profile-bound --save-profile`: size drafts from its measured verify costs instead of a quick calibration.")]
 
 VerifyOpt = Annotated[str, typer.Option("--verify", help="tree: one forward over the draft tree under a tree mask; rows: each root-to-leaf path as its own batch row, all sharing the context's KV cache (the paper's layout). Both are lossless.")]

@@ -9,7 +9,7 @@ import typer
 from ngspec.cli import render
 from ngspec.cli.common import load_engine
 from ngspec.cli.drafting import Drafting, with_drafting_options
-from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, ModelOpt, ProfileOpt, TrustRemoteCodeOpt
+from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, ModelOpt, ProfileOpt, TargetGraphsOpt, TrustRemoteCodeOpt
 from ngspec.errors import NgspecError
 
 
@@ -21,6 +21,7 @@ def serve_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     profile: ProfileOpt = None,
+    target_graphs: TargetGraphsOpt = False,
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface; there is no authentication).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port, printed at start).")] = 8000,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="New tokens per request when the request gives no max_tokens.")] = 256,
@@ -45,7 +46,7 @@ def serve_command(
         raise NgspecError(f"--max-tokens must be at least 1 (got {max_tokens})")
     if batch_size < 1:
         raise NgspecError(f"--batch-size must be at least 1 (got {batch_size})")
-    spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code), drafter, drafting)
+    spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs), drafter, drafting)
     server = make_server(spec, host, port, max_tokens, batch_size, log=None if quiet else render.info)
     if batch_size > 1:  # measured once per machine and cached; before the first request, not during it
         render.info(f"verify costs at batch size {batch_size} (measured once per machine) ...")

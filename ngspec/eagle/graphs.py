@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from ngspec.cuda_graphs import Graphs
+from ngspec.cuda_graphs import Graphs, bucket
 from ngspec.eagle.batched import HeadCall, _cache_unread, run_calls
 from ngspec.eagle.pool import HeadPool
 from ngspec.rows import attention_function
@@ -39,14 +39,6 @@ ATTENTION_NAME = "ngspec_head_static"
 MOST_PAIRS = 512  # beyond these (or MOST_SEEN visible entries) a run is not worth a graph
 MOST_SEEN = 1 << 14
 LEAST_WIDTH = 256
-
-
-def _bucket(n: int, least: int) -> int:
-    """The smallest power of two at least ``n`` and ``least``."""
-    b = least
-    while b < n:
-        b *= 2
-    return b
 
 
 @dataclass(frozen=True)
@@ -132,7 +124,7 @@ class StaticRuns:
             self._shapes.clear()
             self._pool_buffer = pool.keys
         rows, capacity = pool.keys.shape[0], pool.keys.shape[2]
-        shape = Shape(_bucket(sum(sizes), 8), _bucket(max(sizes), 2), _bucket(entries, 16), min(capacity, _bucket(max(ends), LEAST_WIDTH)))
+        shape = Shape(bucket(sum(sizes), 8), bucket(max(sizes), 2), bucket(entries, 16), min(capacity, bucket(max(ends), LEAST_WIDTH)))
         made = self._shapes.get(shape)
         bufs, graph = made if made is not None else (_Buffers(shape, rows, self.head.config.hidden_size, self.param), None)
         bufs.ints.copy_(torch.tensor(_layout(calls, sizes, visible, shape, rows), pin_memory=bufs.ints.is_cuda), non_blocking=True)

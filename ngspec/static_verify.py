@@ -1,0 +1,217 @@
+"""The target's verification forward at fixed shapes, replayed from captured CUDA graphs.
+
+On a GPU a small model's verification is host work: a forward of the default 135M model issues
+about two thousand tensor operations from Python, about 17 us each on the H100's host
+(BENCHMARKS.md 10e), while the GPU's own work is a fraction of that. A CUDA graph replays a
+captured forward in one launch, but only at the shapes and addresses it was captured with. So
+`StaticVerify` lays every verification out at bucketed shapes:
+
+- the rows (one for `TargetModel`, a batch's for `BatchTarget`) padded to a power of two; a
+  padding row's keys and values go to the cache buffers' spare rows, which hold no sequence;
+- the block (root and tree, padded to the widest row's) padded to a power of two wide; a padding
+  query sees only itself, and no real query sees it;
+- the block's keys and values written by index at slots ``start ...`` (a device tensor, so the
+  block's start is an input of the graph, not a constant), and attention over the buffers' first
+  ``span`` slots (a power of two of at least 256, within their capacity) under a mask made on
+  the device from each row's valid slots and its block's visibility.
+
+The host's part of a replay is two copies (the integers; the booleans). Each shape is captured
+once and replayed after (`ngspec.cuda_graphs`). A graph holds the cache buffers by address, so
+when they are replaced (the cache grows by doubling, a batch's rows are rearranged into new
+buffers) every shape is captured again; `TargetModel` keeps its buffers from prompt to prompt.
+Off a GPU, or with capture off, the same fixed-shape forward runs as ordinary operations: that
+is how the tests check it against the plain forward. Blocks wider than `MOST_WIDTH` run as the
+plain forward does.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+from ngspec.cuda_graphs import Graphs, bucket
+from ngspec.kv import cache_argument
+from ngspec.tree import additive_mask
+
+MOST_WIDTH = 64  # wider blocks (root and nodes) run uncaptured, as the plain forward does
+LEAST_SPAN = 256
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a captured forward is fixed to: rows, block width, attended slots, and the features
+    it keeps (None: none; () the last hidden state; else the layers EAGLE-3 reads)."""
+
+    rows: int
+    width: int
+    span: int
+    features: tuple[int, ...] | None
+
+
+class _Inputs:
+    """A shape's inputs on the device (integers: ids, positions, the block's slots; booleans: each
+    row's valid slots, its block's visibility) and their staging copies on the host (pinned on a
+    GPU, so each is one asynchronous copy)."""
+
+    def __init__(self, shape: Shape, device: torch.device) -> None:
+        r, w, span = shape.rows, shape.width, shape.span
+        pinned = device.type == "cuda"
+        self.ints = torch.zeros(2 * r * w + w, dtype=torch.long, device=device)
+        self.bools = torch.zeros(r * span + r * w * w, dtype=torch.bool, device=device)
+        self.host_ints = torch.zeros(self.ints.shape, dtype=torch.long, pin_memory=pinned)
+        self.host_bools = torch.zeros(self.bools.shape, dtype=torch.bool, pin_memory=pinned)
+        self.ids, self.positions, self.slots, self.valid, self.block = self._views(self.ints, self.bools, shape)
+        self._host = self._views(self.host_ints, self.host_bools, shape)
+        self._alone = torch.eye(w, dtype=torch.bool).expand(r, w, w)  # each query sees itself
+
+    @staticmethod
+    def _views(ints: torch.Tensor, bools: torch.Tensor, shape: Shape):
+        r, w, span = shape.rows, shape.width, shape.span
+        ids, positions, slots = ints.split([r * w, r * w, w])
+        valid, block = bools.split([r * span, r * w * w])
+        return ids.view(r, w), positions.view(r, w), slots, valid.view(r, span), block.view(r, w, w)
+
+    def fill(self, start: int, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None, block: torch.Tensor) -> None:
+        """This verification's inputs, padded to the shape, copied to the device."""
+        rows, width = ids.shape
+        h_ids, h_positions, h_slots, h_valid, h_block = self._host
+        h_ids.zero_()
+        h_ids[:rows, :width] = ids
+        h_positions.zero_()
+        h_positions[:rows, :width] = positions
+        torch.arange(start, start + h_slots.shape[0], out=h_slots)
+        h_valid.zero_()
+        h_valid[:rows, :start] = True if valid is None else valid
+        h_block.copy_(self._alone)
+        h_block[:rows, :width, :width] = block
+        self.ints.copy_(self.host_ints, non_blocking=True)
+        self.bools.copy_(self.host_bools, non_blocking=True)
+
+
+class _SlotWrites(Cache):
+    """The cache during a fixed-shape forward: each layer's block written at the input slots of
+    its buffers (`GrowableLayer.write_at`), and attention handed their first ``span`` slots."""
+
+    def __init__(self, layers, slots: torch.Tensor, span: int) -> None:
+        super().__init__(layers=layers)
+        self.slots, self.span = slots, span
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return self.layers[layer_idx].write_at(self.slots, key_states, value_states, self.span)
+
+
+_BATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def for_batches(model: PreTrainedModel, make: Callable[[], "StaticVerify"]) -> "StaticVerify":
+    """The `StaticVerify` a model's batches share (made by ``make`` the first time): one batch
+    after another, each reuses the last one's cache buffers and so its graphs."""
+    static = _BATCHES.get(model)
+    if static is None:
+        static = _BATCHES[model] = make()
+    return static
+
+
+def batches_static(model: PreTrainedModel) -> "StaticVerify | None":
+    """The `StaticVerify` the model's batches share, if they ran with `--target-graphs`."""
+    return _BATCHES.get(model)
+
+
+class StaticVerify:
+    """One model's verification forwards at fixed shapes, captured as CUDA graphs when
+    ``capture``; ``graphs`` counts captures and replays, ``unbucketed`` the forwards too wide."""
+
+    def __init__(self, model: PreTrainedModel, capture: bool) -> None:
+        self.model = model
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.graphs = Graphs("the target's verification", capture)
+        self._shapes: dict[Shape, tuple[_Inputs, object | None, tuple | None]] = {}
+        self._buffers: tuple | None = None  # the cache buffers the shapes were made for
+        self.cache = None  # the cache it last ran on, whose buffers its graphs hold (`reusable`)
+        self.made = self.unbucketed = 0  # shapes made (over all buffers), forwards too wide for one
+
+    def reusable(self):
+        """The cache it last ran on, emptied, for a new batch to fill: its buffers are the ones
+        the graphs hold, so nothing is captured again (None if there is none)."""
+        cache, self.cache = self.cache, None
+        if cache is not None:
+            for layer in cache.layers:
+                layer.hold(1, 0)
+        return cache
+
+    @property
+    def shapes(self) -> int:
+        return len(self._shapes)
+
+    def report(self) -> str:
+        """One line: shapes, captures and replays, forwards too wide for a shape."""
+        return f"{self.graphs.report()}; {self.made} shapes made, {self.unbucketed} forwards too wide for one"
+
+    def fits(self, width: int) -> bool:
+        fits = width <= MOST_WIDTH
+        self.unbucketed += not fits
+        return fits
+
+    @torch.inference_mode()
+    def run(self, cache, start: int, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None, block: torch.Tensor,
+            features: tuple[int, ...] | None = None, least_rows: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The plain verification forward's logits ``[rows, width, vocab]`` (and the features
+        `forward_with_features` gives, if ``features`` is not None: () the last hidden state,
+        else those layers') for blocks ``ids``/``positions`` ``[rows, width]`` (host tensors)
+        at slots ``start ...`` of ``cache`` (`GrowableLayer`s), each row seeing its ``valid``
+        slots ``[rows, start]`` (None: all of them) and its block as ``block`` ``[rows, width,
+        width]`` says; the cache then holds the block, as the plain forward leaves it. Rows are
+        padded to at least ``least_rows`` (a batch's size: its last rows, draining, need no
+        shapes of their own)."""
+        rows, width = ids.shape
+        r, w = bucket(rows, least_rows), bucket(width, 1)
+        self.cache = cache
+        layers = cache.layers
+        for layer in layers:
+            layer.make_room(r, start + w)
+        buffers = (layers[0]._keys.shape, tuple(t.data_ptr() for layer in layers for t in (layer._keys, layer._values)))
+        if buffers != self._buffers:  # new buffers: the graphs point at the old ones
+            self._shapes.clear()
+            self._buffers = buffers
+        span = min(layers[0]._keys.shape[-2], bucket(start + w, LEAST_SPAN))
+        shape = Shape(r, w, span, features)
+        made = self._shapes.get(shape)
+        inputs = made[0] if made is not None else _Inputs(shape, self.device)
+        inputs.fill(start, ids, positions, valid, block)
+        if made is None:  # captured from this forward's inputs (its warm-up writes what the replay writes again)
+            self.made += 1
+            graph, out = self.graphs.capture(partial(self._forward, cache, inputs, shape))
+            made = self._shapes[shape] = (inputs, graph, out)
+        _, graph, out = made
+        if graph is None:
+            out = self._forward(cache, inputs, shape)
+        else:
+            self.graphs.replay(graph)
+        for layer in layers:
+            layer.hold(rows, start + width)
+        logits, kept = out
+        return logits[:rows, :width].clone(), None if kept is None else kept[:rows, :width].clone()
+
+    def _forward(self, cache, inputs: _Inputs, shape: Shape) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from ngspec.target import forward_with_features  # ngspec.target builds on this module
+
+        seen = inputs.valid[:, None, :].expand(shape.rows, shape.width, shape.span).clone()
+        seen[:, :, inputs.slots] = inputs.block
+        mask = additive_mask(seen[:, None], self.dtype)
+        writes = _SlotWrites(cache.layers, inputs.slots, shape.span)
+        keep, layers = shape.features is not None, (shape.features or None)
+        out, kept = forward_with_features(
+            lambda **extra: self.model(
+                input_ids=inputs.ids, position_ids=inputs.positions, attention_mask=mask,
+                **cache_argument(self.model, writes), use_cache=True, **extra,
+            ),
+            self.model, keep, layers,
+        )
+        return out.logits, kept

@@ -1,0 +1,245 @@
+"""The target's verification at fixed shapes (`ngspec.static_verify`, `--target-graphs`): the same
+logits, features and cache as the plain forward step by step (one sequence and a batch whose rows
+come, go and are compacted), generations equal to plain greedy decoding for every drafter and
+batch size, and, with a CPU stand-in for CUDA graph captures that refuses what a GPU's capture
+refuses, each shape captured once and replayed after; on a GPU, captured against uncaptured."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import hf_greedy, repetitive_prompt
+from graph_standin import StandInGraphs
+from ngspec import static_verify
+from ngspec.batch import BatchConfig, generate_batch
+from ngspec.batch_target import BatchTarget
+from ngspec.contracts import DraftTree
+from ngspec.decode import DecodeConfig, Stopper, generate
+from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
+from ngspec.errors import NgspecError
+from ngspec.models import tiny_model
+from ngspec.target import TargetModel
+from test_families import family_model
+from test_batch import prompts_and_expected  # noqa: F401 (fixture)
+from test_lossless import VOCAB, tiny_datastore, tiny_eagle, tiny_tables  # noqa: F401 (fixtures)
+
+
+def _tree(rng: random.Random, size: int) -> DraftTree:
+    return DraftTree(tuple(rng.randrange(VOCAB) for _ in range(size)), tuple(rng.randrange(-1, i) for i in range(size)))
+
+
+def _path(rng: random.Random, tree: DraftTree) -> list[int]:
+    """A random root-to-node path (drawn from ``rng`` alone, so both targets keep the same)."""
+    if not tree.size or rng.random() < 0.2:
+        return []
+    node, path = rng.randrange(tree.size), []
+    while node != -1:
+        path.append(node)
+        node = tree.parents[node]
+    return path[::-1]
+
+
+SIZES = [0, 3, 1, 9, 15, 0, 31, 70, 2, 6, 63, 5]  # 70 nodes: wider than any shape, run as the plain forward
+
+
+def _entries(cache, length: int) -> list[torch.Tensor]:
+    return [t[:, :, :length] for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_one_sequence_at_fixed_shapes_equals_the_plain_forward(family):
+    """Oracle: a plain `TargetModel` verifying and keeping the same trees and paths: every step's
+    logits and features, and the cache, over two prompts (the second reuses the first's buffers)
+    and contexts past the first span (256 slots)."""
+    model = tiny_model(family, seed=2)
+    plain, fixed = TargetModel(model), TargetModel(model)
+    static = fixed.use_graphs(capture=False)
+    for target in (plain, fixed):
+        target.keep_features = True
+    rng_prompts = random.Random(0)
+    for length in (40, 230):
+        prompt = repetitive_prompt(rng_prompts, VOCAB, length)
+        torch.testing.assert_close(fixed.prefill(prompt), plain.prefill(prompt))
+        assert torch.equal(fixed.take_features(), plain.take_features())
+        rng = random.Random(length)
+        for size in SIZES:
+            tree, root = _tree(rng, size), rng.randrange(VOCAB)
+            torch.testing.assert_close(fixed.verify(root, tree), plain.verify(root, tree), rtol=1e-5, atol=1e-5)
+            path = _path(rng, tree)
+            for target in (plain, fixed):
+                target.commit(path)
+            torch.testing.assert_close(fixed.take_features(), plain.take_features(), rtol=1e-5, atol=1e-5)
+            assert fixed.length == plain.length
+            for f, p in zip(_entries(fixed.cache, fixed.length), _entries(plain.cache, plain.length)):
+                torch.testing.assert_close(f, p, rtol=1e-5, atol=1e-6)
+    assert plain.length > 256  # the second prompt's steps attended a wider span
+    assert static.unbucketed == 2 and static.made > 4
+
+
+def _drive(target: BatchTarget, seed: int) -> list[torch.Tensor]:
+    """A batch's life, scripted: rows admitted (one, then two more: its buffers grow), trees of
+    random sizes verified (two too wide for a shape) and random paths kept, a finished row
+    dropped, the cache compacted."""
+    rng = random.Random(seed)
+    target.keep_features = True
+    prompts = [repetitive_prompt(rng, VOCAB, n) for n in (30, 12, 55, 20)]
+    out = list(target.admit_many(prompts[:1], [None]))
+    for step in range(12):
+        if step == 2:
+            out += target.admit_many(prompts[1:3], [None, None])
+        if step == 6:
+            target.drop([1, 2])
+        if step == 7:
+            out += target.admit_many(prompts[3:], [None])
+        if step == 9:
+            target.rearrange()
+        trees = [_tree(rng, rng.choice([0, 1, 4, 7, 12, 20])) for _ in range(target.rows)]
+        if step in (4, 10):  # wider than any shape: the plain forward, between fixed-shape ones
+            trees[0] = _tree(rng, 70)
+        verified = target.verify([rng.randrange(VOCAB) for _ in trees], trees)
+        out += [verified.row(b) for b in range(target.rows)]
+        target.commit([_path(rng, t) for t in trees])
+        out += [f for b in range(target.rows) if (f := target.take_features(b)) is not None]
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_batch_at_fixed_shapes_equals_the_plain_forward(family):
+    """Oracle: a plain `BatchTarget` driven through the same script: every logit and feature."""
+    model = tiny_model(family, seed=4)
+    expected = _drive(BatchTarget(model), 3)
+    fixed = BatchTarget(model)
+    static = fixed.use_graphs(capture=False)
+    got = _drive(fixed, 3)
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    assert static.made > 2 and static.unbucketed == 2
+
+
+@pytest.mark.parametrize("drafter", list(REGISTRY))
+def test_generations_at_fixed_shapes_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_datastore, drafter):  # noqa: F811
+    rng = random.Random(1)
+    target = TargetModel(tiny)
+    target.use_graphs(capture=False)
+    opts = DrafterOptions(num_draft=4, trie_update=True, ngram_n=5, prefix_len=2, k=3, w=4, search_depth=6, deepen=True)
+    for case in range(4):
+        prompt = repetitive_prompt(rng, VOCAB, rng.randrange(5, 120))
+        expected = hf_greedy(tiny, prompt, 40)
+        store = tiny_datastore if case % 2 else None
+        got = generate(target, make_drafter(drafter, opts, tiny_tables, tiny_eagle, store), prompt, DecodeConfig(max_new_tokens=40))
+        assert got.token_ids == expected, f"{drafter} case {case}"
+
+
+@pytest.mark.parametrize("batch_size, rearrange", [(1, 0), (4, 3), (8, 1)])
+@pytest.mark.parametrize("drafter", list(REGISTRY))
+def test_batches_at_fixed_shapes_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_datastore, prompts_and_expected, drafter, batch_size, rearrange):  # noqa: F811
+    prompts, expected = prompts_and_expected
+    opts = DrafterOptions(k=3, w=3, search_depth=6, deepen=True)
+    results, report = generate_batch(
+        tiny, prompts, lambda: make_drafter(drafter, opts, tiny_tables, tiny_eagle, tiny_datastore),
+        DecodeConfig(max_new_tokens=30), BatchConfig(batch_size, rearrange, target_graphs=True), lambda: Stopper(frozenset()),
+    )
+    assert [r.generation.token_ids for r in results] == expected
+    assert "0 captured" in report.target_graphs  # off a GPU the fixed shapes run uncaptured
+
+
+def _capturing(monkeypatch, fail: bool = False) -> StandInGraphs:
+    """The stand-in for captures, and every `StaticVerify` made capturing (off a GPU they would not)."""
+    standin = StandInGraphs(monkeypatch, fail)
+    made = static_verify.StaticVerify.__init__
+
+    def capturing(self, model, capture):
+        made(self, model, True)
+
+    monkeypatch.setattr(static_verify.StaticVerify, "__init__", capturing)
+    monkeypatch.setattr(static_verify, "_BATCHES", type(static_verify._BATCHES)())
+    return standin
+
+
+def test_captured_verification_replays_into_its_buffers(tiny, prompts_and_expected, monkeypatch):  # noqa: F811
+    """With captures standing in for CUDA graphs (outputs NaN until replayed, host reads and
+    copies refused): one sequence and batches equal plain greedy, each shape captured once, and a
+    second batch replays the first one's graphs without capturing anything."""
+    _capturing(monkeypatch)
+    prompts, expected = prompts_and_expected
+    target = TargetModel(tiny)
+    static = target.use_graphs()
+    for prompt, want in zip(prompts[:4], expected):
+        got = generate(target, make_drafter("trie", DrafterOptions(), None, None, None), prompt, DecodeConfig(max_new_tokens=30))
+        assert got.token_ids == want
+    graphs = static.graphs
+    assert graphs.failure is None and graphs.captures == static.made > 0 and graphs.replays > 2 * graphs.captures
+
+    def batch():
+        results, _ = generate_batch(tiny, prompts, lambda: make_drafter("trie", DrafterOptions(), None, None, None),
+                                    DecodeConfig(max_new_tokens=30), BatchConfig(4, 3, target_graphs=True), lambda: Stopper(frozenset()))
+        assert [r.generation.token_ids for r in results] == expected
+
+    batch()
+    shared = static_verify.batches_static(tiny)
+    captured = shared.graphs.captures
+    assert shared.graphs.failure is None and captured > 0
+    batch()
+    assert shared.graphs.captures == captured and shared.graphs.replays > 2 * captured
+
+
+def test_a_refused_capture_warns_once_and_verification_goes_on_uncaptured(tiny, prompts_and_expected, monkeypatch):  # noqa: F811
+    _capturing(monkeypatch, fail=True)
+    prompts, expected = prompts_and_expected
+    target = TargetModel(tiny)
+    static = target.use_graphs()
+    with pytest.warns(UserWarning, match="the target's verification cannot be captured") as caught:
+        for prompt, want in zip(prompts[:3], expected):
+            got = generate(target, make_drafter("trie", DrafterOptions(), None, None, None), prompt, DecodeConfig(max_new_tokens=30))
+            assert got.token_ids == want
+    assert len(caught) == 1
+    assert "operation not permitted" in static.graphs.failure and static.graphs.captures == static.graphs.replays == 0
+
+
+def test_what_fixed_shapes_cannot_follow_is_refused_in_one_line():
+    with pytest.raises(NgspecError, match="sliding-window layers"):
+        TargetModel(family_model("mistral")).use_graphs()
+    with pytest.raises(NgspecError, match="leave out --batch-layout packed"):
+        BatchTarget(tiny_model("llama", seed=0), packed=True).use_graphs()
+
+
+def test_target_graphs_need_a_gpu_in_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello")
+    for command in (["generate", "--prompt-file", str(prompts)], ["bench", "-q", str(prompts)]):
+        result = CliRunner().invoke(app, [*command, "--target-graphs", "--device", "cpu", "--model", str(tmp_path / "no-model")])
+        assert result.exit_code != 0
+        assert "--target-graphs needs a CUDA GPU" in result.output  # before the model (which does not exist) loads
+        assert "Traceback" not in result.output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_captured_verification_equals_plain_greedy_on_a_gpu():
+    """On a GPU: captured replays against the same fixed shapes uncaptured, step by step, and a
+    sequence's and a batch's generations against plain greedy decoding."""
+    model = tiny_model("llama", seed=4).cuda()
+    expected = _drive(BatchTarget(model), 3)
+    fixed = BatchTarget(model)
+    static = fixed.use_graphs(capture=True)
+    got = _drive(fixed, 3)
+    assert static.graphs.failure is None and static.graphs.captures > 0
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+    rng = random.Random(2)
+    prompts = [repetitive_prompt(rng, VOCAB, rng.randrange(5, 100)) for _ in range(6)]
+    want = [hf_greedy(model, p, 30) for p in prompts]
+    target = TargetModel(model)
+    target.use_graphs(capture=True)
+    for prompt, w in zip(prompts, want):
+        assert generate(target, make_drafter("trie", DrafterOptions(), None, None, None), prompt, DecodeConfig(max_new_tokens=30)).token_ids == w
+    results, _ = generate_batch(model, prompts, lambda: make_drafter("trie", DrafterOptions(), None, None, None),
+                                DecodeConfig(max_new_tokens=30), BatchConfig(4, 3, target_graphs=True), lambda: Stopper(frozenset()))
+    assert [r.generation.token_ids for r in results] == want
