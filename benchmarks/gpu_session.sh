@@ -188,8 +188,11 @@ ab() {  # ab NAME SECONDS ARGS...: reader_ab.py in float32 with the carried head
 }
 
 # the sixth visit (10zn) had deepening costing 10% at batch 8 and no graph captured (fixed since):
-# the next one times the graphs without deepening (against the same uncaptured) and deepening again
-B8_ARMS="trie,whole no deepen,whole graphs no deepen,whole"
+# the next one times the head's graphs without deepening (against the same uncaptured), and the
+# target's verification replayed from graphs too ("... tg", `--target-graphs`, BENCHMARKS.md 10zq:
+# predicted 2-3x the trie's tokens/s at batch 1 and 2-4x at batch 8, for the trie and the method alike)
+B1_ARMS="trie,whole graphs,trie tg,whole graphs tg"
+B8_ARMS="trie,whole no deepen,whole graphs no deepen,trie tg,whole graphs no deepen tg"
 lane_versus() {
     local b1=$RES/shape-b1.json b8=$RES/shape-b8.json
     if [ -f /tmp/data/shape-b1.json ] && [ -f /tmp/data/shape-b8.json ]; then
@@ -202,8 +205,8 @@ lane_versus() {
     echo '[[0], [1], [2], [3], [0, 0], [1, 0], [0, 1]]' >$RES/shape-7.json  # 10za's tuned size
     [ -f $b1 ] || cp $RES/shape-7.json $b1
     [ -f $b8 ] || cp $b1 $b8
-    ab versus-b1-rag 200 --tuned $b1 --category rag --limit 24 -n 96 --rounds 1 --arms "trie,whole,whole graphs"
-    ab versus-b1-summarization 200 --tuned $b1 --category summarization --limit 24 -n 96 --rounds 1 --arms "trie,whole,whole graphs"
+    ab versus-b1-rag 200 --tuned $b1 --category rag --limit 24 -n 96 --rounds 1 --arms "$B1_ARMS"
+    ab versus-b1-summarization 200 --tuned $b1 --category summarization --limit 24 -n 96 --rounds 1 --arms "$B1_ARMS"
     ab versus-b8-rag 140 --tuned $b8 --category rag --limit 24 -n 64 --rounds 1 --batch-size 8 --interleave-batches 1 --arms "$B8_ARMS"
 }
 
@@ -213,12 +216,12 @@ versus_more() {
     ab versus-b8-summarization 140 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 1 --batch-size 8 \
         --interleave-batches 1 --arms "$B8_ARMS"
     # the graphs' tests, and sampling's acceptance reading a GPU's logits with host draws (10zm)
-    stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py \
+    stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py tests/test_static_verify.py \
         tests/test_verify.py::test_sampling_reads_logits_on_the_device_and_draws_on_the_host
     # the prompt's trie on this host (BENCHMARKS.md 10zp predicted 1.2 and 1.7 ms a 772-token prompt)
     stage trie-build 30 "$PY" benchmarks/trie_build.py --questions /tmp/data/spec_bench/question.jsonl --category rag --limit 16
     pack more.tgz
-    grep -h "tokens/call" $RES/versus-*.log
+    grep -h "tokens/call\|graphs:" $RES/versus-*.log
     grep -h "a token" $RES/trie-build.log
 }
 
@@ -253,11 +256,11 @@ sampled_more() {
 versus_wide() {
     cd "$REPO" || exit 1
     ab versus-b16-rag 120 --tuned $RES/shape-b8.json --category rag --limit 48 -n 64 --rounds 1 --batch-size 16 --interleave-batches 1 \
-        --arms "trie,whole no deepen,whole graphs no deepen"
+        --arms "trie,whole graphs no deepen,trie tg,whole graphs no deepen tg"
     ab versus-b32-rag 150 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
-        --arms "trie,whole no deepen,whole graphs no deepen,trie prefill alone"
+        --arms "trie,whole graphs no deepen,trie tg,whole graphs no deepen tg,trie prefill alone"
     pack wide.tgz
-    grep -h "tokens/call" $RES/versus-b16-*.log $RES/versus-b32-*.log
+    grep -h "tokens/call\|graphs:" $RES/versus-b16-*.log $RES/versus-b32-*.log
 }
 
 # after versus_more, on the warm machine (no carry), only with 200 s of device time to spare: where

@@ -5,6 +5,8 @@ which is how BENCHMARKS.md 10ze counted the levels the head's gate lets run. Wit
 ``--head-graphs`` the head runs at fixed shapes (`ngspec.eagle.graphs`) and the operations of
 those runs' forwards, which on a GPU one graph replay issues instead, are counted apart: what a
 step would issue with them captured is its total less those, plus one replay a head run.
+With ``--target-graphs`` the target's verification runs at fixed shapes (`ngspec.static_verify`)
+and its forwards are counted apart the same way ("verify graph").
 With ``-b 1`` the single-sequence engine's steps (what `generate` runs for one prompt), over
 ``--prompts`` prompts one after another, with the drafter's `observe` counted apart.
 
@@ -43,6 +45,7 @@ from ngspec.batch_target import BatchTarget
 from ngspec.decode import DecodeConfig
 from ngspec.engine import Engine
 from ngspec.perf.phases import wrapped
+from ngspec.static_verify import StaticVerify
 from ngspec.target import TargetModel
 
 PHASES = {  # phase: (owner, method) whose operations it counts
@@ -54,6 +57,7 @@ PHASES = {  # phase: (owner, method) whose operations it counts
     "commit": (BatchTarget, "commit"),
     "features": (BatchTarget, "take_features"),
     "prefill": (BatchTarget, "admit_many"),
+    "verify graph": (StaticVerify, "_forward"),  # inside verify: the forward at fixed shapes, one replay on a GPU
 }
 
 
@@ -65,6 +69,7 @@ SINGLE_PHASES = {  # the same for the single-sequence engine (batch size 1)
     "head attention": PHASES["head attention"],
     "head top-k": PHASES["head top-k"],
     "head graph": PHASES["head graph"],
+    "verify graph": PHASES["verify graph"],
 }
 
 
@@ -114,7 +119,9 @@ def _head(counter: _Counter, per_step: dict, steps: int) -> dict:
     replay each on a GPU), and the head runs (each runs the attention or a fixed-shape forward
     once) and top-k rounds (batched: one for all rows that wait)."""
     per_step["drafting"] += sum(counter.ops[p] for p in ("head attention", "head top-k", "head graph")) / steps
+    per_step["verify"] += counter.ops["verify graph"] / steps
     return {
+        "verify_graph_per_step": counter.ops["verify graph"] / steps, "verify_replays_per_step": counter.calls["verify graph"] / steps,
         "head_attention_per_step": counter.ops["head attention"] / steps, "head_graph_per_step": counter.ops["head graph"] / steps,
         "head_runs_per_step": (counter.calls["head attention"] + counter.calls["head graph"]) / steps,
         "replays_per_step": counter.calls["head graph"] / steps, "top_k_rounds_per_step": counter.calls["head top-k"] / steps,
@@ -180,6 +187,8 @@ def main() -> None:
     ap.add_argument("--cost-slope", type=float, default=0.004)
     ap.add_argument("--head-graphs", action="store_true", help="run the head at fixed shapes (`--head-graphs`, uncaptured here) and count "
                     "its forwards apart: on a GPU each is one replay")
+    ap.add_argument("--target-graphs", action="store_true", help="verify at fixed shapes (`--target-graphs`, uncaptured here) and count "
+                    "those forwards apart: on a GPU each is one replay")
     ap.add_argument("--names", type=int, default=0, help="also list each phase's N most frequent operations per step")
     ap.add_argument("--cpu-kernels", action="store_true", help="count with this CPU's tuned linear layers and products (`ngspec.cpu_linear`), "
                     "as generate runs on a CPU; by default the plain ones a GPU runs (NGSPEC_CPU_KERNELS=linear)")
@@ -188,7 +197,7 @@ def main() -> None:
         os.environ["NGSPEC_CPU_KERNELS"] = "linear"
 
     loaded = load_model("default", "cpu", "float32")
-    engine = Engine(loaded, calibrate=False, max_draft_nodes=96, cost_slope=args.cost_slope)
+    engine = Engine(loaded, calibrate=False, max_draft_nodes=96, cost_slope=args.cost_slope, target_graphs=args.target_graphs)
     factory = store = None
     if args.eagle_head:
         # the head in float32 as on a GPU (int8 is for CPUs), whose host work this counts
@@ -214,9 +223,11 @@ def count_arms(args, engine: Engine, ids: list[list[int]], cfg: DecodeConfig, fa
         new = sum(len(t) for t in res["tokens"])
         graphs = (f"; fixed-shape forwards {res['head_graph_per_step']:.0f}, captured {res['ops_per_step']['drafting'] - res['head_graph_per_step'] + res['replays_per_step']:.0f} "
                   "drafting operations and replays") if res["replays_per_step"] else ""
+        verify = (f" (fixed-shape forwards {res['verify_graph_per_step']:.0f}; captured, {res['ops_per_step']['verify'] - res['verify_graph_per_step'] + res['verify_replays_per_step']:.0f} "
+                  "operations and replays)") if res["verify_replays_per_step"] else ""
         head = (f" (head attention {res['head_attention_per_step']:.0f}; {res['head_runs_per_step']:.2f} head runs and "
                 f"{res['top_k_rounds_per_step']:.2f} top-k rounds a step{graphs})") if res["head_runs_per_step"] else ""
-        cells = "  ".join(f"{p} {n:.0f}" + (head if p == "drafting" else "") for p, n in res["ops_per_step"].items())
+        cells = "  ".join(f"{p} {n:.0f}" + (head if p == "drafting" else verify if p == "verify" else "") for p, n in res["ops_per_step"].items())
         print(f"{arm:13s} {res['steps']} steps, {new / max(res['steps'], 1) / rows:.2f} tokens and {res['nodes_per_row_step']:.1f} nodes per row and step; "
               f"operations per step {res['total_per_step']:.0f}: {cells}; prefills {res['prefill_ops']}", flush=True)
         for phase, names in res["names"].items() if args.names else ():

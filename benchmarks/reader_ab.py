@@ -48,7 +48,11 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   deepen`` it isolates the graphs; at batch 8 on the sixth visit deepening cost 10%, 10zn);
 * ``whole cover``: ``whole`` with the gate weighing the head against the draft it would make
   without it (branch and local tree, sized), crediting its top guess only with the chance that
-  none of that draft's first nodes is right (`CoverGate`).
+  none of that draft's first nodes is right (`CoverGate`);
+* ``vanilla tg``, ``trie tg``, ``whole tg``, ``whole graphs tg`` and ``whole graphs no deepen tg``:
+  the arm with the target's verification at fixed shapes, replayed from captured CUDA graphs on a
+  GPU (``--target-graphs``, `ngspec.static_verify`; its own engine, whose verify costs are
+  calibrated with it); the graphs made and replayed are printed after the arms.
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -104,6 +108,7 @@ from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.engine import Engine
 from ngspec.models import load_model
 from ngspec.prompts import load_prompts
+from ngspec.static_verify import batches_static
 from ngspec.turns import Conversations
 
 
@@ -273,6 +278,11 @@ def main() -> None:
         "trie unfolded": lambda: make_drafter("trie", calibration=carried.get("trie unfolded")),
         "trie prefill alone": lambda: make_drafter("trie", calibration=carried.get("trie prefill alone")),
         "whole unfolded": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole unfolded")),
+        "vanilla tg": lambda: make_drafter("vanilla"),
+        "trie tg": lambda: make_drafter("trie", calibration=carried.get("trie tg")),
+        "whole tg": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole tg")),
+        "whole graphs tg": lambda: search.EagleSearchDrafter(factory_graphs(), store, deepen=True, calibration=carried.get("whole graphs tg")),
+        "whole graphs no deepen tg": lambda: search.EagleSearchDrafter(factory_graphs(), store, calibration=carried.get("whole graphs no deepen tg")),
     }
     for name in args.arms.split(","):  # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times
         weight = re.fullmatch(r"whole hc([0-9]+(?:\.[0-9]+)?)", name)
@@ -285,6 +295,12 @@ def main() -> None:
 
     loaded = load_model(device=args.device, dtype=args.dtype)
     engine = Engine(loaded)
+    # the '... tg' arms' engine: the target's verification at fixed shapes, replayed from CUDA
+    # graphs on a GPU (`--target-graphs`); its verify costs calibrated as it runs
+    engine_tg = Engine(loaded, target_graphs=True) if any(a.endswith(" tg") for a in args.arms.split(",")) else None
+
+    def engine_of(a: str) -> Engine:
+        return engine_tg if a.endswith(" tg") else engine
     head_dir = Path(args.eagle_head)
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
     alt = Datastore.open(args.alt_datastore, loaded.tokenizer) if args.alt_datastore else None
@@ -338,10 +354,10 @@ def main() -> None:
                 s.forget()
 
     for a, new in arms.items():  # warm-up, untimed
-        engine.run(ids[0], new(), DecodeConfig(max_new_tokens=16, max_draft_nodes=96))
+        engine_of(a).run(ids[0], new(), DecodeConfig(max_new_tokens=16, max_draft_nodes=96))
         if args.batch_size > 1:
             folding(a)
-            engine.run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), batches[a])
+            engine_of(a).run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), batches[a])
     res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0], "runs": [], "keys": []} for a in arms}
 
     def record(a: str, r: int, gen, expected: list[int], seconds: float, key: str = "") -> None:
@@ -374,7 +390,7 @@ def main() -> None:
                 for a in list(arms) if (r + g) % 2 == 0 else list(arms)[::-1]:
                     folding(a)
                     forget()
-                    out, report = engine.run_batch(group, arms[a], configs[a], batches[a])
+                    out, report = engine_of(a).run_batch(group, arms[a], configs[a], batches[a])
                     res[a]["seconds"][r] += report.seconds
                     for o, want in zip(out, expected):
                         record(a, r, o.generation, want, 0.0)
@@ -386,7 +402,7 @@ def main() -> None:
         for i, x in enumerate(ids):
             for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
                 forget()
-                gen = engine.run(x, arms[a](), configs[a])
+                gen = engine_of(a).run(x, arms[a](), configs[a])
                 record(a, r, gen, reference[i], gen.seconds, names[i])
             save()
     base = res[next(iter(arms))]["seconds"]
@@ -405,6 +421,10 @@ def main() -> None:
         static = factory_graphs().pool.static_runs
         print(f"head graphs: {static.graphs.report()}; {static.shapes} shapes for the pool's present buffers, "
               f"{static.unbucketed} runs too large for one", flush=True)
+    if engine_tg is not None:
+        together = batches_static(loaded.model)
+        print(f"target graphs: one prompt at a time {engine_tg.target.static.report()}"
+              + (f"; batches {together.report()}" if together is not None else ""), flush=True)
     print(json.dumps(res))
 
 

@@ -131,3 +131,25 @@ def test_fixed_shape_forwards_are_counted_apart_once_a_head_run():
     assert plain["replays_per_step"] == plain["head_graph_per_step"] == fixed["head_attention_per_step"] == 0
     left = fixed["ops_per_step"]["drafting"] - fixed["head_graph_per_step"] + fixed["replays_per_step"]
     assert 0 < left < 0.5 * plain["ops_per_step"]["drafting"]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_fixed_shape_verification_is_counted_apart_once_a_step(batch_size):
+    """With `--target-graphs` (`ngspec.static_verify`) each step's verification forward is counted
+    apart (on a GPU one replay issues it): the same outputs, one replay a step, and what is left
+    of verification once those forwards are replays (the inputs laid out on the host, two copies)
+    is a small part of it."""
+    model = tiny_model("llama", seed=3)
+    rng = random.Random(7)
+    ids = [repetitive_prompt(rng, 96, n) for n in (14, 33, 21)]
+    cfg = DecodeConfig(max_new_tokens=10)
+    res = {}
+    for graphs in (False, True):
+        engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False, target_graphs=graphs)
+        new = lambda: make_drafter("trie")  # noqa: E731
+        res[graphs] = op_count.count_single(engine, ids, new, cfg) if batch_size == 1 else op_count.count_ops(engine, ids, new, cfg, BatchConfig(batch_size))
+    plain, fixed = res[False], res[True]
+    assert fixed["tokens"] == plain["tokens"]
+    assert fixed["verify_replays_per_step"] == 1 and plain["verify_replays_per_step"] == plain["verify_graph_per_step"] == 0
+    left = fixed["ops_per_step"]["verify"] - fixed["verify_graph_per_step"] + fixed["verify_replays_per_step"]
+    assert 0 < left < 0.3 * plain["ops_per_step"]["verify"]  # a 2-layer model: the forward is most of it at 30 layers
