@@ -86,3 +86,20 @@ def test_every_call_records_its_cost_by_the_table(tiny):
     assert got.stats.cost_units == sum(table[min(s.tree_size, 3)] for s in drafted)  # prefill left out
     plain = generate(target, make_drafter("vanilla"), prompt, DecodeConfig(max_new_tokens=40))
     assert plain.stats.cost_units == plain.stats.verify_calls - 1
+
+
+def test_verification_replayed_from_graphs_is_calibrated_apart(tiny, tmp_path, monkeypatch):
+    """`--target-graphs` changes what a step costs (a replay, whatever its size), so its table is
+    not the plain one read from the cache, and a batch's is measured with the graphs on."""
+    from ngspec.perf import costs as costs_module
+
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    plain, fixed = TargetModel(tiny), TargetModel(tiny)
+    fixed.use_graphs(capture=False)
+    costs_module.cached_verify_costs(plain, "tiny", 6)
+    asked = []
+    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n: asked.append(target) or (1.0,) * 7)
+    assert costs_module.cached_verify_costs(fixed, "tiny", 6) == (1.0,) * 7 and asked == [fixed]
+    monkeypatch.setattr(costs_module, "measure_batch_costs", lambda model, batch, n, graphs: asked.append(graphs) or (1.5,) * 7)
+    assert costs_module.cached_verify_costs(fixed, "tiny", 6, batch=2) == (1.5,) * 7 and asked[-1] is True
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 3

@@ -7,8 +7,8 @@ each CPU (the default model on two cores of an Intel Xeon with packed weights: 3
 measured once per engine with random tokens at a given context length (the fastest of 9 interleaved
 rounds per size), and cached under
 ``$NGSPEC_CACHE/costs`` per model, device, dtype, thread count, torch version and the CPU kernel
-plan (`ngspec.cpu_linear`), and per batch size for batched decoding (set ``NGSPEC_RECALIBRATE=1`` to measure
-again).
+plan (`ngspec.cpu_linear`), per batch size for batched decoding and apart for verification replayed
+from CUDA graphs (`--target-graphs`) (set ``NGSPEC_RECALIBRATE=1`` to measure again).
 """
 
 from __future__ import annotations
@@ -65,13 +65,17 @@ def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512
     return _relative_costs(verify, target.device, max_nodes, repeats)
 
 
-def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, repeats: int = 9) -> tuple[float, ...]:
+def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, repeats: int = 9, graphs: bool = False) -> tuple[float, ...]:
     """`measure_verify_costs` for ``batch`` rows verified together: the cost of every row
     verifying n nodes, relative to every row verifying none (a batched plain step). A batch
-    turns compute-bound sooner, so each draft node costs more than alone."""
+    turns compute-bound sooner, so each draft node costs more than alone. ``graphs``: verified
+    as `--target-graphs` verifies them (each shape captured in the first round, whose times the
+    fastest of the rounds leaves out)."""
     from ngspec.batch_target import BatchTarget
 
     target = BatchTarget(model)
+    if graphs:
+        target.use_graphs()
     context = max(1, min(context, target.max_length - max_nodes - 2))
     vocab = int(model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
@@ -116,13 +120,15 @@ def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int, ba
     setting += f"|kernels={','.join(plan.kernels)}" if plan is not None else ""
     if batch > 1:
         setting += f"|batch={batch}"
+    graphs = target.static is not None  # `--target-graphs`: a step costs a replay, whatever its size
+    setting += "|target-graphs" if graphs else ""
 
     def read(entry: dict) -> tuple[float, ...] | None:
         costs = tuple(float(c) for c in entry["relative_cost"])
         return costs if len(costs) == max_nodes + 1 else None
 
     def measure() -> tuple[tuple[float, ...], dict]:
-        costs = measure_verify_costs(target, max_nodes) if batch == 1 else measure_batch_costs(target.model, batch, max_nodes)
+        costs = measure_verify_costs(target, max_nodes) if batch == 1 else measure_batch_costs(target.model, batch, max_nodes, graphs=graphs)
         return costs, {"relative_cost": costs}
 
     return measured_once("costs", setting, read, measure)
