@@ -179,31 +179,36 @@ class Speculator:
         dtype: str = "auto",
         profile: str | Path | None = None,
         trust_remote_code: bool = False,
+        target_graphs: bool = False,
         **options: Any,
     ) -> Speculator:
         """Load ``model`` ('default': the bundled SmolLM2-135M-Instruct; a .gguf file, a local
         directory or a Hugging Face id) and ready ``drafter``; ``options`` are its drafter options
         (``eagle_head=``, ``datastore=``, ``num_draft=``, ...). ``profile``: a device profile from
-        `profile-bound --save-profile`."""
+        `profile-bound --save-profile`; ``target_graphs``: as ``--target-graphs`` (a CUDA GPU)."""
         drafting = drafting_options(options)
         check_choice(drafter, drafting)  # before the model loads
-        engine = load_engine(model, device, dtype, None if profile is None else Path(profile), trust_remote_code, quiet=True)
+        engine = load_engine(model, device, dtype, None if profile is None else Path(profile), trust_remote_code, quiet=True, target_graphs=target_graphs)
         return cls(engine, drafter, drafting)
 
     @classmethod
-    def from_model(cls, model, tokenizer=None, drafter: str = "trie", *, name: str | None = None, **options: Any) -> Speculator:
+    def from_model(cls, model, tokenizer=None, drafter: str = "trie", *, name: str | None = None, target_graphs: bool = False, **options: Any) -> Speculator:
         """Wrap a transformers causal LM you already loaded (on its device, in its dtype).
         Without a tokenizer, prompts must be token ids and outputs carry no text. ``name`` keys
         the cached verify-cost calibration (default: the model's path, or its type and size).
-        On a CPU float32 model, ngspec gives its linear layers the fastest CPU kernels in place."""
+        On a CPU float32 model, ngspec gives its linear layers the fastest CPU kernels in place.
+        ``target_graphs``: as ``--target-graphs`` (a model on a CUDA GPU)."""
         from ngspec.engine import Engine
         from ngspec.models import LoadedModel
 
         drafting = drafting_options(options)
+        where = next(model.parameters()).device
+        if target_graphs and where.type != "cuda":
+            raise NgspecError(f"target_graphs needs a model on a CUDA GPU (this one is on {where.type})")
         if name is None:
             size = sum(p.numel() for p in model.parameters())
             name = getattr(model, "name_or_path", "") or f"{model.config.model_type}-{size}"
-        return cls(Engine(LoadedModel(model.eval(), tokenizer, name)), drafter, drafting)
+        return cls(Engine(LoadedModel(model.eval(), tokenizer, name), target_graphs=target_graphs), drafter, drafting)
 
     # the engine's level: token ids and configs (what `ngspec generate` calls)
 

@@ -74,6 +74,7 @@ def test_options_reach_the_drafter(tiny, prompts_and_expected):
         ({"drafter": "search", "datastore": "no/such/store"}, "no datastore at"),
         ({"num_draft": 0}, "--num-draft must be >= 1"),
         ({"drafter": "context-ngram", "k": 0}, "--k must be >= 1"),
+        ({"target_graphs": True}, "target_graphs needs a model on a CUDA GPU"),
     ],
 )
 def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
