@@ -174,11 +174,14 @@ class TargetModel:
         the same per-node logits, so acceptance and `commit` work the same either way.
         """
         self._rows_paths = None
+        static = self.static is not None and layout == "tree" and self.static.fits(1 + tree.size)
+        if self.static is not None and not static:
+            truncate(self.cache, self.length)  # a kept block's entries (`commit` leaves the views to fixed shapes)
         if layout == "rows" and tree.size:
             return self._verify_tree_as_rows(root, tree)
         ids = torch.tensor([[root, *tree.tokens]], dtype=torch.long)
         positions = torch.tensor([block_positions(tree, self.length)], dtype=torch.long)
-        if self.static is not None and self.static.fits(1 + tree.size):
+        if static:
             features = (self.feature_layers or ()) if self.keep_features else None
             logits, hidden = self.static.run(self.cache, self.length, ids, positions, None, visibility(tree)[None], features)
             self._block_hidden = hidden[0] if hidden is not None else None
@@ -216,7 +219,10 @@ class TargetModel:
             self.commit_row(row, len(path))
             return
         keep = [0, *(i + 1 for i in path)]
-        keep_block(self.cache, self.length, keep)
+        # at fixed shapes, kept entries already in place need no cut of the views (two operations
+        # a layer): the next fixed-shape forward sets them, and any other path cuts them first
+        if self.static is None or keep != list(range(len(keep))):
+            keep_block(self.cache, self.length, keep)
         if self.keep_features:
             self._pending.append(self._block_hidden[keep])
         self.length += 1 + len(path)
@@ -246,12 +252,19 @@ class TargetModel:
         assert self.cache is not None, "prefill first"
         if self.window:
             raise NgspecError("row verification needs a model whose layers all use full attention; use tree verification")
+        if self.static is not None:
+            truncate(self.cache, self.length)  # see `verify`
         width = max((len(r) for r in rows), default=0)
         ids = torch.tensor([[root, *r, *[root] * (width - len(r))] for r in rows], dtype=torch.long)
-        (out, self._row_block), self._rows_hidden = forward_with_features(
-            lambda **extra: forward_rows(self.model, self.cache, ids.to(self.device), **extra),
-            self.model, self.keep_features, self.feature_layers,
-        )
+        blocks = []  # the rows' own keys and values, beside the output `forward_with_features` reads
+
+        def forward(**extra):
+            out, block = forward_rows(self.model, self.cache, ids.to(self.device), **extra)
+            blocks.append(block)
+            return out
+
+        out, self._rows_hidden = forward_with_features(forward, self.model, self.keep_features, self.feature_layers)
+        self._row_block = blocks[-1]
         return out.logits
 
     @torch.inference_mode()

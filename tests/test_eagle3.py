@@ -70,10 +70,13 @@ def test_drafts_are_mapped_through_d2t(tiny):
     assert all(t % 2 == 1 for t in tree.tokens)  # only odd ids are in the draft vocabulary
 
 
+@pytest.mark.parametrize("layout", ["tree", "rows"])
 @pytest.mark.parametrize("cost", [(), (1.0, 1.01, 1.05, 1.6) + (2.5,) * 30], ids=["flat-cost", "steep-cost"])
 @pytest.mark.parametrize("name", ["eagle", "eagle+search"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
-def test_eagle3_drafts_match_plain_greedy(tiny, tree, name, cost):
+def test_eagle3_drafts_match_plain_greedy(tiny, tree, name, cost, layout):
+    """Trees verified as one row under a tree mask, or each path as its own row (``--verify rows``:
+    EAGLE-3's three layers read from the rows' forward, which crashed before)."""
     head = random_head3(tiny, seed=1)
     head.feature_layers = feature_layers(tiny.config.num_hidden_layers)
     rng = random.Random(8)
@@ -82,7 +85,7 @@ def test_eagle3_drafts_match_plain_greedy(tiny, tree, name, cost):
     for case in range(4):
         prompt = repetitive_prompt(rng, 96, rng.randrange(4, 60))
         drafter = make_drafter(name, DrafterOptions(search_depth=6, deepen=True), eagle=eagle_factory(tiny, head, EagleOptions(tree=tree, top_k=3, depth=3, total_tokens=10)))
-        got = generate(target, drafter, prompt, DecodeConfig(max_new_tokens=24))
+        got = generate(target, drafter, prompt, DecodeConfig(max_new_tokens=24, verify=layout))
         assert got.token_ids == hf_greedy(tiny, prompt, 24), f"case {case}"
 
 
