@@ -79,12 +79,16 @@ def engine_for(loaded, flat_cost: bool, cost_slope: float | None, max_nodes: int
 
 
 def combined(reports: list[BatchReport]) -> BatchReport:
-    """One report for several runs: their counts and times summed, the largest cache kept."""
+    """One report for several runs: their counts and times summed, the largest cache and prefill
+    cap kept, and the last graphs' report (it counts over the runs already)."""
     total = BatchReport()
     for rep in reports:
         for f in fields(BatchReport):
             mine, theirs = getattr(total, f.name), getattr(rep, f.name)
-            setattr(total, f.name, max(mine, theirs) if f.name == "peak_slots" else mine + theirs)
+            if f.name == "target_graphs":
+                setattr(total, f.name, theirs or mine)
+            else:
+                setattr(total, f.name, max(mine, theirs) if f.name in ("peak_slots", "prefill_tokens") else mine + theirs)
     return total
 
 

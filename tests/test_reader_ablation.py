@@ -47,10 +47,13 @@ def test_interleaved_groups_cover_every_prompt_once_and_reports_add_up():
     assert ablation.batch_groups(ids, 8, 0) == [ids]
     groups = ablation.batch_groups(ids, 8, 2)
     assert [len(g) for g in groups] == [16, 16, 5] and sum(groups, []) == ids
-    a = BatchReport(steps=3, cost_units=2.5, slot_steps=40, live_steps=30, peak_slots=12, seconds=1.0, new_tokens=9)
-    b = BatchReport(steps=5, cost_units=1.5, slot_steps=60, live_steps=20, peak_slots=20, seconds=2.0, new_tokens=7)
+    a = BatchReport(steps=3, cost_units=2.5, slot_steps=40, live_steps=30, peak_slots=12, seconds=1.0, new_tokens=9, prefill_tokens=8192,
+                    target_graphs="3 captured")
+    b = BatchReport(steps=5, cost_units=1.5, slot_steps=60, live_steps=20, peak_slots=20, seconds=2.0, new_tokens=7, prefill_tokens=8192,
+                    target_graphs="4 captured")
     total = ablation.combined([a, b])
     assert (total.steps, total.cost_units, total.seconds, total.new_tokens, total.peak_slots) == (8, 4.0, 3.0, 16, 20)
+    assert (total.prefill_tokens, total.target_graphs) == (8192, "4 captured")  # a cap, and a report counting over the runs
     assert total.hole_share == 0.5  # 1 - 50 live of 100 slots attended, not the mean of the two shares
 
 
