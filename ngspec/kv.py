@@ -31,7 +31,34 @@ class GrowableLayer(DynamicLayer):
     within the buffers' rows (`add_rows`, `move_rows`, `keep_rows`), so neither copies the cache.
     The rows in use are held as views of their own (``_k``, ``_v``), so that a step's append costs
     the same tensor operations whether or not the buffers have spare rows (on a GPU a small
-    model's step is paid per operation)."""
+    model's step is paid per operation). ``keys`` and ``values`` themselves, views of those up
+    to ``_used`` slots, are made when read: at fixed shapes (`ngspec.static_verify`) most steps
+    read neither, and making them cost two operations a layer a step."""
+
+    _k = _v = _key_view = _value_view = None
+    _used = 0
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        if self._key_view is None and self._k is not None:
+            self._key_view = self._k[:, :, : self._used]
+        return self._key_view
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._key_view = tensor
+        if tensor is not None and tensor.dim() == 4:
+            self._used = tensor.shape[-2]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        if self._value_view is None and self._v is not None:
+            self._value_view = self._v[:, :, : self._used]
+        return self._value_view
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._value_view = tensor
 
     def __init__(self, capacity: int = 512) -> None:
         super().__init__()
@@ -46,7 +73,11 @@ class GrowableLayer(DynamicLayer):
     def _use_rows(self, rows: int, used: int) -> None:
         """The first ``rows`` rows and ``used`` slots of the buffers are the entries."""
         self._k, self._v = self._keys[:rows], self._values[:rows]
-        self.keys, self.values = self._k[:, :, :used], self._v[:, :, :used]
+        self._use_slots(used)
+
+    def _use_slots(self, used: int) -> None:
+        """The rows' first ``used`` slots are the entries (their views made when read)."""
+        self._used, self._key_view, self._value_view = used, None, None
 
     def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, size: int, used: int, row_room: int = 0) -> None:
         """New buffers of ``size`` slots and at least ``row_room`` rows (and as many as the old
@@ -66,7 +97,7 @@ class GrowableLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start = self.keys.shape[-2]
+        start = self._used
         end = start + key_states.shape[-2]
         if end > self._keys.shape[-2]:
             self._reserve(key_states, value_states, max(end, 2 * self._keys.shape[-2]), start)
@@ -93,14 +124,20 @@ class GrowableLayer(DynamicLayer):
         values.index_copy_(2, slots, value_states)
         return keys[:, :, :span], values[:, :, :span]
 
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every row's entries at slots ``src`` copied to slots ``dst`` (device tensors; read
+        before any is written), two operations a buffer; the entries' extent is left as it is."""
+        self._k.index_copy_(2, dst, self._k.index_select(2, src))
+        self._v.index_copy_(2, dst, self._v.index_select(2, src))
+
     def hold(self, rows: int, used: int) -> None:
         """The entries are the buffers' first ``rows`` rows and ``used`` slots (after `write_at`);
-        the rows' own views are kept when their number has not changed (two operations a layer
-        fewer, on every step of a host-bound GPU)."""
+        the rows' own views are kept when their number has not changed, and the entries' views
+        are made when read (on a host-bound GPU every operation a step counts)."""
         if self._k is None or self._k.shape[0] != rows:
             self._use_rows(rows, used)
         else:
-            self.keys, self.values = self._k[:, :, :used], self._v[:, :, :used]
+            self._use_slots(used)
 
     def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Hold ``keys`` and ``values`` instead (a batch's entries compacted or moved), written
@@ -108,7 +145,7 @@ class GrowableLayer(DynamicLayer):
         the old entries are freed layer by layer, never a second cache at once."""
         rows, used = keys.shape[0], keys.shape[-2]
         if rows > self._keys.shape[0] or used > self._keys.shape[-2]:
-            self._keys = self._values = self.keys = self.values = None  # free this layer's buffers first
+            self._keys = self._values = self._k = self._v = self.keys = self.values = None  # free this layer's buffers first
             self._reserve(keys, values, max(used + 512, self.capacity), 0)
         self._keys[:rows, :, :used] = keys
         self._values[:rows, :, :used] = values
@@ -119,7 +156,7 @@ class GrowableLayer(DynamicLayer):
         zero weight, which must not be NaN), in the buffers' spare rows; when they have none, new
         buffers take the entries: with ``rows_wanted`` rows (the rows the batch will hold) if that
         is enough, else twice the rows."""
-        rows, used = self.keys.shape[0], self.keys.shape[-2]
+        rows, used = self._k.shape[0], self._used
         if rows + n > self._keys.shape[0]:
             room = rows_wanted if rows_wanted and rows_wanted >= rows + n else max(rows + n, 2 * self._keys.shape[0])
             self._reserve(self.keys, self.values, self._keys.shape[-2], used, row_room=room)
@@ -129,13 +166,13 @@ class GrowableLayer(DynamicLayer):
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Row ``src[i]``'s entries to row ``dst[i]`` (distinct rows; only these rows are copied)."""
-        used = self.keys.shape[-2]
+        used = self._used
         self._keys[:, :, :used].index_copy_(0, dst, self._keys[:, :, :used].index_select(0, src))
         self._values[:, :, :used].index_copy_(0, dst, self._values[:, :, :used].index_select(0, src))
 
     def keep_rows(self, n: int) -> None:
         """Only the first ``n`` rows stay (views: nothing is copied)."""
-        self._use_rows(n, self.keys.shape[-2])
+        self._use_rows(n, self._used)
 
     def drop_front(self, n: int) -> None:
         """Drop the first ``n`` entries (ones no later query may see), moving the rest into a

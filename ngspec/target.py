@@ -219,10 +219,15 @@ class TargetModel:
             self.commit_row(row, len(path))
             return
         keep = [0, *(i + 1 for i in path)]
-        # at fixed shapes, kept entries already in place need no cut of the views (two operations
-        # a layer): the next fixed-shape forward sets them, and any other path cuts them first
-        if self.static is None or keep != list(range(len(keep))):
+        if self.static is None:
             keep_block(self.cache, self.length, keep)
+        elif keep != list(range(len(keep))):
+            # at fixed shapes the kept entries move next to the committed ones, and nothing else:
+            # the next fixed-shape forward sets the entries' extent, any other path cuts it first
+            slots = torch.tensor([self.length + k for k in keep] + list(range(self.length, self.length + len(keep))), device=self.device)
+            src, dst = slots.split(len(keep))
+            for layer in self.cache.layers:
+                layer.move_slots(src, dst)
         if self.keep_features:
             self._pending.append(self._block_hidden[keep])
         self.length += 1 + len(path)
