@@ -1,6 +1,6 @@
 """Randomised losslessness: seeded random combinations of drafter, batch size, budget (down to one
 token), prompts that reach the end of the context window, EOS, stop strings, verify-cost table,
-batch layout, sizing and compaction, EAGLE's tree options, requests fed to a running batch,
+batch layout, sizing and compaction, verification at fixed shapes, EAGLE's tree options, requests fed to a running batch,
 sampling that must reduce to greedy (top-k 1, or a top-p that keeps one token) or that really
 samples (node by node, or every node at once as on a GPU), and model families (sliding windows,
 latent attention, learned positions, ...), each row against transformers' plain greedy decoding,
@@ -39,6 +39,13 @@ def _prefill_tokens(case: int) -> int | None:
     under a cap that splits them: drawn from a stream of its own, so the other settings' draws
     (and the cases they made before this dimension) stay as they were."""
     return random.Random(f"prefill {case}").choice([None, None, 0, 64, 100_000])
+
+
+def _target_graphs(case: int) -> bool:
+    """Verification at fixed shapes (`--target-graphs`, uncaptured off a GPU) in about a third of
+    the cases, from a stream of its own as above; a model's batches share its buffers from case to
+    case, so those also test a batch starting from another's cache."""
+    return random.Random(f"target graphs {case}").random() < 0.35
 
 
 CASES = int(os.environ.get("NGSPEC_FUZZ_CASES", "60"))  # per tiny model family, and over the other families
@@ -223,6 +230,9 @@ def test_random_settings_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_
         if batch_size == 1 and rng.random() < 0.5:  # the single-sequence loop, either verify layout
             target = TargetModel(tiny)
             target.cost_tables = {0: cost}
+            if _target_graphs(case):
+                target.use_graphs(capture=False)
+                where += ", fixed shapes"
             cfg = DecodeConfig(max_new_tokens=budget, verify=rng.choice(["tree", "rows"]), sampling=sampling)
             runs = [generate(target, new_drafter(), p, cfg, stopper()) for p in prompts]
             got, seeds = [g.token_ids for g in runs], [g.seed for g in runs]
@@ -231,6 +241,7 @@ def test_random_settings_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_
                 batch_size, rng.choice([0, 1, 3, 8]), rng.choice([0.0, 0.2]), joint_sizing=rng.random() < 0.8,
                 heads_together=rng.random() < 0.8, layout=rng.choice(LAYOUTS), prefill_tokens=_prefill_tokens(case),
             )
+            batch = replace(batch, target_graphs=batch.layout == "padded" and _target_graphs(case))
             where += f", {batch}"
             cfg = DecodeConfig(max_new_tokens=budget, sampling=sampling)
             if rng.random() < 0.3:  # requests fed to the running batch, each with a budget of its own
