@@ -229,3 +229,29 @@ def test_a_stop_string_ends_the_output_where_plain_decoding_ends_it(default_mode
     assert results[0].generation.token_ids == want and results[0].generation.finish_reason == "stop"
     for result, i in zip(results[1:], others):
         assert result.generation.token_ids == stopper().cut([], expected_outputs[i][1])[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["vanilla", "trie", "eagle+search"])
+def test_default_model_lossless_with_captured_verification(default_model, default_tables, default_eagle, default_datastore, expected_outputs, drafter, monkeypatch):
+    """`--target-graphs` on the real model, its forwards captured by the CPU stand-in for CUDA
+    graphs (which refuses what a GPU's capture refuses): one prompt at a time and a batch of 4,
+    each equal to plain greedy, and every shape captured once and replayed after."""
+    from ngspec.batch import BatchConfig, generate_batch
+    from ngspec.decode import Stopper
+    from ngspec.static_verify import batches_static
+    from test_static_verify import _capturing
+
+    _capturing(monkeypatch)
+    eos = eos_ids(default_model)
+    opts = DrafterOptions(search_depth=8, deepen=True)
+    new = lambda: make_drafter(drafter, opts, default_tables, default_eagle, default_datastore)  # noqa: E731
+    target = TargetModel(default_model.model)
+    static = target.use_graphs()
+    for ids, expected in expected_outputs:
+        assert generate(target, new(), ids, DecodeConfig(max_new_tokens=64, eos_ids=eos)).token_ids == expected
+    results, _ = generate_batch(default_model.model, [ids for ids, _ in expected_outputs], new, DecodeConfig(max_new_tokens=64, eos_ids=eos),
+                                BatchConfig(4, rearrange_every=8, target_graphs=True), lambda: Stopper(eos))
+    assert [r.generation.token_ids for r in results] == [expected for _, expected in expected_outputs]
+    for graphs in (static.graphs, batches_static(default_model.model).graphs):
+        assert graphs.failure is None and 0 < graphs.captures < graphs.replays
