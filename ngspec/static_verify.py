@@ -146,10 +146,6 @@ class StaticVerify:
                 layer.hold(1, 0)
         return cache
 
-    @property
-    def shapes(self) -> int:
-        return len(self._shapes)
-
     def report(self) -> str:
         """One line: shapes, captures and replays, forwards too wide for a shape."""
         return f"{self.graphs.report()}; {self.made} shapes made, {self.unbucketed} forwards too wide for one"
