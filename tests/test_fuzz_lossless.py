@@ -1,11 +1,11 @@
 """Randomised losslessness: seeded random combinations of drafter, batch size, budget (down to one
 token), prompts that reach the end of the context window, EOS, stop strings, verify-cost table,
-batch layout, sizing and compaction, verification at fixed shapes, EAGLE's tree options, requests fed to a running batch,
-sampling that must reduce to greedy (top-k 1, or a top-p that keeps one token) or that really
-samples (node by node, or every node at once as on a GPU), and model families (sliding windows,
-latent attention, learned positions, ...), each row against transformers' plain greedy decoding,
-or against plain sampling with the same seed (the `vanilla` drafter: one token a call, no drafts),
-which must draw the same tokens.
+batch layout, sizing and compaction, verification at fixed shapes, EAGLE's tree options, requests
+fed to a running batch, sampling that must reduce to greedy (top-k 1, or a top-p that keeps one
+token) or that really samples (node by node, or every node at once as on a GPU), and model
+families (sliding windows, latent attention, learned positions, ...), each row against
+transformers' plain greedy decoding, or against plain sampling with the same seed (the `vanilla`
+drafter: one token a call, no drafts), which must draw the same tokens.
 
 The targeted tests fix one setting at a time; combinations they did not name are where a
 randomised search found bugs (a prompt admitted into a freed slot with a one-token budget took a
