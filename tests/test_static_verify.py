@@ -218,7 +218,8 @@ def test_target_graphs_need_a_gpu_in_the_cli(tmp_path):
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello")
-    for command in (["generate", "--prompt-file", str(prompts)], ["bench", "-q", str(prompts)]):
+    tune = ["tune-tree", "--eagle-head", str(tmp_path), "--out", str(tmp_path / "shape.json")]
+    for command in (["generate", "--prompt-file", str(prompts)], ["bench", "-q", str(prompts)], tune):
         result = CliRunner().invoke(app, [*command, "--target-graphs", "--device", "cpu", "--model", str(tmp_path / "no-model")])
         assert result.exit_code != 0
         assert "--target-graphs needs a CUDA GPU" in result.output  # before the model (which does not exist) loads

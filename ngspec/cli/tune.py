@@ -50,6 +50,7 @@ def tune_tree_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     raw: RawOpt = False,
+    target_graphs: Annotated[bool, typer.Option("--target-graphs", help="Tune with the target's verification replayed from CUDA graphs (a CUDA GPU), as generate --target-graphs runs it: a replay costs about the same whatever the tree's size, so the best node count differs. Match what you will generate with.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Measure each node's acceptance in a large static EAGLE tree on calibration prompts, prune
@@ -84,7 +85,7 @@ def tune_tree_command(
     staging.output_directory(out)
     batch = BatchConfig(batch_size)
     prompts = calibration_prompts(questions, per_category, limit)
-    engine = load_engine(model, device, dtype, trust_remote_code=trust_remote_code)
+    engine = load_engine(model, device, dtype, trust_remote_code=trust_remote_code, target_graphs=target_graphs)
     # one prompt per turn asked; a later turn is built once the large tree's run has answered the
     # turn before it (lossless: plain greedy's answer), and every prompt must fit the context window
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
