@@ -516,10 +516,11 @@ class BatchTarget:
         ids, positions, block = batch_blocks(roots, trees, self.lengths)
         width = ids.shape[1]
         sizes = [1 + t.size for t in trees]
+        padded_roots = [b * width for b in range(rows)]  # each row's root entry, in the padded layout
         if self.static is not None and self.static.fits(width):
             features = (self.feature_layers or ()) if self.keep_features else None
             logits, hidden = self.static.run(self.cache, start, ids, positions, self.valid, block, features, self.rows_wanted or 1)
-            return self._verified(start, width, logits, hidden, [b * width for b in range(rows)], sizes, False)
+            return self._verified(start, width, logits, hidden, padded_roots, sizes, False)
         valid = self.valid.to(self.device)
         visible = torch.cat([valid[:, None, :].expand(rows, width, start), block.to(self.device)], dim=2)
         # a cached entry's position: its order among the row's valid slots (sliding windows only)
@@ -534,7 +535,7 @@ class BatchTarget:
             cache, roots_at = PackedBlockCache(self.cache, rows_of), rows_of.starts
             attention = attention_function(self.model, PACKED_ATTENTION, partial(packed_attention, packed=rows_of))
         else:
-            cache, roots_at = self.cache, [b * width for b in range(rows)]
+            cache, roots_at = self.cache, padded_roots
             attention = nullcontext()
             if self.fold_groups > 1 and width > 1:
                 layer_masks = attention_mask.values() if isinstance(attention_mask, dict) else (attention_mask,)

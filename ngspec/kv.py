@@ -111,7 +111,7 @@ class GrowableLayer(DynamicLayer):
         capacity = self._keys.shape[-2]
         if rows <= self._keys.shape[0] and size <= capacity:
             return
-        self._reserve(self.keys, self.values, capacity if size <= capacity else max(size, 2 * capacity), self.keys.shape[-2], row_room=rows)
+        self._reserve(self.keys, self.values, capacity if size <= capacity else max(size, 2 * capacity), self._used, row_room=rows)
 
     def write_at(self, slots: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A write at fixed shapes: ``key_states`` ``[r, heads, len(slots), d]`` into the buffers'
@@ -216,22 +216,25 @@ def make_cache(config, capacity: int) -> DynamicCache:
     return cache
 
 
-def keep_block(cache: DynamicCache, start: int, offsets: Sequence[int]) -> None:
-    """Keep block entries ``offsets`` (relative to ``start``, ascending) and drop the others."""
+def keep_block(cache: DynamicCache, start: int, offsets: Sequence[int], cut: bool = True) -> None:
+    """Keep block entries ``offsets`` (relative to ``start``, ascending): moved next to the
+    entries before the block (two operations a buffer, `GrowableLayer.move_slots`) and, with
+    ``cut``, the others dropped. Without it the extent is left to the next write (fixed shapes,
+    `ngspec.static_verify`: most steps then touch no view)."""
     n_keep = len(offsets)
     contiguous = list(offsets) == list(range(n_keep))
-    slots: dict = {}  # (first slot, device) -> the kept entries' slots: made and copied once, not per layer
+    slots: dict = {}  # (first slot, device) -> the kept entries' slots and theirs to be: made and copied once, not per layer
     for layer in cache.layers:
-        first = start - getattr(layer, "dropped", 0)  # the block's first slot in this layer
+        first = start - layer.dropped  # the block's first slot in this layer
         if not contiguous:
-            where = (first, layer.keys.device)
+            where = (first, layer._k.device)
             if where not in slots:
-                slots[where] = torch.tensor([first + o for o in offsets], dtype=torch.long, device=layer.keys.device)
-            src_dev = slots[where]
-            layer.keys[:, :, first : first + n_keep] = layer.keys.index_select(2, src_dev)
-            layer.values[:, :, first : first + n_keep] = layer.values.index_select(2, src_dev)
-        layer.keys = layer.keys[:, :, : first + n_keep]
-        layer.values = layer.values[:, :, : first + n_keep]
+                moves = torch.tensor([first + o for o in offsets] + list(range(first, first + n_keep)), dtype=torch.long, device=where[1])
+                slots[where] = moves.split(n_keep)
+            layer.move_slots(*slots[where])
+        if cut:
+            layer.keys = layer.keys[:, :, : first + n_keep]
+            layer.values = layer.values[:, :, : first + n_keep]
 
 
 def truncate(cache: DynamicCache, length: int) -> None:

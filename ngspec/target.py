@@ -174,18 +174,17 @@ class TargetModel:
         the same per-node logits, so acceptance and `commit` work the same either way.
         """
         self._rows_paths = None
-        static = self.static is not None and layout == "tree" and self.static.fits(1 + tree.size)
-        if self.static is not None and not static:
-            truncate(self.cache, self.length)  # a kept block's entries (`commit` leaves the views to fixed shapes)
         if layout == "rows" and tree.size:
             return self._verify_tree_as_rows(root, tree)
         ids = torch.tensor([[root, *tree.tokens]], dtype=torch.long)
         positions = torch.tensor([block_positions(tree, self.length)], dtype=torch.long)
-        if static:
-            features = (self.feature_layers or ()) if self.keep_features else None
-            logits, hidden = self.static.run(self.cache, self.length, ids, positions, None, visibility(tree)[None], features)
-            self._block_hidden = hidden[0] if hidden is not None else None
-            return logits[0]
+        if self.static is not None:
+            if self.static.fits(1 + tree.size):
+                features = (self.feature_layers or ()) if self.keep_features else None
+                logits, hidden = self.static.run(self.cache, self.length, ids, positions, None, visibility(tree)[None], features)
+                self._block_hidden = hidden[0] if hidden is not None else None
+                return logits[0]
+            truncate(self.cache, self.length)  # the committed entries only (`commit` leaves the extent to fixed shapes)
         kwargs: dict = {"position_ids": positions.to(self.device)}
         if tree.size or self.window:  # a lone root: transformers' causal mask, unless layers slide
             kwargs["attention_mask"] = self._tree_mask(tree, positions)
@@ -219,15 +218,9 @@ class TargetModel:
             self.commit_row(row, len(path))
             return
         keep = [0, *(i + 1 for i in path)]
-        if self.static is None:
-            keep_block(self.cache, self.length, keep)
-        elif keep != list(range(len(keep))):
-            # at fixed shapes the kept entries move next to the committed ones, and nothing else:
-            # the next fixed-shape forward sets the entries' extent, any other path cuts it first
-            slots = torch.tensor([self.length + k for k in keep] + list(range(self.length, self.length + len(keep))), device=self.device)
-            src, dst = slots.split(len(keep))
-            for layer in self.cache.layers:
-                layer.move_slots(src, dst)
+        # at fixed shapes the extent is left to the next fixed-shape forward (any other path
+        # cuts it first, `verify`)
+        keep_block(self.cache, self.length, keep, cut=self.static is None)
         if self.keep_features:
             self._pending.append(self._block_hidden[keep])
         self.length += 1 + len(path)
@@ -258,7 +251,7 @@ class TargetModel:
         if self.window:
             raise NgspecError("row verification needs a model whose layers all use full attention; use tree verification")
         if self.static is not None:
-            truncate(self.cache, self.length)  # see `verify`
+            truncate(self.cache, self.length)  # the committed entries only (see `verify`)
         width = max((len(r) for r in rows), default=0)
         ids = torch.tensor([[root, *r, *[root] * (width - len(r))] for r in rows], dtype=torch.long)
         blocks = []  # the rows' own keys and values, beside the output `forward_with_features` reads
