@@ -218,11 +218,25 @@ versus_more() {
     # the graphs' tests, and sampling's acceptance reading a GPU's logits with host draws (10zm)
     stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py tests/test_static_verify.py \
         tests/test_verify.py::test_sampling_reads_logits_on_the_device_and_draws_on_the_host
+    # one verification forward of the bundled model, plain and replayed from a CUDA graph, by tree
+    # size and context (BENCHMARKS.md 10zr predicted the plain one at 20-35 ms whatever the tree, a
+    # replay 0.5-2 ms at one node): what the host costs a step, and the device's own curve
+    local grid=(--layout tree --k 1,2,4,8 --w 0,1,3,7 --context 100,500 --repeats 5)
+    stage bound-plain 60 "${NG[@]}" profile-bound "${grid[@]}" --dtype float32 --out $RES/bound-plain --json
+    stage bound-tg 60 "${NG[@]}" profile-bound "${grid[@]}" --dtype float32 --target-graphs --out $RES/bound-tg \
+        --save-profile $RES/bound-tg/profile.json --json
     # the prompt's trie on this host (BENCHMARKS.md 10zp predicted 1.2 and 1.7 ms a 772-token prompt)
     stage trie-build 30 "$PY" benchmarks/trie_build.py --questions /tmp/data/spec_bench/question.jsonl --category rag --limit 16
     pack more.tgz
     grep -h "tokens/call\|graphs:" $RES/versus-*.log
     grep -h "a token" $RES/trie-build.log
+    "$PY" - $RES/bound-plain $RES/bound-tg <<'EOF'
+import json, pathlib, sys
+for out in map(pathlib.Path, sys.argv[1:]):
+    for path in out.glob("profile-*.json"):
+        cells = json.loads(path.read_text())["cells"]
+        print(out.name, " ".join(f"{c['context']}:{c['tokens']}={c['ms']:.2f}ms" for c in cells if c["ms"] is not None))
+EOF
 }
 
 # after versus_more, on the warm machine (no carry): sampling at batch 8 on the GPU. First the two
@@ -327,7 +341,8 @@ rehearse() {  # rehearse HEAD DATASTORE [SHAPES]: every lane's stages here, at t
     toy_copy $dir
     PY=$REPO/.venv/bin/python bash $dir/session.sh toy_lanes
     local failed
-    failed=$(grep -h '^== .*: rc=[1-9]' $dir/res/stages.log | grep -v '^== sdpa:')
+    # (a GPU's only: cuDNN attention, and profile-bound's CUDA graphs, refused here in one line)
+    failed=$(grep -h '^== .*: rc=[1-9]' $dir/res/stages.log | grep -v '^== \(sdpa\|bound-tg\):')
     [ -z "$failed" ] && echo "rehearsal: every stage ran" && return 0
     echo "rehearsal: these stages failed (logs in $dir/res):"; echo "$failed"; return 1
 }

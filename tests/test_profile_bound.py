@@ -184,6 +184,7 @@ def test_command_end_to_end_on_a_config_file(tmp_path, tiny_shape):
     assert len(report["cells"]) == 2 * 2 * 2 * 3
     assert {t["layout"] for t in report["transitions"]} == {"rows", "tree"}
     assert report["peak_tflops"] > 0 and report["peak_bandwidth_gbs"] > 0
+    assert report["target_graphs"] is False and "graphs" not in report
     names = sorted(p.name for p in out.iterdir())
     assert names == ["dev.json", "profile-tiny-rows.png", "profile-tiny-tree.png", "profile-tiny.csv", "profile-tiny.json"]
     profile = load_profile(out / "dev.json", "tiny")
@@ -250,3 +251,47 @@ def test_a_sliding_window_model_is_timed_as_trees(tmp_path):
     assert "timing the tree layout only" in result.stderr
     rows = invoke("profile-bound", "--shape", path, *grid, "--layout", "rows", "--out", tmp_path / "r")
     assert rows.exit_code == 1 and "use --layout tree" in rows.stderr
+
+
+def test_the_tree_sweep_at_fixed_shapes_replays_one_capture_per_shape(tiny, monkeypatch):
+    """`--target-graphs`: every cell's forward runs at its bucketed shape from a captured graph
+    (the CPU stand-in), each shape captured once over both contexts, every run a replay, and the
+    cache left as the cells found it."""
+    from graph_standin import StandInGraphs
+
+    StandInGraphs(monkeypatch)
+    target = TargetModel(tiny)
+    static = target.use_graphs(capture=True)
+    cells = grid(["tree"], [4, 9], [1, 2, 3], [0, 1, 2])
+    results = run_sweep(cells, ForwardTimer(target, max_k=3, max_w=2, warmup=1, repeats=2))
+    assert all(r.status == "ok" and r.seconds > 0 for r in results)
+    widths = {c.tokens for c in cells}
+    assert widths == {1, 2, 3, 4, 5, 7}  # rounded up to blocks 1, 2, 4 and 8 wide
+    assert static.graphs.captures == static.made == 4
+    assert static.graphs.replays == len(cells) * 3  # the warm-up and two timed runs, each replayed
+    assert target.length == 9
+
+
+def test_target_graphs_need_a_gpu_and_time_trees(tmp_path, tiny_shape):
+    """Refused here in one line before anything is built or written."""
+    grid_args = ["--k", "1,2", "--w", "0,1", "--context", "8", "--repeats", 1]
+    result = invoke("profile-bound", "--shape", tiny_shape, *grid_args, "--target-graphs", "--out", tmp_path / "o")
+    assert result.exit_code == 1 and "--target-graphs needs a CUDA GPU" in result.stderr
+    assert "Traceback" not in result.output and not (tmp_path / "o" / "profile-tiny.csv").exists()
+    rows = invoke("profile-bound", "--shape", tiny_shape, *grid_args, "--target-graphs", "--layout", "rows", "--out", tmp_path / "r")
+    assert rows.exit_code == 1 and "use --layout tree" in rows.stderr
+
+
+def test_a_profile_says_whether_it_was_measured_from_graphs_and_a_mismatch_warns(tmp_path, default_model, monkeypatch):
+    from ngspec import models
+    from ngspec.cli.common import load_engine
+
+    path = tmp_path / "p.json"
+    save_profile(path, build_profile({"model": "tiny", "device": "test"}, _reports(), 1.1))  # written before the field existed
+    assert load_profile(path).target_graphs is False
+    save_profile(path, build_profile({"model": default_model.name, "device": "test", "target_graphs": True}, _reports(), 1.1))
+    assert load_profile(path).target_graphs is True
+    monkeypatch.setattr(models, "load_model", lambda *args, **kwargs: default_model)
+    with pytest.warns(UserWarning, match="measured with --target-graphs and this run verifies without"):
+        engine = load_engine("default", "cpu", "float32", path, quiet=True)
+    assert engine.target.cost_tables == load_profile(path).cost_tables(engine.max_draft_nodes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -95,7 +96,7 @@ def load_engine(
     """The engine for ``model``; ``profile`` (from `profile-bound --save-profile`) replaces the
     built-in calibration of verify costs; ``quiet``: no progress lines on stderr;
     ``target_graphs``: `--target-graphs` (a CUDA GPU only)."""
-    from ngspec.cli.render import info
+    from ngspec.cli.render import info, warning
     from ngspec.cpu_linear import tune_linears
     from ngspec.engine import Engine
     from ngspec.models import load_model, pick_device
@@ -111,5 +112,14 @@ def load_engine(
     loaded = load_model(model, device, dtype, trust_remote_code)
     if device_profile is not None:
         device_profile.check_model(loaded.name, profile)
+        if device_profile.target_graphs != target_graphs:
+            # a replay costs about the same whatever the tree's size; the plain forward does not
+            with_, without = ("with", "without") if device_profile.target_graphs else ("without", "with")
+            message = (f"{profile} was measured {with_} --target-graphs and this run verifies {without}: its costs may size drafts "
+                       f"wrongly (measure one to match: `ngspec profile-bound{' --target-graphs' if target_graphs else ''} --save-profile ...`)")
+            if quiet:  # the Python API: a warning the caller can filter
+                warnings.warn(message, stacklevel=3)
+            else:
+                warning(message)
     tune_linears(loaded.model, notify=notify)  # the Engine would do it silently
     return Engine(loaded, profile=device_profile, target_graphs=target_graphs)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # torch loads when the command runs, not for --help
 
 GPU_GRID = ("1..32", "0..15", "25,100,500")
 CPU_GRID = ("1,2,4,8,16", "0,1,2,3,5,7", "25,100,500")
+GRAPHS_GRID = ("1..8", "0..7", "25,100,500")  # trees of up to 57 nodes: every one a captured shape
 
 
 def _device_name(device: torch.device) -> str:
@@ -78,6 +79,7 @@ def profile_bound_command(
     out: Annotated[Path, typer.Option("--out", help="Directory for the CSV, JSON and heatmap PNGs.")] = Path("profile-out"),
     save_profile: Annotated[Optional[Path], typer.Option("--save-profile", help="Also write a device profile that `generate`/`bench --profile` load to size drafts.")] = None,
     max_slowdown: Annotated[float, typer.Option(help="Slowdown the device profile's token budget may reach.")] = 1.1,
+    target_graphs: Annotated[bool, typer.Option("--target-graphs", help="On a CUDA GPU: time the tree layout as `generate --target-graphs` verifies, each block rounded up to a power of two wide and replayed from a captured CUDA graph, so a small model's host work no longer hides the device's own curve. Trees wider than 64 nodes are left out (generate runs those uncaptured); default grid k 1..8, w 0..7. Save a profile with it for `generate --target-graphs --profile`.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Time one verification forward over a grid of (k rows, w speculated tokens, context length),
@@ -86,6 +88,9 @@ def profile_bound_command(
     stays memory-bound; this shows where that ends on your device.
 
     Example: ngspec profile-bound --shape llama-7b --dtype bfloat16 --save-profile llama7b.json
+
+    On a GPU, --target-graphs times the forwards replayed from CUDA graphs, as generate
+    --target-graphs runs them: run it with and without to see what a small model's host work costs.
     """
     import torch
 
@@ -96,17 +101,25 @@ def profile_bound_command(
     from ngspec.perf.report import analyse, transitions, write_outputs
     from ngspec.perf.roofline import measure_peaks
     from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
+    from ngspec.static_verify import MOST_WIDTH
     from ngspec.target import TargetModel
 
     layouts = list(LAYOUTS) if layout == "both" else [layout]
     if layout not in (*LAYOUTS, "both"):
         raise NgspecError(f"--layout must be rows, tree or both (got {layout!r})")
+    if target_graphs and layout == "rows":
+        raise NgspecError("--target-graphs times the tree layout (generate verifies rows without fixed shapes); use --layout tree")
     if repeats < 1:
         raise NgspecError("--repeats must be at least 1")
     if max_slowdown < 1.0:
         raise NgspecError("--max-slowdown must be at least 1.0")
     dev = pick_device(device)
-    defaults = GPU_GRID if dev.type == "cuda" else CPU_GRID
+    if target_graphs and dev.type != "cuda":  # before the model loads
+        raise NgspecError(f"--target-graphs needs a CUDA GPU (the model would run on {dev.type}); leave it out to time the plain forward")
+    if target_graphs and layout == "both":
+        layouts = ["tree"]
+        render.info("--target-graphs: timing the tree layout only (generate verifies rows without fixed shapes)")
+    defaults = GRAPHS_GRID if target_graphs else GPU_GRID if dev.type == "cuda" else CPU_GRID
     ks = parse_values(defaults[0] if k is None else k, "k", 1)
     ws = parse_values(defaults[1] if w is None else w, "w", 0)
     contexts = parse_values(defaults[2] if context is None else context, "context", 1)
@@ -129,9 +142,16 @@ def profile_bound_command(
         render.info(f"{name} has sliding-window layers: timing the tree layout only (rows need full attention everywhere)")
 
     cells = grid(layouts, contexts, ks, ws)
+    target = TargetModel(net)
+    if target_graphs:
+        target.use_graphs()  # refuses sliding-window models
+        wide = [c for c in cells if c.tokens > MOST_WIDTH]
+        cells = [c for c in cells if c.tokens <= MOST_WIDTH]
+        if wide:
+            render.info(f"--target-graphs: {len(wide)} cells wider than {MOST_WIDTH} nodes left out (generate verifies those uncaptured)")
     render.info("measuring peak compute and bandwidth ...")
     peaks = measure_peaks(dev, torch_dtype)
-    timer = ForwardTimer(TargetModel(net), max(ks), max(ws), warmup=1, repeats=repeats)
+    timer = ForwardTimer(target, max(ks), max(ws), warmup=1, repeats=repeats)
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with render.progress(*columns) as progress:
         task = progress.add_task("timing cells", total=len(cells))
@@ -154,11 +174,13 @@ def profile_bound_command(
         "repeats": repeats,
         "peak_tflops": peaks.flops_per_s / 1e12,
         "peak_bandwidth_gbs": peaks.bytes_per_s / 1e9,
+        "target_graphs": target_graphs,
+        **({"graphs": target.static.report()} if target.static is not None else {}),
     }
     stem = f"profile-{name.replace('/', '_')}"
     files = write_outputs(out, stem, meta, reports, trans)
     for lay in layouts:
-        title = f"{name}, {meta['dtype']}, layout {lay}\n{device_name}"
+        title = f"{name}, {meta['dtype']}, layout {lay}{', CUDA graphs' if target_graphs else ''}\n{device_name}"
         files.append(heatmap(reports, lay, title, out / f"{stem}-{lay}.png"))
     if save_profile is not None:
         write_profile(save_profile, build_profile(meta, reports, max_slowdown))
@@ -172,7 +194,8 @@ def profile_bound_command(
     render.summary_table(
         f"{name} on {device_name}",
         [("dtype", meta["dtype"]), ("measured peak compute", f"{meta['peak_tflops']:.3g} TFLOP/s"),
-         ("measured peak bandwidth", f"{meta['peak_bandwidth_gbs']:.3g} GB/s")],
+         ("measured peak bandwidth", f"{meta['peak_bandwidth_gbs']:.3g} GB/s"),
+         *([("target graphs", meta["graphs"])] if "graphs" in meta else [])],
     )
     for lay in layouts:
         for ctx in contexts:

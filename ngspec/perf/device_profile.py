@@ -54,6 +54,7 @@ class DeviceProfile:
     device: str
     max_slowdown: float
     contexts: dict[int, dict]
+    target_graphs: bool = False  # measured replayed from CUDA graphs (`profile-bound --target-graphs`)
 
     def _nearest(self, context: int) -> dict:
         """The largest profiled context not above ``context`` (else the smallest)."""
@@ -104,7 +105,8 @@ def load_profile(path: Path, model: str | None = None) -> DeviceProfile:
             raise ValueError("no contexts")
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise NgspecError(f"{path} is a damaged device profile ({exc})") from None
-    profile = DeviceProfile(str(data.get("model")), str(data.get("device")), float(data.get("max_slowdown", 1.1)), contexts)
+    profile = DeviceProfile(str(data.get("model")), str(data.get("device")), float(data.get("max_slowdown", 1.1)), contexts,
+                            data.get("target_graphs") is True)
     if model is not None:
         profile.check_model(model, path)
     return profile
