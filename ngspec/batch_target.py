@@ -463,7 +463,7 @@ class BatchTarget:
             for layer in self.cache.layers:
                 layer.move_rows(src, dst)
         for layer in self.cache.layers:
-            layer.keep_rows(n)
+            layer.keep_rows(n, lazy=self.static is not None)
         self.valid = self.valid[order]
         self.lengths = [self.lengths[b] for b in order]
         self.pending = [self.pending[b] for b in order]

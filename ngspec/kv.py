@@ -29,14 +29,27 @@ class GrowableLayer(DynamicLayer):
     """A `DynamicLayer` whose ``keys``/``values`` are views into buffers grown by doubling: the
     first ``rows`` rows of the buffers and their first ``used`` slots. A batch's rows come and go
     within the buffers' rows (`add_rows`, `move_rows`, `keep_rows`), so neither copies the cache.
-    The rows in use are held as views of their own (``_k``, ``_v``), so that a step's append costs
-    the same tensor operations whether or not the buffers have spare rows (on a GPU a small
-    model's step is paid per operation). ``keys`` and ``values`` themselves, views of those up
+    The rows in use are held as views of their own (``_k``, ``_v``, made when first read and kept
+    until the rows change), so that a step's append costs the same tensor operations whether or
+    not the buffers have spare rows (on a GPU a small model's step is paid per operation). ``keys`` and ``values`` themselves, views of those up
     to ``_used`` slots, are made when read: at fixed shapes (`ngspec.static_verify`) most steps
     read neither, and making them cost two operations a layer a step."""
 
-    _k = _v = _key_view = _value_view = None
-    _used = 0
+    _keys = _values = _key_view = _value_view = _key_rows = _value_rows = None
+    _rows = _used = 0
+
+    @property
+    def _k(self) -> torch.Tensor | None:
+        """The buffers' first ``_rows`` rows (made when read, then kept until the rows change)."""
+        if self._key_rows is None and self._keys is not None:
+            self._key_rows = self._keys[: self._rows]
+        return self._key_rows
+
+    @property
+    def _v(self) -> torch.Tensor | None:
+        if self._value_rows is None and self._values is not None:
+            self._value_rows = self._values[: self._rows]
+        return self._value_rows
 
     @property
     def keys(self) -> torch.Tensor | None:
@@ -71,8 +84,9 @@ class GrowableLayer(DynamicLayer):
         self._reserve(key_states, value_states, max(self.capacity, key_states.shape[-2]), 0)
 
     def _use_rows(self, rows: int, used: int) -> None:
-        """The first ``rows`` rows and ``used`` slots of the buffers are the entries."""
-        self._k, self._v = self._keys[:rows], self._values[:rows]
+        """The first ``rows`` rows and ``used`` slots of the buffers are the entries (their views
+        made when read: a batch's finished rows dropped at fixed shapes touch none)."""
+        self._rows, self._key_rows, self._value_rows = rows, None, None
         self._use_slots(used)
 
     def _use_slots(self, used: int) -> None:
@@ -134,7 +148,7 @@ class GrowableLayer(DynamicLayer):
         """The entries are the buffers' first ``rows`` rows and ``used`` slots (after `write_at`);
         the rows' own views are kept when their number has not changed, and the entries' views
         are made when read (on a host-bound GPU every operation a step counts)."""
-        if self._k is None or self._k.shape[0] != rows:
+        if self._rows != rows:
             self._use_rows(rows, used)
         else:
             self._use_slots(used)
@@ -145,7 +159,7 @@ class GrowableLayer(DynamicLayer):
         the old entries are freed layer by layer, never a second cache at once."""
         rows, used = keys.shape[0], keys.shape[-2]
         if rows > self._keys.shape[0] or used > self._keys.shape[-2]:
-            self._keys = self._values = self._k = self._v = self.keys = self.values = None  # free this layer's buffers first
+            self._keys = self._values = self._key_rows = self._value_rows = self.keys = self.values = None  # free this layer's buffers first
             self._reserve(keys, values, max(used + 512, self.capacity), 0)
         self._keys[:rows, :, :used] = keys
         self._values[:rows, :, :used] = values
@@ -156,7 +170,7 @@ class GrowableLayer(DynamicLayer):
         zero weight, which must not be NaN), in the buffers' spare rows; when they have none, new
         buffers take the entries: with ``rows_wanted`` rows (the rows the batch will hold) if that
         is enough, else twice the rows."""
-        rows, used = self._k.shape[0], self._used
+        rows, used = self._rows, self._used
         if rows + n > self._keys.shape[0]:
             room = rows_wanted if rows_wanted and rows_wanted >= rows + n else max(rows + n, 2 * self._keys.shape[0])
             self._reserve(self.keys, self.values, self._keys.shape[-2], used, row_room=room)
@@ -165,14 +179,18 @@ class GrowableLayer(DynamicLayer):
         self._use_rows(rows + n, used)
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Row ``src[i]``'s entries to row ``dst[i]`` (distinct rows; only these rows are copied)."""
-        used = self._used
-        self._keys[:, :, :used].index_copy_(0, dst, self._keys[:, :, :used].index_select(0, src))
-        self._values[:, :, :used].index_copy_(0, dst, self._values[:, :, :used].index_select(0, src))
+        """Row ``src[i]``'s entries to row ``dst[i]`` (distinct rows; only these rows are copied,
+        their slots past the entries too: two operations a buffer, not four with views)."""
+        self._keys.index_copy_(0, dst, self._keys.index_select(0, src))
+        self._values.index_copy_(0, dst, self._values.index_select(0, src))
 
-    def keep_rows(self, n: int) -> None:
-        """Only the first ``n`` rows stay (views: nothing is copied)."""
+    def keep_rows(self, n: int, lazy: bool = False) -> None:
+        """Only the first ``n`` rows stay (views: nothing is copied), their views made now (the
+        plain forward's next append reads them) or, ``lazy``, when read (at fixed shapes a
+        batch's step may read none)."""
         self._use_rows(n, self._used)
+        if not lazy:
+            self._key_rows, self._value_rows = self._keys[:n], self._values[:n]
 
     def drop_front(self, n: int) -> None:
         """Drop the first ``n`` entries (ones no later query may see), moving the rest into a

@@ -3,6 +3,7 @@
 import inspect
 
 import torch
+from conftest import tensor_ops
 from transformers import DynamicCache
 
 from ngspec.contracts import DraftTree
@@ -117,8 +118,11 @@ def test_rows_come_and_go_within_the_buffers():
     torch.testing.assert_close(layer.values[0], -first[0])
 
     buffer, snapshot, values = layer._keys.data_ptr(), layer.keys.clone(), layer.values.clone()
-    layer.move_rows(torch.tensor([5, 4]), torch.tensor([1, 2]))  # rows 1 and 2 finished: 4 and 5 take their places
-    layer.keep_rows(4)
+    src, dst = torch.tensor([5, 4]), torch.tensor([1, 2])  # rows 1 and 2 finished: 4 and 5 take their places
+    # two operations a buffer to move the rows; at fixed shapes (lazy) the rows kept cost none
+    # until read, else their views are made at once (two operations)
+    assert tensor_ops(lambda: (layer.move_rows(src, dst), layer.keep_rows(4, lazy=True))) == 4
+    assert layer._key_rows is None and tensor_ops(lambda: layer.keep_rows(4)) == 2
     assert layer._keys.data_ptr() == buffer and layer.keys.shape == (4, 2, 5, 4)
     torch.testing.assert_close(layer.keys, snapshot[[0, 5, 4, 3]])
     torch.testing.assert_close(layer.values, values[[0, 5, 4, 3]])
