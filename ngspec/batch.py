@@ -9,7 +9,8 @@ nodes and each row keeps the nodes that pay for their share (`tree.packed_sizes`
 two-core CPU packing lost to padding (BENCHMARKS.md 10n): attention, a third to a half of a
 batch-8 step there, still costs per row and query. Every ``rearrange_every`` steps
 the cache is compacted if that frees at least ``rearrange_min_share`` of its slots (compaction
-copies the whole cache, which costs more than a few steps' attention over a few holes). Trees
+copies the whole cache, which costs more than a few steps' attention over a few holes) and, at
+fixed shapes (``target_graphs``), lowers the slots a forward attends (`BatchTarget.compaction_pays`). Trees
 are sized by the verify costs measured at this batch size, rescaled by what the batch's own
 steps take (`ngspec.perf.online.StepTimes`, as at batch size 1), fitted per number of rows: a
 batch drains to fewer rows once no prompt waits, and those cheaper steps mixed into one fit swung
@@ -79,7 +80,7 @@ class BatchReport:
 
     steps: int = 0
     rearrangements: int = 0
-    rearrange_skipped: int = 0  # checks where compaction would have freed too little to pay
+    rearrange_skipped: int = 0  # checks where compaction would not have paid (too little freed; at fixed shapes, the same slots attended)
     rearrange_seconds: float = 0.0
     freed_entries: int = 0  # cache entries (rows x slots) that compactions freed
     cost_units: float = 0.0  # the steps' summed cost in plain batched steps, by the measured table
@@ -366,7 +367,7 @@ def generate_batch(
             row.emit(new)
 
         if batch.rearrange_every and report.steps % batch.rearrange_every == 0:
-            if target.freeable_share() < batch.rearrange_min_share:
+            if not target.compaction_pays(batch.rearrange_min_share):
                 report.rearrange_skipped += 1
             else:
                 t0, before = time.perf_counter(), target.slots

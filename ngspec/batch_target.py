@@ -48,7 +48,7 @@ from ngspec.contracts import DraftTree, table_cost
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, drop_front, dropped, make_cache, truncate
 from ngspec.rows import attention_function
-from ngspec.static_verify import StaticVerify, for_batches
+from ngspec.static_verify import StaticVerify, attended, for_batches
 from ngspec.target import forward_with_features, prepare_model, static_verifier
 from ngspec.tree import batch_blocks
 
@@ -309,6 +309,19 @@ class BatchTarget:
         """The share of slots `rearrange` would free: the cache keeps the longest row's live
         entries, so the holes of shorter rows (a shorter prompt's padding) stay."""
         return 1.0 - max(self.lengths) / self.slots if self.slots else 0.0
+
+    def compaction_pays(self, min_share: float) -> bool:
+        """Whether to `rearrange` now: it frees at least ``min_share`` of the slots and, at fixed
+        shapes, the next step's forward would then attend fewer of them. A fixed-shape forward
+        attends a power of two of slots however many hold holes (`static_verify.attended`), and
+        compacting into the same buffers frees no memory, so there holes cost nothing until the
+        cache crosses into the next power of two."""
+        if self.freeable_share() < min_share:
+            return False
+        if self.static is None:
+            return True
+        capacity = self.cache.layers[0]._keys.shape[-2]
+        return attended(max(self.lengths) + 1, capacity) < attended(self.slots + 1, capacity)
 
     # -- rows in and out ---------------------------------------------------------------------------
 

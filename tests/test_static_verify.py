@@ -124,6 +124,29 @@ def test_a_batch_at_fixed_shapes_equals_the_plain_forward(family):
     assert static.made > 2 and static.unbucketed == 2
 
 
+def test_at_fixed_shapes_compaction_waits_until_it_lowers_the_attended_slots():
+    """A fixed-shape forward attends a power of two of slots, holes or not, and compacting into
+    the same buffers frees no memory: the check says no until the cache crosses into the next
+    power of two while its live entries fit below it. The plain layout compacts at the share."""
+    model = tiny_model("llama", seed=4)
+    seen = {}
+    for name, target in (("plain", BatchTarget(model)), ("fixed", BatchTarget(model))):
+        if name == "fixed":
+            target.use_graphs(capture=False)
+        rng = random.Random(0)
+        target.admit_many([repetitive_prompt(rng, VOCAB, n) for n in (100, 40)], [None, None])
+        seen[name] = []
+        while target.slots < 300:
+            target.verify([1, 2], [_tree(rng, 12), _tree(rng, 12)])
+            target.commit([[], []])  # the roots kept: 12 holes a row a step
+            seen[name].append((target.slots, target.compaction_pays(0.2)))
+    assert seen["plain"][3] == (152, True) and not any(pays for _, pays in seen["plain"][:2])
+    assert all(pays == (slots >= 256) for slots, pays in seen["fixed"])  # 256 slots and the next root: 512 attended
+    assert target.compaction_pays(0.0) and not target.compaction_pays(0.9)  # the share still has its say
+    target.rearrange()
+    assert target.slots == max(target.lengths) < 256 and not target.compaction_pays(0.0)
+
+
 @pytest.mark.parametrize("drafter", list(REGISTRY))
 def test_generations_at_fixed_shapes_match_plain_greedy(tiny, tiny_tables, tiny_eagle, tiny_datastore, drafter):  # noqa: F811
     rng = random.Random(1)
