@@ -278,6 +278,9 @@ class BatchTarget:
         # the entry of its root there
         self._block: tuple[int, int, torch.Tensor | None, list[int]] | None = None
         self.static: StaticVerify | None = None  # verification at fixed shapes (`use_graphs`)
+        # at fixed shapes, once `drop` has left rows in place: row b's entries are in the cache
+        # buffers' row at[b] (None: in row b)
+        self.at: list[int] | None = None
 
     def use_graphs(self, capture: bool | None = None) -> StaticVerify:
         """Verify at fixed shapes from now on, replayed from captured CUDA graphs (``capture``, by
@@ -338,6 +341,7 @@ class BatchTarget:
         in forwards of at most that many tokens, padding included (on a host-bound GPU a prefill
         costs about what a decoding step does, whatever its rows); a prompt's own forward gives
         the same logits and entries up to float rounding, as different shapes do."""
+        self._straighten()
         out: list[torch.Tensor] = []
         i = 0
         while i < len(prompts):
@@ -464,23 +468,43 @@ class BatchTarget:
         """Keep only rows ``keep``; the others are finished. Returns the kept rows in their new
         order: each kept row beyond the new row count takes a finished row's place, so only those
         rows are copied (copying the whole cache to drop a row took 2.6% of a batch-32 run on two
-        CPU cores, BENCHMARKS.md 10zd)."""
+        CPU cores, BENCHMARKS.md 10zd). At fixed shapes nothing is copied: the kept rows stay in
+        their buffer rows (``at``) and the finished ones' become padding rows of the forward,
+        until something reads the cache by row (`_straighten`)."""
         kept = set(keep)
         n = len(kept)
         movers = iter(sorted(b for b in kept if b >= n))
         order = [b if b in kept else next(movers) for b in range(n)]
-        moved = [b for b in range(n) if order[b] != b]
-        if moved:
-            src = torch.tensor([order[b] for b in moved], dtype=torch.long, device=self.device)
-            dst = torch.tensor(moved, dtype=torch.long, device=self.device)
+        if self.static is not None:
+            at = [b if self.at is None else self.at[b] for b in order]
+            self.at = None if at == list(range(n)) else at
+        else:
+            moved = [b for b in range(n) if order[b] != b]
+            if moved:
+                src = torch.tensor([order[b] for b in moved], dtype=torch.long, device=self.device)
+                dst = torch.tensor(moved, dtype=torch.long, device=self.device)
+                for layer in self.cache.layers:
+                    layer.move_rows(src, dst)
             for layer in self.cache.layers:
-                layer.move_rows(src, dst)
-        for layer in self.cache.layers:
-            layer.keep_rows(n, lazy=self.static is not None)
+                layer.keep_rows(n)
         self.valid = self.valid[order]
         self.lengths = [self.lengths[b] for b in order]
         self.pending = [self.pending[b] for b in order]
         return order
+
+    def _straighten(self) -> None:
+        """Rows that `drop` left in place at fixed shapes moved to buffer rows 0, 1, ... (each
+        moved row copied once), before anything reads or writes the cache by row: admitting,
+        compacting, a forward too wide for a fixed shape."""
+        if self.at is None:
+            return
+        moved = [b for b, a in enumerate(self.at) if a != b]
+        src = torch.tensor([self.at[b] for b in moved], dtype=torch.long, device=self.device)
+        dst = torch.tensor(moved, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            layer.move_rows(src, dst)
+            layer.keep_rows(self.rows, lazy=True)
+        self.at = None
 
     @torch.inference_mode()
     def rearrange(self) -> None:
@@ -488,6 +512,7 @@ class BatchTarget:
         shorter row starts with holes); other holes dropped. Every row's newest entries then share
         the last slots, so the sliding layers keep only the last ``window - 1`` slots (all of them,
         if fewer)."""
+        self._straighten()
         width = max(self.lengths)
         order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -width:]  # holes first, live slots last
         order = order.to(self.device)[:, None, :, None]
@@ -532,8 +557,9 @@ class BatchTarget:
         padded_roots = [b * width for b in range(rows)]  # each row's root entry, in the padded layout
         if self.static is not None and self.static.fits(width):
             features = (self.feature_layers or ()) if self.keep_features else None
-            logits, hidden = self.static.run(self.cache, start, ids, positions, self.valid, block, features, self.rows_wanted or 1)
+            logits, hidden = self.static.run(self.cache, start, ids, positions, self.valid, block, features, self.rows_wanted or 1, self.at)
             return self._verified(start, width, logits, hidden, padded_roots, sizes, False)
+        self._straighten()
         valid = self.valid.to(self.device)
         visible = torch.cat([valid[:, None, :].expand(rows, width, start), block.to(self.device)], dim=2)
         # a cached entry's position: its order among the row's valid slots (sliding windows only)

@@ -7,7 +7,9 @@ captured forward in one launch, but only at the shapes and addresses it was capt
 `StaticVerify` lays every verification out at bucketed shapes:
 
 - the rows (one for `TargetModel`, a batch's for `BatchTarget`) padded to a power of two; a
-  padding row's keys and values go to the cache buffers' spare rows, which hold no sequence;
+  padding row's keys and values go to the cache buffers' spare rows, which hold no sequence (a
+  batch's finished rows become such rows where they are: the rows left stay in their buffer
+  rows, so a drop moves nothing);
 - the block (root and tree, padded to the widest row's) padded to a power of two wide; a padding
   query sees only itself, and no real query sees it;
 - the block's keys and values written by index at slots ``start ...`` (a device tensor, so the
@@ -55,41 +57,46 @@ class Shape:
 
 
 class _Inputs:
-    """A shape's inputs on the device (integers: ids, positions, the block's slots; booleans: each
-    row's valid slots, its block's visibility) and their staging copies on the host (pinned on a
-    GPU, so each is one asynchronous copy)."""
+    """A shape's inputs on the device (integers: ids, positions, the block's slots, the buffer
+    row of each row; booleans: each row's valid slots, its block's visibility) and their staging
+    copies on the host (pinned on a GPU, so each is one asynchronous copy)."""
 
     def __init__(self, shape: Shape, device: torch.device) -> None:
         r, w, span = shape.rows, shape.width, shape.span
         pinned = device.type == "cuda"
-        self.ints = torch.zeros(2 * r * w + w, dtype=torch.long, device=device)
+        self.ints = torch.zeros(2 * r * w + w + r, dtype=torch.long, device=device)
         self.bools = torch.zeros(r * span + r * w * w, dtype=torch.bool, device=device)
         self.host_ints = torch.zeros(self.ints.shape, dtype=torch.long, pin_memory=pinned)
         self.host_bools = torch.zeros(self.bools.shape, dtype=torch.bool, pin_memory=pinned)
-        self.ids, self.positions, self.slots, self.valid, self.block = self._views(self.ints, self.bools, shape)
+        self.ids, self.positions, self.slots, self.at, self.valid, self.block = self._views(self.ints, self.bools, shape)
         self._host = self._views(self.host_ints, self.host_bools, shape)
         self._alone = torch.eye(w, dtype=torch.bool).expand(r, w, w)  # each query sees itself
 
     @staticmethod
     def _views(ints: torch.Tensor, bools: torch.Tensor, shape: Shape):
         r, w, span = shape.rows, shape.width, shape.span
-        ids, positions, slots = ints.split([r * w, r * w, w])
+        ids, positions, slots, at = ints.split([r * w, r * w, w, r])
         valid, block = bools.split([r * span, r * w * w])
-        return ids.view(r, w), positions.view(r, w), slots, valid.view(r, span), block.view(r, w, w)
+        return ids.view(r, w), positions.view(r, w), slots, at, valid.view(r, span), block.view(r, w, w)
 
-    def fill(self, start: int, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None, block: torch.Tensor) -> None:
-        """This verification's inputs, padded to the shape, copied to the device."""
+    def fill(self, start: int, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None, block: torch.Tensor,
+             at: list[int] | None) -> None:
+        """This verification's inputs, padded to the shape, each row's in buffer row ``at[row]``
+        (None: rows in order), copied to the device."""
         rows, width = ids.shape
-        h_ids, h_positions, h_slots, h_valid, h_block = self._host
+        h_ids, h_positions, h_slots, h_at, h_valid, h_block = self._host
+        where = slice(rows) if at is None else torch.tensor(at)
         h_ids.zero_()
-        h_ids[:rows, :width] = ids
+        h_ids[where, :width] = ids
         h_positions.zero_()
-        h_positions[:rows, :width] = positions
+        h_positions[where, :width] = positions
         torch.arange(start, start + h_slots.shape[0], out=h_slots)
+        if at is not None:
+            h_at[:rows] = where
         h_valid.zero_()
-        h_valid[:rows, :start] = True if valid is None else valid
+        h_valid[where, :start] = True if valid is None else valid
         h_block.copy_(self._alone)
-        h_block[:rows, :width, :width] = block
+        h_block[where, :width, :width] = block
         self.ints.copy_(self.host_ints, non_blocking=True)
         self.bools.copy_(self.host_bools, non_blocking=True)
 
@@ -163,17 +170,21 @@ class StaticVerify:
 
     @torch.inference_mode()
     def run(self, cache, start: int, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None, block: torch.Tensor,
-            features: tuple[int, ...] | None = None, least_rows: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+            features: tuple[int, ...] | None = None, least_rows: int = 1, at: list[int] | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The plain verification forward's logits ``[rows, width, vocab]`` (and the features
         `forward_with_features` gives, if ``features`` is not None: () the last hidden state,
         else those layers') for blocks ``ids``/``positions`` ``[rows, width]`` (host tensors)
         at slots ``start ...`` of ``cache`` (`GrowableLayer`s), each row seeing its ``valid``
         slots ``[rows, start]`` (None: all of them) and its block as ``block`` ``[rows, width,
-        width]`` says; the cache then holds the block, as the plain forward leaves it. Rows are
+        width]`` says; the cache then holds the block, as the plain forward leaves it. Row b's
+        entries are in buffer row ``at[b]`` (None: row b; a batch's rows stay
+        where they are when others finish, the buffer rows between them padding). Rows are
         padded to at least ``least_rows`` (a batch's size: its last rows, draining, need no
         shapes of their own)."""
         rows, width = ids.shape
-        r, w = bucket(rows, least_rows), bucket(width, 1)
+        held = rows if at is None else max(at) + 1  # the buffer rows the entries span
+        r, w = bucket(held, least_rows), bucket(width, 1)
         self.cache = cache
         layers = cache.layers
         for layer in layers:
@@ -186,7 +197,7 @@ class StaticVerify:
         shape = Shape(r, w, span, features)
         made = self._shapes.get(shape)
         inputs = made[0] if made is not None else _Inputs(shape, self.device)
-        inputs.fill(start, ids, positions, valid, block)
+        inputs.fill(start, ids, positions, valid, block, at)
         if made is None:  # captured from this forward's inputs (its warm-up writes what the replay writes again)
             self.made += 1
             graph, out = self.graphs.capture(partial(self._forward, cache, inputs, shape))
@@ -197,8 +208,11 @@ class StaticVerify:
         else:
             self.graphs.replay(graph)
         for layer in layers:
-            layer.hold(rows, start + width)
+            layer.hold(held, start + width)
         logits, kept = out
+        if at is not None:  # each row's outputs from its buffer row, in the rows' order
+            rows_at = inputs.at[:rows]
+            return logits.index_select(0, rows_at)[:, :width], None if kept is None else kept.index_select(0, rows_at)[:, :width]
         return logits[:rows, :width].clone(), None if kept is None else kept[:rows, :width].clone()
 
     def _forward(self, cache, inputs: _Inputs, shape: Shape) -> tuple[torch.Tensor, torch.Tensor | None]:

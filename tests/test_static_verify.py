@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from conftest import hf_greedy, repetitive_prompt
+from conftest import hf_greedy, repetitive_prompt, tensor_ops
 from graph_standin import StandInGraphs
 from ngspec import static_verify
 from ngspec.batch import BatchConfig, generate_batch
@@ -85,13 +85,14 @@ def test_one_sequence_at_fixed_shapes_equals_the_plain_forward(family, layers):
 
 def _drive(target: BatchTarget, seed: int) -> list[torch.Tensor]:
     """A batch's life, scripted: rows admitted (one, then two more: its buffers grow), trees of
-    random sizes verified (two too wide for a shape) and random paths kept, a finished row
-    dropped, the cache compacted."""
+    random sizes verified (three too wide for a shape) and random paths kept, finished rows
+    dropped (at fixed shapes left in place: then a row admitted, the cache compacted, two drops
+    in a row and a forward too wide for a shape each read the cache by row)."""
     rng = random.Random(seed)
     target.keep_features = True
     prompts = [repetitive_prompt(rng, VOCAB, n) for n in (30, 12, 55, 20)]
     out = list(target.admit_many(prompts[:1], [None]))
-    for step in range(12):
+    for step in range(16):
         if step == 2:
             out += target.admit_many(prompts[1:3], [None, None])
         if step == 6:
@@ -100,8 +101,12 @@ def _drive(target: BatchTarget, seed: int) -> list[torch.Tensor]:
             out += target.admit_many(prompts[3:], [None])
         if step == 9:
             target.rearrange()
+        if step == 11:
+            target.drop([0, 2])
+        if step == 13:
+            target.drop([1])
         trees = [_tree(rng, rng.choice([0, 1, 4, 7, 12, 20])) for _ in range(target.rows)]
-        if step in (4, 10):  # wider than any shape: the plain forward, between fixed-shape ones
+        if step in (4, 10, 14):  # wider than any shape: the plain forward, between fixed-shape ones
             trees[0] = _tree(rng, 70)
         verified = target.verify([rng.randrange(VOCAB) for _ in trees], trees)
         out += [verified.row(b) for b in range(target.rows)]
@@ -121,7 +126,24 @@ def test_a_batch_at_fixed_shapes_equals_the_plain_forward(family):
     assert [g.shape for g in got] == [e.shape for e in expected]
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
-    assert static.made > 2 and static.unbucketed == 2
+    assert static.made > 2 and static.unbucketed == 3
+
+
+def test_at_fixed_shapes_a_drop_moves_no_cache_row():
+    """A finished row's buffer row becomes padding where it is: the drop reorders the rows'
+    records only (the plain layout moves the last rows into the gaps, four operations a layer)."""
+    model = tiny_model("llama", seed=4)
+    ops = {}
+    for name, target in (("plain", BatchTarget(model)), ("fixed", BatchTarget(model))):
+        if name == "fixed":
+            target.use_graphs(capture=False)
+        rng = random.Random(0)
+        target.admit_many([repetitive_prompt(rng, VOCAB, n) for n in (30, 12, 55, 20)], [None] * 4)
+        target.verify([1, 2, 3, 4], [_tree(rng, 3) for _ in range(4)])
+        target.commit([[], [0], [], []])
+        ops[name] = tensor_ops(lambda: target.drop([1, 3]))
+        assert target.lengths == [21, 14]  # row 3 (20 tokens and a root) took row 0's place
+    assert ops["fixed"] <= 2 < 4 * len(model.model.layers) <= ops["plain"]
 
 
 def test_at_fixed_shapes_compaction_waits_until_it_lowers_the_attended_slots():
