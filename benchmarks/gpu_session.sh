@@ -210,7 +210,8 @@ lane_versus() {
     ab versus-b8-rag 140 --tuned $b8 --category rag --limit 24 -n 64 --rounds 1 --batch-size 8 --interleave-batches 1 --arms "$B8_ARMS"
 }
 
-# after `collect`, on the warm machine (no carry): batch 8 on summarization, and the graphs' tests
+# after `collect`, on the warm machine (no carry): batch 8 on summarization, the graphs' tests, and
+# one forward of the bundled model plain and replayed by profile-bound (about 40 s)
 versus_more() {
     cd "$REPO" || exit 1
     ab versus-b8-summarization 140 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 1 --batch-size 8 \

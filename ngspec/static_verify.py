@@ -178,10 +178,9 @@ class StaticVerify:
         at slots ``start ...`` of ``cache`` (`GrowableLayer`s), each row seeing its ``valid``
         slots ``[rows, start]`` (None: all of them) and its block as ``block`` ``[rows, width,
         width]`` says; the cache then holds the block, as the plain forward leaves it. Row b's
-        entries are in buffer row ``at[b]`` (None: row b; a batch's rows stay
-        where they are when others finish, the buffer rows between them padding). Rows are
-        padded to at least ``least_rows`` (a batch's size: its last rows, draining, need no
-        shapes of their own)."""
+        entries are in buffer row ``at[b]`` (None: row b; a batch's rows stay where they are
+        when others finish, the buffer rows between them padding). Rows are padded to at least
+        ``least_rows`` (a batch's size: its last rows, draining, need no shapes of their own)."""
         rows, width = ids.shape
         held = rows if at is None else max(at) + 1  # the buffer rows the entries span
         r, w = bucket(held, least_rows), bucket(width, 1)
