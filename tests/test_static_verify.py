@@ -129,14 +129,19 @@ def test_a_batch_at_fixed_shapes_equals_the_plain_forward(family):
     assert static.made > 2 and static.unbucketed == 3
 
 
+def _plain_and_fixed(model) -> list[tuple[str, BatchTarget]]:
+    """A plain `BatchTarget` and one at fixed shapes (uncaptured), by name."""
+    fixed = BatchTarget(model)
+    fixed.use_graphs(capture=False)
+    return [("plain", BatchTarget(model)), ("fixed", fixed)]
+
+
 def test_at_fixed_shapes_a_drop_moves_no_cache_row():
     """A finished row's buffer row becomes padding where it is: the drop reorders the rows'
     records only (the plain layout moves the last rows into the gaps, four operations a layer)."""
     model = tiny_model("llama", seed=4)
     ops = {}
-    for name, target in (("plain", BatchTarget(model)), ("fixed", BatchTarget(model))):
-        if name == "fixed":
-            target.use_graphs(capture=False)
+    for name, target in _plain_and_fixed(model):
         rng = random.Random(0)
         target.admit_many([repetitive_prompt(rng, VOCAB, n) for n in (30, 12, 55, 20)], [None] * 4)
         target.verify([1, 2, 3, 4], [_tree(rng, 3) for _ in range(4)])
@@ -152,9 +157,7 @@ def test_at_fixed_shapes_compaction_waits_until_it_lowers_the_attended_slots():
     power of two while its live entries fit below it. The plain layout compacts at the share."""
     model = tiny_model("llama", seed=4)
     seen = {}
-    for name, target in (("plain", BatchTarget(model)), ("fixed", BatchTarget(model))):
-        if name == "fixed":
-            target.use_graphs(capture=False)
+    for name, target in _plain_and_fixed(model):
         rng = random.Random(0)
         target.admit_many([repetitive_prompt(rng, VOCAB, n) for n in (100, 40)], [None, None])
         seen[name] = []
