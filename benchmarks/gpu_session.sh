@@ -220,8 +220,8 @@ versus_more() {
     stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py tests/test_static_verify.py \
         tests/test_verify.py::test_sampling_reads_logits_on_the_device_and_draws_on_the_host
     # one verification forward of the bundled model, plain and replayed from a CUDA graph, by tree
-    # size and context (BENCHMARKS.md 10zr predicted the plain one at 20-35 ms whatever the tree, a
-    # replay 0.5-2 ms at one node): what the host costs a step, and the device's own curve
+    # size and context (BENCHMARKS.md 10zr predicted the plain one at 15-30 ms whatever the tree, a
+    # replay 0.4-1.5 ms at one node): what the host costs a step, and the device's own curve
     local grid=(--layout tree --k 1,2,4,8 --w 0,1,3,7 --context 100,500 --repeats 5)
     stage bound-plain 60 "${NG[@]}" profile-bound "${grid[@]}" --dtype float32 --out $RES/bound-plain --json
     stage bound-tg 60 "${NG[@]}" profile-bound "${grid[@]}" --dtype float32 --target-graphs --out $RES/bound-tg \

@@ -10,8 +10,8 @@ two-core CPU packing lost to padding (BENCHMARKS.md 10n): attention, a third to 
 batch-8 step there, still costs per row and query. Every ``rearrange_every`` steps
 the cache is compacted if that frees at least ``rearrange_min_share`` of its slots (compaction
 copies the whole cache, which costs more than a few steps' attention over a few holes) and, at
-fixed shapes (``target_graphs``), lowers the slots a forward attends (`BatchTarget.compaction_pays`). Trees
-are sized by the verify costs measured at this batch size, rescaled by what the batch's own
+fixed shapes (``target_graphs``), lowers the slots a forward attends (`BatchTarget.compaction_pays`).
+Trees are sized by the verify costs measured at this batch size, rescaled by what the batch's own
 steps take (`ngspec.perf.online.StepTimes`, as at batch size 1), fitted per number of rows: a
 batch drains to fewer rows once no prompt waits, and those cheaper steps mixed into one fit swung
 its slope from 0.25x to 3.7x the table's (BENCHMARKS.md 10s). A
