@@ -323,8 +323,7 @@ class BatchTarget:
             return False
         if self.static is None:
             return True
-        capacity = self.cache.layers[0]._keys.shape[-2]
-        return attended(max(self.lengths) + 1, capacity) < attended(self.slots + 1, capacity)
+        return attended(self.cache, max(self.lengths) + 1) < attended(self.cache, self.slots + 1)
 
     # -- rows in and out ---------------------------------------------------------------------------
 
@@ -479,12 +478,7 @@ class BatchTarget:
             at = [b if self.at is None else self.at[b] for b in order]
             self.at = None if at == list(range(n)) else at
         else:
-            moved = [b for b in range(n) if order[b] != b]
-            if moved:
-                src = torch.tensor([order[b] for b in moved], dtype=torch.long, device=self.device)
-                dst = torch.tensor(moved, dtype=torch.long, device=self.device)
-                for layer in self.cache.layers:
-                    layer.move_rows(src, dst)
+            self._gather_rows(order)
             for layer in self.cache.layers:
                 layer.keep_rows(n)
         self.valid = self.valid[order]
@@ -498,13 +492,21 @@ class BatchTarget:
         compacting, a forward too wide for a fixed shape."""
         if self.at is None:
             return
-        moved = [b for b, a in enumerate(self.at) if a != b]
-        src = torch.tensor([self.at[b] for b in moved], dtype=torch.long, device=self.device)
+        self._gather_rows(self.at)
+        for layer in self.cache.layers:
+            layer.keep_rows(self.rows, lazy=True)
+        self.at = None
+
+    def _gather_rows(self, source: list[int]) -> None:
+        """Buffer row ``source[b]``'s entries into buffer row b, for every b where they differ
+        (all read before any is written): only the rows that move are copied."""
+        moved = [b for b, a in enumerate(source) if a != b]
+        if not moved:
+            return
+        src = torch.tensor([source[b] for b in moved], dtype=torch.long, device=self.device)
         dst = torch.tensor(moved, dtype=torch.long, device=self.device)
         for layer in self.cache.layers:
             layer.move_rows(src, dst)
-            layer.keep_rows(self.rows, lazy=True)
-        self.at = None
 
     @torch.inference_mode()
     def rearrange(self) -> None:

@@ -31,9 +31,10 @@ class GrowableLayer(DynamicLayer):
     within the buffers' rows (`add_rows`, `move_rows`, `keep_rows`), so neither copies the cache.
     The rows in use are held as views of their own (``_k``, ``_v``, made when first read and kept
     until the rows change), so that a step's append costs the same tensor operations whether or
-    not the buffers have spare rows (on a GPU a small model's step is paid per operation). ``keys`` and ``values`` themselves, views of those up
-    to ``_used`` slots, are made when read: at fixed shapes (`ngspec.static_verify`) most steps
-    read neither, and making them cost two operations a layer a step."""
+    not the buffers have spare rows (on a GPU a small model's step is paid per operation).
+    ``keys`` and ``values`` themselves, views of those up to ``_used`` slots, are made when read:
+    at fixed shapes (`ngspec.static_verify`) most steps read neither, and making them cost two
+    operations a layer a step."""
 
     _keys = _values = _key_view = _value_view = _key_rows = _value_rows = None
     _rows = _used = 0

@@ -113,10 +113,10 @@ class _SlotWrites(Cache):
         return self.layers[layer_idx].write_at(self.slots, key_states, value_states, self.span)
 
 
-def attended(slots: int, capacity: int) -> int:
-    """The cache slots a fixed-shape forward attends when the block ends at slot ``slots``: a power
-    of two of at least `LEAST_SPAN`, within the buffers' ``capacity``."""
-    return min(capacity, bucket(slots, LEAST_SPAN))
+def attended(cache, slots: int) -> int:
+    """The slots of ``cache`` (`GrowableLayer`s) a fixed-shape forward attends when the block
+    ends at slot ``slots``: a power of two of at least `LEAST_SPAN`, within the buffers' capacity."""
+    return min(cache.layers[0]._keys.shape[-2], bucket(slots, LEAST_SPAN))
 
 
 _BATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -192,7 +192,7 @@ class StaticVerify:
         if buffers != self._buffers:  # new buffers: the graphs point at the old ones
             self._shapes.clear()
             self._buffers = buffers
-        span = attended(start + w, layers[0]._keys.shape[-2])
+        span = attended(cache, start + w)
         shape = Shape(r, w, span, features)
         made = self._shapes.get(shape)
         inputs = made[0] if made is not None else _Inputs(shape, self.device)
