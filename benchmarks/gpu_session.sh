@@ -7,13 +7,14 @@
 #   device run, carry gpu/part2 gpu/head gpu/datastore:     bash benchmarks/gpu_session.sh collect 540
 #   device run, no carry, until it prints DONE:             bash benchmarks/gpu_session.sh collect 560
 #   one call alone, carry .whl gpu/rand gpu/data:           bash benchmarks/gpu_session.sh solo
+#   one call first, carry .whl gpu/rand gpu/head gpu/datastore gpu/data: bash benchmarks/gpu_session.sh precheck
 #   here, before a visit (3-5 min, no GPU):                 bash benchmarks/gpu_session.sh rehearse HEAD DATASTORE
 #   (LANES="short" before `start` and `rehearse`: the 15-minute visit, issue 7's four ablations at once;
 #    LANES="versus": the 15-minute visit on the whole method against the trie, with `prepare HEAD
 #    DATASTORE SHAPES`, SHAPES a folder with an earlier visit's shape-b1.json and shape-b8.json, e.g.
 #    benchmarks/shapes-h100-amd-v34-q25 (tuned on the fifth visit for heads/amd-v34-q25); then
 #    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry, then
-#    `sampled_more`, `versus_wide` and `trace_more` likewise while 200 s of device time are left)
+#    `versus_summarization`, `sampled_more` and `trace_more` likewise while 150-200 s of device time are left)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -187,12 +188,14 @@ ab() {  # ab NAME SECONDS ARGS...: reader_ab.py in float32 with the carried head
         --eagle-head /tmp/head --datastore /tmp/datastore --json-out "$RES/$name.json" "$@"
 }
 
-# the sixth visit (10zn) had deepening costing 10% at batch 8 and no graph captured (fixed since):
-# the next one times the head's graphs without deepening (against the same uncaptured), and the
-# target's verification replayed from graphs too ("... tg", `--target-graphs`, BENCHMARKS.md 10zq:
-# predicted 2-3x the trie's tokens/s at batch 1 and 2-4x at batch 8, for the trie and the method alike)
+# the sixth visit (10zn) had deepening costing 10% at batch 8, no graph captured (fixed since) and
+# the method behind the trie at batch 16 and 32: the seventh times the head's graphs without
+# deepening (against the same uncaptured at batch 8), and the target's verification replayed from
+# graphs too ("... tg", `--target-graphs`, BENCHMARKS.md 10zq), at batch sizes 1, 8, 16 and 32 on
+# rag, one stage after another; batch sizes 8-32 share their plain greedy references (one file)
 B1_ARMS="trie,whole graphs,trie tg,whole graphs tg"
 B8_ARMS="trie,whole no deepen,whole graphs no deepen,trie tg,whole graphs no deepen tg"
+WIDE_ARMS="trie,whole graphs no deepen,trie tg,whole graphs no deepen tg"
 lane_versus() {
     local b1=$RES/shape-b1.json b8=$RES/shape-b8.json
     if [ -f /tmp/data/shape-b1.json ] && [ -f /tmp/data/shape-b8.json ]; then
@@ -205,32 +208,26 @@ lane_versus() {
     echo '[[0], [1], [2], [3], [0, 0], [1, 0], [0, 1]]' >$RES/shape-7.json  # 10za's tuned size
     [ -f $b1 ] || cp $RES/shape-7.json $b1
     [ -f $b8 ] || cp $b1 $b8
-    ab versus-b1-rag 200 --tuned $b1 --category rag --limit 24 -n 96 --rounds 1 --arms "$B1_ARMS"
-    ab versus-b1-summarization 200 --tuned $b1 --category summarization --limit 24 -n 96 --rounds 1 --arms "$B1_ARMS"
-    ab versus-b8-rag 140 --tuned $b8 --category rag --limit 24 -n 64 --rounds 1 --batch-size 8 --interleave-batches 1 --arms "$B8_ARMS"
+    local wide=(--tuned $b8 --category rag -n 64 --rounds 1 --interleave-batches 1 --reference-cache $RES/reference-rag-64.json)
+    ab versus-b1-rag 150 --tuned $b1 --category rag --limit 24 -n 96 --rounds 1 --arms "$B1_ARMS"
+    ab versus-b8-rag 110 "${wide[@]}" --limit 24 --batch-size 8 --arms "$B8_ARMS"
+    ab versus-b16-rag 100 "${wide[@]}" --limit 48 --batch-size 16 --arms "$WIDE_ARMS"
+    ab versus-b32-rag 120 "${wide[@]}" --limit 64 --batch-size 32 --arms "$WIDE_ARMS"
 }
 
-# after `collect`, on the warm machine (no carry): batch 8 on summarization, the graphs' tests, and
-# one forward of the bundled model plain and replayed by profile-bound (about 40 s)
+# after `collect`, on the warm machine (no carry; about 70 s): once the pipeline is done, one
+# forward of the bundled model plain and replayed by profile-bound
 versus_more() {
     cd "$REPO" || exit 1
-    ab versus-b8-summarization 140 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 1 --batch-size 8 \
-        --interleave-batches 1 --arms "$B8_ARMS"
-    # the graphs' tests, and sampling's acceptance reading a GPU's logits with host draws (10zm)
-    stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py tests/test_static_verify.py \
-        tests/test_verify.py::test_sampling_reads_logits_on_the_device_and_draws_on_the_host
-    # one verification forward of the bundled model, plain and replayed from a CUDA graph, by tree
-    # size and context (BENCHMARKS.md 10zr predicted the plain one at 15-30 ms whatever the tree, a
-    # replay 0.4-1.5 ms at one node): what the host costs a step, and the device's own curve
+    for _ in $(seq 240); do [ -f $RES/DONE ] && break; sleep 1; done  # no stage beside the pipeline's last
+    # BENCHMARKS.md 10zr predicted the plain forward at 15-30 ms whatever the tree, a replay
+    # 0.4-1.5 ms at one node: what the host costs a step, and the device's own curve
     local grid=(--layout tree --k 1,2,4,8 --w 0,1,3,7 --context 100,500 --repeats 5)
     stage bound-plain 60 "${NG[@]}" profile-bound "${grid[@]}" --dtype float32 --out $RES/bound-plain --json
     stage bound-tg 60 "${NG[@]}" profile-bound "${grid[@]}" --dtype float32 --target-graphs --out $RES/bound-tg \
         --save-profile $RES/bound-tg/profile.json --json
-    # the prompt's trie on this host (BENCHMARKS.md 10zp predicted 1.2 and 1.7 ms a 772-token prompt)
-    stage trie-build 30 "$PY" benchmarks/trie_build.py --questions /tmp/data/spec_bench/question.jsonl --category rag --limit 16
     pack more.tgz
     grep -h "tokens/call\|graphs:" $RES/versus-*.log
-    grep -h "a token" $RES/trie-build.log
     "$PY" - $RES/bound-plain $RES/bound-tg <<'EOF'
 import json, pathlib, sys
 for out in map(pathlib.Path, sys.argv[1:]):
@@ -238,6 +235,16 @@ for out in map(pathlib.Path, sys.argv[1:]):
         cells = json.loads(path.read_text())["cells"]
         print(out.name, " ".join(f"{c['context']}:{c['tokens']}={c['ms']:.2f}ms" for c in cells if c["ms"] is not None))
 EOF
+}
+
+# after versus_more, on the warm machine (no carry), with 150 s of device time to spare: batch 8 on
+# summarization
+versus_summarization() {
+    cd "$REPO" || exit 1
+    ab versus-b8-summarization 110 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 1 --batch-size 8 \
+        --interleave-batches 1 --arms "$B8_ARMS"
+    pack summarization.tgz
+    grep -h "tokens/call\|graphs:" $RES/versus-b8-summarization.log
 }
 
 # after versus_more, on the warm machine (no carry): sampling at batch 8 on the GPU. First the two
@@ -260,22 +267,6 @@ sampled_more() {
     pack sampled.tgz
     tail -n 8 $RES/ways-b8-rag.log
     cat $RES/sampled-b8-rag.md $RES/greedy-b8-rag.md
-}
-
-# after sampled_more, on the warm machine (no carry), with 200 s of device time to spare: the whole
-# method without deepening (head run as usual, and replayed from graphs) against the trie at batch
-# sizes 16 and 32 on rag, the batch-8 shape, every arm in turn on each batch (issue 7 asks for 16
-# and 32 where a GPU is lent; on the sixth visit, with deepening and no graph captured: 0.95x, 0.89x);
-# at 32 also the trie with each prompt prefilled alone, against the default that prefills a batch's
-# first rows together on a GPU (10zp predicted 5-15% for the trie)
-versus_wide() {
-    cd "$REPO" || exit 1
-    ab versus-b16-rag 120 --tuned $RES/shape-b8.json --category rag --limit 48 -n 64 --rounds 1 --batch-size 16 --interleave-batches 1 \
-        --arms "trie,whole graphs no deepen,trie tg,whole graphs no deepen tg"
-    ab versus-b32-rag 150 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
-        --arms "trie,whole graphs no deepen,trie tg,whole graphs no deepen tg,trie prefill alone"
-    pack wide.tgz
-    grep -h "tokens/call\|graphs:" $RES/versus-b16-*.log $RES/versus-b32-*.log
 }
 
 # after versus_more, on the warm machine (no carry), only with 200 s of device time to spare: where
@@ -323,6 +314,44 @@ collect() {  # collect SECONDS: wait for the pipeline (at most SECONDS), packing
     [ -f $RES/DONE ] && echo DONE
 }
 
+# one call before a visit, carry .whl gpu/rand gpu/head gpu/datastore gpu/data (about 2 minutes):
+# the CUDA graphs' tests, then the CLI with the target's verification and the head's runs replayed
+# from graphs on a random-weight model of the default model's shape (config and tokenizer travel,
+# no weights), at batch 8 and 1, every row checked against plain greedy decoding: whether the
+# captures hold on a GPU before a visit's minutes go to timing them (the sixth visit's captured none)
+precheck() {
+    cd "$REPO" || exit 1
+    mkdir -p $RES
+    install_wheels || exit 1
+    "$PY" -c "import sys, torch, transformers as t
+torch.manual_seed(0); t.AutoModelForCausalLM.from_config(t.AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[2])
+t.AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])" gpu/rand /tmp/rand || exit 1
+    local b
+    for b in 1 8; do  # the tuned shapes without the model they were tuned for (the bundled one)
+        "$PY" -c "import json, sys; json.dump(json.load(open(sys.argv[1]))['choices'], open(sys.argv[2], 'w'))" \
+            gpu/data/shape-b$b.json /tmp/rand-shape-b$b.json || exit 1
+    done
+    stage graphs-test 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_eagle_graphs.py::test_captured_runs_equal_uncaptured_ones_on_a_gpu \
+        tests/test_static_verify.py::test_captured_verification_equals_plain_greedy_on_a_gpu \
+        tests/test_verify.py::test_sampling_reads_logits_on_the_device_and_draws_on_the_host
+    local common=(generate --model /tmp/rand -p gpu/data/spec_bench/question.jsonl --category rag --limit 8 -n 32 --dtype float32 --check --json)
+    stage rand-whole-b8 90 "${NG[@]}" "${common[@]}" -d eagle+search --eagle-head gpu/head --datastore gpu/datastore \
+        --tree-choices /tmp/rand-shape-b8.json -b 8 --head-graphs --target-graphs
+    stage rand-whole-b1 60 "${NG[@]}" "${common[@]}" --limit 2 -d eagle+search --eagle-head gpu/head --datastore gpu/datastore \
+        --tree-choices /tmp/rand-shape-b1.json --head-graphs --target-graphs
+    tar -czf "$OUT/precheck.tgz" -C "$(dirname $RES)" "$(basename $RES)"
+    tail -n 5 $RES/graphs-test.log
+    grep -h 'Warning\|Error' $RES/rand-*.log | cut -c1-300
+    "$PY" - $RES/rand-*-b*.log <<'EOF'
+import json, sys
+for path in sys.argv[1:]:
+    records = [json.loads(line) for line in open(path) if line.startswith("{")]
+    checked = [r["greedy_check"]["exact_match"] for r in records if "greedy_check" in r]
+    last = next((r["batch"] for r in records if "batch" in r), records[-1] if records else {})  # a batch's summary, or the last prompt's
+    print(path.rsplit("/", 1)[-1], f"exact {sum(checked)}/{len(checked)}", {k: last.get(k) for k in ("target_graphs", "head_graphs", "mean_tokens_per_call")})
+EOF
+}
+
 solo() {  # vanilla vs transformers' greedy decoding, alone on the machine (random weights, bf16)
     cd "$REPO" || exit 1
     install_wheels || exit 1
@@ -362,7 +391,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
         for lane in ${LANES:-bench single batched short versus}; do "lane_$lane"; done
-        case " ${LANES:-versus} " in *" versus "*) versus_more; sampled_more; versus_wide; trace_more ;; esac
+        case " ${LANES:-versus} " in *" versus "*) versus_more; versus_summarization; sampled_more; trace_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
 

@@ -83,11 +83,16 @@ and in total, at batch size 1 (and with --interleave-batches) the 95% interval o
 with all their rounds' pairs together), drafting share, exact match against plain greedy, steps
 without the head and the head's top guesses right / scored. ``--json-out`` keeps every arm's
 paired runs with their prompts (``runs``, ``keys``); `benchmarks/ab_pool.py` pools such files.
+Each prompt's reference (plain greedy decoding, one prompt at a time, untimed) is decoded before
+the arms; ``--reference-cache PATH`` keeps those answers in a JSON file for the next stage that
+asks the same prompts at the same length, dtype and device (on a GPU visit the batch-16 and -32
+stages ask batch 8's prompts and more, and each prompt's plain decoding costs a second or two).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -235,6 +240,9 @@ def main() -> None:
                     "other group), not one arm after another over all of them; each group is a pair for the 95%% interval")
     ap.add_argument("--json-out", help="the raw results, rewritten after every prompt (batch size 1) or batch run: a run cut short "
                     "by a time limit still leaves each arm's paired runs so far")
+    ap.add_argument("--reference-cache", metavar="PATH",
+                    help="a JSON file of plain greedy decoding's answers, read and extended here: stages of one visit that ask "
+                    "the same prompts (e.g. batch sizes 8, 16 and 32 on a category's first prompts) decode each reference once")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
     ap.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     args = ap.parse_args()
@@ -331,11 +339,19 @@ def main() -> None:
     # one prompt per turn asked; plain greedy decoding's answers (the reference every arm must
     # reproduce) make the later turns' prompts
     asked = Conversations(loaded.tokenizer, prompts, args.turns == "all", max_length=engine.target.max_length)
+    cache_path = Path(args.reference_cache) if args.reference_cache else None
+    cache = json.loads(cache_path.read_text()) if cache_path is not None and cache_path.exists() else {}
     ids, reference = [], []
     for i in range(len(asked.units)):
         ids.append(asked.ids(i))
-        reference.append(engine.run(ids[-1], make_drafter("vanilla"), cfg).token_ids)
+        # the answer's key: the prompt's tokens, the length asked and the model's dtype and device
+        key = hashlib.sha1(json.dumps([ids[-1], args.max_new_tokens, str(loaded.dtype), str(loaded.device)]).encode()).hexdigest()
+        if key not in cache:
+            cache[key] = engine.run(ids[-1], make_drafter("vanilla"), cfg).token_ids
+        reference.append(cache[key])
         asked.answered(i, reference[-1])
+    if cache_path is not None:
+        cache_path.write_text(json.dumps(cache))
     # each run's question, so that a question's rounds (and turns) resample together
     names = [f"{u.category or args.category}:{u.id}" for u in asked.units]
     # the "... table" arms size trees by the cost table as measured (before `StepTimes`)
@@ -418,9 +434,7 @@ def main() -> None:
             flush=True,
         )
     if factory_graphs is not None:
-        static = factory_graphs().pool.static_runs
-        print(f"head graphs: {static.graphs.report()}; {static.shapes} shapes for the pool's present buffers, "
-              f"{static.unbucketed} runs too large for one", flush=True)
+        print(f"head graphs: {factory_graphs.pool.static_runs.report()}", flush=True)
     if engine_tg is not None:
         together = batches_static(loaded.model)
         print(f"target graphs: one prompt at a time {engine_tg.target.static.report()}"

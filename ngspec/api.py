@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 from ngspec.cli.common import decode_config, fit_rows, load_engine, rows_options, sampling_config
 from ngspec.cli.drafting import Drafting, single_value
 from ngspec.drafters import DrafterOptions, check_drafter, make_drafter
+from ngspec.drafters.eagle import head_graphs_report
 from ngspec.errors import NgspecError
 
 if TYPE_CHECKING:
@@ -216,6 +217,11 @@ class Speculator:
         """The drafter options for a prompt of ``context`` tokens (row drafters' (k, w) from the
         device profile or the device's default, where not given)."""
         return rows_options(self._opts, self._k, self._w, self.engine.profile, context, self.engine.target.device.type)
+
+    def head_graphs(self) -> str | None:
+        """What the EAGLE head's runs at fixed shapes (``head_graphs``) captured and replayed so
+        far, and why capturing stopped if it did; None without them."""
+        return head_graphs_report(self._resources.eagle)
 
     def new_drafter(self, opts: DrafterOptions):
         res = self._resources

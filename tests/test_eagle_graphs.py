@@ -12,7 +12,7 @@ from graph_standin import StandInGraphs
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.decode import DecodeConfig, Stopper
 from ngspec.drafters import DrafterOptions, make_drafter
-from ngspec.drafters.eagle import EagleOptions, eagle_factory
+from ngspec.drafters.eagle import EagleOptions, eagle_factory, head_graphs_report
 from ngspec.drafters.search import EagleSearchDrafter
 from ngspec.eagle import graphs
 from ngspec.eagle.batched import HeadCall, propose_together, run_calls
@@ -148,6 +148,22 @@ def test_generations_with_fixed_shape_head_runs_match_plain_greedy(tiny, tiny_da
     )
     assert [r.generation.token_ids for r in results] == expected
     assert factory().pool.static_runs.shapes > 0
+
+
+def test_a_factorys_head_graphs_are_reported(tiny, prompts_and_expected):  # noqa: F811
+    """`head_graphs_report` (what `generate` and `bench` print for --head-graphs): the factory's
+    shapes, captures and replays after a batch; None for a factory without fixed shapes, or none."""
+    prompts, _ = prompts_and_expected
+    head = started_head(tiny)
+    opts = EagleOptions(top_k=3, depth=4, total_tokens=12)
+    assert head_graphs_report(eagle_factory(tiny, head, opts)) is None and head_graphs_report(None) is None
+    factory = eagle_factory(tiny, head, EagleOptions(**{**opts.__dict__, "head_graphs": True}))
+    generate_batch(tiny, prompts[:3], lambda: make_drafter("eagle", DrafterOptions(), None, factory, None),
+                   DecodeConfig(max_new_tokens=12), BatchConfig(3), lambda: Stopper(frozenset()))
+    static = factory.pool.static_runs
+    report = head_graphs_report(factory)
+    assert static.shapes > 0 and report == static.report()
+    assert report.startswith("0 captured, 0 replays; capturing never failed; ") and f"{static.shapes} shapes" in report
 
 
 def test_captured_runs_replay_into_their_buffers(llama, head, monkeypatch):

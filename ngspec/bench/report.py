@@ -18,6 +18,7 @@ import torch
 
 from ngspec.bench.interval import ratio_interval, throughput_ratio
 from ngspec.bench.runner import BenchRecord, baseline
+from ngspec.drafters.eagle import head_graphs_report
 from ngspec.static_verify import batches_static
 
 
@@ -220,7 +221,8 @@ def rows(summaries: list[ArmSummary]) -> list[list[str]]:
     ]
 
 
-def environment(engine, settings: dict) -> dict:
+def environment(engine, settings: dict, eagle=None) -> dict:
+    """The run's machine, model and settings; ``eagle``, the run's EAGLE drafter factory, if any."""
     device = engine.target.device
     return {
         "model": engine.loaded.name,
@@ -232,6 +234,7 @@ def environment(engine, settings: dict) -> dict:
         # `--target-graphs`: one prompt at a time, and in batches
         **({"target_graphs": engine.target.static.report()} if engine.target.static is not None else {}),
         **({"batch_target_graphs": batched.report()} if (batched := batches_static(engine.loaded.model)) is not None else {}),
+        **({"head_graphs": head} if (head := head_graphs_report(eagle)) is not None else {}),  # `--head-graphs`
         **settings,
     }
 

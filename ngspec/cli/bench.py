@@ -140,7 +140,7 @@ def bench_command(
     settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
                 "max_new_tokens": max_new_tokens, "rounds": rounds,
                 **sampling_settings}
-    env = environment(engine, settings)
+    env = environment(engine, settings, res.eagle)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
     grids = sweeps(arms, summaries)
@@ -235,7 +235,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         task = progress.add_task(f"batches of {batch_size}" + (f", {parts} groups" if parts > 1 else ""), total=rounds * len(arms) * parts)
         runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task), groups)
     summaries = batched.summarise_batched(runs, reference, sampled)
-    env = environment(engine, settings)
+    env = environment(engine, settings, res.eagle)
     ceilings = (batched.ceiling(ids, reference), batched.ceiling(ids, reference, res.datastore) if res.datastore is not None else None)
     pairs = batched.versus(summaries, versus_arm) if versus_arm is not None else []
     turns = batched.by_turn(runs, ids, reference, [u.turn for u in asked.units])

@@ -142,6 +142,8 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
     }
     if check:
         summary["identical_to_plain"] = sum(r["greedy_check"]["exact_match"] for r in records)
+    if (head := spec.head_graphs()) is not None:
+        summary["head_graphs"] = head
     if json_out:
         render.json_line({"batch": summary})
     else:
@@ -163,6 +165,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
                 ("peak cache slots per row", str(summary["peak_cache_slots"])),
                 *([("rows identical to plain decoding", f"{summary['identical_to_plain']} of {len(checked)}")] if check else []),
                 *([("target graphs", summary["target_graphs"])] if summary["target_graphs"] else []),
+                *([("head graphs", summary["head_graphs"])] if "head_graphs" in summary else []),
             ],
         )
     if failed:
@@ -269,6 +272,8 @@ def generate_command(
         record = result_record(unit, drafter, spec.checked(output, ids, cfg) if check else output)
         if engine.target.static is not None:  # so far, over the prompts run
             record["target_graphs"] = engine.target.static.report()
+        if (head := spec.head_graphs()) is not None:
+            record["head_graphs"] = head
         if json_out:
             render.json_line(record)
             continue
@@ -289,6 +294,7 @@ def generate_command(
                 *_search_summary(record.get("drafter_stats")),
                 *_check_rows(record.get("greedy_check")),
                 *([("target graphs (so far)", record["target_graphs"])] if "target_graphs" in record else []),
+                *([("head graphs (so far)", record["head_graphs"])] if "head_graphs" in record else []),
             ],
         )
     if failed:

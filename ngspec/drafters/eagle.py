@@ -363,7 +363,19 @@ def eagle_factory(target_model, head: EagleHead, opts: EagleOptions, vocab: Sequ
     pool = HeadPool()  # every drafter's head cache is a row of it, so a batch's rows attend together
     if opts.head_graphs:  # off a GPU the fixed shapes run uncaptured (how the tests check them)
         pool.static_runs = StaticRuns(head, embed, pool, capture=next(head.parameters()).is_cuda)
-    return lambda: EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared, pool=pool)
+
+    def make() -> EagleDrafter:
+        return EagleDrafter(head, embed, lm_head, opts, target_params=target_params, shared=shared, pool=pool)
+
+    make.pool = pool  # the drafters' shared head cache, and its fixed-shape runs (`head_graphs`) for reports
+    return make
+
+
+def head_graphs_report(factory) -> str | None:
+    """What an `eagle_factory`'s head runs at fixed shapes (``EagleOptions.head_graphs``) captured
+    and replayed so far, and why capturing stopped if it did; None for a factory without them."""
+    static = getattr(getattr(factory, "pool", None), "static_runs", None)
+    return None if static is None else static.report()
 
 
 def _shared_vocab(head: EagleHead, lm_head: torch.nn.Module, opts: EagleOptions, vocab: Sequence[int] | None, plan: KernelPlan | None, quantized: bool = False) -> SharedVocab:

@@ -106,6 +106,10 @@ class StaticRuns:
         """Shapes made for the pool's present buffers (each captured once, when capturing)."""
         return len(self._shapes)
 
+    def report(self) -> str:
+        """One line: captures and replays, shapes for the pool's present buffers, runs too large for one."""
+        return f"{self.graphs.report()}; {self.shapes} shapes for the pool's present buffers, {self.unbucketed} runs too large for one"
+
     @torch.inference_mode()
     def run(self, calls: Sequence[HeadCall]) -> list[torch.Tensor]:
         """What `run_calls` returns for ``calls`` (one per row of this pool)."""
