@@ -219,7 +219,7 @@ lane_versus() {
 # forward of the bundled model plain and replayed by profile-bound
 versus_more() {
     cd "$REPO" || exit 1
-    for _ in $(seq 240); do [ -f $RES/DONE ] && break; sleep 1; done  # no stage beside the pipeline's last
+    for _ in $(seq 240); do pgrep -f "gpu_session.sh pipeline" >/dev/null || break; sleep 1; done  # no stage beside the pipeline's last
     # BENCHMARKS.md 10zr predicted the plain forward at 15-30 ms whatever the tree, a replay
     # 0.4-1.5 ms at one node: what the host costs a step, and the device's own curve
     local grid=(--layout tree --k 1,2,4,8 --w 0,1,3,7 --context 100,500 --repeats 5)
