@@ -191,6 +191,7 @@ class StaticVerify:
         buffers = (layers[0]._keys.shape, tuple(t.data_ptr() for layer in layers for t in (layer._keys, layer._values)))
         if buffers != self._buffers:  # new buffers: the graphs point at the old ones
             self._shapes.clear()
+            self.graphs.dropped()
             self._buffers = buffers
         span = attended(cache, start + w)
         shape = Shape(r, w, span, features)

@@ -5,11 +5,18 @@ A capture records the run without its result: the outputs are left as NaN, as a 
 memory holds no result until replayed. A replay runs it again, writing into the same output
 tensors, as a graph replays into the addresses it captured. As a GPU's capture does, it refuses
 what cannot be captured: Python values assigned by index, host reads of a tensor's value and the
-rest of `UNCAPTURABLE`. ``fail`` makes every capture raise as an uncapturable operation does."""
+rest of `UNCAPTURABLE`. ``fail`` makes every capture raise as an uncapturable operation does.
+
+Each pool (`torch.cuda.graph_pool_handle`) counts its live graphs, as PyTorch's allocator does, and
+a capture into a pool whose graphs were all released raises PyTorch's error: its allocator asserts
+when the released pool still holds memory (a tensor the capture made that outlived the graphs,
+which an owner cannot rule out), so an owner that drops every graph takes a new pool (the seventh
+GPU visit's batches stopped capturing the head's runs after the pool first grew, BENCHMARKS.md 10zs)."""
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -28,6 +35,18 @@ UNCAPTURABLE = {
 }
 MASK_INDEXED = {"aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default"}
 REFUSED = "CUDA error: operation not permitted when stream is capturing"
+RELEASED = 'it->second->use_count > 0 INTERNAL ASSERT FAILED at "/pytorch/c10/cuda/CUDACachingAllocator.cpp"'
+
+
+class Pool:
+    """A graph pool handle that counts its live graphs (``use_count``) and whether it had any."""
+
+    def __init__(self) -> None:
+        self.use_count = 0
+        self.used = False
+
+    def release(self) -> None:
+        self.use_count -= 1
 
 
 class RefuseUncapturable(TorchDispatchMode):
@@ -83,10 +102,12 @@ class Replayable:
 class StandInGraphs:
     def __init__(self, monkeypatch, fail: bool = False) -> None:
         self.fail = fail
-        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", Pool)
         monkeypatch.setattr(cuda_graphs, "record", self.record)
 
-    def record(self, run, memory):
+    def record(self, run, memory: Pool):
+        if memory.used and memory.use_count == 0:
+            raise RuntimeError(RELEASED)
         run()  # the warm-up (on a GPU's side stream)
         with refusing():
             out = run()
@@ -95,4 +116,8 @@ class StandInGraphs:
         for t in _tensors(out):
             if t.is_floating_point():
                 t.fill_(float("nan"))
-        return Replayable(run, out), out
+        graph = Replayable(run, out)
+        memory.use_count += 1
+        memory.used = True
+        weakref.finalize(graph, memory.release)
+        return graph, out

@@ -126,6 +126,7 @@ class StaticRuns:
         pool.reserve(pool.rows_made + 1, max(ends), self._like())  # and a spare row, which no drafter holds
         if pool.keys is not self._pool_buffer:  # grown: the graphs point at the old buffers
             self._shapes.clear()
+            self.graphs.dropped()
             self._pool_buffer = pool.keys
         rows, capacity = pool.keys.shape[0], pool.keys.shape[2]
         shape = Shape(bucket(sum(sizes), 8), bucket(max(sizes), 2), bucket(entries, 16), min(capacity, bucket(max(ends), LEAST_WIDTH)))
