@@ -189,11 +189,13 @@ ab() {  # ab NAME SECONDS ARGS...: reader_ab.py in float32 with the carried head
 }
 
 # the sixth visit (10zn) had deepening costing 10% at batch 8, no graph captured (fixed since) and
-# the method behind the trie at batch 16 and 32: the seventh times the head's graphs without
+# the method behind the trie at batch 16 and 32: the seventh (10zs) timed the head's graphs without
 # deepening (against the same uncaptured at batch 8), and the target's verification replayed from
 # graphs too ("... tg", `--target-graphs`, BENCHMARKS.md 10zq), at batch sizes 1, 8, 16 and 32 on
-# rag, one stage after another; batch sizes 8-32 share their plain greedy references (one file)
-B1_ARMS="trie,whole graphs,trie tg,whole graphs tg"
+# rag, one stage after another; batch sizes 8-32 share their plain greedy references (one file).
+# Batch 1 had `whole graphs` 1.160x the trie with no uncaptured `whole` beside it: the next visit
+# runs `whole` too, to tell the head's graphs from the machine
+B1_ARMS="trie,whole,whole graphs,trie tg,whole graphs tg"
 B8_ARMS="trie,whole no deepen,whole graphs no deepen,trie tg,whole graphs no deepen tg"
 WIDE_ARMS="trie,whole graphs no deepen,trie tg,whole graphs no deepen tg"
 lane_versus() {
@@ -209,7 +211,7 @@ lane_versus() {
     [ -f $b1 ] || cp $RES/shape-7.json $b1
     [ -f $b8 ] || cp $b1 $b8
     local wide=(--tuned $b8 --category rag -n 64 --rounds 1 --interleave-batches 1 --reference-cache $RES/reference-rag-64.json)
-    ab versus-b1-rag 150 --tuned $b1 --category rag --limit 24 -n 96 --rounds 1 --arms "$B1_ARMS"
+    ab versus-b1-rag 190 --tuned $b1 --category rag --limit 24 -n 96 --rounds 1 --arms "$B1_ARMS"
     ab versus-b8-rag 110 "${wide[@]}" --limit 24 --batch-size 8 --arms "$B8_ARMS"
     ab versus-b16-rag 100 "${wide[@]}" --limit 48 --batch-size 16 --arms "$WIDE_ARMS"
     ab versus-b32-rag 120 "${wide[@]}" --limit 64 --batch-size 32 --arms "$WIDE_ARMS"
