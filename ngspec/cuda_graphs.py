@@ -5,9 +5,10 @@ A graph replays the kernels of one captured run in one launch, reading its input
 writing its outputs to, the addresses the capture saw. So an owner keeps one input buffer per
 shape, refills it before each replay and reads the outputs the capture returned. A capture is
 preceded by one ordinary run on a side stream (lazy initialisations must happen outside it), and
-an owner's graphs share one memory pool, a new one each time the owner drops them all. An operation a capture refuses (a host read of a
-tensor's value, a copy from pageable host memory) ends capturing for that owner, with one warning:
-its runs then go on uncaptured, at the same fixed shapes.
+an owner's graphs share one memory pool, a new one each time the owner drops them all. An
+operation a capture refuses (a host read of a tensor's value, a copy from pageable host memory)
+ends capturing for that owner, with one warning: its runs then go on uncaptured, at the same
+fixed shapes.
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ class Graphs:
 
     def dropped(self) -> None:
         """The owner dropped every graph it captured (its buffers were replaced): later captures
-        take a new pool. PyTorch's allocator asserts on a capture into a pool whose graphs were all
-        released while it still holds memory (the seventh GPU visit, BENCHMARKS.md 10zs); the old
-        pool is freed once what it still holds is."""
+        take a new pool. On the seventh GPU visit PyTorch's allocator asserted on a capture into a
+        pool whose graphs had all been released (BENCHMARKS.md 10zs); the allocator frees the old
+        pool itself."""
         self._memory = None
 
     def replay(self, graph: Any) -> None:

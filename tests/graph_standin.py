@@ -8,10 +8,9 @@ what cannot be captured: Python values assigned by index, host reads of a tensor
 rest of `UNCAPTURABLE`. ``fail`` makes every capture raise as an uncapturable operation does.
 
 Each pool (`torch.cuda.graph_pool_handle`) counts its live graphs, as PyTorch's allocator does, and
-a capture into a pool whose graphs were all released raises PyTorch's error: its allocator asserts
-when the released pool still holds memory (a tensor the capture made that outlived the graphs,
-which an owner cannot rule out), so an owner that drops every graph takes a new pool (the seventh
-GPU visit's batches stopped capturing the head's runs after the pool first grew, BENCHMARKS.md 10zs)."""
+a capture into a pool whose graphs were all released raises the error PyTorch's allocator raised
+on the seventh GPU visit, where the head's batched runs stopped capturing once its cache first
+grew (BENCHMARKS.md 10zs): an owner that drops every graph must take a new pool."""
 
 from __future__ import annotations
 
