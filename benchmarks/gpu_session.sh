@@ -222,7 +222,7 @@ lane_versus() {
 # graphs were dropped, fixed since, BENCHMARKS.md 10zs); the references of that visit's pipeline
 # travel in gpu/data (reference-rag-64.json), so no plain decoding runs first
 lane_fix() {
-    cp /tmp/data/shape-b8.json $RES/shape-b8.json
+    [ -f /tmp/data/shape-b8.json ] && cp /tmp/data/shape-b8.json $RES/shape-b8.json  # else lane_versus's, in a rehearsal
     [ -f /tmp/data/reference-rag-64.json ] && cp /tmp/data/reference-rag-64.json $RES/
     local fix=(--tuned $RES/shape-b8.json --category rag -n 64 --rounds 1 --interleave-batches 1 --reference-cache $RES/reference-rag-64.json
         --arms "trie tg,whole graphs no deepen tg")
@@ -405,7 +405,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     mkdir -p $RES
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
-        for lane in ${LANES:-bench single batched short versus}; do "lane_$lane"; done
+        for lane in ${LANES:-bench single batched short versus fix}; do "lane_$lane"; done
         case " ${LANES:-versus} " in *" versus "*) versus_more; versus_summarization; sampled_more; trace_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
