@@ -286,14 +286,17 @@ sampled_more() {
 
 # after versus_more, on the warm machine (no carry), only with 200 s of device time to spare: where
 # a batched step's time goes on the GPU, by phase (host time, kernel launches, copies and syncs,
-# kernel time; BENCHMARKS.md 10zd): the whole method's drafting at batch 8 against the trie's, and
-# the trie at batch 32, which ran 0.91x plain batched decoding on the fourth visit
+# kernel time; BENCHMARKS.md 10zd), with the verification replayed from graphs: on the seventh visit
+# (10zs) a 32-row trie step took about 40 ms that way against 9 ms at batch 1, and the whole method
+# (head captured, no deepening) ran 0.82x the trie there; then batch 8 likewise
 trace_more() {
     cd "$REPO" || exit 1
-    local common=(--questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head --datastore /tmp/datastore --tuned $RES/shape-b8.json -n 32)
-    stage trace-b8 90 "$PY" benchmarks/step_trace.py "${common[@]}" --batch-sizes 8 --limit 16 --arms vanilla,trie,whole --json-out $RES/trace-b8.json
+    local common=(--questions /tmp/data/spec_bench/question.jsonl --eagle-head /tmp/head --datastore /tmp/datastore --tuned $RES/shape-b8.json -n 32
+        --target-graphs --head-graphs)
+    stage trace-b32 90 "$PY" benchmarks/step_trace.py "${common[@]}" --batch-sizes 32 --limit 32 --arms "vanilla,trie,whole no deepen" \
+        --json-out $RES/trace-b32.json
     pack trace.tgz
-    stage trace-b32 90 "$PY" benchmarks/step_trace.py "${common[@]}" --batch-sizes 32 --limit 32 --arms vanilla,trie --json-out $RES/trace-b32.json
+    stage trace-b8 90 "$PY" benchmarks/step_trace.py "${common[@]}" --batch-sizes 8 --limit 16 --arms "trie,whole no deepen" --json-out $RES/trace-b8.json
     pack trace.tgz
     grep -h "a step" $RES/trace-*.log
 }

@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="8,32")
     ap.add_argument("--limit", type=int, help="prompts (default: the largest batch size)")
     ap.add_argument("-n", "--max-new-tokens", type=int, default=32)
-    ap.add_argument("--arms", default="vanilla,trie,whole", help="vanilla, trie, search, whole (eagle+search with --deepen)")
+    ap.add_argument("--arms", default="vanilla,trie,whole", help="vanilla, trie, search, whole (eagle+search with --deepen), whole no deepen")
     ap.add_argument("--eagle-head", help="for whole")
     ap.add_argument("--tuned", help="tune-tree output: the whole method's static tree")
     ap.add_argument("--datastore")
@@ -161,26 +161,31 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--cost-slope", type=float, help="size trees by the cost 1 + S*n for n nodes, as on another device (0.004: about the "
                     "H100's for the default model), e.g. to see a GPU's trees' host work on a CPU (default: this device's measured costs)")
+    ap.add_argument("--target-graphs", action="store_true", help="verify at fixed shapes, replayed from CUDA graphs on a GPU "
+                    "(`--target-graphs`; on the seventh visit a batch-32 trie step then took about 40 ms against 9 ms at batch 1, "
+                    "BENCHMARKS.md 10zs: where the rest goes is this trace's question)")
+    ap.add_argument("--head-graphs", action="store_true", help="the whole arms' head runs replayed from CUDA graphs (`--head-graphs`)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     arms = args.arms.split(",")
-    if "whole" in arms and not (args.eagle_head and args.tuned):
+    if any(a.startswith("whole") for a in arms) and not (args.eagle_head and args.tuned):
         ap.error("the whole arm needs --eagle-head and --tuned")
     sizes = [int(b) for b in args.batch_sizes.split(",")]
 
     loaded = load_model(device=args.device, dtype=args.dtype)
     cuda = loaded.model.device.type == "cuda"
-    engine = Engine(loaded, max_draft_nodes=96, cost_slope=args.cost_slope)
+    engine = Engine(loaded, max_draft_nodes=96, cost_slope=args.cost_slope, target_graphs=args.target_graphs)
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
     factory = None
-    if "whole" in arms:
-        opts = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192)
+    if any(a.startswith("whole") for a in arms):
+        opts = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192, head_graphs=args.head_graphs)
         factory = eagle_factory(loaded.model, load_head(Path(args.eagle_head), loaded.model), opts, load_draft_vocab(Path(args.eagle_head)))
     makers = {
         "vanilla": lambda: make_drafter("vanilla"),
         "trie": lambda: make_drafter("trie"),
         "search": lambda: make_drafter("search", datastore=store),
         "whole": lambda: make_drafter("eagle+search", DrafterOptions(deepen=True), None, factory, store),
+        "whole no deepen": lambda: make_drafter("eagle+search", DrafterOptions(deepen=False), None, factory, store),
     }
     unknown = [a for a in arms if a not in makers]
     if unknown:
@@ -188,7 +193,8 @@ def main() -> None:
     prompts = load_prompts(Path(args.questions), args.category, args.limit or max(sizes))
     ids = [encode(loaded.tokenizer, p.text) for p in prompts]
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
-    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "runs": {}}
+    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "target_graphs": args.target_graphs,
+           "head_graphs": args.head_graphs, "runs": {}}
     for b in sizes:
         for arm in arms:
             key = f"b{b} {arm}"
