@@ -1,7 +1,7 @@
 """The drafters' own host time per row and step, replayed over real greedy outputs without the model.
 
 On a GPU with the target's verification replayed from CUDA graphs (`--target-graphs`), a 32-row
-step of the default model took about 72 ms on the H200's host, and the whole method's drafting was
+step of the default model took 40-60 ms on the H200, and the whole method's drafting was
 20-22% of it against the trie's 3-4%, with its head skipped on most row-steps (BENCHMARKS.md
 10zs). That drafting is host Python, so it can be timed here: each arm drafts for every position
 of stored greedy outputs (teacher-forced, as `benchmarks/replay_drafters.py` replays them), under a

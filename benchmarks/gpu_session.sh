@@ -287,7 +287,7 @@ sampled_more() {
 # after versus_more, on the warm machine (no carry), only with 200 s of device time to spare: where
 # a batched step's time goes on the GPU, by phase (host time, kernel launches, copies and syncs,
 # kernel time; BENCHMARKS.md 10zd), with the verification replayed from graphs: on the seventh visit
-# (10zs) a 32-row trie step took about 40 ms that way against 9 ms at batch 1, and the whole method
+# (10zs) a 32-row trie step took 40-60 ms that way against 9 ms at batch 1, and the whole method
 # (head captured, no deepening) ran 0.82x the trie there; then batch 8 likewise
 trace_more() {
     cd "$REPO" || exit 1

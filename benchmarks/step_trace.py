@@ -162,7 +162,7 @@ def main() -> None:
     ap.add_argument("--cost-slope", type=float, help="size trees by the cost 1 + S*n for n nodes, as on another device (0.004: about the "
                     "H100's for the default model), e.g. to see a GPU's trees' host work on a CPU (default: this device's measured costs)")
     ap.add_argument("--target-graphs", action="store_true", help="verify at fixed shapes, replayed from CUDA graphs on a GPU "
-                    "(`--target-graphs`; on the seventh visit a batch-32 trie step then took about 40 ms against 9 ms at batch 1, "
+                    "(`--target-graphs`; on the seventh visit a batch-32 trie step then took 40-60 ms against 9 ms at batch 1, "
                     "BENCHMARKS.md 10zs: where the rest goes is this trace's question)")
     ap.add_argument("--head-graphs", action="store_true", help="the whole arms' head runs replayed from CUDA graphs (`--head-graphs`)")
     ap.add_argument("--json-out")
