@@ -38,35 +38,21 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 import ngspec.drafters.search as search
-from ngspec.contracts import DraftContext, DraftTree
+from ngspec.contracts import DraftContext
 from ngspec.datastore.index import Datastore
 from ngspec.drafters import DrafterOptions, make_drafter
 from ngspec.drafters.trie import Calibration
 from ngspec.models import default_model_dir
 from ngspec.prompts import load_prompts
 from ngspec.turns import Conversations
+from reader_ab import _Headless  # benchmarks/, beside this script
 
 
-class SkippedHead:
+class SkippedHead(_Headless):
     """Stands in for the EAGLE drafter of a head that never pays: its gate stays shut (a run costs a
     thousand steps), and on the probes that run it anyway it drafts nothing."""
 
     head_cost = 1000.0
-    feature_layers = None
-
-    def start(self, prompt) -> None:
-        pass
-
-    def defer(self, ctx) -> None:
-        pass
-
-    def observe(self, new_tokens) -> None:
-        pass
-
-    def drafting(self, ctx, deeper=None):
-        self.last_scores = []
-        return DraftTree()
-        yield  # a generator (`EagleDrafter.drafting`) that asks for no head run
 
 
 def references(path: Path, tokenizer, questions: str, category: str | None, limit: int, n: int, dtype: str, device: str) -> list[tuple[list[int], list[int]]]:
