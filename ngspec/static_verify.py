@@ -18,7 +18,8 @@ captured forward in one launch, but only at the shapes and addresses it was capt
   the device from each row's valid slots and its block's visibility.
 
 The host's part of a replay is two copies (the integers; the booleans). Each shape is captured
-once and replayed after (`ngspec.cuda_graphs`). A graph holds the cache buffers by address, so
+once and replayed after (`ngspec.cuda_graphs`); the shapes of one row count write their logits
+(and features) into one shared buffer, so a shape keeps no output of its own. A graph holds the cache buffers by address, so
 when they are replaced (the cache grows by doubling, a batch's rows are rearranged into new
 buffers) every shape is captured again; `TargetModel` keeps its buffers from prompt to prompt.
 Off a GPU, or with capture off, the same fixed-shape forward runs as ordinary operations: that
@@ -147,6 +148,8 @@ class StaticVerify:
         self.graphs = Graphs("the target's verification", capture)
         self._shapes: dict[Shape, tuple[_Inputs, object | None, tuple | None]] = {}
         self._buffers: tuple | None = None  # the cache buffers the shapes were made for
+        # (what, rows, trailing shape, dtype) -> [rows, MOST_WIDTH, ...]: the outputs every shape of those rows writes
+        self._outputs: dict[tuple, torch.Tensor] = {}
         self.cache = None  # the cache it last ran on, whose buffers its graphs hold (`reusable`)
         self.made = self.unbucketed = 0  # shapes made (over all buffers), forwards too wide for one
 
@@ -160,8 +163,32 @@ class StaticVerify:
         return cache
 
     def report(self) -> str:
-        """One line: shapes, captures and replays, forwards too wide for a shape."""
-        return f"{self.graphs.report()}; {self.made} shapes made, {self.unbucketed} forwards too wide for one"
+        """One line: shapes, captures and replays, forwards too wide for a shape, the outputs' memory."""
+        return (f"{self.graphs.report()}; {self.made} shapes made, {self.unbucketed} forwards too wide for one; "
+                f"outputs {self.output_bytes() / 2**20:.0f} MiB")
+
+    def output_bytes(self) -> int:
+        """The bytes of the output buffers the shapes share."""
+        return sum(t.numel() * t.element_size() for t in self._outputs.values())
+
+    def _shared(self, what: str, value: torch.Tensor) -> torch.Tensor:
+        """``value`` ``[rows, width, ...]`` copied into the buffer that every shape of its rows
+        shares, ``[rows, MOST_WIDTH, ...]``; the copy's view. A captured forward then keeps no
+        output of its own: its logits, allocated from the graphs' pool during the capture, are
+        free for the next capture to reuse (each replay rewrites them before the copy, and only
+        the buffer is read, before the next replay). Before, every shape kept its own logits, rows
+        x width x vocabulary floats: at 32 rows, the seven widths of one span came to 32 x 127 x
+        49,152 x 4 bytes = 800 MB for the default model, and a run meets several spans; the
+        buffer is 32 x 64 x 49,152 x 4 = 403 MB in all. A buffer is made at a shape's first
+        forward, which is never a capture (a warm-up run comes first)."""
+        r, w = value.shape[:2]
+        key = (what, r, tuple(value.shape[2:]), value.dtype)
+        buffer = self._outputs.get(key)
+        if buffer is None:
+            buffer = self._outputs[key] = value.new_empty(r, MOST_WIDTH, *value.shape[2:])
+        view = buffer[:, :w]
+        view.copy_(value)
+        return view
 
     def fits(self, width: int) -> bool:
         fits = width <= MOST_WIDTH
@@ -230,4 +257,4 @@ class StaticVerify:
             ),
             self.model, keep, layers,
         )
-        return out.logits, kept
+        return self._shared("logits", out.logits), None if kept is None else self._shared("features", kept)

@@ -239,6 +239,28 @@ def test_captured_verification_replays_into_its_buffers(tiny, prompts_and_expect
     assert shared.graphs.captures == captured and shared.graphs.replays > 2 * captured
 
 
+def test_a_batchs_captured_shapes_share_one_output_per_row_count(monkeypatch):
+    """Every captured shape writes its logits and features into one buffer per row count, so a
+    shape keeps no output of its own (before, each kept rows x width x vocabulary floats); under
+    the stand-in for captures the batch oracle's script still gives every logit and feature."""
+    _capturing(monkeypatch)
+    model = tiny_model("llama", seed=4)
+    expected = _drive(BatchTarget(model), 3)
+    fixed = BatchTarget(model)
+    static = fixed.use_graphs()
+    got = _drive(fixed, 3)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    captured = [(shape, out) for shape, (_, graph, out) in static._shapes.items() if graph is not None]
+    rows = {shape.rows for shape, _ in captured}
+    assert static.graphs.failure is None and len(captured) > len(rows)
+    for what in (0, 1):  # logits, features
+        assert len({out[what].untyped_storage().data_ptr() for _, out in captured}) == len(rows)
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    assert static.output_bytes() <= sum(r * static_verify.MOST_WIDTH * (vocab + hidden) * 4 for r in {s.rows for s in static._shapes})
+    assert "outputs" in static.report()
+
+
 def test_a_refused_capture_warns_once_and_verification_goes_on_uncaptured(tiny, prompts_and_expected, monkeypatch):  # noqa: F811
     _capturing(monkeypatch, fail=True)
     prompts, expected = prompts_and_expected
