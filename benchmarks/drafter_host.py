@@ -45,7 +45,7 @@ from ngspec.drafters.trie import Calibration
 from ngspec.models import default_model_dir
 from ngspec.prompts import load_prompts
 from ngspec.turns import Conversations
-from reader_ab import _Headless  # benchmarks/, beside this script
+from reader_ab import _Headless, reference_key  # benchmarks/, beside this script
 
 
 class SkippedHead(_Headless):
@@ -63,7 +63,7 @@ def references(path: Path, tokenizer, questions: str, category: str | None, limi
     out = []
     for i in range(len(asked.units)):
         ids = asked.ids(i)
-        key = hashlib.sha1(json.dumps([ids, n, dtype, device]).encode()).hexdigest()
+        key = reference_key(ids, n, dtype, device)
         if key not in cache:
             raise SystemExit(f"prompt {i} is not in {path} (asked with -n {n}, {dtype}, {device}?)")
         out.append((ids, cache[key]))

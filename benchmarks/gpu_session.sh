@@ -56,6 +56,12 @@ pack() {  # pack NAME: every result so far as $OUT/NAME (the device tool returns
     tar -czf "${OUT:-$RES}/$1" -C "$(dirname $RES)" "$(basename $RES)"
 }
 
+rand_model() {  # /tmp/rand: the default model's shape (gpu/rand's config and tokenizer) with random weights, seeded
+    "$PY" -c "import sys, torch, transformers as t
+torch.manual_seed(0); t.AutoModelForCausalLM.from_config(t.AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[2])
+t.AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])" gpu/rand /tmp/rand
+}
+
 install_wheels() {  # the carried wheels (the GPU image lacks or has older ones) into $SITE
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl
 }
@@ -341,9 +347,7 @@ precheck() {
     cd "$REPO" || exit 1
     mkdir -p $RES
     install_wheels || exit 1
-    "$PY" -c "import sys, torch, transformers as t
-torch.manual_seed(0); t.AutoModelForCausalLM.from_config(t.AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[2])
-t.AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])" gpu/rand /tmp/rand || exit 1
+    rand_model || exit 1
     local b
     for b in 1 8; do  # the tuned shapes without the model they were tuned for (the bundled one)
         "$PY" -c "import json, sys; json.dump(json.load(open(sys.argv[1]))['choices'], open(sys.argv[2], 'w'))" \
@@ -373,9 +377,7 @@ EOF
 solo() {  # vanilla vs transformers' greedy decoding, alone on the machine (random weights, bf16)
     cd "$REPO" || exit 1
     install_wheels || exit 1
-    python3 -c "import sys, torch, transformers as t
-torch.manual_seed(0); t.AutoModelForCausalLM.from_config(t.AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[2])
-t.AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])" gpu/rand /tmp/rand || exit 1
+    rand_model || exit 1
     timeout 200 "${NG[@]}" bench --model /tmp/rand -q gpu/data/spec_bench/question.jsonl --category rag --limit 6 -n 192 -d prompt-lookup \
         --markdown "$OUT/solo.md" --json-out "$OUT/solo.json"
 }

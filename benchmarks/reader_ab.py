@@ -216,6 +216,12 @@ class NoHead(search.EagleSearchDrafter):
         super().__init__(_Headless(), *args, **kwargs)
 
 
+def reference_key(ids: list[int], max_new_tokens: int, dtype: str, device: str) -> str:
+    """A plain greedy answer's key in a ``--reference-cache`` file: the prompt's tokens, the length
+    asked, and the model's dtype and device (e.g. "torch.float32", "cuda:0")."""
+    return hashlib.sha1(json.dumps([ids, max_new_tokens, dtype, device]).encode()).hexdigest()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
@@ -344,8 +350,7 @@ def main() -> None:
     ids, reference = [], []
     for i in range(len(asked.units)):
         ids.append(asked.ids(i))
-        # the answer's key: the prompt's tokens, the length asked and the model's dtype and device
-        key = hashlib.sha1(json.dumps([ids[-1], args.max_new_tokens, str(loaded.dtype), str(loaded.device)]).encode()).hexdigest()
+        key = reference_key(ids[-1], args.max_new_tokens, str(loaded.dtype), str(loaded.device))
         if key not in cache:
             cache[key] = engine.run(ids[-1], make_drafter("vanilla"), cfg).token_ids
         reference.append(cache[key])

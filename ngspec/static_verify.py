@@ -19,12 +19,12 @@ captured forward in one launch, but only at the shapes and addresses it was capt
 
 The host's part of a replay is two copies (the integers; the booleans). Each shape is captured
 once and replayed after (`ngspec.cuda_graphs`); the shapes of one row count write their logits
-(and features) into one shared buffer, so a shape keeps no output of its own. A graph holds the cache buffers by address, so
-when they are replaced (the cache grows by doubling, a batch's rows are rearranged into new
-buffers) every shape is captured again; `TargetModel` keeps its buffers from prompt to prompt.
-Off a GPU, or with capture off, the same fixed-shape forward runs as ordinary operations: that
-is how the tests check it against the plain forward. Blocks wider than `MOST_WIDTH` run as the
-plain forward does.
+(and features) into one shared buffer, so a shape keeps no output of its own. A graph holds the
+cache buffers by address, so when they are replaced (the cache grows by doubling, a batch's rows
+are rearranged into new buffers) every shape is captured again; `TargetModel` keeps its buffers
+from prompt to prompt. Off a GPU, or with capture off, the same fixed-shape forward runs as
+ordinary operations: that is how the tests check it against the plain forward. Blocks wider than
+`MOST_WIDTH` run as the plain forward does.
 """
 
 from __future__ import annotations

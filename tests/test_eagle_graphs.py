@@ -147,7 +147,7 @@ def test_generations_with_fixed_shape_head_runs_match_plain_greedy(tiny, tiny_da
         DecodeConfig(max_new_tokens=30), BatchConfig(batch_size), lambda: Stopper(frozenset()),
     )
     assert [r.generation.token_ids for r in results] == expected
-    assert factory().pool.static_runs.shapes > 0
+    assert factory.pool.static_runs.shapes > 0
 
 
 def test_a_factorys_head_graphs_are_reported(tiny, prompts_and_expected):  # noqa: F811
