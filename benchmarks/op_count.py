@@ -45,7 +45,8 @@ from ngspec.batch_target import BatchTarget
 from ngspec.decode import DecodeConfig
 from ngspec.engine import Engine
 from ngspec.perf.phases import wrapped
-from ngspec.static_verify import StaticVerify
+from ngspec.drafters.eagle import head_graphs_report
+from ngspec.static_verify import StaticVerify, batches_static
 from ngspec.target import TargetModel
 
 PHASES = {  # phase: (owner, method) whose operations it counts
@@ -232,6 +233,12 @@ def count_arms(args, engine: Engine, ids: list[list[int]], cfg: DecodeConfig, fa
               f"operations per step {res['total_per_step']:.0f}: {cells}; prefills {res['prefill_ops']}", flush=True)
         for phase, names in res["names"].items() if args.names else ():
             print(f"    {phase}: " + ", ".join(f"{name} {n:.1f}" for name, n in names[: args.names]))
+        # the fixed shapes met so far, over the arms run (uncaptured here: how many a GPU would capture,
+        # and how many it would run once only, uncaptured)
+        static = engine.target.static if args.batch_size == 1 else batches_static(engine.target.model)
+        for what, report in (("target", static and static.report()), ("head", head_graphs_report(factory))):
+            if report:
+                print(f"    {what} shapes so far: {report}")
 
 
 if __name__ == "__main__":

@@ -3,22 +3,31 @@
 
 A graph replays the kernels of one captured run in one launch, reading its inputs from, and
 writing its outputs to, the addresses the capture saw. So an owner keeps one input buffer per
-shape, refills it before each replay and reads the outputs the capture returned. A capture is
-preceded by one ordinary run on a side stream (lazy initialisations must happen outside it), and
-an owner's graphs share one memory pool, a new one each time the owner drops them all. An
-operation a capture refuses (a host read of a tensor's value, a copy from pageable host memory)
-ends capturing for that owner, with one warning: its runs then go on uncaptured, at the same
-fixed shapes.
+shape, refills it before each replay and reads the outputs the capture returned. A shape runs
+eagerly at its first use (which is the warm-up a capture needs: lazy initialisations must happen
+outside it), is captured at its second and replayed from then on (`Graphs.run`): a shape used
+once costs one ordinary run instead of a warm-up, a capture and a replay. An owner's graphs share
+one memory pool, a new one each time the owner drops them all. An operation a capture refuses (a
+host read of a tensor's value, a copy from pageable host memory) ends capturing for that owner,
+with one warning: its runs then go on uncaptured, at the same fixed shapes.
+
+Runs at a new shape (a first use, a capture) take many times a replay's time: on the seventh GPU
+visit a batch of 32 rows captured 25-30 shapes per run (BENCHMARKS.md 10zs). `Graphs.cold` counts
+them and `Graphs.capture_seconds` sums the captures' time, so that what a run learns from its own
+step times (the verify cost, the head's cost) can leave such runs out, and reports can say what
+capturing cost.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 import torch
 
 T = TypeVar("T")
+_STREAM: list = []  # the one side stream every capture runs on (made at the first)
 
 
 def bucket(n: int, least: int) -> int:
@@ -30,29 +39,68 @@ def bucket(n: int, least: int) -> int:
 
 
 def record(run: Callable[[], T], memory: Any) -> tuple[Any, T]:
-    """``run`` captured as a CUDA graph sharing the pool ``memory``, after one warm-up run on a
-    side stream; the graph and the outputs the captured run left (filled by each replay).
-    Raises what the capture raises (a RuntimeError for a refused operation)."""
-    side = torch.cuda.Stream()
+    """``run`` captured as a CUDA graph sharing the pool ``memory`` (its shape already run once,
+    eagerly: `Graphs.run`); the graph and the outputs the captured run left (filled by each
+    replay). Raises what the capture raises (a RuntimeError for a refused operation).
+
+    This is `torch.cuda.graph` without what it does on entry beyond capturing: a device
+    synchronisation, `torch.cuda.empty_cache()` and emptying the pinned host memory cache. Those
+    free memory for a capture that follows a training step; here a capture comes in the middle of
+    a decoding run, whose next ordinary operations would allocate all that memory again."""
+    if not _STREAM:
+        _STREAM.append(torch.cuda.Stream())
+    side = _STREAM[0]
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=memory):
-        out = run()
+    with torch.cuda.stream(side):
+        graph.capture_begin(pool=memory)
+        try:
+            out = run()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
     return graph, out
 
 
+class Slot(Generic[T]):
+    """One shape's graph: its uses so far, and once captured the graph and its outputs."""
+
+    def __init__(self) -> None:
+        self.uses = 0
+        self.graph: Any = None
+        self.out: T | None = None
+
+
+def met_once(slots) -> int:
+    """How many of these shapes' ``slots`` ran once only (never captured: `Graphs.run`)."""
+    return sum(slot.uses == 1 for slot in slots)
+
+
 class Graphs:
-    """One owner's captured graphs: ``captures`` and ``replays`` count them; ``failure`` says why
-    capturing stopped, if it did (``enabled`` is then False)."""
+    """One owner's captured graphs: ``captures`` and ``replays`` count them, ``capture_seconds``
+    sums the captures' time and ``cold`` counts the runs at a shape not yet replayed (first uses
+    and captures, while capturing); ``failure`` says why capturing stopped, if it did
+    (``enabled`` is then False)."""
 
     def __init__(self, what: str, enabled: bool) -> None:
         self.what, self.enabled = what, enabled
-        self.captures = self.replays = 0
+        self.captures = self.replays = self.cold = 0
+        self.capture_seconds = 0.0
         self.failure: str | None = None
         self._memory = None
+
+    def run(self, slot: Slot[T], run: Callable[[], T]) -> T:
+        """``run``'s outputs at ``slot``'s shape: run eagerly at its first use, captured at its
+        second (then replayed), replayed after; run eagerly every time when not capturing."""
+        slot.uses += 1
+        if slot.graph is None and self.enabled:
+            self.cold += 1
+            if slot.uses == 2:  # a failed capture is not tried again: capturing has stopped
+                slot.graph, slot.out = self.capture(run)
+        if slot.graph is None:
+            return run()
+        self.replay(slot.graph)
+        return slot.out
 
     def capture(self, run: Callable[[], T]) -> tuple[Any, T | None]:
         """``run`` captured (a graph and its outputs, valid after a `replay`), or (None, None)
@@ -61,12 +109,14 @@ class Graphs:
             return None, None
         if self._memory is None:
             self._memory = torch.cuda.graph_pool_handle()
+        started = time.perf_counter()
         try:
             graph, out = record(run, self._memory)
         except RuntimeError as exc:
             self.enabled, self.failure = False, f"{type(exc).__name__}: {exc}".splitlines()[0]
             warnings.warn(f"ngspec: {self.what} cannot be captured as CUDA graphs here ({self.failure}); it runs uncaptured", stacklevel=3)
             return None, None
+        self.capture_seconds += time.perf_counter() - started  # host time: capturing issues no device work
         self.captures += 1
         return graph, out
 
@@ -82,5 +132,6 @@ class Graphs:
         self.replays += 1
 
     def report(self) -> str:
-        """One line: what was captured and replayed, and whether capturing stopped."""
-        return f"{self.captures} captured, {self.replays} replays; capturing {'stopped: ' + self.failure if self.failure else 'never failed'}"
+        """One line: what was captured (and in how long) and replayed, and whether capturing stopped."""
+        return (f"{self.captures} captured in {self.capture_seconds:.2f} s, {self.replays} replays, {self.cold} runs at new shapes; "
+                f"capturing {'stopped: ' + self.failure if self.failure else 'never failed'}")

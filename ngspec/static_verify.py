@@ -17,8 +17,9 @@ captured forward in one launch, but only at the shapes and addresses it was capt
   ``span`` slots (a power of two of at least 256, within their capacity) under a mask made on
   the device from each row's valid slots and its block's visibility.
 
-The host's part of a replay is two copies (the integers; the booleans). Each shape is captured
-once and replayed after (`ngspec.cuda_graphs`); the shapes of one row count write their logits
+The host's part of a replay is two copies (the integers; the booleans). Each shape runs
+eagerly at its first use, is captured at its second and replayed after (`ngspec.cuda_graphs`);
+the shapes of one row count write their logits
 (and features) into one shared buffer, so a shape keeps no output of its own. A graph holds the
 cache buffers by address, so when they are replaced (the cache grows by doubling, a batch's rows
 are rearranged into new buffers) every shape is captured again; `TargetModel` keeps its buffers
@@ -38,7 +39,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from ngspec.cuda_graphs import Graphs, bucket
+from ngspec.cuda_graphs import Graphs, Slot, bucket, met_once
 from ngspec.kv import cache_argument
 from ngspec.tree import additive_mask
 
@@ -59,8 +60,8 @@ class Shape:
 
 class _Inputs:
     """A shape's inputs on the device (integers: ids, positions, the block's slots, the buffer
-    row of each row; booleans: each row's valid slots, its block's visibility) and their staging
-    copies on the host (pinned on a GPU, so each is one asynchronous copy)."""
+    row of each row; booleans: each row's valid slots, its block's visibility), their staging
+    copies on the host (pinned on a GPU, so each is one asynchronous copy) and its graph."""
 
     def __init__(self, shape: Shape, device: torch.device) -> None:
         r, w, span = shape.rows, shape.width, shape.span
@@ -72,6 +73,7 @@ class _Inputs:
         self.ids, self.positions, self.slots, self.at, self.valid, self.block = self._views(self.ints, self.bools, shape)
         self._host = self._views(self.host_ints, self.host_bools, shape)
         self._alone = torch.eye(w, dtype=torch.bool).expand(r, w, w)  # each query sees itself
+        self.graph: Slot[tuple] = Slot()  # the shape's graph, once captured
 
     @staticmethod
     def _views(ints: torch.Tensor, bools: torch.Tensor, shape: Shape):
@@ -120,6 +122,13 @@ def attended(cache, slots: int) -> int:
     return min(cache.layers[0]._keys.shape[-2], bucket(slots, LEAST_SPAN))
 
 
+def cold_runs(target) -> int:
+    """The verifications of ``target`` (a `TargetModel` or `BatchTarget`) so far that ran a fixed
+    shape for the first time or captured it (`ngspec.cuda_graphs.Graphs.cold`; 0 without fixed
+    shapes): many times a replay's time, so a loop that learns what its steps cost leaves them out."""
+    return 0 if target.static is None else target.static.graphs.cold
+
+
 _BATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -146,7 +155,7 @@ class StaticVerify:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.graphs = Graphs("the target's verification", capture)
-        self._shapes: dict[Shape, tuple[_Inputs, object | None, tuple | None]] = {}
+        self._shapes: dict[Shape, _Inputs] = {}
         self._buffers: tuple | None = None  # the cache buffers the shapes were made for
         # (what, rows, trailing shape, dtype) -> [rows, MOST_WIDTH, ...]: the outputs every shape of those rows writes
         self._outputs: dict[tuple, torch.Tensor] = {}
@@ -164,7 +173,9 @@ class StaticVerify:
 
     def report(self) -> str:
         """One line: shapes, captures and replays, forwards too wide for a shape, the outputs' memory."""
-        return (f"{self.graphs.report()}; {self.made} shapes made, {self.unbucketed} forwards too wide for one; "
+        once = met_once(inputs.graph for inputs in self._shapes.values())
+        return (f"{self.graphs.report()}; {self.made} shapes made ({once} of the present buffers' met once), "
+                f"{self.unbucketed} forwards too wide for one; "
                 f"outputs {self.output_bytes() / 2**20:.0f} MiB")
 
     def output_bytes(self) -> int:
@@ -180,7 +191,7 @@ class StaticVerify:
         x width x vocabulary floats: at 32 rows, the seven widths of one span came to 32 x 127 x
         49,152 x 4 bytes = 800 MB for the default model, and a run meets several spans; the
         buffer is 32 x 64 x 49,152 x 4 = 403 MB in all. A buffer is made at a shape's first
-        forward, which is never a capture (a warm-up run comes first)."""
+        forward, which is never a capture (a shape runs eagerly first)."""
         r, w = value.shape[:2]
         key = (what, r, tuple(value.shape[2:]), value.dtype)
         buffer = self._outputs.get(key)
@@ -222,18 +233,12 @@ class StaticVerify:
             self._buffers = buffers
         span = attended(cache, start + w)
         shape = Shape(r, w, span, features)
-        made = self._shapes.get(shape)
-        inputs = made[0] if made is not None else _Inputs(shape, self.device)
-        inputs.fill(start, ids, positions, valid, block, at)
-        if made is None:  # captured from this forward's inputs (its warm-up writes what the replay writes again)
+        inputs = self._shapes.get(shape)
+        if inputs is None:
             self.made += 1
-            graph, out = self.graphs.capture(partial(self._forward, cache, inputs, shape))
-            made = self._shapes[shape] = (inputs, graph, out)
-        _, graph, out = made
-        if graph is None:
-            out = self._forward(cache, inputs, shape)
-        else:
-            self.graphs.replay(graph)
+            inputs = self._shapes[shape] = _Inputs(shape, self.device)
+        inputs.fill(start, ids, positions, valid, block, at)
+        out = self.graphs.run(inputs.graph, partial(self._forward, cache, inputs, shape))
         for layer in layers:
             layer.hold(held, start + width)
         logits, kept = out

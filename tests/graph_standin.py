@@ -107,7 +107,6 @@ class StandInGraphs:
     def record(self, run, memory: Pool):
         if memory.used and memory.use_count == 0:
             raise RuntimeError(RELEASED)
-        run()  # the warm-up (on a GPU's side stream)
         with refusing():
             out = run()
         if self.fail:

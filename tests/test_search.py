@@ -656,6 +656,33 @@ def test_the_heads_measured_cost_is_per_run():
     assert drafter._head_seconds == 5 and drafter._head_cost(DraftContext((), 0, 0, step_seconds=100.0)) == 0.05
 
 
+def test_a_head_run_at_a_new_fixed_shape_is_not_timed():
+    """With the head's runs at fixed shapes (`--head-graphs`), a run that met a new shape (run
+    eagerly the first time, captured the second: many times a replay) is left out of the head's
+    measured cost, as the prompt's first run is; the runs after it are timed again."""
+    from types import SimpleNamespace
+
+    history = [1, 2, 3, 4, 5, 6] * 4
+    eagle = ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.6)])
+    graphs = SimpleNamespace(cold=0)
+    eagle.pool = SimpleNamespace(static_runs=SimpleNamespace(graphs=graphs))
+    drafter = EagleSearchDrafter(eagle, None, depth=3, prefix_len=2)
+    seconds = iter([0, 1, 10, 110, 200, 202])  # runs of 1 s (the prefill), 100 s (a capture), 2 s
+
+    def clock():
+        now = next(seconds)
+        graphs.cold += now == 110  # the clock read after the capture: the run met a new shape
+        return now
+
+    drafter.clock = clock
+    drafter.start(history)
+    ctx = DraftContext(history + [77], len(history), 20, (1.0, 1.0, 1.2), step_seconds=100.0)
+    for _ in range(3):
+        drafter.propose(ctx)
+        drafter.observe([3, 99])
+    assert drafter._head_runs == 3 and drafter._head_seconds == 2
+
+
 def test_the_eagle_drafter_counts_its_head_runs(tiny):
     from ngspec.drafters.eagle import EagleDrafter, EagleOptions
     from ngspec.eagle.head import EagleHead

@@ -2,7 +2,8 @@
 logits, features and cache as the plain forward step by step (one sequence and a batch whose rows
 come, go and are compacted), generations equal to plain greedy decoding for every drafter and
 batch size, and, with a CPU stand-in for CUDA graph captures that refuses what a GPU's capture
-refuses, each shape captured once and replayed after; on a GPU, captured against uncaptured."""
+refuses, each shape captured once (at its second run) and replayed after; on a GPU, captured
+against uncaptured."""
 
 from __future__ import annotations
 
@@ -214,8 +215,9 @@ def _capturing(monkeypatch, fail: bool = False) -> StandInGraphs:
 
 def test_captured_verification_replays_into_its_buffers(tiny, prompts_and_expected, monkeypatch):  # noqa: F811
     """With captures standing in for CUDA graphs (outputs NaN until replayed, host reads and
-    copies refused): one sequence and batches equal plain greedy, each shape captured once, and a
-    second batch replays the first one's graphs without capturing anything."""
+    copies refused): one sequence and batches equal plain greedy; each shape runs eagerly first and
+    is captured at its second run, once; a second batch makes no new shape, and a third captures
+    nothing (it replays the graphs of the batches before it)."""
     _capturing(monkeypatch)
     prompts, expected = prompts_and_expected
     target = TargetModel(tiny)
@@ -224,7 +226,8 @@ def test_captured_verification_replays_into_its_buffers(tiny, prompts_and_expect
         got = generate(target, make_drafter("trie", DrafterOptions(), None, None, None), prompt, DecodeConfig(max_new_tokens=30))
         assert got.token_ids == want
     graphs = static.graphs
-    assert graphs.failure is None and graphs.captures == static.made > 0 and graphs.replays > 2 * graphs.captures
+    assert graphs.failure is None and 0 < graphs.captures <= static.made and graphs.replays > 2 * graphs.captures
+    assert graphs.cold == static.made + graphs.captures  # each shape's first run, and each capture
 
     def batch():
         results, _ = generate_batch(tiny, prompts, lambda: make_drafter("trie", DrafterOptions(), None, None, None),
@@ -233,10 +236,45 @@ def test_captured_verification_replays_into_its_buffers(tiny, prompts_and_expect
 
     batch()
     shared = static_verify.batches_static(tiny)
-    captured = shared.graphs.captures
-    assert shared.graphs.failure is None and captured > 0
+    made = shared.made
+    assert shared.graphs.failure is None and shared.graphs.captures > 0
     batch()
-    assert shared.graphs.captures == captured and shared.graphs.replays > 2 * captured
+    captured, replays = shared.graphs.captures, shared.graphs.replays
+    assert shared.made == made and captured <= made and replays > 2 * captured
+    batch()
+    assert shared.graphs.captures == captured and shared.graphs.replays > replays
+
+
+def test_the_loops_learn_step_costs_from_replayed_verifications_only(tiny, prompts_and_expected, monkeypatch):  # noqa: F811
+    """A verification at a new fixed shape (its first run, eager; its second, the capture) takes
+    many times a replay, so the loops leave it out of the step times they learn verify costs from
+    (`StepTimes`): one sequence and a batch record exactly their other steps."""
+    import ngspec.batch as batch_module
+    import ngspec.decode as decode_module
+    from ngspec.perf.online import StepTimes
+
+    recorded = []
+
+    class Counted(StepTimes):
+        def record(self, cost, seconds):
+            recorded.append(cost)
+            super().record(cost, seconds)
+
+    monkeypatch.setattr(decode_module, "StepTimes", Counted)
+    monkeypatch.setattr(batch_module, "StepTimes", Counted)
+    _capturing(monkeypatch)
+    prompts, expected = prompts_and_expected
+    target = TargetModel(tiny)
+    static = target.use_graphs()
+    got = generate(target, make_drafter("trie", DrafterOptions(), None, None, None), prompts[0], DecodeConfig(max_new_tokens=30))
+    assert got.token_ids == expected[0] and static.graphs.cold > 0
+    assert len(recorded) == len(got.stats.steps) - 1 - static.graphs.cold  # every step but the prefill and the cold ones
+    recorded.clear()
+    results, report = generate_batch(tiny, prompts, lambda: make_drafter("trie", DrafterOptions(), None, None, None),
+                                     DecodeConfig(max_new_tokens=30), BatchConfig(4, 3, target_graphs=True), lambda: Stopper(frozenset()))
+    shared = static_verify.batches_static(tiny)
+    assert [r.generation.token_ids for r in results] == expected and shared.graphs.cold > 0
+    assert len(recorded) == report.steps - shared.graphs.cold
 
 
 def test_a_batchs_captured_shapes_share_one_output_per_row_count(monkeypatch):
@@ -251,7 +289,7 @@ def test_a_batchs_captured_shapes_share_one_output_per_row_count(monkeypatch):
     got = _drive(fixed, 3)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
-    captured = [(shape, out) for shape, (_, graph, out) in static._shapes.items() if graph is not None]
+    captured = [(shape, inputs.graph.out) for shape, inputs in static._shapes.items() if inputs.graph.graph is not None]
     rows = {shape.rows for shape, _ in captured}
     assert static.graphs.failure is None and len(captured) > len(rows)
     for what in (0, 1):  # logits, features

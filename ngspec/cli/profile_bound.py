@@ -75,7 +75,7 @@ def profile_bound_command(
     layout: Annotated[str, typer.Option(help="rows: k rows of w+1 tokens sharing the context's cache; tree: one row with a tree of 1+k*w nodes; both.")] = "both",
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
-    repeats: Annotated[int, typer.Option(help="Timed runs per cell (the median is kept), after one warm-up run.")] = 5,
+    repeats: Annotated[int, typer.Option(help="Timed runs per cell (the median is kept), after one warm-up run (two with --target-graphs: a shape is captured at its second run).")] = 5,
     out: Annotated[Path, typer.Option("--out", help="Directory for the CSV, JSON and heatmap PNGs.")] = Path("profile-out"),
     save_profile: Annotated[Optional[Path], typer.Option("--save-profile", help="Also write a device profile that `generate`/`bench --profile` load to size drafts.")] = None,
     max_slowdown: Annotated[float, typer.Option(help="Slowdown the device profile's token budget may reach.")] = 1.1,
@@ -151,7 +151,8 @@ def profile_bound_command(
             render.info(f"--target-graphs: {len(wide)} cells wider than {MOST_WIDTH} nodes left out (generate verifies those uncaptured)")
     render.info("measuring peak compute and bandwidth ...")
     peaks = measure_peaks(dev, torch_dtype)
-    timer = ForwardTimer(target, max(ks), max(ws), warmup=1, repeats=repeats)
+    # with graphs a shape runs eagerly first and is captured at its second run: two warm-ups
+    timer = ForwardTimer(target, max(ks), max(ws), warmup=2 if target_graphs else 1, repeats=repeats)
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with render.progress(*columns) as progress:
         task = progress.add_task("timing cells", total=len(cells))

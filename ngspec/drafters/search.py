@@ -287,11 +287,21 @@ class EagleSearchDrafter:
             return self._head_seconds / ctx.step_seconds
         return getattr(self.eagle, "head_cost", 0.0)
 
-    def _timed_head(self, seconds: float) -> None:
+    def _timed_head(self, seconds: float, cold: bool = False) -> None:
+        """One head run took ``seconds`` (a tree's time over its runs). Not measured: the prompt's
+        first run (the head's prefill) and ``cold`` ones, which ran a fixed shape for the first
+        time or captured it (`ngspec.cuda_graphs`: many times a replay; on the seventh GPU visit
+        such runs were a third of a 32-row batch's head runs, and the gate took them in)."""
         self._head_runs += 1
-        if self._head_runs == 1:  # the head's prefill of the prompt
+        if self._head_runs == 1 or cold:
             return
         self._head_seconds = seconds if not self._head_seconds else self._head_seconds + HEAD_SMOOTHING * (seconds - self._head_seconds)
+
+    def _head_cold(self) -> int:
+        """The head's runs at a new fixed shape so far (`ngspec.cuda_graphs.Graphs.cold`; 0 without
+        fixed shapes): in a batch every row's run is one forward, so a row sees the others' too."""
+        static = getattr(getattr(self.eagle, "pool", None), "static_runs", None)
+        return 0 if static is None else static.graphs.cold
 
     def _top1_rate(self) -> float:
         """How often EAGLE's top guess has been right so far (from a prior of one in two): the
@@ -377,9 +387,9 @@ class EagleSearchDrafter:
         else:
             self._since_head = 0
             small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
-            started = self.clock()
+            started, cold = self.clock(), self._head_cold()
             tree = yield from self.eagle.drafting(small, self._deeper(found, root_key, ctx) if costly else None)
-            self._timed_head((self.clock() - started) / max(1, getattr(self.eagle, "last_runs", 1)))
+            self._timed_head((self.clock() - started) / max(1, getattr(self.eagle, "last_runs", 1)), self._head_cold() != cold)
             self._since_level = 0 if self._level_predicted else self._since_level + 1
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank

@@ -14,8 +14,8 @@ addresses it was captured with. So `StaticRuns` lays every run out at bucketed s
   its block), made on the device from index lists padded to ``seen_entries``;
 - the host's part of a run is one copy of those index lists and one of the features.
 
-Each shape is captured once (`ngspec.cuda_graphs`: after one warm-up run, which does the same
-writes the replay repeats) and replayed after. A graph holds the pool's buffers by address, so when the pool grows
+Each shape runs eagerly at its first use, is captured at its second and replayed after
+(`ngspec.cuda_graphs`). A graph holds the pool's buffers by address, so when the pool grows
 (doubling, `HeadPool.reserve`) every graph is dropped and shapes are captured again. Off a GPU,
 or with ``capture=False``, the same fixed-shape run executes as ordinary operations: that is how
 the tests check it against `run_calls`. Runs too large for a graph (a long prompt's catching up is
@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from ngspec.cuda_graphs import Graphs, bucket
+from ngspec.cuda_graphs import Graphs, Slot, bucket, met_once
 from ngspec.eagle.batched import HeadCall, _cache_unread, run_calls
 from ngspec.eagle.pool import HeadPool
 from ngspec.rows import attention_function
@@ -54,7 +54,7 @@ class Shape:
 
 class _Buffers:
     """A shape's inputs on the device: every index list in one integer tensor (one copy a run),
-    the features, and the output the run leaves."""
+    and the features; and its graph."""
 
     def __init__(self, shape: Shape, rows: int, hidden: int, param: torch.Tensor) -> None:
         m, v = shape.pairs, shape.seen_entries
@@ -64,7 +64,7 @@ class _Buffers:
         self.tokens, self.positions, self.row, self.slot, self.query_place, self.prefix, self.vis_row, self.vis_query, self.vis_slot = parts
         self.features = torch.zeros(m, hidden, dtype=param.dtype, device=param.device)
         self.slots = torch.arange(shape.width, device=param.device)
-        self.out: torch.Tensor | None = None
+        self.graph: Slot[torch.Tensor] = Slot()  # the shape's graph, once captured
 
 
 def static_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pool: HeadPool | None = None, bufs: _Buffers | None = None, shape: Shape | None = None, **kwargs):
@@ -97,18 +97,19 @@ class StaticRuns:
         self.head, self.embed, self.pool = head, embed, pool
         self.graphs = Graphs("the EAGLE head's runs", capture)
         self.param = next(head.parameters())
-        self._shapes: dict[Shape, tuple[_Buffers, object | None]] = {}
+        self._shapes: dict[Shape, _Buffers] = {}
         self._pool_buffer: torch.Tensor | None = None  # the pool's keys the shapes were made for
         self.unbucketed = 0
 
     @property
     def shapes(self) -> int:
-        """Shapes made for the pool's present buffers (each captured once, when capturing)."""
+        """Shapes made for the pool's present buffers (each captured at its second run, when capturing)."""
         return len(self._shapes)
 
     def report(self) -> str:
         """One line: captures and replays, shapes for the pool's present buffers, runs too large for one."""
-        return f"{self.graphs.report()}; {self.shapes} shapes for the pool's present buffers, {self.unbucketed} runs too large for one"
+        once = met_once(bufs.graph for bufs in self._shapes.values())
+        return f"{self.graphs.report()}; {self.shapes} shapes for the pool's present buffers ({once} met once), {self.unbucketed} runs too large for one"
 
     @torch.inference_mode()
     def run(self, calls: Sequence[HeadCall]) -> list[torch.Tensor]:
@@ -130,24 +131,16 @@ class StaticRuns:
             self._pool_buffer = pool.keys
         rows, capacity = pool.keys.shape[0], pool.keys.shape[2]
         shape = Shape(bucket(sum(sizes), 8), bucket(max(sizes), 2), bucket(entries, 16), min(capacity, bucket(max(ends), LEAST_WIDTH)))
-        made = self._shapes.get(shape)
-        bufs, graph = made if made is not None else (_Buffers(shape, rows, self.head.config.hidden_size, self.param), None)
+        bufs = self._shapes.get(shape)
+        if bufs is None:
+            bufs = self._shapes[shape] = _Buffers(shape, rows, self.head.config.hidden_size, self.param)
         bufs.ints.copy_(torch.tensor(_layout(calls, sizes, visible, shape, rows), pin_memory=bufs.ints.is_cuda), non_blocking=True)
         features = calls[0].features if len(calls) == 1 else torch.cat([c.features for c in calls])
         bufs.features[: len(features)].copy_(features)
-        if made is None:  # a new shape: captured from this run's inputs (its warm-up, which lazy
-            # initialisations need outside the capture, writes to the pool what the replay writes again)
-            graph, out = self.graphs.capture(partial(self._forward, bufs, shape))
-            if graph is not None:
-                bufs.out = out
-            self._shapes[shape] = (bufs, graph)
-        if graph is None:
-            bufs.out = self._forward(bufs, shape)
-        else:
-            self.graphs.replay(graph)
+        out = self.graphs.run(bufs.graph, partial(self._forward, bufs, shape))
         for c, end in zip(calls, ends):
             c.cache.length = end
-        return list(bufs.out[: sum(sizes)].clone().split(sizes))
+        return list(out[: sum(sizes)].clone().split(sizes))
 
     def _like(self) -> torch.Tensor:
         """A tensor typed, placed and shaped (kv heads, head dim) as the pool's entries."""

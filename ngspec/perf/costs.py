@@ -69,8 +69,8 @@ def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, r
     """`measure_verify_costs` for ``batch`` rows verified together: the cost of every row
     verifying n nodes, relative to every row verifying none (a batched plain step). A batch
     turns compute-bound sooner, so each draft node costs more than alone. ``graphs``: verified
-    as `--target-graphs` verifies them (each shape captured in the first round, whose times the
-    fastest of the rounds leaves out)."""
+    as `--target-graphs` verifies them (each shape run eagerly in the first round and captured in
+    the second, whose times the fastest of the rounds leaves out)."""
     from ngspec.batch_target import BatchTarget
 
     target = BatchTarget(model)
