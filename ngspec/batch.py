@@ -10,7 +10,9 @@ two-core CPU packing lost to padding (BENCHMARKS.md 10n): attention, a third to 
 batch-8 step there, still costs per row and query. Every ``rearrange_every`` steps
 the cache is compacted if that frees at least ``rearrange_min_share`` of its slots (compaction
 copies the whole cache, which costs more than a few steps' attention over a few holes) and, at
-fixed shapes (``target_graphs``), lowers the slots a forward attends (`BatchTarget.compaction_pays`).
+fixed shapes (``target_graphs``), lowers the slots a forward attends (`BatchTarget.compaction_pays`);
+at fixed shapes it is also compacted before a step whose block would outgrow the cache's buffers
+(`BatchTarget.outgrows`: new buffers drop every captured graph).
 Trees are sized by the verify costs measured at this batch size, rescaled by what the batch's own
 steps take (`ngspec.perf.online.StepTimes`, as at batch size 1), fitted per number of rows: a
 batch drains to fewer rows once no prompt waits, and those cheaper steps mixed into one fit swung
@@ -215,6 +217,14 @@ def generate_batch(
 
     began = time.perf_counter()
 
+    def compact() -> None:
+        """`BatchTarget.rearrange`, timed and counted."""
+        t0, before = time.perf_counter(), target.slots
+        target.rearrange()
+        report.rearrangements += 1
+        report.rearrange_seconds += time.perf_counter() - t0
+        report.freed_entries += (before - target.slots) * target.rows
+
     def finish(row: _Row) -> None:
         if row.request.on_done is not None and row.reason != "cancelled":
             row.request.on_done()
@@ -339,6 +349,8 @@ def generate_batch(
             budget = row.request.max_new_tokens - len(row.out)
             trees[b] = trees[b].truncated(trees[b].size, max_depth=budget - 1)
 
+        if target.outgrows(1 + max(t.size for t in trees)):  # at fixed shapes: compacted rather than grown
+            compact()
         step_cost = target.step_cost(table, [t.size for t in trees])  # by the measured table: no timing noise
         t1, cold = time.perf_counter(), cold_runs(target)
         verified = target.verify([r.out[-1] for r in rows], trees)
@@ -372,11 +384,7 @@ def generate_batch(
             if not target.compaction_pays(batch.rearrange_min_share):
                 report.rearrange_skipped += 1
             else:
-                t0, before = time.perf_counter(), target.slots
-                target.rearrange()
-                report.rearrangements += 1
-                report.rearrange_seconds += time.perf_counter() - t0
-                report.freed_entries += (before - target.slots) * target.rows
+                compact()
 
     report.seconds = time.perf_counter() - began
     report.prefill_forwards = target.prefill_forwards

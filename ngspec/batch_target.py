@@ -48,7 +48,7 @@ from ngspec.contracts import DraftTree, table_cost
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, drop_front, dropped, make_cache, truncate
 from ngspec.rows import attention_function
-from ngspec.static_verify import StaticVerify, attended, for_batches
+from ngspec.static_verify import MOST_WIDTH, StaticVerify, attended, for_batches, has_room
 from ngspec.target import forward_with_features, prepare_model, static_verifier
 from ngspec.tree import batch_blocks
 
@@ -324,6 +324,18 @@ class BatchTarget:
         if self.static is None:
             return True
         return attended(self.cache, max(self.lengths) + 1) < attended(self.cache, self.slots + 1)
+
+    def outgrows(self, width: int) -> bool:
+        """At fixed shapes: whether a block ``width`` wide (root and nodes) would outgrow the
+        cache's buffers, where compacting first (`rearrange`, into the same buffers) makes room.
+        Growing replaces the buffers, and every graph captured over them is dropped and captured
+        again: at 32 rows on a GPU, a dozen captures of tens of milliseconds each (BENCHMARKS.md
+        10zt). Each step appends a block as wide as the widest row's, so slots fill with holes
+        faster than rows grow, and `compaction_pays` keeps the holes until the attended span would
+        shrink."""
+        if self.static is None or width > MOST_WIDTH:  # a wider block runs as the plain forward does
+            return False
+        return not has_room(self.cache, self.slots, width) and has_room(self.cache, max(self.lengths), width)
 
     # -- rows in and out ---------------------------------------------------------------------------
 

@@ -122,6 +122,13 @@ def attended(cache, slots: int) -> int:
     return min(cache.layers[0]._keys.shape[-2], bucket(slots, LEAST_SPAN))
 
 
+def has_room(cache, start: int, width: int) -> bool:
+    """Whether a block ``width`` wide written at slot ``start`` fits ``cache``'s buffers at its
+    fixed shape (rounded up to a power of two wide), so that `StaticVerify.run` keeps them (and so
+    its graphs) instead of growing them."""
+    return start + bucket(width, 1) <= cache.layers[0]._keys.shape[-2]
+
+
 def cold_runs(target) -> int:
     """The verifications of ``target`` (a `TargetModel` or `BatchTarget`) so far that ran a fixed
     shape for the first time or captured it (`ngspec.cuda_graphs.Graphs.cold`; 0 without fixed

@@ -277,6 +277,37 @@ def test_the_loops_learn_step_costs_from_replayed_verifications_only(tiny, promp
     assert len(recorded) == report.steps - shared.graphs.cold
 
 
+def test_a_batch_at_fixed_shapes_compacts_rather_than_outgrow_its_buffers(tiny, prompts_and_expected, monkeypatch):  # noqa: F811
+    """Each step appends a block as wide as the widest row's, so a batch's slots fill with holes;
+    where the next block would outgrow the cache's buffers and compacting makes room, the batch
+    compacts (into the same buffers) instead of growing them, which would drop every captured
+    graph. With 96 slots of room beyond each admission (more than a row's 30 new tokens and a
+    block of up to 64) and no periodic compaction, the buffers are never replaced, and every row equals plain
+    greedy."""
+    from ngspec import batch_target, kv
+    from ngspec.cuda_graphs import Graphs
+
+    monkeypatch.setattr(batch_target, "make_cache", lambda config, capacity: kv.make_cache(config, capacity - 512 + 96))
+    drops = []
+    dropped = Graphs.dropped
+    monkeypatch.setattr(Graphs, "dropped", lambda self: (drops.append(1), dropped(self)))
+    grown = []
+    make_room = kv.GrowableLayer.make_room
+
+    def counted(layer, rows, size):
+        before = layer._keys.shape
+        make_room(layer, rows, size)
+        grown.append(layer._keys.shape != before)
+
+    monkeypatch.setattr(kv.GrowableLayer, "make_room", counted)
+    _capturing(monkeypatch)
+    prompts, expected = prompts_and_expected
+    results, report = generate_batch(tiny, prompts, lambda: make_drafter("trie", DrafterOptions(), None, None, None),
+                                     DecodeConfig(max_new_tokens=30), BatchConfig(4, 0, target_graphs=True), lambda: Stopper(frozenset()))
+    assert [r.generation.token_ids for r in results] == expected
+    assert report.rearrangements > 0 and not any(grown) and len(drops) == 1  # the first verification's buffers
+
+
 def test_a_batchs_captured_shapes_share_one_output_per_row_count(monkeypatch):
     """Every captured shape writes its logits and features into one buffer per row count, so a
     shape keeps no output of its own (before, each kept rows x width x vocabulary floats); under
