@@ -27,7 +27,7 @@ from typing import Any, Callable, Generic, TypeVar
 import torch
 
 T = TypeVar("T")
-_STREAM: list = []  # the one side stream every capture runs on (made at the first)
+_STREAMS: dict[int, Any] = {}  # the side stream every capture on a device runs on (made at its first)
 
 
 def bucket(n: int, least: int) -> int:
@@ -47,9 +47,10 @@ def record(run: Callable[[], T], memory: Any) -> tuple[Any, T]:
     synchronisation, `torch.cuda.empty_cache()` and emptying the pinned host memory cache. Those
     free memory for a capture that follows a training step; here a capture comes in the middle of
     a decoding run, whose next ordinary operations would allocate all that memory again."""
-    if not _STREAM:
-        _STREAM.append(torch.cuda.Stream())
-    side = _STREAM[0]
+    device = torch.cuda.current_device()
+    side = _STREAMS.get(device)
+    if side is None:
+        side = _STREAMS[device] = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
