@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from contextlib import nullcontext
 from typing import Any, Callable, Generic, TypeVar
 
 import torch
@@ -83,8 +84,9 @@ class Graphs:
     and captures, while capturing); ``failure`` says why capturing stopped, if it did
     (``enabled`` is then False)."""
 
-    def __init__(self, what: str, enabled: bool) -> None:
+    def __init__(self, what: str, enabled: bool, device: torch.device | None = None) -> None:
         self.what, self.enabled = what, enabled
+        self.device = device  # where the owner's tensors are: captures run with it current
         self.captures = self.replays = self.cold = 0
         self.capture_seconds = 0.0
         self.failure: str | None = None
@@ -108,11 +110,13 @@ class Graphs:
         when not capturing or when the capture fails (warned once; nothing is captured after)."""
         if not self.enabled:
             return None, None
-        if self._memory is None:
-            self._memory = torch.cuda.graph_pool_handle()
+        on_device = torch.cuda.device(self.device) if self.device is not None and self.device.type == "cuda" else nullcontext()
         started = time.perf_counter()
         try:
-            graph, out = record(run, self._memory)
+            with on_device:  # a model on cuda:1 is captured on cuda:1's streams and pools
+                if self._memory is None:
+                    self._memory = torch.cuda.graph_pool_handle()
+                graph, out = record(run, self._memory)
         except RuntimeError as exc:
             self.enabled, self.failure = False, f"{type(exc).__name__}: {exc}".splitlines()[0]
             warnings.warn(f"ngspec: {self.what} cannot be captured as CUDA graphs here ({self.failure}); it runs uncaptured", stacklevel=3)

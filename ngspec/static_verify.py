@@ -161,7 +161,7 @@ class StaticVerify:
         self.model = model
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.graphs = Graphs("the target's verification", capture)
+        self.graphs = Graphs("the target's verification", capture, self.device)
         self._shapes: dict[Shape, _Inputs] = {}
         self._buffers: tuple | None = None  # the cache buffers the shapes were made for
         # (what, rows, trailing shape, dtype) -> [rows, MOST_WIDTH, ...]: the outputs every shape of those rows writes

@@ -95,8 +95,8 @@ class StaticRuns:
 
     def __init__(self, head: torch.nn.Module, embed: torch.nn.Module, pool: HeadPool, capture: bool) -> None:
         self.head, self.embed, self.pool = head, embed, pool
-        self.graphs = Graphs("the EAGLE head's runs", capture)
         self.param = next(head.parameters())
+        self.graphs = Graphs("the EAGLE head's runs", capture, self.param.device)
         self._shapes: dict[Shape, _Buffers] = {}
         self._pool_buffer: torch.Tensor | None = None  # the pool's keys the shapes were made for
         self.unbucketed = 0
