@@ -236,7 +236,7 @@ def test_a_stop_string_ends_the_output_where_plain_decoding_ends_it(default_mode
 def test_default_model_lossless_with_captured_verification(default_model, default_tables, default_eagle, default_datastore, expected_outputs, drafter, monkeypatch):
     """`--target-graphs` on the real model, its forwards captured by the CPU stand-in for CUDA
     graphs (which refuses what a GPU's capture refuses): one prompt at a time and a batch of 4,
-    each equal to plain greedy, and every shape captured once and replayed after."""
+    each equal to plain greedy, and every shape captured once (at its second run) and replayed after."""
     from ngspec.batch import BatchConfig, generate_batch
     from ngspec.decode import Stopper
     from ngspec.static_verify import batches_static

@@ -167,8 +167,9 @@ def test_a_factorys_head_graphs_are_reported(tiny, prompts_and_expected):  # noq
 
 
 def test_captured_runs_replay_into_their_buffers(llama, head, monkeypatch):
-    """The capture plumbing with a stand-in for torch.cuda's graphs: each shape captured once,
-    later runs replayed from their refilled inputs, outputs and cache rows as `run_calls`'."""
+    """The capture plumbing with a stand-in for torch.cuda's graphs: each shape captured once (at
+    its second run), later runs replayed from their refilled inputs, outputs and cache rows as
+    `run_calls`'."""
     StandInGraphs(monkeypatch)
     embed = llama.get_input_embeddings()
     expected, expected_rows = _script(llama, head, embed, run_calls, HeadPool())

@@ -255,8 +255,8 @@ def test_a_sliding_window_model_is_timed_as_trees(tmp_path):
 
 def test_the_tree_sweep_at_fixed_shapes_replays_one_capture_per_shape(tiny, monkeypatch):
     """`--target-graphs`: every cell's forward runs at its bucketed shape from a captured graph
-    (the CPU stand-in), each shape captured once over both contexts, every run a replay, and the
-    cache left as the cells found it."""
+    (the CPU stand-in), each shape captured once (at its second run) over both contexts, every
+    later run a replay, and the cache left as the cells found it."""
     from graph_standin import StandInGraphs
 
     StandInGraphs(monkeypatch)
