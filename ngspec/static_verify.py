@@ -17,13 +17,13 @@ captured forward in one launch, but only at the shapes and addresses it was capt
   ``span`` slots (a power of two of at least 256, within their capacity) under a mask made on
   the device from each row's valid slots and its block's visibility.
 
-The host's part of a replay is two copies (the integers; the booleans). Each shape runs
-eagerly at its first use, is captured at its second and replayed after (`ngspec.cuda_graphs`);
-the shapes of one row count write their logits
-(and features) into one shared buffer, so a shape keeps no output of its own. A graph holds the
-cache buffers by address, so when they are replaced (the cache grows by doubling, a batch's rows
-are rearranged into new buffers) every shape is captured again; `TargetModel` keeps its buffers
-from prompt to prompt. Off a GPU, or with capture off, the same fixed-shape forward runs as
+The host's part of a replay is two copies (the integers; the booleans). Each shape runs eagerly
+at its first use, is captured at its second and replayed after (`ngspec.cuda_graphs`); the shapes
+of one row count write their logits (and features) into one shared buffer, so a shape keeps no
+output of its own. A graph holds the cache buffers by address, so when they are replaced (the
+cache grows by doubling, a batch's rows are rearranged into new buffers) every shape is captured
+again: a batch compacts rather than grows where that makes room (`BatchTarget.outgrows`), and
+`TargetModel` keeps its buffers from prompt to prompt. Off a GPU, or with capture off, the same fixed-shape forward runs as
 ordinary operations: that is how the tests check it against the plain forward. Blocks wider than
 `MOST_WIDTH` run as the plain forward does.
 """
