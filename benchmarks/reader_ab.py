@@ -380,23 +380,24 @@ def main() -> None:
             folding(a)
             engine_of(a).run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), batches[a])
     res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0], "runs": [], "keys": [],
-               "capture_seconds": 0.0, "cold_runs": 0} for a in arms}
+               "capture_seconds": 0.0, "cold_runs": 0, "cold_seconds": 0.0} for a in arms}
 
-    def capturing() -> tuple[float, int]:
-        """Seconds spent capturing CUDA graphs so far, and runs at a new fixed shape, over every
-        owner of graphs (`ngspec.cuda_graphs.Graphs`): the timed runs' share of them is each arm's."""
+    def capturing() -> dict[str, float]:
+        """Seconds spent capturing CUDA graphs so far, runs at a new fixed shape and their seconds,
+        over every owner of graphs (`ngspec.cuda_graphs.Graphs`): the timed runs' share of them is
+        each arm's."""
         owners = [engine_tg.target.static if engine_tg is not None else None, batches_static(loaded.model),
                   factory_graphs.pool.static_runs if factory_graphs is not None else None]
         graphs = [o.graphs for o in owners if o is not None]
-        return sum(g.capture_seconds for g in graphs), sum(g.cold for g in graphs)
+        return {"capture_seconds": sum(g.capture_seconds for g in graphs), "cold_runs": sum(g.cold for g in graphs),
+                "cold_seconds": sum(g.cold_seconds for g in graphs)}
 
     def timed(a: str, run):
-        """``run()``, its captures' seconds and cold runs counted to arm ``a``."""
+        """``run()``, its captures and cold runs counted to arm ``a``."""
         before = capturing()
         out = run()
-        after = capturing()
-        res[a]["capture_seconds"] += after[0] - before[0]
-        res[a]["cold_runs"] += after[1] - before[1]
+        for key, value in capturing().items():
+            res[a][key] += value - before[key]
         return out
 
     def record(a: str, r: int, gen, expected: list[int], seconds: float, key: str = "") -> None:
@@ -454,7 +455,8 @@ def main() -> None:
             f"95% interval {'-' if interval is None else f'{interval[0]:.3f}-{interval[1]:.3f}'}  "
             f"drafting {s['draft'] / sum(s['seconds']):.3f}  exact {s['exact']}/{len(ids) * args.rounds}  "
             f"head skipped {s['skipped']}  top guess {s['top_guess']}"
-            + (f"  captures {s['capture_seconds']:.2f} s ({s['capture_seconds'] / sum(s['seconds']):.3f}), {s['cold_runs']} runs at new shapes" if s["cold_runs"] else ""),
+            + (f"  captures {s['capture_seconds']:.2f} s, {s['cold_runs']} runs at new shapes {s['cold_seconds']:.2f} s "
+               f"({s['cold_seconds'] / sum(s['seconds']):.3f} of the arm's time)" if s["cold_runs"] else ""),
             flush=True,
         )
     if factory_graphs is not None:

@@ -13,9 +13,9 @@ with one warning: its runs then go on uncaptured, at the same fixed shapes.
 
 Runs at a new shape (a first use, a capture) take many times a replay's time: on the seventh GPU
 visit a batch of 32 rows captured 25-30 shapes per run (BENCHMARKS.md 10zs). `Graphs.cold` counts
-them and `Graphs.capture_seconds` sums the captures' time, so that what a run learns from its own
-step times (the verify cost, the head's cost) can leave such runs out, and reports can say what
-capturing cost.
+them, and `Graphs.cold_seconds` and `Graphs.capture_seconds` sum their time and the captures', so
+that what a run learns from its own step times (the verify cost, the head's cost) can leave such
+runs out, and reports can say what capturing cost.
 """
 
 from __future__ import annotations
@@ -80,15 +80,15 @@ def met_once(slots) -> int:
 
 class Graphs:
     """One owner's captured graphs: ``captures`` and ``replays`` count them, ``capture_seconds``
-    sums the captures' time and ``cold`` counts the runs at a shape not yet replayed (first uses
-    and captures, while capturing); ``failure`` says why capturing stopped, if it did
-    (``enabled`` is then False)."""
+    sums the captures' time, ``cold`` counts the runs at a shape not yet replayed (first uses and
+    captures, while capturing) and ``cold_seconds`` their time, captures included; ``failure``
+    says why capturing stopped, if it did (``enabled`` is then False)."""
 
     def __init__(self, what: str, enabled: bool, device: torch.device | None = None) -> None:
         self.what, self.enabled = what, enabled
         self.device = device  # where the owner's tensors are: captures run with it current
         self.captures = self.replays = self.cold = 0
-        self.capture_seconds = 0.0
+        self.capture_seconds = self.cold_seconds = 0.0
         self.failure: str | None = None
         self._memory = None
 
@@ -96,14 +96,22 @@ class Graphs:
         """``run``'s outputs at ``slot``'s shape: run eagerly at its first use, captured at its
         second (then replayed), replayed after; run eagerly every time when not capturing."""
         slot.uses += 1
-        if slot.graph is None and self.enabled:
-            self.cold += 1
-            if slot.uses == 2:  # a failed capture is not tried again: capturing has stopped
-                slot.graph, slot.out = self.capture(run)
-        if slot.graph is None:
+        if slot.graph is not None:
+            self.replay(slot.graph)
+            return slot.out
+        if not self.enabled:
             return run()
-        self.replay(slot.graph)
-        return slot.out
+        started = time.perf_counter()
+        self.cold += 1
+        if slot.uses == 2:  # a failed capture is not tried again: capturing has stopped
+            slot.graph, slot.out = self.capture(run)
+        if slot.graph is None:
+            out = run()
+        else:
+            self.replay(slot.graph)
+            out = slot.out
+        self.cold_seconds += time.perf_counter() - started  # host time (a small model's runs are host-bound)
+        return out
 
     def capture(self, run: Callable[[], T]) -> tuple[Any, T | None]:
         """``run`` captured (a graph and its outputs, valid after a `replay`), or (None, None)
@@ -138,5 +146,6 @@ class Graphs:
 
     def report(self) -> str:
         """One line: what was captured (and in how long) and replayed, and whether capturing stopped."""
-        return (f"{self.captures} captured in {self.capture_seconds:.2f} s, {self.replays} replays, {self.cold} runs at new shapes; "
+        return (f"{self.captures} captured in {self.capture_seconds:.2f} s, {self.replays} replays, "
+                f"{self.cold} runs at new shapes in {self.cold_seconds:.2f} s; "
                 f"capturing {'stopped: ' + self.failure if self.failure else 'never failed'}")
