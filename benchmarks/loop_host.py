@@ -12,26 +12,21 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ngspec.batch import BatchConfig, generate_batch
-from ngspec.decode import DecodeConfig, Stopper
-from ngspec.drafters import DrafterOptions, make_drafter
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from conftest import repetitive_prompt  # noqa: E402 (the tests' prompts, with spans the trie finds)
+
+from ngspec.batch import BatchConfig, generate_batch  # noqa: E402
+from ngspec.decode import DecodeConfig, Stopper  # noqa: E402
+from ngspec.drafters import DrafterOptions, make_drafter  # noqa: E402
 
 VOCAB = 4096
-
-
-def repetitive(rng: random.Random, length: int) -> list[int]:
-    """Random tokens with repeated spans, so that the trie finds matches."""
-    base = [rng.randrange(VOCAB) for _ in range(length // 2)]
-    out = list(base)
-    while len(out) < length:
-        start = rng.randrange(len(base))
-        out.extend(base[start : start + rng.randrange(2, 10)])
-    return out[:length]
 
 
 def main() -> None:
@@ -50,7 +45,7 @@ def main() -> None:
     cost = tuple(1.0 + 0.004 * n for n in range(97))
     for b in (int(x) for x in args.batch_sizes.split(",")):
         rng = random.Random(0)
-        prompts = [repetitive(rng, args.prompt_tokens) for _ in range(b)]
+        prompts = [repetitive_prompt(rng, VOCAB, args.prompt_tokens) for _ in range(b)]
 
         def run():
             return generate_batch(model, prompts, lambda: make_drafter("trie", DrafterOptions()), DecodeConfig(max_new_tokens=args.max_new_tokens,

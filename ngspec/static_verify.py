@@ -23,9 +23,9 @@ of one row count write their logits (and features) into one shared buffer, so a 
 output of its own. A graph holds the cache buffers by address, so when they are replaced (the
 cache grows by doubling, a batch's rows are rearranged into new buffers) every shape is captured
 again: a batch compacts rather than grows where that makes room (`BatchTarget.outgrows`), and
-`TargetModel` keeps its buffers from prompt to prompt. Off a GPU, or with capture off, the same fixed-shape forward runs as
-ordinary operations: that is how the tests check it against the plain forward. Blocks wider than
-`MOST_WIDTH` run as the plain forward does.
+`TargetModel` keeps its buffers from prompt to prompt. Off a GPU, or with capture off, the same
+fixed-shape forward runs as ordinary operations: that is how the tests check it against the
+plain forward. Blocks wider than `MOST_WIDTH` run as the plain forward does.
 """
 
 from __future__ import annotations
