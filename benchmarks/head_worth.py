@@ -73,13 +73,13 @@ class Witness(search.EagleSearchDrafter):
         }
         return True
 
-    def _assemble(self, ctx, found, root_key, tree, scores):
-        out = super()._assemble(ctx, found, root_key, tree, scores)
+    def _assemble(self, ctx, found, root_key, root_node, tree, scores):
+        out = super()._assemble(ctx, found, root_key, root_node, tree, scores)
         row, self._row = self._row, None
         if row is None or not scores:
             return out
         counts, deepened = dict(self.search.found), self.deepened
-        alone = super()._assemble(ctx, found, root_key, DraftTree(), [])[0]
+        alone = super()._assemble(ctx, found, root_key, root_node, DraftTree(), [])[0]
         self.search.found.update(counts)  # the counterfactual is not part of the run's statistics
         self.deepened = deepened
         truth = self.reference[len(ctx.tokens) - ctx.prompt_len :]

@@ -114,23 +114,23 @@ from ngspec.engine import Engine
 from ngspec.models import load_model
 from ngspec.prompts import load_prompts
 from ngspec.static_verify import batches_static
+from ngspec.tree import root_to_leaf_paths
 from ngspec.turns import Conversations
 
 
 class BranchOnly(search.EagleSearchDrafter):
-    def _add_local_tree(self, draft, ctx) -> None:
+    def _add_local_tree(self, draft, ctx, node) -> None:
         pass
 
 
 class Local8(search.EagleSearchDrafter):
-    def _add_local_tree(self, draft, ctx) -> None:
-        trie = self.search.trie
-        node = trie.match(ctx.tokens) if trie is not None else None
+    def _add_local_tree(self, draft, ctx, node) -> None:
         if node is None:
             return
+        trie = self.search.trie
         tree, reach = trie.top_subtree(node, 8, search.SMOOTHING * self.search.prefix_len)
         key = ("local", trie.depth(node))
-        for path in search.root_to_leaf_paths(tree):
+        for path in root_to_leaf_paths(tree):
             probs = [reach[i] for i in path]
             draft.add(-1, [tree.tokens[i] for i in path], [p / q for p, q in zip(probs, [1.0] + probs[:-1])], key, merge=True)
 
@@ -181,8 +181,8 @@ class CoverGate(search.EagleSearchDrafter):
     def _head_pays(self, conditionals, key, ctx) -> bool:
         draft = search._Draft(DraftTree(), [], self.calibration)
         draft.add(-1, self._found[1], self._found[2], key, merge=True)
-        self._add_local_tree(draft, ctx)
-        keep = search._most_likely(draft.tree, draft.probs, ctx)
+        self._add_local_tree(draft, ctx, self.search.last_node)  # the root search's match
+        keep = search._most_likely(draft.probs, ctx)
         n, expected = len(keep), 1.0 + sum(draft.probs[i] for i in keep)
         cover = min(1.0, sum(draft.probs[i] for i in keep if draft.tree.parents[i] == -1))
         gain = self._top1_rate() * (1.0 - cover)

@@ -68,6 +68,9 @@ class DraftTree:
 
     def truncated(self, max_nodes: int, max_depth: int) -> "DraftTree":
         """Keep the first ``max_nodes`` nodes no deeper than ``max_depth`` (stays prefix-closed)."""
+        n = max(0, min(max_nodes, self.size))
+        if max_depth >= n:  # parents come first: the first n nodes are a tree at most n deep
+            return self if n == self.size else DraftTree(self.tokens[:n], self.parents[:n], self.gains[:n])
         keep: dict[int, int] = {}
         depth: dict[int, int] = {-1: 0}
         tokens: list[int] = []

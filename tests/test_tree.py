@@ -67,6 +67,31 @@ def test_truncated_stays_prefix_closed():
     assert TREE.truncated(10, 10) is TREE
 
 
+def test_truncated_against_a_node_by_node_oracle():
+    """`DraftTree.truncated` (which slices when no kept node can be too deep) against keeping each
+    node in order while fewer than ``max_nodes`` are kept, its parent is kept and it is no deeper
+    than ``max_depth``, on random trees with gains and every size and depth limit."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        parents = []
+        for i in range(rng.randrange(0, 9)):
+            parents.append(rng.randrange(-1, i))
+        tree = DraftTree(tuple(rng.randrange(5) for _ in parents), tuple(parents), tuple(rng.random() for _ in parents))
+        for max_nodes in range(-1, tree.size + 2):
+            for max_depth in range(0, tree.size + 2):
+                kept, depth = {}, {-1: 0}
+                for i, p in enumerate(tree.parents):
+                    if len(kept) < max_nodes and p in depth and depth[p] + 1 <= max_depth:
+                        depth[i], kept[i] = depth[p] + 1, len(kept)
+                want = DraftTree(
+                    tuple(tree.tokens[i] for i in kept), tuple(kept.get(tree.parents[i], -1) for i in kept), tuple(tree.gains[i] for i in kept)
+                )
+                got = tree.truncated(max_nodes, max_depth)
+                assert (got, got.gains) == (want, want.gains)
+
+
 def test_gains_follow_the_kept_nodes_and_stay_out_of_comparisons():
     offered = DraftTree(TREE.tokens, TREE.parents, (0.9, 0.5, 0.4, 0.3))
     assert offered == TREE

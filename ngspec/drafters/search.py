@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import math
 import time
+from itertools import accumulate
+from operator import mul
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.drafters.trie import NUM_DRAFT, Calibration, NGramTrie, best_size
 from ngspec.eagle.batched import Drafting, drive
-from ngspec.tree import accepted_path, depths, root_to_leaf_paths
+from ngspec.tree import accepted_path, depths
 
 if TYPE_CHECKING:
     from ngspec.datastore.index import Datastore
@@ -71,6 +73,7 @@ class SearchBranch:
         self.prefix_len = prefix_len
         self.found: dict[str, int] = {"local": 0, "datastore": 0, "none": 0}
         self.last_key: tuple[str, int] = ("none", 0)  # the last branch's source and match length
+        self.last_node: int | None = None  # the local trie's node the last search matched
         self.reads = max(MAX_MATCH, prefix_len)  # the context's last tokens a search reads, at most
 
     def start(self, prompt: Sequence[int]) -> None:
@@ -85,7 +88,7 @@ class SearchBranch:
     def search(self, context: Sequence[int], depth: int | None = None, value: Callable[[tuple[str, int], list[float]], float] | None = None) -> tuple[str, list[int], list[float]]:
         """(source, tokens, conditional frequencies) of the branch continuing ``context``;
         ``last_key`` says which source and match length it came from (what its estimates are
-        calibrated by).
+        calibrated by), ``last_node`` the local trie's node that ``context`` matched.
 
         Without ``value`` the datastore's branch wins when its match is longer than the local
         one. With ``value`` (what a branch of that kind and those frequencies is worth, e.g. its
@@ -93,11 +96,11 @@ class SearchBranch:
         in a large store a short match is often a common phrase that the context does not follow.
         """
         depth = self.depth if depth is None else depth
-        self.last_key = ("none", 0)
+        self.last_key, self.last_node = ("none", 0), None
         if depth <= 0:
             return "none", [], []
         found = []
-        node = self.trie.match(context)
+        node = self.last_node = self.trie.match(context)
         local_len = self.trie.depth(node) if node is not None else 0
         if self.datastore is not None and local_len < self.prefix_len:
             match = self.datastore.longest_suffix_match(context, MIN_MATCH, MAX_MATCH)
@@ -120,11 +123,7 @@ class SearchBranch:
 
 def path_probs(conditionals: list[float]) -> list[float]:
     """Probability of reaching each node of a chain (running product of the conditionals)."""
-    out, p = [], 1.0
-    for c in conditionals:
-        p *= c
-        out.append(p)
-    return out
+    return list(accumulate(conditionals, mul))  # the same products, left to right, in C
 
 
 class SearchDrafter:
@@ -375,7 +374,7 @@ class EagleSearchDrafter:
         costly = bool(ctx.verify_cost)
         value = branch_value(self.calibration, ctx)
         found = self.search.search(ctx.tokens, depth, value)
-        root_key = self.search.last_key
+        root_key, root_node = self.search.last_key, self.search.last_node
         self._eagle_top = None
         self._level_predicted = {}
         probe = self._since_head >= PROBE_EVERY and not self._unverified
@@ -393,18 +392,19 @@ class EagleSearchDrafter:
             self._since_level = 0 if self._level_predicted else self._since_level + 1
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
-        self._last = self._assemble(ctx, found, root_key, tree, scores)
+        self._last = self._assemble(ctx, found, root_key, root_node, tree, scores)
         tree = self._last[0]
         if tree.size:  # verified unless the batch cuts it (`keep`); an empty tree says nothing new
             self._unverified = False
         return tree
 
     def _assemble(
-        self, ctx: DraftContext, found: tuple[str, list[int], list[float]], root_key: tuple[str, int], tree: DraftTree, scores: list[float]
+        self, ctx: DraftContext, found: tuple[str, list[int], list[float]], root_key: tuple[str, int], root_node: int | None,
+        tree: DraftTree, scores: list[float],
     ) -> tuple[DraftTree, list, list[float], list[int]]:
         """The step's tree from EAGLE's (``tree``, ``scores``; empty when the head did not run) and
         the root's search branch ``found``: the branch hung at the root, where nodes cost the local
-        trie's tree merged in, with ``deepen`` a branch below EAGLE's first one, and where nodes
+        trie's tree below ``root_node`` (the context's match there) merged in, with ``deepen`` a branch below EAGLE's first one, and where nodes
         cost the most likely nodes kept. Also each node's kind of estimate and unscaled estimate
         (what `observe` records in the calibration), and its depth in EAGLE's tree where only the
         head drafted it (else 0; `_record_levels`)."""
@@ -417,7 +417,7 @@ class EagleSearchDrafter:
 
         add(-1, *found, root_key)
         if costly:
-            self._add_local_tree(draft, ctx)
+            self._add_local_tree(draft, ctx, root_node)
         if self.deepen and scores:
             depth, value = min(self.search.depth, ctx.max_nodes), branch_value(self.calibration, ctx)
             branch = first_branch(tree)  # EAGLE's own tree: branches are hung on `draft.tree`
@@ -427,15 +427,15 @@ class EagleSearchDrafter:
                 if add(branch[j - 1], *found, self.search.last_key):
                     self.deepened += 1
                     break
-        tree, probs, keys, raw, only = draft.tree, draft.probs, draft.keys, draft.raw, draft.only
-        if costly:
-            # the most likely nodes: as many as pay, or, for the batch to size, all best first
-            keep = _by_likelihood(probs) if ctx.engine_sizes else _most_likely(tree, probs, ctx)
-            tree = _subtree(tree, keep, [probs[i] for i in keep] if ctx.engine_sizes else ())
-            keys, raw, only = [keys[i] for i in keep], [raw[i] for i in keep], [only[i] for i in keep]
-        return tree, keys, raw, only
+        probs, keys, raw, only = draft.probs, draft.keys, draft.raw, draft.only
+        if not costly:
+            return draft.tree, keys, raw, only
+        # the most likely nodes: as many as pay, or, for the batch to size, all best first
+        keep = _by_likelihood(probs) if ctx.engine_sizes else _most_likely(probs, ctx)
+        tree = _subtree(draft.tokens, draft.parents, keep, [probs[i] for i in keep] if ctx.engine_sizes else ())
+        return tree, [keys[i] for i in keep], [raw[i] for i in keep], [only[i] for i in keep]
 
-    def _add_local_tree(self, draft: "_Draft", ctx: DraftContext) -> None:
+    def _add_local_tree(self, draft: "_Draft", ctx: DraftContext, node: int | None) -> None:
         """Where nodes cost: the local trie's most likely continuations, as many as pay under the
         verify cost on their own (what the `trie` drafter offers: on two CPU cores a few nodes, on
         a GPU's near-flat cost up to its 32), merged into the draft like the branch, so that a step
@@ -444,10 +444,9 @@ class EagleSearchDrafter:
         and third node are cheap, the trie's second guesses at a fork were worth more than the
         chain's tail. A fixed 8 nodes had left the whole method drafting fewer tokens per call
         than the trie on a GPU: BENCHMARKS.md section 10c.)"""
-        trie = self.search.trie
-        node = trie.match(ctx.tokens) if trie is not None else None
         if node is None:
             return
+        trie = self.search.trie
         tree, reach = trie.top_subtree(node, min(self.local_tree_nodes, ctx.max_nodes), SMOOTHING * self.search.prefix_len)
         key = ("local", trie.depth(node))
         size = best_size(self.calibration.scaled(key, reach), ctx)  # nodes come best first: every prefix is a tree
@@ -532,12 +531,22 @@ class _Draft:
         for p, parent in zip(reach, tree.parents):
             chance.append(p if parent < 0 else chance[parent] * (p / reach[parent]))
         scaled = self.calibration.scaled(key, chance)
-        placed: dict[int, int] = {-1: -1}  # a node of ``tree`` -> its node in the draft
-        for path in root_to_leaf_paths(tree):
-            rest = [i for i in path if i not in placed]  # a suffix: earlier paths placed a shared prefix
-            if rest:
-                nodes = self._hang(placed[tree.parents[rest[0]]], [tree.tokens[i] for i in rest], [scaled[i] for i in rest], [chance[i] for i in rest], key, merge=True)
-                placed.update(zip(rest, nodes))
+        parents, leaf = tree.parents, [True] * tree.size
+        for parent in parents:
+            if parent >= 0:
+                leaf[parent] = False
+        placed = [-1] * tree.size  # a node of ``tree`` -> its node in the draft (-1: not yet)
+        for node in range(tree.size):  # leaves in order, each path's nodes not yet placed top down
+            if not leaf[node]:
+                continue
+            rest = [node]
+            while parents[rest[-1]] >= 0 and placed[parents[rest[-1]]] < 0:
+                rest.append(parents[rest[-1]])
+            rest.reverse()
+            top = parents[rest[0]]
+            nodes = self._hang(placed[top] if top >= 0 else -1, [tree.tokens[i] for i in rest], [scaled[i] for i in rest], [chance[i] for i in rest], key, merge=True)
+            for i, at in zip(rest, nodes):
+                placed[i] = at
 
     def _hang(self, parent: int, tokens: list[int], probs: list[float], raws: list[float], key: tuple[str, int], merge: bool) -> list[int]:
         """Hang a chain of ``tokens`` (estimates ``probs``, unscaled ``raws``) below ``parent``;
@@ -555,19 +564,22 @@ class _Draft:
             self.only[kid] = 0
             nodes.append(kid)
             parent, i = kid, i + 1
-        new = len(self.tokens)
-        for token, p, r in zip(tokens[i:], probs[i:], raws[i:]):
-            self._kids.setdefault((parent, token), new)
-            self.tokens.append(token)
-            self.parents.append(parent)
-            self.probs.append(p)
-            self.raw.append(r)
-            nodes.append(new)
-            parent, new = new, new + 1
         added = len(tokens) - i
+        if not added:
+            return nodes
+        # the rest as new nodes in one go (lists extended in C: a GPU-sized step hangs a few dozen)
+        new, rest = len(self.tokens), tokens[i:]
+        ids = range(new, new + added)
+        self._kids.setdefault((parent, rest[0]), new)
+        self._kids.update(zip(zip(ids, rest[1:]), ids[1:]))  # below a new node nothing is drafted yet
+        self.tokens += rest
+        self.parents.append(parent)
+        self.parents += ids[:-1]
+        self.probs += probs[i:]
+        self.raw += raws[i:]
         self.keys += [key] * added
         self.only += [0] * added
-        return nodes
+        return nodes + list(ids)
 
 
 def _rate(probs: list[float], ctx: DraftContext, run: float = 0.0) -> float:
@@ -580,22 +592,21 @@ def _rate(probs: list[float], ctx: DraftContext, run: float = 0.0) -> float:
 def _by_likelihood(probs: list[float]) -> list[int]:
     """Node indices, most likely first (ties in tree order): a child is never more likely than its
     parent, so every prefix of this order is a tree."""
-    return sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+    return sorted(range(len(probs)), key=probs.__getitem__, reverse=True)  # stable: ties stay in order
 
 
-def _most_likely(tree: DraftTree, probs: list[float], ctx: DraftContext) -> list[int]:
+def _most_likely(probs: list[float], ctx: DraftContext) -> list[int]:
     """Indices of the most likely nodes, as many as maximise expected tokens per unit of verify
     cost, in tree order."""
     order = _by_likelihood(probs)
     return sorted(order[: best_size([probs[i] for i in order], ctx)])
 
 
-def _subtree(tree: DraftTree, keep: list[int], gains: Sequence[float] = ()) -> DraftTree:
-    """The nodes ``keep`` (every kept node's parent kept, and before it) as a tree."""
+def _subtree(tokens: Sequence[int], parents: Sequence[int], keep: list[int], gains: Sequence[float] = ()) -> DraftTree:
+    """The nodes ``keep`` of the tree ``tokens``, ``parents`` (every kept node's parent kept, and
+    before it) as a tree."""
     index = {old: new for new, old in enumerate(keep)}
-    parents = []
-    for i in keep:
-        p = tree.parents[i]
-        assert p == -1 or p in index, "a kept node's parent is kept (never less likely)"
-        parents.append(index.get(p, -1))
-    return DraftTree(tuple(tree.tokens[i] for i in keep), tuple(parents), tuple(gains))
+    index[-1] = -1
+    kept = [parents[i] for i in keep]
+    assert all(p in index for p in kept), "a kept node's parent is kept (never less likely)"
+    return DraftTree(tuple([tokens[i] for i in keep]), tuple([index[p] for p in kept]), tuple(gains))

@@ -121,22 +121,26 @@ class NGramTrie:
         is never more likely than its parent, so best-first selection is prefix-closed; ties go
         to the shallower node, then the earlier-inserted one.
         """
-        base = self.counts[node] + smoothing
-        heap = [(-self.counts[c] / base, 1, c, -1) for c in self.children[node].values()]
+        counts, children, labels = self.counts, self.children, self.tokens
+        push, pop = heapq.heappush, heapq.heappop
+        base = counts[node] + smoothing
+        heap = [(-counts[c] / base, 1, c, -1) for c in children[node].values()]
         heapq.heapify(heap)
         tokens: list[int] = []
         parents: list[int] = []
         probs: list[float] = []
-        while heap and len(tokens) < num_nodes:
-            neg_prob, depth, kid, parent = heapq.heappop(heap)
-            index = len(tokens)
-            tokens.append(self.tokens[kid])
+        for index in range(num_nodes):
+            if not heap:
+                break
+            neg_prob, depth, kid, parent = pop(heap)
+            tokens.append(labels[kid])
             parents.append(parent)
             probs.append(-neg_prob)
-            denominator = self.counts[kid] + smoothing
-            for grandkid in self.children[kid].values():
-                prob = -neg_prob * self.counts[grandkid] / denominator
-                heapq.heappush(heap, (-prob, depth + 1, grandkid, index))
+            kids = children[kid]
+            if kids:
+                denominator, deeper = counts[kid] + smoothing, depth + 1
+                for grandkid in kids.values():
+                    push(heap, (-(-neg_prob * counts[grandkid] / denominator), deeper, grandkid, index))
         return DraftTree(tuple(tokens), tuple(parents)), probs
 
     def greedy_path(self, node: int, depth: int, smoothing: float = 0.0) -> tuple[list[int], list[float]]:
@@ -193,7 +197,7 @@ class Calibration:
         """``estimates`` of this kind, scaled and clipped at 1 (so a child's never exceeds its
         parent's when the parent's did not)."""
         scale = self.scale(key)
-        return [min(1.0, p * scale) for p in estimates]
+        return [x if (x := p * scale) < 1.0 else 1.0 for p in estimates]  # min(1.0, x) without a call per node
 
     def record(self, key, accepted: float, predicted: float) -> None:
         if self._scales:
