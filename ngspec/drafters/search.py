@@ -113,7 +113,7 @@ class SearchBranch:
             found.append((("local", local_len), tokens, probs))
         if not found:
             return "none", [], []
-        key, tokens, probs = max(found, key=lambda f: value(f[0], f[2])) if value is not None else found[0]
+        key, tokens, probs = max(found, key=lambda f: value(f[0], f[2])) if value is not None and len(found) > 1 else found[0]
         self.last_key = key
         return key[0], tokens, probs
 
