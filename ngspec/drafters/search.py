@@ -404,10 +404,10 @@ class EagleSearchDrafter:
     ) -> tuple[DraftTree, list, list[float], list[int]]:
         """The step's tree from EAGLE's (``tree``, ``scores``; empty when the head did not run) and
         the root's search branch ``found``: the branch hung at the root, where nodes cost the local
-        trie's tree below ``root_node`` (the context's match there) merged in, with ``deepen`` a branch below EAGLE's first one, and where nodes
-        cost the most likely nodes kept. Also each node's kind of estimate and unscaled estimate
-        (what `observe` records in the calibration), and its depth in EAGLE's tree where only the
-        head drafted it (else 0; `_record_levels`)."""
+        trie's tree below ``root_node`` (the context's match there) merged in, with ``deepen`` a
+        branch below EAGLE's first one, and where nodes cost the most likely nodes kept. Also each
+        node's kind of estimate and unscaled estimate (what `observe` records in the calibration),
+        and its depth in EAGLE's tree where only the head drafted it (else 0; `_record_levels`)."""
         costly = bool(ctx.verify_cost)
         draft = _Draft(tree, scores, self.calibration)
 
