@@ -6,7 +6,7 @@ step of the default model took 40-60 ms on the H200, and the whole method's draf
 10zs). That drafting is host Python, so it can be timed here: each arm drafts for every position
 of stored greedy outputs (teacher-forced, as `benchmarks/replay_drafters.py` replays them), under a
 GPU-like verify cost (1 + S*n for n nodes), and the seconds spent in `propose`, `keep` and
-`observe` are summed. Arms:
+`observe` are summed, each prompt's from its fastest of ``--repeats`` replays. Arms:
 
 * ``trie``: the trie drafter;
 * ``search``: the search branch alone (local trie and datastore);
