@@ -14,7 +14,7 @@
 #    DATASTORE SHAPES`, SHAPES a folder with an earlier visit's shape-b1.json and shape-b8.json, e.g.
 #    benchmarks/shapes-h100-amd-v34-q25 (tuned on the fifth visit for heads/amd-v34-q25); then
 #    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry, then
-#    `versus_summarization`, `sampled_more` and `trace_more` likewise while 150-200 s of device time are left)
+#    `versus_summarization`, `sampled_more`, `trace_more` and `widths_more` likewise while 100-200 s of device time are left)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -249,13 +249,32 @@ versus_more() {
         --save-profile $RES/bound-tg/profile.json --json
     pack more.tgz
     grep -h "tokens/call\|graphs:" $RES/versus-*.log
-    "$PY" - $RES/bound-plain $RES/bound-tg <<'EOF'
+    bound_cells $RES/bound-plain $RES/bound-tg
+}
+
+bound_cells() {  # bound_cells DIR...: each profile-bound output's cells, context:tokens=ms, one line per output
+    "$PY" - "$@" <<'EOF'
 import json, pathlib, sys
 for out in map(pathlib.Path, sys.argv[1:]):
     for path in out.glob("profile-*.json"):
         cells = json.loads(path.read_text())["cells"]
         print(out.name, " ".join(f"{c['context']}:{c['tokens']}={c['ms']:.2f}ms" for c in cells if c["ms"] is not None))
 EOF
+}
+
+# after versus_more, on the warm machine (no carry), with 100 s of device time to spare: the
+# replayed forward at every block width of one row (1-64 tokens: the buckets 1, 2, 4, ..., 64)
+# at contexts 100 and 500, the same sweep twice in a row. On the seventh visit blocks of 5-15
+# tokens (buckets 8 and 16) replayed slower than blocks of 25-57 (32 and 64), 7.6-9.7 ms against
+# 5.3-7.7 (BENCHMARKS.md 10zs): if both passes agree, padding a narrow block to a wider bucket
+# that replays faster would cut the verification of the trees most steps draft (10zu)
+widths_more() {
+    cd "$REPO" || exit 1
+    local grid=(--layout tree --k 1 --w 0..63 --context 100,500 --repeats 5 --dtype float32 --target-graphs)
+    stage bound-tg-widths-1 90 "${NG[@]}" profile-bound "${grid[@]}" --out $RES/bound-tg-widths-1 --json
+    stage bound-tg-widths-2 90 "${NG[@]}" profile-bound "${grid[@]}" --out $RES/bound-tg-widths-2 --json
+    pack widths.tgz
+    bound_cells $RES/bound-tg-widths-1 $RES/bound-tg-widths-2
 }
 
 # after versus_more, on the warm machine (no carry), with 150 s of device time to spare: batch 8 on
@@ -392,7 +411,7 @@ rehearse() {  # rehearse HEAD DATASTORE [SHAPES]: every lane's stages here, at t
     PY=$REPO/.venv/bin/python bash $dir/session.sh toy_lanes
     local failed
     # (a GPU's only: cuDNN attention, and profile-bound's CUDA graphs, refused here in one line)
-    failed=$(grep -h '^== .*: rc=[1-9]' $dir/res/stages.log | grep -v '^== \(sdpa\|bound-tg\):')
+    failed=$(grep -h '^== .*: rc=[1-9]' $dir/res/stages.log | grep -v '^== \(sdpa\|bound-tg[-a-z0-9]*\):')
     [ -z "$failed" ] && echo "rehearsal: every stage ran" && return 0
     echo "rehearsal: these stages failed (logs in $dir/res):"; echo "$failed"; return 1
 }
@@ -411,7 +430,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
         for lane in ${LANES:-bench single batched short versus fix}; do "lane_$lane"; done
-        case " ${LANES:-versus} " in *" versus "*) versus_more; versus_summarization; sampled_more; trace_more ;; esac
+        case " ${LANES:-versus} " in *" versus "*) versus_more; versus_summarization; sampled_more; trace_more; widths_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
 
