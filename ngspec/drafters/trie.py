@@ -140,7 +140,7 @@ class NGramTrie:
             if kids:
                 denominator, deeper = counts[kid] + smoothing, depth + 1
                 for grandkid in kids.values():
-                    push(heap, (-(-neg_prob * counts[grandkid] / denominator), deeper, grandkid, index))
+                    push(heap, (neg_prob * counts[grandkid] / denominator, deeper, grandkid, index))  # the child's probability, negated
         return DraftTree(tuple(tokens), tuple(parents)), probs
 
     def greedy_path(self, node: int, depth: int, smoothing: float = 0.0) -> tuple[list[int], list[float]]:
