@@ -254,3 +254,36 @@ def test_rows_top_k_requests_cost_the_same_tensor_operations_for_any_number_of_r
     two = ops([[1, 3, 5], [41, 43]], [1, 2])
     five = ops([[1, 3, 5], [41, 43], [77, 91], [50, 51, 52, 53], [3]], [3, 1, 2, 4, 1])
     assert two == five
+
+
+def test_host_work_runs_after_the_rounds_head_forwards_are_launched_and_before_top_k(monkeypatch):
+    """A row that yields `HOST_WORK` (its head skipped) is resumed after every head forward of the
+    round is launched and before the top-k requests wait for them, whatever the rows' order."""
+    from types import SimpleNamespace
+
+    import ngspec.eagle.batched as batched
+    from ngspec.eagle.batched import HOST_WORK
+    from ngspec.eagle.vocab import TopCall
+
+    log = []
+    head_call = HeadCall(None, None, SimpleNamespace(pool=object()), [1], None, [0], 0)
+    top_call = TopCall(SimpleNamespace(shared=object()), [], 1)
+    monkeypatch.setattr(batched, "answer", lambda calls: log.append(type(calls[0]).__name__) or [None] * len(calls))
+
+    class Row:
+        def __init__(self, name, skips):
+            self.name, self.skips = name, skips
+
+        def drafting(self, ctx):
+            if self.skips:
+                yield HOST_WORK
+                log.append(self.name)
+                return DraftTree((self.name,), (-1,))
+            yield head_call
+            yield top_call
+            return DraftTree((self.name,), (-1,))
+
+    rows = [Row(7, True), Row(8, False), Row(9, True)]
+    trees = propose_together(rows, [DraftContext([1, 2], 1, 4)] * 3)
+    assert [t.tokens for t in trees] == [(7,), (8,), (9,)]
+    assert log == ["HeadCall", "HostWork", 7, 9, "TopCall"]

@@ -55,9 +55,18 @@ class HeadCall:
         return self.block if self.block is not None else [list(range(i + 1)) for i in range(len(self.tokens))]
 
 
-# a drafter's tree, asked for as head runs (answered with their outputs) and top-k requests over
-# its draft vocabulary (answered with token ids and log-probabilities)
-Drafting = Generator["HeadCall | TopCall", object, DraftTree]
+class HostWork:
+    """What a drafter yields before host work that needs no head output (a row whose head's gate
+    stayed shut assembling its tree from the search alone): `propose_together` resumes it (with
+    None) once every row's head forward of the round is launched and before the first top-k
+    request, which waits for them, so that on a GPU the work runs while the device computes."""
+
+
+HOST_WORK = HostWork()
+
+# a drafter's tree, asked for as head runs (answered with their outputs), top-k requests over
+# its draft vocabulary (answered with token ids and log-probabilities) and `HOST_WORK` (None)
+Drafting = Generator["HeadCall | TopCall | HostWork", object, DraftTree]
 
 
 def head_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, calls: Sequence[HeadCall] = (), **kwargs):
@@ -110,6 +119,8 @@ def _cache_unread(call: HeadCall, param: torch.Tensor) -> HeadCall:
 def answer(calls: Sequence) -> list:
     """Calls of one kind and one head (or vocabulary), answered together (head runs at fixed
     shapes where their pool says so: `ngspec.eagle.graphs`)."""
+    if isinstance(calls[0], HostWork):
+        return [None] * len(calls)
     if not isinstance(calls[0], HeadCall):
         return top_children(calls)
     static = calls[0].cache.pool.static_runs
@@ -117,9 +128,12 @@ def answer(calls: Sequence) -> list:
 
 
 def _together(call) -> tuple:
-    """Which calls can be answered together: head runs into one pool (of one head), top-k
+    """Which calls can be answered together, and in which order a round answers them (the
+    tuple's first item): head runs into one pool (of one head), then host work, then top-k
     requests over one shared vocabulary."""
-    return (HeadCall, id(call.cache.pool)) if isinstance(call, HeadCall) else (TopCall, id(call.vocab.shared))
+    if isinstance(call, HeadCall):
+        return (0, id(call.cache.pool))
+    return (1, 0) if isinstance(call, HostWork) else (2, id(call.vocab.shared))
 
 
 @torch.inference_mode()
@@ -141,7 +155,9 @@ def propose_together(drafters: Sequence, contexts: Sequence[DraftContext]) -> li
     """Every row's tree; drafters that draft with a head (a ``drafting`` method) run their head
     calls together, one forward per head and round, and their top-k requests likewise, one
     product, softmax, top-k and copy to the host per vocabulary and round; the others `propose`
-    as usual."""
+    as usual. In a round the head forwards are launched first, then the rows' `HOST_WORK` runs,
+    then the top-k requests copy the heads' answers to the host (on a GPU, the host work of rows
+    that skipped their head overlaps the others' forwards)."""
     trees: dict[int, DraftTree] = {}
     running: dict[int, Drafting] = {}
     waiting: dict[int, HeadCall] = {}
@@ -164,7 +180,7 @@ def propose_together(drafters: Sequence, contexts: Sequence[DraftContext]) -> li
         for row, call in waiting.items():
             groups.setdefault(_together(call), []).append(row)
         calls, waiting = waiting, {}
-        for rows in groups.values():
+        for _, rows in sorted(groups.items(), key=lambda group: group[0][0]):  # stable: rows' order kept
             for row, out in zip(rows, answer([calls[r] for r in rows])):
                 advance(row, out)
     return [trees[row] for row in range(len(drafters))]
