@@ -524,29 +524,42 @@ class _Draft:
         return True
 
     def add_tree(self, tree: DraftTree, reach: list[float], key: tuple[str, int]) -> None:
-        """Merge ``tree``, hung at the root, with each node's chance of being reached ``reach``:
-        the same as adding its root-to-leaf paths in turn with ``merge`` (a node's conditional
-        chance is its reach over its parent's), in one pass over its nodes."""
+        """Merge ``tree`` (a trie's: no two siblings share a token), hung at the root, with each
+        node's chance of being reached ``reach``: the same as adding its root-to-leaf paths in turn
+        with ``merge`` (a node's conditional chance is its reach over its parent's), node by node.
+        The paths would place each node when its subtree's first leaf comes, ancestors first, so
+        the nodes are visited in that order and the draft numbers them as the paths would."""
+        parents, tokens, n = tree.parents, tree.tokens, tree.size
         chance: list[float] = []  # as a path's running product of conditionals computes it
-        for p, parent in zip(reach, tree.parents):
+        for p, parent in zip(reach, parents):
             chance.append(p if parent < 0 else chance[parent] * (p / reach[parent]))
         scaled = self.calibration.scaled(key, chance)
-        parents, leaf = tree.parents, [True] * tree.size
-        for parent in parents:
-            if parent >= 0:
-                leaf[parent] = False
-        placed = [-1] * tree.size  # a node of ``tree`` -> its node in the draft (-1: not yet)
-        for node in range(tree.size):  # leaves in order, each path's nodes not yet placed top down
-            if not leaf[node]:
-                continue
-            rest = [node]
-            while parents[rest[-1]] >= 0 and placed[parents[rest[-1]]] < 0:
-                rest.append(parents[rest[-1]])
-            rest.reverse()
-            top = parents[rest[0]]
-            nodes = self._hang(placed[top] if top >= 0 else -1, [tree.tokens[i] for i in rest], [scaled[i] for i in rest], [chance[i] for i in rest], key, merge=True)
-            for i, at in zip(rest, nodes):
-                placed[i] = at
+        first = [n] * n  # each node's subtree's first leaf (children come after their parent)
+        for node in range(n - 1, -1, -1):
+            if first[node] == n:
+                first[node] = node
+            parent = parents[node]
+            if parent >= 0 and first[node] < first[parent]:
+                first[parent] = first[node]
+        kids, probs, only = self._kids, self.probs, self.only
+        placed = [-1] * n  # a node of ``tree`` -> its node in the draft
+        for node in sorted(range(n), key=first.__getitem__):  # stable: a path's nodes top down
+            parent = parents[node]
+            at, token = placed[parent] if parent >= 0 else -1, tokens[node]
+            kid = kids.get((at, token))
+            if kid is None:  # a new node
+                kid = kids[at, token] = len(self.tokens)
+                self.tokens.append(token)
+                self.parents.append(at)
+                probs.append(scaled[node])
+                self.raw.append(chance[node])
+                self.keys.append(key)
+                only.append(0)
+            else:  # a node the draft has: the higher estimate, and no longer the head's alone
+                if scaled[node] > probs[kid]:
+                    probs[kid] = scaled[node]
+                only[kid] = 0
+            placed[node] = kid
 
     def _hang(self, parent: int, tokens: list[int], probs: list[float], raws: list[float], key: tuple[str, int], merge: bool) -> list[int]:
         """Hang a chain of ``tokens`` (estimates ``probs``, unscaled ``raws``) below ``parent``;
