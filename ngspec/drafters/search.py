@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.drafters.trie import NUM_DRAFT, Calibration, NGramTrie, best_size
-from ngspec.eagle.batched import Drafting, drive
+from ngspec.eagle.batched import HOST_WORK, Drafting, drive
 from ngspec.tree import accepted_path, depths
 
 if TYPE_CHECKING:
@@ -383,6 +383,7 @@ class EagleSearchDrafter:
             self.skipped += 1
             self._since_head += 1
             tree, scores = DraftTree(), []
+            yield HOST_WORK  # in a batch, the tree is assembled while the other rows' heads run
         else:
             self._since_head = 0
             small = DraftContext(ctx.tokens, ctx.prompt_len, max(ctx.max_nodes - branches * depth, 0), ctx.verify_cost, ctx.features)
