@@ -14,7 +14,8 @@
 #    DATASTORE SHAPES`, SHAPES a folder with an earlier visit's shape-b1.json and shape-b8.json, e.g.
 #    benchmarks/shapes-h100-amd-v34-q25 (tuned on the fifth visit for heads/amd-v34-q25); then
 #    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry, then
-#    `versus_summarization`, `sampled_more`, `trace_more` and `widths_more` likewise while 100-200 s of device time are left)
+#    `overlap_more`, `versus_summarization`, `sampled_more`, `trace_more` and `widths_more` likewise while 100-200 s of
+#    device time are left)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -277,6 +278,18 @@ widths_more() {
     bound_cells $RES/bound-tg-widths-1 $RES/bound-tg-widths-2
 }
 
+# after versus_more, on the warm machine (no carry), with 110 s of device time to spare: batch 32
+# with the rows that skip their head assembling their trees while the others' head forwards run
+# (`HOST_WORK`, BENCHMARKS.md 10zv) against the same arm assembling them at once ("serial"); on
+# the seventh visit 60% of the 32-row steps' rows skipped the head
+overlap_more() {
+    cd "$REPO" || exit 1
+    ab overlap-b32-rag 100 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
+        --reference-cache $RES/reference-rag-64.json --arms "whole graphs no deepen tg,whole graphs no deepen serial tg"
+    pack overlap.tgz
+    grep -h "tokens/call\|graphs:" $RES/overlap-b32-rag.log
+}
+
 # after versus_more, on the warm machine (no carry), with 150 s of device time to spare: batch 8 on
 # summarization
 versus_summarization() {
@@ -430,7 +443,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
         for lane in ${LANES:-bench single batched short versus fix}; do "lane_$lane"; done
-        case " ${LANES:-versus} " in *" versus "*) versus_more; versus_summarization; sampled_more; trace_more; widths_more ;; esac
+        case " ${LANES:-versus} " in *" versus "*) versus_more; overlap_more; versus_summarization; sampled_more; trace_more; widths_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
 

@@ -108,6 +108,7 @@ from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
 from ngspec.drafters.trie import Calibration
+from ngspec.eagle.batched import HOST_WORK
 from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
 from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.engine import Engine
@@ -148,6 +149,20 @@ class BatchProbes(search.EagleSearchDrafter):
     def drafting(self, ctx):
         self._unverified = False  # probes even when the batch verified none of the row's last tree
         return (yield from super().drafting(ctx))
+
+
+class Serial(search.EagleSearchDrafter):
+    """``... serial``: a row whose head stays off assembles its tree at once, not while the batch's
+    head forwards run (as before `HOST_WORK`): what the overlap saves on a GPU."""
+
+    def drafting(self, ctx):
+        inner, out = super().drafting(ctx), None
+        while True:
+            try:
+                call = inner.send(out)
+            except StopIteration as done:
+                return done.value
+            out = None if call is HOST_WORK else (yield call)
 
 
 class HeadCostAt(search.EagleSearchDrafter):
@@ -297,6 +312,7 @@ def main() -> None:
         "whole tg": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole tg")),
         "whole graphs tg": lambda: search.EagleSearchDrafter(factory_graphs(), store, deepen=True, calibration=carried.get("whole graphs tg")),
         "whole graphs no deepen tg": lambda: search.EagleSearchDrafter(factory_graphs(), store, calibration=carried.get("whole graphs no deepen tg")),
+        "whole graphs no deepen serial tg": lambda: Serial(factory_graphs(), store, calibration=carried.get("whole graphs no deepen serial tg")),
     }
     for name in args.arms.split(","):  # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times
         weight = re.fullmatch(r"whole hc([0-9]+(?:\.[0-9]+)?)", name)

@@ -135,3 +135,24 @@ def test_the_cover_gate_credits_the_head_less_where_the_local_tree_offers_first_
     assert all(b or not c for b, c in zip(built, cover))
     assert sum(cover) < sum(built)
     assert cover[0]  # a free head always pays
+
+
+def test_serial_assembles_a_skipped_step_at_once_into_the_same_tree():
+    """``... serial`` asks for no `HOST_WORK` where the head stays off, and drafts the same tree."""
+    from ngspec.eagle.batched import HOST_WORK
+
+    ctx = DraftContext(HISTORY + [1, 2], len(HISTORY), 20, (1.0, 1.1) + (2.0,) * 20)  # a second node costs double: no head
+
+    def asked(cls):
+        d, calls = drafter(cls), []
+        steps = d.drafting(ctx)
+        try:
+            calls.append(next(steps))
+            while True:
+                calls.append(steps.send(None))
+        except StopIteration as done:
+            return calls, done.value, d.skipped
+
+    calls, tree, skipped = asked(ab.search.EagleSearchDrafter)
+    assert calls == [HOST_WORK] and skipped == 1 and tree.size
+    assert asked(ab.Serial) == ([], tree, 1)
