@@ -14,8 +14,8 @@
 #    DATASTORE SHAPES`, SHAPES a folder with an earlier visit's shape-b1.json and shape-b8.json, e.g.
 #    benchmarks/shapes-h100-amd-v34-q25 (tuned on the fifth visit for heads/amd-v34-q25); then
 #    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry, then
-#    `overlap_more`, `versus_summarization`, `sampled_more`, `trace_more` and `widths_more` likewise while 100-200 s of
-#    device time are left)
+#    `overlap_more`, `gate_more`, `versus_summarization`, `sampled_more`, `trace_more` and `widths_more` likewise while
+#    100-200 s of device time are left)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
 # lacks or has older ones), puts the first part of the model aside and launches `pipeline` in its
@@ -290,6 +290,19 @@ overlap_more() {
     grep -h "tokens/call\|graphs:" $RES/overlap-b32-rag.log
 }
 
+# after versus_more, on the warm machine (no carry), with 100 s of device time to spare: the head's
+# gate at batch 1 with both verifications replayed. On the seventh visit `whole graphs tg` ran
+# 0.910x `trie tg`, its head on 39% of the steps for 1.4% more tokens a call (10zs): the gate
+# weighs half the head's measured cost (tuned on two CPU cores); "hc1" weighs all of it, "cover"
+# credits the head only where the search's draft offers no likely first token (BENCHMARKS.md 10zv)
+gate_more() {
+    cd "$REPO" || exit 1
+    ab gate-b1-rag 100 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 \
+        --arms "trie tg,whole graphs tg,whole graphs hc1 tg,whole graphs cover tg"
+    pack gate.tgz
+    grep -h "tokens/call\|graphs:" $RES/gate-b1-rag.log
+}
+
 # after versus_more, on the warm machine (no carry), with 150 s of device time to spare: batch 8 on
 # summarization
 versus_summarization() {
@@ -443,7 +456,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
         for lane in ${LANES:-bench single batched short versus fix}; do "lane_$lane"; done
-        case " ${LANES:-versus} " in *" versus "*) versus_more; overlap_more; versus_summarization; sampled_more; trace_more; widths_more ;; esac
+        case " ${LANES:-versus} " in *" versus "*) versus_more; overlap_more; gate_more; versus_summarization; sampled_more; trace_more; widths_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
 

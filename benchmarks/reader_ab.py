@@ -97,6 +97,7 @@ import json
 import os
 import re
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import ngspec.drafters.search as search
@@ -314,10 +315,21 @@ def main() -> None:
         "whole graphs no deepen tg": lambda: search.EagleSearchDrafter(factory_graphs(), store, calibration=carried.get("whole graphs no deepen tg")),
         "whole graphs no deepen serial tg": lambda: Serial(factory_graphs(), store, calibration=carried.get("whole graphs no deepen serial tg")),
     }
-    for name in args.arms.split(","):  # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times
-        weight = re.fullmatch(r"whole hc([0-9]+(?:\.[0-9]+)?)", name)
-        if weight:
-            every[name] = lambda w=float(weight.group(1)), name=name: HeadCostAt(factory(), store, deepen=True, calibration=carried.get(name), weight=w)
+
+    def gate_variant(name: str, graphs: bool, weight: str | None):
+        head = factory_graphs() if graphs else factory()
+        if weight is None:
+            return CoverGate(head, store, deepen=True, calibration=carried.get(name))
+        return HeadCostAt(head, store, deepen=True, calibration=carried.get(name), weight=float(weight))
+
+    for name in args.arms.split(","):
+        # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times; "whole
+        # graphs hc1 tg", "whole graphs cover tg": that gate (or the cover gate) with the head's runs
+        # and the target's verification replayed from graphs, as on a GPU the trie's "tg" arm verifies
+        variant = re.fullmatch(r"whole( graphs)? (?:hc([0-9]+(?:\.[0-9]+)?)|cover)( tg)?", name)
+        if variant and name not in every:
+            every[name] = partial(gate_variant, name, bool(variant.group(1)), variant.group(2))
+
     unknown = [a for a in args.arms.split(",") if a not in every]
     if unknown:
         ap.error(f"unknown arms: {unknown}")

@@ -95,11 +95,12 @@ def test_an_unknown_arm_is_a_usage_error_before_anything_loads():
 
     run = subprocess.run(
         [sys.executable, str(BENCHMARKS / "reader_ab.py"), "--category", "rag", "--eagle-head", "none", "--tuned", "none.json",
-         "--arms", "trie,whole hc1,whole hc..,wholly"],
+         "--arms", "trie,whole hc1,whole hc..,wholly,whole graphs hc1 tg,whole graphs cover tg,whole graphs cover hc1"],
         capture_output=True, text=True,
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert "unknown arms: ['whole hc..', 'wholly']" in run.stderr  # "whole hc1" is known: the cost weighed once
+    # "whole hc1" is known (the cost weighed once), and so are its and the cover gate's graphs and tg variants
+    assert "unknown arms: ['whole hc..', 'wholly', 'whole graphs cover hc1']" in run.stderr
 
 
 def gate_opens(d, cost: tuple[float, ...]) -> bool:
