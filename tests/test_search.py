@@ -5,6 +5,7 @@ import math
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,6 +76,33 @@ def test_a_sampled_continuation_reads_occurrences_across_the_match_not_its_first
     assert store.greedy_continuation(match, 1, max_occurrences=4) == ([2], [0.75])
 
 
+@pytest.mark.parametrize("few", [0, 3], ids=["numpy", "numpy-then-python"])
+def test_a_sampled_continuation_is_the_greedy_one_of_the_occurrences_sampled(few, monkeypatch):
+    """Past ``max_occurrences`` (and ``FEW``, up to which every occurrence is read as a list) the
+    continuation is brute force's over the evenly spaced occurrences read (suffix-array rows
+    lo + i * count // max_occurrences), each followed to its document's end."""
+    monkeypatch.setattr(index, "FEW", few)
+    rng = random.Random(3)
+    for case in range(200):
+        vocab = rng.randrange(2, 5)
+        docs = [[rng.randrange(vocab) for _ in range(rng.randrange(0, 40))] for _ in range(rng.randrange(1, 8))]
+        store = Datastore.from_documents(docs, vocab)
+        match = store.longest_suffix_match([rng.randrange(vocab) for _ in range(rng.randrange(1, 3))], 1, 2)
+        if match is None or match.count <= max(few, 2):
+            continue
+        most = rng.randrange(2, match.count)
+        sep, text = store.meta.separator, store.tokens.tolist()
+        followers = []
+        for row in match.lo + (np.arange(most) * match.count) // most:
+            rest = text[int(store.sa[row]) + match.length :]
+            followers.append(rest[: rest.index(sep)])
+        depth, smoothing = rng.randrange(1, 8), rng.choice([0.0, SMOOTHING])
+        tokens, probs = store.greedy_continuation(match, depth, smoothing, max_occurrences=most)
+        want_tokens, want_probs = brute_greedy(followers, depth, smoothing)
+        assert tokens == want_tokens, f"case {case}"
+        assert probs == pytest.approx(want_probs)
+
+
 def test_a_continuation_read_again_is_remembered_and_forgetting_reads_it_afresh(monkeypatch):
     """The datastore remembers continuations by match and depth (rows and steps meet the same
     common phrase): a second read equals the first without reading the arrays, a caller changing
@@ -82,9 +110,9 @@ def test_a_continuation_read_again_is_remembered_and_forgetting_reads_it_afresh(
     arrays again (what a timed benchmark run does first)."""
     store = Datastore.from_documents([[5, 6, 1, 2]] * 3 + [[5, 6, 2, 3]], 8)
     match = store.longest_suffix_match([5, 6], 2, 2)
-    reads = []  # the occurrences' text read (four occurrences: read as lists)
-    real = index._greedy_rows
-    monkeypatch.setattr(index, "_greedy_rows", lambda *a: reads.append(a) or real(*a))
+    reads = []  # the occurrences' text read (four occurrences: read in Python)
+    real = Datastore._greedy_few
+    monkeypatch.setattr(Datastore, "_greedy_few", lambda *a: reads.append(a) or real(*a))
     first = store.greedy_continuation(match, 2, SMOOTHING)
     first[0].append(99)  # the caller's copy
     assert store.greedy_continuation(match, 2, SMOOTHING) == ([1, 2], [3 / 4.5, 3 / 3.5])

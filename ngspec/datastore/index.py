@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -21,9 +20,10 @@ from ngspec.datastore.format import (
 from ngspec.datastore.suffix import suffix_array
 from ngspec.errors import NgspecError
 
-# up to this many occurrences a continuation is read in plain Python: numpy's setup (a memory-map
-# gather, a unique per depth) costs 0.2-0.3 ms a call, more than reading a few rows one by one;
-# numpy hands over to Python too once the occurrences still agreeing are this few
+# up to this many occurrences a continuation is read in plain Python, a token at a time: a depth
+# read with numpy (a gather and five small operations) costs about 8 us, a Python read about
+# 0.09 us an occurrence (Intel VM); numpy hands over to Python too once the occurrences still
+# agreeing are this few
 FEW = 64
 CONTINUATIONS = 4096  # continuations remembered per datastore (about a kilobyte each at depth 16)
 
@@ -50,6 +50,7 @@ class Datastore:
         # binary searches index the suffix array one entry at a time: a memoryview hands back
         # Python ints at C speed (a memmap's __getitem__ is Python code returning numpy scalars)
         self._sa_items = memoryview(np.ascontiguousarray(sa)).cast("B").cast("i" if sa.dtype.itemsize == 4 else "q") if len(sa) else []
+        self._token_items = memoryview(np.ascontiguousarray(tokens)).cast("B").cast("H" if tokens.dtype.itemsize == 2 else "I") if len(tokens) else []
         self._width = tokens.dtype.itemsize
         self._key = tokens.astype(tokens.dtype.newbyteorder(">")).tobytes()
         self._starts: np.ndarray | None = None  # first suffix of each token's bucket
@@ -187,60 +188,66 @@ class Datastore:
         sep = self.meta.separator
         found = match.hi - match.lo
         if found <= FEW:
-            starts = (self._sa_items[i] + match.length for i in range(match.lo, match.hi))
-            return _greedy_rows([_until(self.tokens[s : s + depth].tolist(), sep) for s in starts], depth, smoothing)
+            return self._greedy_few([self._sa_items[i] + match.length for i in range(match.lo, match.hi)], depth, smoothing)
         if found > max_occurrences:
             rows = match.lo + (np.arange(max_occurrences, dtype=np.int64) * found) // max_occurrences
         else:
             rows = slice(match.lo, match.hi)
+        # the occurrences come in suffix-array order: those agreeing on the tokens chosen so far are
+        # one contiguous run [a, b) of them, and their next tokens are sorted (every document ends
+        # with the separator, the largest id, so none reads past the arrays' end while it agrees).
+        # Each depth reads one column of the run and takes its longest stretch of equal tokens
+        # (the first of equally long ones: the smallest id, as a count per token would)
         starts = np.asarray(self.sa[rows], dtype=np.int64) + match.length
-        where = starts[:, None] + np.arange(depth, dtype=np.int64)[None, :]
-        follow = np.asarray(self.tokens[np.minimum(where, len(self.tokens) - 1)], dtype=np.int64)
-        follow[where >= len(self.tokens)] = sep
-        alive = np.ones(len(starts), dtype=bool)
+        a, b = 0, len(starts)
         tokens: list[int] = []
         probs: list[float] = []
         for d in range(depth):
-            column = follow[alive, d]
-            column = column[column != sep]
-            if not len(column):
+            column = self.tokens[starts[a:b] + d]
+            end = int(np.searchsorted(column, sep))  # occurrences whose document ended here come last
+            if not end:
                 break
-            values, counts = np.unique(column, return_counts=True)
-            best = int(counts.argmax())
-            tokens.append(int(values[best]))
-            probs.append(float(counts[best]) / (float(alive.sum()) + smoothing))
-            alive &= follow[:, d] == values[best]
-            if counts[best] <= FEW:  # a few occurrences left: the rest of their text as lists
-                more, more_probs = _greedy_rows([_until(r, sep) for r in follow[alive, d + 1 :].tolist()], depth - d - 1, smoothing)
+            bounds = np.flatnonzero(column[1:end] != column[: end - 1]) + 1
+            bounds = np.concatenate(([0], bounds, [end]))
+            best = int(np.diff(bounds).argmax())
+            low, high = int(bounds[best]), int(bounds[best + 1])
+            tokens.append(int(column[low]))
+            probs.append(float(high - low) / (float(b - a) + smoothing))
+            a, b = a + low, a + high
+            if high - low <= FEW:  # a few occurrences left: read in Python from here on
+                more, more_probs = self._greedy_few((starts[a:b] + (d + 1)).tolist(), depth - d - 1, smoothing)
                 tokens.extend(more)
                 probs.extend(more_probs)
                 break
         return tokens, probs
 
-
-def _until(row: list[int], sep: int) -> list[int]:
-    """``row`` up to its document's end (the separator)."""
-    return row[: row.index(sep)] if sep in row else row
-
-
-def _greedy_rows(rows: list[list[int]], depth: int, smoothing: float) -> tuple[list[int], list[float]]:
-    """`Datastore.greedy_continuation` over a few continuations read as lists (each cut at its
-    document's end): the same choice, ties to the smallest token id as numpy's unique and argmax
-    make them."""
-    tokens: list[int] = []
-    probs: list[float] = []
-    alive = rows
-    for d in range(depth):
-        counts = Counter(r[d] for r in alive if len(r) > d)
-        if not counts:
-            break
-        best = min(counts, key=lambda t: (-counts[t], t))
-        tokens.append(best)
-        probs.append(counts[best] / (len(alive) + smoothing))
-        alive = [r for r in alive if len(r) > d and r[d] == best]
-        if len(alive) == 1:  # one occurrence left: the rest is its own text
-            rest = alive[0][d + 1 :]
-            tokens.extend(rest)
-            probs.extend([1.0 / (1.0 + smoothing)] * len(rest))
-            break
-    return tokens, probs
+    def _greedy_few(self, starts: list[int], depth: int, smoothing: float) -> tuple[list[int], list[float]]:
+        """`greedy_continuation` over a few occurrences continuing at ``starts`` (in suffix-array
+        order), read a token at a time: as in the arrays' reading, the ones still agreeing are a
+        contiguous run and their next tokens sorted, so each depth takes the longest stretch of
+        equal tokens (the first of equally long ones: the smallest id), separators last; one
+        occurrence left, the rest of its document is read at once."""
+        text, sep = self._token_items, self.meta.separator
+        tokens: list[int] = []
+        probs: list[float] = []
+        a, b = 0, len(starts)
+        for d in range(depth):
+            if b - a == 1:
+                rest = text[starts[a] + d : starts[a] + depth].tolist()
+                rest = rest[: rest.index(sep)] if sep in rest else rest
+                tokens.extend(rest)
+                probs.extend([1.0 / (1.0 + smoothing)] * len(rest))
+                break
+            column = [text[s + d] for s in starts[a:b]]
+            low, best, best_low, best_high = 0, None, 0, 0
+            for i, token in enumerate(column):
+                if token != column[low]:
+                    low = i
+                if i + 1 - low > best_high - best_low and token != sep:
+                    best, best_low, best_high = token, low, i + 1
+            if best is None:  # every document ended here
+                break
+            tokens.append(best)
+            probs.append((best_high - best_low) / (b - a + smoothing))
+            a, b = a + best_low, a + best_high
+        return tokens, probs
