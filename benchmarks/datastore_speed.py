@@ -4,8 +4,8 @@
 
 Builds a synthetic Magpie-style corpus of about ``--tokens`` tokens (sentences recombined from the
 shared Magpie sample, so the text is realistic English), then times `build-datastore` as a
-subprocess (peak RSS from the OS), random longest-match lookups on the result, and the
-self-repetition metric on records of about 1,000 input and 500 response tokens.
+subprocess (peak RSS from the OS), random longest-match lookups on the result, the greedy
+continuations the search branch reads from them, and the self-repetition metric on records of about 1,000 input and 500 response tokens.
 """
 
 from __future__ import annotations
@@ -80,6 +80,18 @@ def main() -> None:
     found = sum(store.longest_suffix_match(c, min_len=1, max_len=16) is not None for c in contexts)
     rate = len(contexts) / (time.perf_counter() - start)
     print(f"longest-match lookups: {rate:,.0f} per second ({found} of {len(contexts)} found)", flush=True)
+
+    # the search branch's reads: each distinct match of at least two tokens (as the drafters ask,
+    # up to 32) followed 16 tokens deep, nothing remembered from an earlier read
+    matches = list(dict.fromkeys(m for m in (store.longest_suffix_match(c, min_len=2, max_len=32) for c in contexts) if m is not None))
+    store.forget()
+    start = time.perf_counter()
+    for m in matches:
+        store.greedy_continuation(m, 16, 0.5)
+    seconds = time.perf_counter() - start
+    counts = sorted(m.count for m in matches)
+    print(f"continuations (16 deep, each distinct match read once): {len(matches) / seconds:,.0f} per second "
+          f"({len(matches)} matches; occurrences: median {counts[len(counts) // 2]}, over 64 in {sum(c > 64 for c in counts)})", flush=True)
 
     records = []
     for _ in range(200):

@@ -55,6 +55,18 @@ def test_no_match_crosses_a_document_boundary():
     assert store.longest_suffix_match([9, 2, 3], max_len=3).length == 1  # "3" alone, never "2 3"
 
 
+def test_a_context_holding_the_separator_matches_only_after_it():
+    """The separator id (above every real token; a context read from the store's own arrays may
+    hold one) ends a document: a match never runs through it, so its continuation is read within
+    one document, even at the arrays' end."""
+    store = Datastore.from_documents([[1, 2], [3, 4]], vocab_size=10)
+    sep = store.meta.separator
+    assert store.longest_suffix_match([1, 2, sep], max_len=3) is None
+    assert store.longest_suffix_match([3, 4, sep], min_len=1, max_len=3) is None
+    match = store.longest_suffix_match([2, sep, 3], min_len=1, max_len=3)
+    assert match.length == 1 and store.greedy_continuation(match, 4) == ([4], [1.0])
+
+
 def test_large_vocabularies_use_32_bit_tokens():
     store = Datastore.from_documents([[70000, 65535, 3]], vocab_size=80000)
     assert store.tokens.dtype == np.uint32

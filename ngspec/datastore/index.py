@@ -138,11 +138,17 @@ class Datastore:
         binary search between the last two (most contexts match nothing or two or three tokens:
         one to three probes, where a binary search over 2-32 took five); the lower bound of the
         last successful probe is reused for the range. The context's last ``max_len`` tokens are
-        encoded once; each suffix is a tail of those bytes."""
+        encoded once; each suffix is a tail of those bytes. A suffix never holds the separator
+        (a document's end), so every occurrence has its continuation in its own document."""
         min_len, max_len = max(min_len, 1), min(max_len, len(context))
         if max_len < min_len:
             return None
         tail = [int(t) for t in context[len(context) - max_len :]]
+        if self.meta.separator in tail:  # a document ended there: no match runs through it
+            tail = tail[len(tail) - tail[::-1].index(self.meta.separator) :]
+            max_len = len(tail)
+            if max_len < min_len:
+                return None
         encoded, w = self._encode(tail), self._width
 
         def lower(length: int) -> int | None:
