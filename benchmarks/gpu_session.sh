@@ -278,14 +278,16 @@ widths_more() {
     bound_cells $RES/bound-tg-widths-1 $RES/bound-tg-widths-2
 }
 
-# after versus_more, on the warm machine (no carry), with 110 s of device time to spare: batch 32
-# with the rows that skip their head assembling their trees while the others' head forwards run
-# (`HOST_WORK`, BENCHMARKS.md 10zv) against the same arm assembling them at once ("serial"); on
-# the seventh visit 60% of the 32-row steps' rows skipped the head
+# after versus_more, on the warm machine (no carry), with 140 s of device time to spare: batch 32
+# with both verifications replayed, where the whole method ran 0.73-0.82x the trie on the seventh
+# visit (10zs): the rows that skip their head assembling their trees while the others' head
+# forwards run (`HOST_WORK`, BENCHMARKS.md 10zv) against the same arm assembling them at once
+# ("serial"; 60% of that visit's 32-row row-steps skipped the head), and the method without its
+# head ("no head tg": the search branch and the local tree alone)
 overlap_more() {
     cd "$REPO" || exit 1
-    ab overlap-b32-rag 100 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
-        --reference-cache $RES/reference-rag-64.json --arms "whole graphs no deepen tg,whole graphs no deepen serial tg"
+    ab overlap-b32-rag 130 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
+        --reference-cache $RES/reference-rag-64.json --arms "trie tg,whole graphs no deepen tg,whole graphs no deepen serial tg,no head tg"
     pack overlap.tgz
     grep -h "tokens/call\|graphs:" $RES/overlap-b32-rag.log
 }

@@ -314,6 +314,7 @@ def main() -> None:
         "whole graphs tg": lambda: search.EagleSearchDrafter(factory_graphs(), store, deepen=True, calibration=carried.get("whole graphs tg")),
         "whole graphs no deepen tg": lambda: search.EagleSearchDrafter(factory_graphs(), store, calibration=carried.get("whole graphs no deepen tg")),
         "whole graphs no deepen serial tg": lambda: Serial(factory_graphs(), store, calibration=carried.get("whole graphs no deepen serial tg")),
+        "no head tg": lambda: NoHead(None, store, calibration=carried.get("no head tg")),
     }
 
     def gate_variant(name: str, graphs: bool, weight: str | None):
