@@ -296,11 +296,12 @@ overlap_more() {
 # gate at batch 1 with both verifications replayed. On the seventh visit `whole graphs tg` ran
 # 0.910x `trie tg`, its head on 39% of the steps for 1.4% more tokens a call (10zs): the gate
 # weighs half the head's measured cost (tuned on two CPU cores); "hc1" weighs all of it, "cover"
-# credits the head only where the search's draft offers no likely first token (BENCHMARKS.md 10zv)
+# credits the head only where the search's draft offers no likely first token, and "no head tg"
+# never runs it (BENCHMARKS.md 10zv)
 gate_more() {
     cd "$REPO" || exit 1
-    ab gate-b1-rag 100 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 \
-        --arms "trie tg,whole graphs tg,whole graphs hc1 tg,whole graphs cover tg"
+    ab gate-b1-rag 120 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 \
+        --arms "trie tg,whole graphs tg,whole graphs hc1 tg,whole graphs cover tg,no head tg"
     pack gate.tgz
     grep -h "tokens/call\|graphs:" $RES/gate-b1-rag.log
 }

@@ -278,6 +278,7 @@ def main() -> None:
     every = {
         "vanilla": lambda: make_drafter("vanilla"),
         "trie": lambda: make_drafter("trie", calibration=carried.get("trie")),
+        "search": lambda: make_drafter("search", datastore=store, calibration=carried.get("search")),
         "whole": lambda: search.EagleSearchDrafter(factory(), store, deepen=True, calibration=carried.get("whole")),
         "branch only": lambda: BranchOnly(factory(), store, deepen=True, calibration=carried.get("branch only")),
         "old gate": lambda: OldGate(factory(), store, deepen=True, calibration=carried.get("old gate")),
