@@ -35,6 +35,16 @@ def brute_greedy(followers: list[list[int]], depth: int, smoothing: float = 0.0)
     return tokens, probs
 
 
+def random_match(rng: random.Random, vocabs: int, doc_len: int, docs: int, context_len: int, max_len: int):
+    """Random documents over a vocabulary of 2 to ``vocabs`` - 1 tokens, their datastore, a random
+    context and its longest suffix match there (at least one token, at most ``max_len``)."""
+    vocab = rng.randrange(2, vocabs)
+    documents = [[rng.randrange(vocab) for _ in range(rng.randrange(0, doc_len))] for _ in range(rng.randrange(1, docs))]
+    store = Datastore.from_documents(documents, vocab)
+    context = [rng.randrange(vocab) for _ in range(rng.randrange(1, context_len))]
+    return documents, store, context, store.longest_suffix_match(context, 1, max_len)
+
+
 @pytest.mark.parametrize("few", [0, 2, 10**9], ids=["numpy", "numpy-then-python", "python"])
 def test_datastore_greedy_continuation_matches_brute_force(few, monkeypatch):
     """Both ways of reading the continuations: numpy over many occurrences, lists over a few, and
@@ -42,11 +52,7 @@ def test_datastore_greedy_continuation_matches_brute_force(few, monkeypatch):
     monkeypatch.setattr(index, "FEW", few)
     rng = random.Random(0)
     for case in range(300):
-        vocab = rng.randrange(2, 6)
-        docs = [[rng.randrange(vocab) for _ in range(rng.randrange(0, 25))] for _ in range(rng.randrange(1, 6))]
-        store = Datastore.from_documents(docs, vocab)
-        context = [rng.randrange(vocab) for _ in range(rng.randrange(1, 6))]
-        match = store.longest_suffix_match(context, 1, 4)
+        docs, store, context, match = random_match(rng, vocabs=6, doc_len=25, docs=6, context_len=6, max_len=4)
         if match is None:
             continue
         query = context[len(context) - match.length :]
@@ -84,10 +90,7 @@ def test_a_sampled_continuation_is_the_greedy_one_of_the_occurrences_sampled(few
     monkeypatch.setattr(index, "FEW", few)
     rng = random.Random(3)
     for case in range(200):
-        vocab = rng.randrange(2, 5)
-        docs = [[rng.randrange(vocab) for _ in range(rng.randrange(0, 40))] for _ in range(rng.randrange(1, 8))]
-        store = Datastore.from_documents(docs, vocab)
-        match = store.longest_suffix_match([rng.randrange(vocab) for _ in range(rng.randrange(1, 3))], 1, 2)
+        _, store, _, match = random_match(rng, vocabs=5, doc_len=40, docs=8, context_len=3, max_len=2)
         if match is None or match.count <= max(few, 2):
             continue
         most = rng.randrange(2, match.count)
