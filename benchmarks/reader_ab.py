@@ -109,8 +109,8 @@ from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
 from ngspec.drafters.trie import Calibration
-from ngspec.eagle.batched import HOST_WORK
 from ngspec.drafters.eagle import EagleOptions, eagle_factory, read_choices
+from ngspec.eagle.batched import HOST_WORK
 from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.engine import Engine
 from ngspec.models import load_model
