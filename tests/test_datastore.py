@@ -72,6 +72,9 @@ def test_large_vocabularies_use_32_bit_tokens():
     assert store.tokens.dtype == np.uint32
     assert store.occurs([70000, 65535]) and store.tokens[0] == 70000
     assert Datastore.from_documents([[5]], vocab_size=49152).tokens.dtype == np.uint16
+    # continuations read 32-bit ids too (ties to the smaller id: 5 before 70001)
+    two = Datastore.from_documents([[70000, 65535, 3, 70001], [70000, 65535, 3, 5]], vocab_size=80000)
+    assert two.greedy_continuation(two.longest_suffix_match([70000, 65535], 1, 4), 3) == ([3, 5], [1.0, 0.5])
 
 
 @pytest.mark.parametrize(
