@@ -218,7 +218,7 @@ lane_versus() {
     [ -f $b1 ] || cp $RES/shape-7.json $b1
     [ -f $b8 ] || cp $b1 $b8
     local wide=(--tuned $b8 --category rag -n 64 --rounds 1 --interleave-batches 1 --reference-cache $RES/reference-rag-64.json)
-    ab versus-b1-rag 190 --tuned $b1 --category rag --limit 24 -n 96 --rounds 1 --arms "$B1_ARMS"
+    ab versus-b1-rag 190 --tuned $b1 --category rag --limit 24 -n 96 --rounds 1 --reference-cache $RES/reference-rag-96.json --arms "$B1_ARMS"
     ab versus-b8-rag 110 "${wide[@]}" --limit 24 --batch-size 8 --arms "$B8_ARMS"
     ab versus-b16-rag 100 "${wide[@]}" --limit 48 --batch-size 16 --arms "$WIDE_ARMS"
     ab versus-b32-rag 120 "${wide[@]}" --limit 64 --batch-size 32 --arms "$WIDE_ARMS"
@@ -297,10 +297,10 @@ overlap_more() {
 # 0.910x `trie tg`, its head on 39% of the steps for 1.4% more tokens a call (10zs): the gate
 # weighs half the head's measured cost (tuned on two CPU cores); "hc1" weighs all of it, "cover"
 # credits the head only where the search's draft offers no likely first token, and "no head tg"
-# never runs it (BENCHMARKS.md 10zv)
+# never runs it (BENCHMARKS.md 10zv); the plain greedy references come from versus-b1-rag's file
 gate_more() {
     cd "$REPO" || exit 1
-    ab gate-b1-rag 120 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 \
+    ab gate-b1-rag 120 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 --reference-cache $RES/reference-rag-96.json \
         --arms "trie tg,whole graphs tg,whole graphs hc1 tg,whole graphs cover tg,no head tg"
     pack gate.tgz
     grep -h "tokens/call\|graphs:" $RES/gate-b1-rag.log
