@@ -5,7 +5,8 @@
 Builds a synthetic Magpie-style corpus of about ``--tokens`` tokens (sentences recombined from the
 shared Magpie sample, so the text is realistic English), then times `build-datastore` as a
 subprocess (peak RSS from the OS), random longest-match lookups on the result, the greedy
-continuations the search branch reads from them, and the self-repetition metric on records of about 1,000 input and 500 response tokens.
+continuations the search branch reads from them, and the self-repetition metric on records of
+about 1,000 input and 500 response tokens.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def test_a_sampled_continuation_reads_occurrences_across_the_match_not_its_first
 
 @pytest.mark.parametrize("few", [0, 3], ids=["numpy", "numpy-then-python"])
 def test_a_sampled_continuation_is_the_greedy_one_of_the_occurrences_sampled(few, monkeypatch):
-    """Past ``max_occurrences`` (and ``FEW``, up to which every occurrence is read as a list) the
+    """Past ``max_occurrences`` (and ``FEW``, up to which every occurrence is read in Python) the
     continuation is brute force's over the evenly spaced occurrences read (suffix-array rows
     lo + i * count // max_occurrences), each followed to its document's end."""
     monkeypatch.setattr(index, "FEW", few)
