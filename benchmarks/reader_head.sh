@@ -12,6 +12,7 @@
 #   shapes/amd-v23-cpu-b1-3.json    the 3-node static tree [0], [1], [2] that tune-tree chose (section 10g)
 #
 #   bash benchmarks/reader_head.sh            # about 115 min on two CPU cores; resumes: a step whose output exists is skipped
+#   bash benchmarks/reader_head.sh amd-v34-q25   # only what that head needs (about 70 min; the GPU visit's head)
 #
 # Then, for example (batch 1, whole method against the trie on the 24 held-out prompts):
 #   .venv/bin/python benchmarks/reader_ab.py --questions ../shared/data/spec_bench/question.jsonl --category rag \
@@ -62,7 +63,15 @@ step corpus-v34/specbench-q25-answers.jsonl "$NG" synth-corpus --prompts "$W/hel
 step heads/amd-v34-q25/train_report.json "$NG" train-eagle --corpus corpus-v34 --init-head heads/amd-v9 --out heads/amd-v34-q25 \
     --epochs 8 --lr 1e-3 --max-len 2048 --loss-on all
 
-# 3. amd-v41: the documents of step 2 asked three other ways, and Spec-Bench qa, answered by the
+# 3. the datastore and the tree shape the figures used
+step datastores/shipped "$NG" build-datastore --corpus corpora --out datastores/shipped
+[ -e shapes/amd-v23-cpu-b1-3.json ] || echo '[[0], [1], [2]]' >shapes/amd-v23-cpu-b1-3.json
+if [ "${1:-}" = amd-v34-q25 ]; then
+    echo "== ready: heads/amd-v34-q25, datastores/shipped, shapes/amd-v23-cpu-b1-3.json"
+    exit 0
+fi
+
+# 4. amd-v41: the documents of step 2 asked three other ways, and Spec-Bench qa, answered by the
 #    target; trained with step 2's answers (4 epochs: the corpus is about 4x larger)
 step "$W/variant-prompts.jsonl" "$PY" benchmarks/spec_bench_variants.py "$SPEC" --holdout 24 --out "$W/variant-prompts.jsonl"
 mkdir -p corpus-v41
@@ -72,7 +81,4 @@ cp corpus-v34/specbench-q25-answers.jsonl corpus-v41/
 step heads/amd-v41/train_report.json "$NG" train-eagle --corpus corpus-v41 --init-head heads/amd-v9 --out heads/amd-v41 \
     --epochs 4 --lr 1e-3 --max-len 2048 --loss-on all
 
-# 4. the datastore and the tree shape the figures used
-step datastores/shipped "$NG" build-datastore --corpus corpora --out datastores/shipped
-[ -e shapes/amd-v23-cpu-b1-3.json ] || echo '[[0], [1], [2]]' >shapes/amd-v23-cpu-b1-3.json
 echo "== ready: heads/amd-v34-q25, heads/amd-v41, datastores/shipped, shapes/amd-v23-cpu-b1-3.json"
