@@ -25,6 +25,10 @@
 # context prompts' answers 24 min, Alpaca answers 2.4 min, amd-v9 30 min, held-out answers 6 min,
 # amd-v34-q25 5.6 min, variant answers 23 min, amd-v41 20 min.
 set -euo pipefail
+case "${1:-}" in
+    "" | amd-v34-q25) ;;
+    *) echo "usage: bash benchmarks/reader_head.sh [amd-v34-q25]   (got '$1')" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 NG=${NG:-.venv/bin/ngspec}
 PY=${PY:-.venv/bin/python}
