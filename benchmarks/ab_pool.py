@@ -17,16 +17,26 @@ batch run of its own, every arm in turn on it) is one unit, keyed by the run's c
 size and group index, so two files that ran the same groups count each group once.
 
     python benchmarks/ab_pool.py res/sampled-b8-rag.json res/greedy-b8-rag.json --arm eagle+search --versus trie
+
+`ngspec bench -b B --rounds R --json-out` files run without groups (the CPU's batch runs) pool their
+rounds: a round is one whole batch run per arm, its ratio the two arms' throughputs against that
+round's vanilla run, and the pooled ratio is the rounds' geometric mean with Student's t interval
+over them (`ngspec.bench.interval.rounds_interval`, what bench prints for one file). Every round
+counts, also rounds of the same prompts in two files: the interval measures timing noise over a
+fixed set of prompts, not prompt-to-prompt spread. Files of the two kinds do not pool together.
+
+    python benchmarks/ab_pool.py res/b8-rag-3rounds.json res/b8-rag-5rounds.json --arm eagle+search --versus trie
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
-from ngspec.bench.interval import ratio_interval, throughput_ratio
+from ngspec.bench.interval import ratio_interval, rounds_interval, throughput_ratio
 
 Run = tuple[float, float]
 
@@ -45,18 +55,41 @@ def pairs(results: dict, arm: str, versus: str, name: str) -> tuple[list[Run], l
 
 
 def bench_pairs(data: dict, arm: str, versus: str, name: str) -> tuple[list[Run], list[Run], list[str]]:
-    """The same for a `ngspec bench -b` result: its arms' group runs, round after round, keyed by
-    category, batch size and group (a bench run without groups has no pairs to resample)."""
+    """The same for a `ngspec bench -b --interleave-batches` result: its arms' group runs, round
+    after round, keyed by category, batch size and group."""
     arms = {a["arm"]: a for a in data["arms"]}
     for a in (arm, versus):
         if a not in arms:
             raise SystemExit(f"{name}: no arm {a!r} (arms: {', '.join(arms)})")
-    if "group_runs" not in arms[arm] or "group_runs" not in arms[versus]:
-        raise SystemExit(f"{name}: no group runs (a bench -b run without --interleave-batches, or of one group): nothing to pool")
+    if "group_runs" not in arms[versus]:
+        raise SystemExit(f"{name}: {arm!r} ran in groups and {versus!r} did not: nothing to pair")
     env = data.get("environment", {})
     runs = {a: [tuple(g) for rnd in arms[a]["group_runs"] for g in rnd] for a in (arm, versus)}
     keys = [f"{env.get('category')}:b{env.get('batch_size')}:group {g}" for rnd in arms[arm]["group_runs"] for g in range(len(rnd))]
     return runs[arm], runs[versus], keys
+
+
+def bench_rounds(data: dict, arm: str, versus: str, name: str) -> list[float] | None:
+    """A `ngspec bench -b` result run without groups: ``arm``'s throughput over ``versus``'s, round
+    by round (each against the round's vanilla run, which both share); None when it has groups."""
+    arms = {a["arm"]: a for a in data["arms"]}
+    for a in (arm, versus):
+        if a not in arms:
+            raise SystemExit(f"{name}: no arm {a!r} (arms: {', '.join(arms)})")
+    if "group_runs" in arms[arm]:
+        return None
+    mine, theirs = arms[arm].get("round_speedups"), arms[versus].get("round_speedups")
+    if not mine or not theirs or len(mine) != len(theirs) or min(mine + theirs) <= 0:
+        raise SystemExit(f"{name}: no rounds of {arm!r} and {versus!r} to pair (not an ngspec bench -b --json-out file?)")
+    return [a / b for a, b in zip(mine, theirs)]
+
+
+def describe_rounds(label: str, ratios: list[float]) -> str:
+    mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    interval = rounds_interval(ratios)
+    span = f"95% interval {interval[0]:.3f}-{interval[1]:.3f}x" if interval else "one round: no interval"
+    above = sum(r > 1 for r in ratios)
+    return f"{label}: {mean:.3f}x over {len(ratios)} round{'s' * (len(ratios) != 1)} ({above} above 1), {span}"
 
 
 def describe(label: str, mine: list[Run], theirs: list[Run], keys: list[str]) -> str:
@@ -75,12 +108,17 @@ def main(argv: list[str] | None = None) -> None:
     mine: list[Run] = []
     theirs: list[Run] = []
     keys: list[str] = []
+    ratios: list[float] = []  # bench -b files without groups: one ratio a round
     unkeyed = []
     for path in args.files:
         try:
             results = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise SystemExit(f"{path}: cannot read reader_ab results ({exc})") from None
+        if isinstance(results.get("arms"), list) and (rounds := bench_rounds(results, args.arm, args.versus, str(path))) is not None:
+            print(describe_rounds(f"{args.arm} vs {args.versus}, {path}", rounds))
+            ratios += rounds
+            continue
         if isinstance(results.get("arms"), list):  # ngspec bench -b --json-out
             a, b, k = bench_pairs(results, args.arm, args.versus, str(path))
         else:
@@ -92,7 +130,11 @@ def main(argv: list[str] | None = None) -> None:
         mine += a
         theirs += b
         keys += k
-    if len(args.files) > 1:
+    if ratios and mine:
+        raise SystemExit("these files mix bench -b runs without groups (pooled by rounds) with runs pooled by prompts or groups: pool each kind on its own")
+    if len(args.files) > 1 and ratios:
+        print(describe_rounds(f"{args.arm} vs {args.versus}, pooled", ratios))
+    elif len(args.files) > 1:
         print(describe(f"{args.arm} vs {args.versus}, pooled", mine, theirs, keys))
         if unkeyed:
             print(f"note: {', '.join(unkeyed)} hold no prompt keys (written before reader_ab kept them): each of their pairs "

@@ -1,12 +1,13 @@
-"""benchmarks/ab_pool.py: reader_ab results pooled over files, each prompt counted once."""
+"""benchmarks/ab_pool.py: reader_ab and bench -b results pooled over files, each prompt or group counted once, or\nevery round."""
 
 import json
+import math
 
 import pytest
 
 from conftest import benchmark_script
 
-from ngspec.bench.interval import ratio_interval
+from ngspec.bench.interval import ratio_interval, rounds_interval
 
 pool = benchmark_script("ab_pool")
 
@@ -93,9 +94,36 @@ def test_bench_batch_files_pool_their_groups_each_once(tmp_path, capsys):
     assert f"{low:.3f}-{high:.3f}x" in lines[0]
 
 
-def test_a_bench_file_without_groups_is_refused_with_the_reason(tmp_path):
+def rounds_result(category, speedups_by_arm):
+    """An `ngspec bench -b B --rounds R --json-out` result without groups: each arm's round-by-round
+    throughput against vanilla's."""
+    return {"environment": {"category": category, "batch_size": 8},
+            "arms": [{"arm": arm, "round_speedups": rounds} for arm, rounds in speedups_by_arm.items()]}
+
+
+def test_bench_batch_files_without_groups_pool_their_rounds(tmp_path, capsys):
+    """Each round is one ratio (both arms against the round's vanilla run); files pool every round,
+    geometric mean and Student's t over them, as bench prints for one file."""
+    three = {"vanilla": [1.0, 1.0, 1.0], "eagle+search": [1.10, 1.12, 1.09], "trie": [1.08, 1.09, 1.10]}
+    five = {"vanilla": [1.0] * 5, "eagle+search": [1.11, 1.10, 1.12, 1.09, 1.13], "trie": [1.10, 1.09, 1.10, 1.10, 1.10]}
+    files = [write(tmp_path / "three.json", rounds_result("rag", three)), write(tmp_path / "five.json", rounds_result("rag", five))]
+    pool.main([str(f) for f in files] + ["--arm", "eagle+search", "--versus", "trie"])
+    lines = capsys.readouterr().out.splitlines()
+    ratios = [a / b for a, b in zip(three["eagle+search"] + five["eagle+search"], three["trie"] + five["trie"])]
+    assert "over 3 rounds (2 above 1)" in lines[0] and "over 5 rounds (4 above 1)" in lines[1]
+    mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    low, high = rounds_interval(ratios)
+    assert "pooled" in lines[2] and f"{mean:.3f}x over 8 rounds (6 above 1), 95% interval {low:.3f}-{high:.3f}x" in lines[2]
+    assert low < mean < high
+
+
+def test_bench_files_of_both_kinds_or_without_rounds_are_refused_with_the_reason(tmp_path):
+    grouped = bench_result("rag", {"eagle+search": [[[500, 5.0], [480, 5.5]]], "trie": [[[500, 5.5], [480, 5.4]]]})
+    rounds = rounds_result("rag", {"eagle+search": [1.1, 1.0], "trie": [1.0, 1.0]})
+    with pytest.raises(SystemExit, match="pool each kind on its own"):
+        pool.main([str(write(tmp_path / "g.json", grouped)), str(write(tmp_path / "r.json", rounds)), "--arm", "eagle+search", "--versus", "trie"])
     data = {"environment": {}, "arms": [{"arm": "eagle+search"}, {"arm": "trie"}]}
-    with pytest.raises(SystemExit, match="no group runs"):
+    with pytest.raises(SystemExit, match="no rounds of 'eagle\\+search' and 'trie' to pair"):
         pool.main([str(write(tmp_path / "b.json", data)), "--arm", "eagle+search", "--versus", "trie"])
     with pytest.raises(SystemExit, match="no arm 'whole'"):
         pool.main([str(write(tmp_path / "b.json", data)), "--arm", "whole", "--versus", "trie"])
