@@ -12,7 +12,8 @@
 #   shapes/amd-v23-cpu-b1-3.json    the 3-node static tree [0], [1], [2] that tune-tree chose (section 10g)
 #
 #   bash benchmarks/reader_head.sh            # about 115 min on two CPU cores; resumes: a step whose output exists is skipped
-#   bash benchmarks/reader_head.sh amd-v34-q25   # only that head (the GPU visits'), the datastore and the shape: 50 min on the Intel VM
+#   bash benchmarks/reader_head.sh amd-v34-q25   # only that head (the GPU visits'), the datastore and the shape: 50 min on the Intel VM, 79 on the AMD one
+#   bash benchmarks/reader_b8.sh rag 5           # then: batch 8, the whole method against the trie, pooled over runs
 #
 # Then, for example (batch 1, whole method against the trie on the 24 held-out prompts):
 #   .venv/bin/python benchmarks/reader_ab.py --questions ../shared/data/spec_bench/question.jsonl --category rag \
