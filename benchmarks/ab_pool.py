@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
+from statistics import geometric_mean
 
 from ngspec.bench.interval import ratio_interval, rounds_interval, throughput_ratio
 
@@ -54,30 +54,28 @@ def pairs(results: dict, arm: str, versus: str, name: str) -> tuple[list[Run], l
     return [tuple(r) for r in mine], [tuple(r) for r in theirs], keys if keys and len(keys) == len(mine) else None
 
 
-def bench_pairs(data: dict, arm: str, versus: str, name: str) -> tuple[list[Run], list[Run], list[str]]:
-    """The same for a `ngspec bench -b --interleave-batches` result: its arms' group runs, round
-    after round, keyed by category, batch size and group."""
+def bench_arms(data: dict, arm: str, versus: str, name: str) -> dict[str, dict]:
+    """A `ngspec bench -b` result's arms by label, ``arm`` and ``versus`` among them."""
     arms = {a["arm"]: a for a in data["arms"]}
     for a in (arm, versus):
         if a not in arms:
             raise SystemExit(f"{name}: no arm {a!r} (arms: {', '.join(arms)})")
+    return arms
+
+
+def bench_pairs(arms: dict[str, dict], env: dict, arm: str, versus: str, name: str) -> tuple[list[Run], list[Run], list[str]]:
+    """The same as `pairs` for a `ngspec bench -b --interleave-batches` result (``arms``, its
+    ``environment``): its arms' group runs, round after round, keyed by category, batch size and group."""
     if "group_runs" not in arms[versus]:
         raise SystemExit(f"{name}: {arm!r} ran in groups and {versus!r} did not: nothing to pair")
-    env = data.get("environment", {})
     runs = {a: [tuple(g) for rnd in arms[a]["group_runs"] for g in rnd] for a in (arm, versus)}
     keys = [f"{env.get('category')}:b{env.get('batch_size')}:group {g}" for rnd in arms[arm]["group_runs"] for g in range(len(rnd))]
     return runs[arm], runs[versus], keys
 
 
-def bench_rounds(data: dict, arm: str, versus: str, name: str) -> list[float] | None:
+def bench_rounds(arms: dict[str, dict], arm: str, versus: str, name: str) -> list[float]:
     """A `ngspec bench -b` result run without groups: ``arm``'s throughput over ``versus``'s, round
-    by round (each against the round's vanilla run, which both share); None when it has groups."""
-    arms = {a["arm"]: a for a in data["arms"]}
-    for a in (arm, versus):
-        if a not in arms:
-            raise SystemExit(f"{name}: no arm {a!r} (arms: {', '.join(arms)})")
-    if "group_runs" in arms[arm]:
-        return None
+    by round (each against the round's vanilla run, which both share)."""
     mine, theirs = arms[arm].get("round_speedups"), arms[versus].get("round_speedups")
     if not mine or not theirs or len(mine) != len(theirs) or min(mine + theirs) <= 0:
         raise SystemExit(f"{name}: no rounds of {arm!r} and {versus!r} to pair (not an ngspec bench -b --json-out file?)")
@@ -85,11 +83,10 @@ def bench_rounds(data: dict, arm: str, versus: str, name: str) -> list[float] | 
 
 
 def describe_rounds(label: str, ratios: list[float]) -> str:
-    mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     interval = rounds_interval(ratios)
     span = f"95% interval {interval[0]:.3f}-{interval[1]:.3f}x" if interval else "one round: no interval"
     above = sum(r > 1 for r in ratios)
-    return f"{label}: {mean:.3f}x over {len(ratios)} round{'s' * (len(ratios) != 1)} ({above} above 1), {span}"
+    return f"{label}: {geometric_mean(ratios):.3f}x over {len(ratios)} round{'s' * (len(ratios) != 1)} ({above} above 1), {span}"
 
 
 def describe(label: str, mine: list[Run], theirs: list[Run], keys: list[str]) -> str:
@@ -115,12 +112,14 @@ def main(argv: list[str] | None = None) -> None:
             results = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise SystemExit(f"{path}: cannot read reader_ab results ({exc})") from None
-        if isinstance(results.get("arms"), list) and (rounds := bench_rounds(results, args.arm, args.versus, str(path))) is not None:
-            print(describe_rounds(f"{args.arm} vs {args.versus}, {path}", rounds))
-            ratios += rounds
-            continue
         if isinstance(results.get("arms"), list):  # ngspec bench -b --json-out
-            a, b, k = bench_pairs(results, args.arm, args.versus, str(path))
+            arms = bench_arms(results, args.arm, args.versus, str(path))
+            if "group_runs" not in arms[args.arm]:  # run without groups: pooled by rounds
+                rounds = bench_rounds(arms, args.arm, args.versus, str(path))
+                print(describe_rounds(f"{args.arm} vs {args.versus}, {path}", rounds))
+                ratios += rounds
+                continue
+            a, b, k = bench_pairs(arms, results.get("environment", {}), args.arm, args.versus, str(path))
         else:
             a, b, k = pairs(results, args.arm, args.versus, str(path))
         if k is None:  # every pair a prompt of its own

@@ -6,7 +6,7 @@
 # rounds (`ab_pool.py`).
 #
 #   bash benchmarks/reader_head.sh amd-v34-q25            # first: the head, datastore and shape
-#   bash benchmarks/reader_b8.sh rag 5 [HEAD]             # about 17 min for 5 rounds on two CPU cores
+#   bash benchmarks/reader_b8.sh rag 5 [HEAD]             # 5 rounds: about 17 min on the Intel VM, 23 on the AMD one
 #
 # Each call writes bench-out/b8/CATEGORY-<time>.json; run nothing else on the cores meanwhile.
 set -euo pipefail

@@ -1,4 +1,5 @@
-"""benchmarks/ab_pool.py: reader_ab and bench -b results pooled over files, each prompt or group counted once, or\nevery round."""
+"""benchmarks/ab_pool.py: reader_ab and bench -b results pooled over files, each prompt or group counted once, or
+every round."""
 
 import json
 import math
