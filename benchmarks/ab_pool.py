@@ -26,6 +26,12 @@ counts, also rounds of the same prompts in two files: the interval measures timi
 fixed set of prompts, not prompt-to-prompt spread. Files of the two kinds do not pool together.
 
     python benchmarks/ab_pool.py res/b8-rag-3rounds.json res/b8-rag-5rounds.json --arm eagle+search --versus trie
+
+`ngspec bench` files record their setup (model, device, host CPU, dtype, threads, torch, batch size,
+new tokens, sampling, every drafter option: the EAGLE head, datastore, tree shape...). Files whose
+setups differ are refused, the differences named (`--mixed` pools them anyway, and says so); their
+prompts, category and rounds may differ. A setup key a file does not record (files written before
+bench recorded it) is not compared.
 """
 
 from __future__ import annotations
@@ -96,23 +102,54 @@ def describe(label: str, mine: list[Run], theirs: list[Run], keys: list[str]) ->
     return f"{label}: {throughput_ratio(mine, theirs):.3f}x over {n} prompt{'s' * (n != 1)} or groups ({len(mine)} pairs), {span}"
 
 
+SETUP = ("model", "device", "cpu", "torch_threads", "dtype", "torch", "cudnn_attention", "max_new_tokens", "batch_size",
+         "interleave_batches", "temperature", "top_p", "top_k", "drafting")  # what a pooled file must share
+GRAPHS = ("target_graphs", "batch_target_graphs")  # reports that vary by run: only whether they ran counts
+
+
+def setup_of(env: dict) -> dict:
+    """A bench file's setup (``environment``) flattened: ``drafting.eagle_head`` and the like."""
+    out = {}
+    for key in SETUP:
+        if isinstance(value := env.get(key), dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        elif key in env:
+            out[key] = value
+    if "drafting" in env:  # files that record their drafting record their graphs' presence too
+        out.update({key: key in env for key in GRAPHS})
+    return out
+
+
+def setup_differences(setups: list[tuple[str, dict]]) -> list[str]:
+    """Each setup key on which a file differs from the first file, where both record it."""
+    if not setups:
+        return []
+    (first, base), diffs = setups[0], []
+    for name, setup in setups[1:]:
+        diffs += [f"{k} {base[k]} ({first}) against {setup[k]} ({name})" for k in base if k in setup and setup[k] != base[k]]
+    return diffs
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+", type=Path, help="reader_ab.py or ngspec bench -b --json-out files")
     ap.add_argument("--arm", default="whole")
     ap.add_argument("--versus", default="trie")
+    ap.add_argument("--mixed", action="store_true", help="pool bench files whose setups differ (head, datastore, host...)")
     args = ap.parse_args(argv)
     mine: list[Run] = []
     theirs: list[Run] = []
     keys: list[str] = []
     ratios: list[float] = []  # bench -b files without groups: one ratio a round
     unkeyed = []
+    setups = []  # bench files' (name, setup)
     for path in args.files:
         try:
             results = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise SystemExit(f"{path}: cannot read reader_ab results ({exc})") from None
         if isinstance(results.get("arms"), list):  # ngspec bench -b --json-out
+            setups.append((str(path), setup_of(results.get("environment", {}))))
             arms = bench_arms(results, args.arm, args.versus, str(path))
             if "group_runs" not in arms[args.arm]:  # run without groups: pooled by rounds
                 rounds = bench_rounds(arms, args.arm, args.versus, str(path))
@@ -129,6 +166,10 @@ def main(argv: list[str] | None = None) -> None:
         mine += a
         theirs += b
         keys += k
+    if diffs := setup_differences(setups):
+        if not args.mixed:
+            raise SystemExit("these files ran different setups: " + "; ".join(diffs) + ". Pool files of one setup, or give --mixed")
+        print("note: pooled across different setups (--mixed): " + "; ".join(diffs))
     if ratios and mine:
         raise SystemExit("these files mix bench -b runs without groups (pooled by rounds) with runs pooled by prompts or groups: pool each kind on its own")
     if len(args.files) > 1 and ratios:

@@ -8,7 +8,8 @@
 #   bash benchmarks/reader_head.sh amd-v34-q25            # first: the head, datastore and shape
 #   bash benchmarks/reader_b8.sh rag 5 [HEAD]             # 5 rounds: about 17 min on the Intel VM, 23 on the AMD one
 #
-# Each call writes bench-out/b8/CATEGORY-<time>.json; run nothing else on the cores meanwhile.
+# Each call writes bench-out/b8/HEAD/CATEGORY-<time>.json (HEAD: the head directory's name) and pools
+# that head's runs of the category; run nothing else on the cores meanwhile.
 set -euo pipefail
 if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
     echo "usage: bash benchmarks/reader_b8.sh CATEGORY ROUNDS [HEAD]   (e.g. rag 5 heads/amd-v34-q25)" >&2
@@ -17,12 +18,13 @@ fi
 cd "$(dirname "$0")/.."
 category=$1 rounds=$2 head=${3:-heads/amd-v34-q25}
 for need in "$head" datastores/shipped shapes/amd-v23-cpu-b1-3.json; do
-    [ -e "$need" ] || { echo "missing $need: run bash benchmarks/reader_head.sh amd-v34-q25 first" >&2; exit 1; }
+    [ -e "$need" ] || { echo "missing $need: run bash benchmarks/reader_head.sh first (its argument amd-v34-q25 builds that head alone)" >&2; exit 1; }
 done
-mkdir -p bench-out/b8
-out=bench-out/b8/$category-$(date +%Y%m%d-%H%M%S).json
+dir=bench-out/b8/$(basename "$head")
+mkdir -p "$dir"
+out=$dir/$category-$(date +%Y%m%d-%H%M%S).json
 .venv/bin/ngspec bench -q ../shared/data/spec_bench/question.jsonl --category "$category" --limit 24 -n 128 -b 8 \
     --rounds "$rounds" -d trie -d eagle+search --eagle-head "$head" --tree static \
     --tree-choices shapes/amd-v23-cpu-b1-3.json --draft-vocab 8192 --datastore datastores/shipped --deepen \
     --versus trie --json-out "$out"
-.venv/bin/python benchmarks/ab_pool.py bench-out/b8/"$category"-*.json --arm eagle+search --versus trie
+.venv/bin/python benchmarks/ab_pool.py "$dir/$category"-*.json --arm eagle+search --versus trie

@@ -128,3 +128,29 @@ def test_bench_files_of_both_kinds_or_without_rounds_are_refused_with_the_reason
         pool.main([str(write(tmp_path / "b.json", data)), "--arm", "eagle+search", "--versus", "trie"])
     with pytest.raises(SystemExit, match="no arm 'whole'"):
         pool.main([str(write(tmp_path / "b.json", data)), "--arm", "whole", "--versus", "trie"])
+
+
+def setup_result(speedups_by_arm, **env):
+    """A rounds result whose environment records a setup, as `ngspec bench` writes it."""
+    data = rounds_result("rag", speedups_by_arm)
+    data["environment"].update({"model": "SmolLM2-135M-Instruct", "cpu": "AMD EPYC", "dtype": "float32",
+                                "drafting": {"eagle_head": "heads/a", "datastore": "datastores/shipped", "deepen": True}}, **env)
+    return data
+
+
+def test_bench_files_of_different_setups_are_refused_naming_the_difference_unless_mixed(tmp_path, capsys):
+    speedups = {"vanilla": [1.0, 1.0], "eagle+search": [1.1, 1.0], "trie": [1.0, 1.0]}
+    a = setup_result(speedups)
+    b = setup_result(speedups)
+    b["environment"]["drafting"]["eagle_head"] = "heads/b"
+    c = setup_result(speedups, cpu="Intel Xeon", category="summarization", rounds=9)  # another host; category and rounds may differ
+    files = [str(write(tmp_path / n, d)) for n, d in (("a.json", a), ("b.json", b), ("c.json", c))]
+    with pytest.raises(SystemExit, match=r"different setups: drafting.eagle_head heads/a \(.*a.json\) against heads/b \(.*b.json\); cpu AMD EPYC .* against Intel Xeon"):
+        pool.main(files + ["--arm", "eagle+search", "--versus", "trie"])
+    pool.main(files + ["--arm", "eagle+search", "--versus", "trie", "--mixed"])
+    out = capsys.readouterr().out
+    assert "note: pooled across different setups (--mixed): drafting.eagle_head" in out and "over 6 rounds" in out
+    # the same setup pools; a file that records no setup (written before bench did) is not compared
+    same = [str(write(tmp_path / "a2.json", setup_result(speedups, category="summarization"))), str(write(tmp_path / "old.json", rounds_result("rag", speedups)))]
+    pool.main([files[0]] + same + ["--arm", "eagle+search", "--versus", "trie"])
+    assert "different setups" not in capsys.readouterr().out

@@ -114,12 +114,15 @@ def test_bench_compares_arms_as_batches(tmp_path):
     texts = [PROMPT, PROMPT.upper(), PROMPT[: len(PROMPT) // 2]]
     questions.write_text("".join(json.dumps({"question_id": i, "category": "rag", "turns": [t]}) + "\n" for i, t in enumerate(texts)))
     md = tmp_path / "batch.md"
-    result = invoke("bench", "-q", questions, "-n", 12, "-b", 2, "--rounds", 2, "-d", "trie", "--versus", "trie", "--json", "--markdown", md)
+    result = invoke("bench", "-q", questions, "-n", 12, "-b", 2, "--rounds", 2, "-d", "trie", "--num-draft", 16, "--versus", "trie", "--json", "--markdown", md)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     arms = {a["arm"]: a for a in report["arms"]}
     assert set(arms) == {"vanilla", "trie"}  # transformers' arms pad batches their own way: left out
-    assert report["environment"]["batch_size"] == 2
+    env = report["environment"]
+    assert env["batch_size"] == 2 and env["cpu"]  # the host's CPU and every drafter option, for ab_pool to compare
+    assert env["drafting"]["num_draft"] == 16 and env["drafting"]["eagle_head"] is None and env["drafting"]["prefix_len"] == 3
+    assert "drafting: (num_draft 16, " in md.read_text()
     for arm in arms.values():
         assert arm["exact_match"] == 1.0 and len(arm["round_speedups"]) == len(arm["round_seconds"]) == 2
         assert 0 < arm["prefill_share"] < 1
@@ -441,7 +444,7 @@ def test_bench_rounds_at_batch_size_one_pair_each_prompt_with_itself(tmp_path):
     result = invoke("bench", "-q", questions, "-n", 8, "-d", "trie", "--rounds", 2, "--versus", "vanilla", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["environment"]["rounds"] == 2
+    assert report["environment"]["rounds"] == 2 and report["environment"]["drafting"]["datastore"] is None
     assert [(p["id"], p["round"]) for p in report["prompts"]] == [("0", 0), ("1", 0), ("0", 1), ("1", 1)]
     arms = {a["arm"]: a for a in report["arms"]}
     assert all(a["exact_match"] == 1.0 for a in arms.values())

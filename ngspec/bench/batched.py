@@ -25,7 +25,7 @@ from typing import Callable
 
 from ngspec.batch import BatchConfig
 from ngspec.bench.interval import ratio_interval, rounds_interval
-from ngspec.bench.report import SAMPLED_NOTE, interval_text, table_lines
+from ngspec.bench.report import SAMPLED_NOTE, interval_text, setup_text, table_lines
 from ngspec.bench.runner import arm_drafter, warm_config
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import Resources
@@ -302,7 +302,7 @@ def markdown(
     if pairs:
         base = pairs[0]["versus"]
         lines += [""] + table_lines(versus_columns(base), versus_rows(pairs)) + ["", versus_note(pairs)]
-    meta = ", ".join(f"{k}: {v}" for k, v in env.items())
+    meta = setup_text(env)
     return (
         f"{meta}\n\n{ceiling_text(ceilings, sampled)}\n\n"
         + how_run(summaries) + "; throughput is total tokens over wall time, against "

@@ -18,6 +18,7 @@ import torch
 
 from ngspec.bench.interval import ratio_interval, throughput_ratio
 from ngspec.bench.runner import BenchRecord, baseline
+from ngspec.cpu_linear import cpu_name
 from ngspec.drafters.eagle import head_graphs_report
 from ngspec.static_verify import batches_static
 
@@ -227,6 +228,7 @@ def environment(engine, settings: dict, eagle=None) -> dict:
     return {
         "model": engine.loaded.name,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        "cpu": cpu_name(),  # the host's, on a GPU too: it issues the host work
         "torch_threads": torch.get_num_threads(),
         "dtype": str(engine.target.dtype).removeprefix("torch."),
         "torch": torch.__version__,
@@ -237,6 +239,14 @@ def environment(engine, settings: dict, eagle=None) -> dict:
         **({"head_graphs": head} if (head := head_graphs_report(eagle)) is not None else {}),  # `--head-graphs`
         **settings,
     }
+
+
+def setup_text(env: dict) -> str:
+    """A report's setup as one line: ``key: value``, a nested record's keys inline."""
+    def value(v):
+        return "(" + ", ".join(f"{k} {value(x)}" for k, x in v.items()) + ")" if isinstance(v, dict) else str(v)
+
+    return ", ".join(f"{k}: {value(v)}" for k, v in env.items())
 
 
 def table_lines(columns: list[str], cells: list[list[str]]) -> list[str]:
@@ -254,7 +264,7 @@ def markdown(
     if pairs:  # `versus`
         base = pairs[0]["versus"]
         lines += [""] + table_lines(["arm", f"throughput vs {base}", "95% interval"], [[p["arm"], f"{p['ratio']:.3f}x", interval_text(p["interval"], ".3f")] for p in pairs])
-    meta = ", ".join(f"{k}: {v}" for k, v in env.items())
+    meta = setup_text(env)
     ref = reference_arm(list(records)) if records else baseline(False)
     return (
         f"{meta}\n\nSelf-repetition ceiling of the {ref} outputs (token-weighted): {ceiling:.2f}"

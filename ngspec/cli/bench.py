@@ -126,7 +126,7 @@ def bench_command(
     if batch_size > 1:
         settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
                     "max_new_tokens": max_new_tokens, "batch_size": batch_size, "rounds": rounds, "interleave_batches": interleave_batches,
-                    **sampling_settings}
+                    **sampling_settings, "drafting": drafting.settings()}
         _bench_batched(engine, prompts, every_turn, [a for a in arms if a.drafter not in HF_ARMS], cfg, res, raw, batch_size, rounds, settings,
                        versus_arm, markdown_out, json_path, json_out, interleave_batches)
         return
@@ -139,7 +139,7 @@ def bench_command(
     splits = split_tables(records, [a.label for a in arms])
     settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
                 "max_new_tokens": max_new_tokens, "rounds": rounds,
-                **sampling_settings}
+                **sampling_settings, "drafting": drafting.settings()}
     env = environment(engine, settings, res.eagle)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)

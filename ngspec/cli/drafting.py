@@ -57,6 +57,10 @@ class Drafting:
             ngram_q=self.ngram_q, search_depth=self.search_depth, deepen=self.deepen,
         )
 
+    def settings(self) -> dict:
+        """Every drafter option as given (paths as text), for a report's record of its setup."""
+        return {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
+
     def check(self, drafters: list[str]) -> None:
         """Refuse options no chosen drafter reads and missing files, before any model loads."""
         chosen = set(drafters)

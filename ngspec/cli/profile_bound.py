@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -25,17 +24,11 @@ GRAPHS_GRID = ("1..8", "0..7", "25,100,500")  # trees of up to 57 nodes: every o
 def _device_name(device: torch.device) -> str:
     import torch
 
+    from ngspec.cpu_linear import cpu_name
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {torch.get_num_threads()} threads"
+    return f"{cpu_name()}, {torch.get_num_threads()} threads"
 
 
 def _check_writable(out: Path) -> None:
