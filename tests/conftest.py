@@ -24,6 +24,16 @@ def _collectable_after_each_test():
     gc.unfreeze()
 
 
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """Measurements count as made on a quiet machine, however busy it is: tests of what is cached
+    must not depend on what else runs beside the suite (a busy one's measurements are not kept;
+    tests/test_measured.py tests that)."""
+    from ngspec.perf import measured
+
+    monkeypatch.setattr(measured, "BUSY_SHARE", float("inf"))
+
+
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny(request):
     return tiny_model(request.param, seed=0)

@@ -47,7 +47,7 @@ def test_trie_drafts_less_when_verification_is_expensive():
         assert 0 < tree.size <= expect_max
 
 
-def test_cost_table_is_cached_per_setting(tiny, tmp_path, monkeypatch):
+def test_cost_table_is_cached_per_setting(tiny, tmp_path, monkeypatch, quiet_machine):
     from ngspec.perf import costs as costs_module
 
     monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
@@ -88,7 +88,7 @@ def test_every_call_records_its_cost_by_the_table(tiny):
     assert plain.stats.cost_units == plain.stats.verify_calls - 1
 
 
-def test_verification_replayed_from_graphs_is_calibrated_apart(tiny, tmp_path, monkeypatch):
+def test_verification_replayed_from_graphs_is_calibrated_apart(tiny, tmp_path, monkeypatch, quiet_machine):
     """`--target-graphs` changes what a step costs (a replay, whatever its size), so its table is
     not the plain one read from the cache, and a batch's is measured with the graphs on."""
     from ngspec.perf import costs as costs_module

@@ -127,7 +127,7 @@ def test_small_models_keep_ordinary_layers_unless_a_kernel_is_forced(monkeypatch
         tune_linears(tiny_model("llama"))
 
 
-def test_large_models_are_measured_once_and_read_from_the_cache(monkeypatch, tmp_path):
+def test_large_models_are_measured_once_and_read_from_the_cache(monkeypatch, tmp_path, quiet_machine):
     monkeypatch.delenv("NGSPEC_CPU_KERNELS", raising=False)
     monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(cpu_linear, "MIN_TUNED_BYTES", 0)
