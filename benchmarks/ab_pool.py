@@ -121,13 +121,13 @@ def setup_of(env: dict) -> dict:
 
 
 def setup_differences(setups: list[tuple[str, dict]]) -> list[str]:
-    """Each setup key on which a file differs from the first file, where both record it."""
-    if not setups:
-        return []
-    (first, base), diffs = setups[0], []
-    for name, setup in setups[1:]:
-        diffs += [f"{k} {base[k]} ({first}) against {setup[k]} ({name})" for k in base if k in setup and setup[k] != base[k]]
-    return diffs
+    """Each setup key whose value differs between the files that record it, with the first file of
+    each value."""
+    seen: dict[str, dict] = {}  # key: {value as text: first file with it}
+    for name, setup in setups:
+        for k, v in setup.items():
+            seen.setdefault(k, {}).setdefault(repr(v), (name, v))
+    return [f"{k} " + " against ".join(f"{v} ({name})" for name, v in values.values()) for k, values in seen.items() if len(values) > 1]
 
 
 def main(argv: list[str] | None = None) -> None:
