@@ -123,10 +123,10 @@ def bench_command(
     if versus_arm is not None and versus_arm not in [a.label for a in arms]:
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; the arms are: {', '.join(a.label for a in arms)}")
     res = drafting.resources(engine, [a.drafter for a in arms])
+    settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
+                "max_new_tokens": max_new_tokens, "rounds": rounds, **sampling_settings, "drafting": drafting.settings()}
     if batch_size > 1:
-        settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
-                    "max_new_tokens": max_new_tokens, "batch_size": batch_size, "rounds": rounds, "interleave_batches": interleave_batches,
-                    **sampling_settings, "drafting": drafting.settings()}
+        settings |= {"batch_size": batch_size, "interleave_batches": interleave_batches}
         _bench_batched(engine, prompts, every_turn, [a for a in arms if a.drafter not in HF_ARMS], cfg, res, raw, batch_size, rounds, settings,
                        versus_arm, markdown_out, json_path, json_out, interleave_batches)
         return
@@ -137,9 +137,6 @@ def bench_command(
 
     summaries = summarise(records, [a.label for a in arms])
     splits = split_tables(records, [a.label for a in arms])
-    settings = {"questions": str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
-                "max_new_tokens": max_new_tokens, "rounds": rounds,
-                **sampling_settings, "drafting": drafting.settings()}
     env = environment(engine, settings, res.eagle)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
