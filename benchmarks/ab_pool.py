@@ -31,7 +31,7 @@ fixed set of prompts, not prompt-to-prompt spread. Files of the two kinds do not
 new tokens, sampling, every drafter option: the EAGLE head, datastore, tree shape...). Files whose
 setups differ are refused, the differences named (`--mixed` pools them anyway, and says so); their
 prompts, category and rounds may differ. A setup key a file does not record (files written before
-bench recorded it) is not compared.
+bench recorded it) is not compared, and the report names the files that record none.
 """
 
 from __future__ import annotations
@@ -179,6 +179,10 @@ def main(argv: list[str] | None = None) -> None:
         if unkeyed:
             print(f"note: {', '.join(unkeyed)} hold no prompt keys (written before reader_ab kept them): each of their pairs "
                   "counted as a prompt of its own, so pooled files that ran the same prompts read narrower than they are")
+    unrecorded = [name for name, setup in setups if not any(k.startswith("drafting.") for k in setup)]
+    if len(args.files) > 1 and unrecorded:
+        print(f"note: {', '.join(unrecorded)} record no drafting setup (written before bench recorded it): pooled "
+              "without checking that they ran the same head, datastore and shape as the others")
 
 
 if __name__ == "__main__":

@@ -87,6 +87,8 @@ class BatchReport:
     rearrange_seconds: float = 0.0
     freed_entries: int = 0  # cache entries (rows x slots) that compactions freed
     cost_units: float = 0.0  # the steps' summed cost in plain batched steps, by the measured table
+    row_steps: int = 0  # sum over steps of the rows verified
+    padded_nodes: int = 0  # sum over steps of rows x the widest row's draft nodes: what a padded step verifies
     slot_steps: int = 0  # sum over steps of (rows x cache slots) attended
     live_steps: int = 0  # the same for live entries only: what a hole-free cache would hold
     peak_slots: int = 0
@@ -105,6 +107,7 @@ class BatchReport:
         return {
             "steps": self.steps, "rearrangements": self.rearrangements, "rearrange_skipped": self.rearrange_skipped,
             "rearrange_seconds": self.rearrange_seconds, "freed_entries": self.freed_entries, "cost_units": self.cost_units,
+            "padded_nodes_per_row": self.padded_nodes / self.row_steps if self.row_steps else 0.0,
             "mean_hole_share": self.hole_share, "peak_cache_slots": self.peak_slots, "seconds": self.seconds,
             "prefill_seconds": self.prefill_seconds, "prefill_share": self.prefill_seconds / self.seconds if self.seconds else 0.0,
             "prefill_tokens": self.prefill_tokens, "prefill_forwards": self.prefill_forwards,
@@ -368,6 +371,8 @@ def generate_batch(
             times[len(rows)].record(step_cost, time.perf_counter() - t1)  # the verdicts read waited for the device
         report.steps += 1
         report.cost_units += step_cost
+        report.row_steps += len(rows)
+        report.padded_nodes += len(rows) * max(t.size for t in trees)
         use = target.use()
         report.slot_steps += use.slots * use.rows
         report.live_steps += use.live

@@ -157,7 +157,8 @@ def test_bench_files_of_different_setups_are_refused_naming_the_difference_unles
     # the same setup pools; a file that records no setup (written before bench did) is not compared
     same = [str(write(tmp_path / "a2.json", setup_result(speedups, category="summarization"))), str(write(tmp_path / "old.json", rounds_result("rag", speedups)))]
     pool.main([files[0]] + same + ["--arm", "eagle+search", "--versus", "trie"])
-    assert "different setups" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "different setups" not in out and re.search(r"note: \S*old.json record no drafting setup", out) and "a2.json record" not in out
     # a file without a record first: the others are still compared with each other
     with pytest.raises(SystemExit, match=r"drafting.eagle_head heads/a \(.*a.json\) against heads/b"):
         pool.main([same[1]] + files[:2] + ["--arm", "eagle+search", "--versus", "trie"])

@@ -118,6 +118,9 @@ def test_one_width_for_the_batch_from_every_rows_gains(tiny, prompts_and_expecte
     assert all(s.verify_cost == STEEP_BATCH_COST[3] for s in first)  # the batched step's cost, width 3
     widths = [max(r.generation.stats.steps[i].tree_size for r in results if len(r.generation.stats.steps) > i) for i in range(1, report.steps + 1)]
     assert report.cost_units == pytest.approx(sum(STEEP_BATCH_COST[w] for w in widths))
+    rows = [sum(len(r.generation.stats.steps) > i for r in results) for i in range(1, report.steps + 1)]
+    assert report.row_steps == sum(rows) and report.padded_nodes == sum(n * w for n, w in zip(rows, widths))
+    assert report.as_dict()["padded_nodes_per_row"] == pytest.approx(report.padded_nodes / report.row_steps)
 
 
 def test_packed_rows_each_keep_the_nodes_that_pay_for_their_share(tiny, prompts_and_expected):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from ngspec.batch import BatchConfig
-from ngspec.bench.batched import BatchRound, batch_groups, run_batched, summarise_batched, versus, versus_note, versus_rows
+from ngspec.bench.batched import COLUMNS, BatchRound, batch_groups, rows, run_batched, summarise_batched, versus, versus_note, versus_rows
 from ngspec.bench.interval import rounds_interval
 from ngspec.bench.runner import Arm, run_arm
 from ngspec.decode import DecodeConfig
@@ -40,6 +40,24 @@ def test_summary_of_hand_made_rounds():
     mid = sum(logs) / 2
     assert pair["interval_over"] == "rounds" and pair["interval_95"] == pytest.approx([math.exp(mid - half), math.exp(mid + half)])
     assert versus_rows([pair])[0][3] == f"{math.exp(mid - half):.3f}-{math.exp(mid + half):.3f}x (rounds)"
+
+
+def test_step_columns_of_hand_made_rounds():
+    """nodes/row and padded nodes/row are over the rows' verification steps (each row's prefill,
+    its first call, left out); step cost over the batch's steps; all summed over the rounds first."""
+    reference = [[1, 2, 3], [4, 5]]
+    runs = {
+        "vanilla": [BatchRound(10.0, 5, 5, 0.0, 0.0, reference, steps=3, cost_units=3.0)],
+        # round 1: 2 rows, 6 calls (4 steps of rows), 9 nodes, 12 padded; 3 batch steps, cost 4.5
+        "trie": [BatchRound(8.0, 5, 6, 0.0, 0.0, reference, steps=3, nodes=9, padded=12, cost_units=4.5),
+                 BatchRound(8.0, 5, 4, 0.0, 0.0, reference, steps=2, nodes=3, padded=4, cost_units=2.5)],
+    }
+    by = {s.arm: s for s in summarise_batched(runs, reference)}
+    assert (by["vanilla"].nodes_per_row, by["vanilla"].padded_per_row, by["vanilla"].step_cost) == (0.0, 0.0, 1.0)
+    trie = by["trie"]
+    assert trie.nodes_per_row == pytest.approx(12 / 6) and trie.padded_per_row == pytest.approx(16 / 6) and trie.step_cost == pytest.approx(7 / 5)
+    assert rows([trie])[0][5:8] == ["2.00", "2.67", "1.400"]
+    assert dict(zip(COLUMNS, rows([trie])[0]))["nodes/row"] == "2.00"
 
 
 def test_rounds_interval_hand_worked():
@@ -92,8 +110,8 @@ def test_every_timed_run_reads_the_datastore_cold():
         def run_batch(self, ids, new_drafter, cfg, batch):
             runs.append((store.warm, cfg.max_new_tokens))
             store.warm = True  # this run's reads
-            gen = SimpleNamespace(token_ids=[1], stats=SimpleNamespace(verify_calls=1, draft_seconds=0.0))
-            return [SimpleNamespace(error=None, generation=gen) for _ in ids], SimpleNamespace(seconds=1.0, new_tokens=len(ids), prefill_seconds=0.0)
+            gen = SimpleNamespace(token_ids=[1], stats=SimpleNamespace(verify_calls=1, draft_seconds=0.0, steps=[]))
+            return [SimpleNamespace(error=None, generation=gen) for _ in ids], _report(seconds=1.0, new_tokens=len(ids))
 
     out = run_batched(Engine(), [[1], [2]], [Arm("trie", "trie"), Arm("search", "search")], DecodeConfig(max_new_tokens=64), Resources(datastore=store), BatchConfig(2), rounds=2)
     assert [n for _, n in runs] == [16, 16] + [64] * 4  # each arm's untimed warm-up first
@@ -149,11 +167,16 @@ class _Recorder:
         drafter = new_drafter()
         arm = drafter.name
         self.runs.append((arm, [x[0] for x in ids], cfg.max_new_tokens, drafter.calibration))
-        gens = [SimpleNamespace(token_ids=list(x), stats=SimpleNamespace(verify_calls=len(x), draft_seconds=0.0)) for x in ids]
+        gens = [SimpleNamespace(token_ids=list(x), stats=SimpleNamespace(verify_calls=len(x), draft_seconds=0.0, steps=[])) for x in ids]
         results = [SimpleNamespace(index=i, error=None, generation=g) for i, g in enumerate(gens)]
         if self.fail and self.fail[0] == arm and self.fail[1] in [x[0] for x in ids]:
             results[[x[0] for x in ids].index(self.fail[1])].error = "too long"
-        return results, SimpleNamespace(seconds=self.seconds[arm] * len(ids), new_tokens=sum(len(x) for x in ids), prefill_seconds=0.0)
+        return results, _report(seconds=self.seconds[arm] * len(ids), new_tokens=sum(len(x) for x in ids))
+
+
+def _report(**fields):
+    """A stand-in `BatchReport` of a run that verified no draft."""
+    return SimpleNamespace(prefill_seconds=0.0, steps=0, padded_nodes=0, cost_units=0.0, **fields)
 
 
 def _fake_drafters(monkeypatch):

@@ -128,8 +128,12 @@ def test_bench_compares_arms_as_batches(tmp_path):
         assert 0 < arm["prefill_share"] < 1
     assert arms["vanilla"]["speedup"] == 1.0 and arms["vanilla"]["tokens_per_call"] == 1.0
     assert arms["trie"]["tokens_per_call"] > 1.0
+    # what each step verified: plain steps none; a trie row at most its step's widest, within --num-draft
+    assert arms["vanilla"]["nodes_per_row"] == arms["vanilla"]["padded_per_row"] == 0 and arms["vanilla"]["step_cost"] == pytest.approx(1.0)
+    assert 0 < arms["trie"]["nodes_per_row"] <= arms["trie"]["padded_per_row"] <= 16 and arms["trie"]["step_cost"] > 0
+    assert set(report["step_definitions"]) == {"nodes_per_row", "padded_per_row", "step_cost"}
     assert report["versus"][0]["arm"] == "vanilla" and report["versus"][0]["ratio"] == pytest.approx(1 / arms["trie"]["speedup"])
-    assert "| trie |" in md.read_text()
+    assert "| trie |" in md.read_text() and "nodes/row" in md.read_text()
 
 
 @pytest.mark.parametrize(

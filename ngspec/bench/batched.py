@@ -49,6 +49,10 @@ class BatchRound:
     outputs: list[list[int]]
     row_calls: list[int] = field(default_factory=list)  # each row's verify calls, its prefill counted
     groups: list[tuple[int, float]] = field(default_factory=list)  # (tokens, seconds) of each group's run, in order
+    steps: int = 0  # the batch's verification steps
+    nodes: int = 0  # draft nodes verified, summed over the rows' steps
+    padded: int = 0  # the same, were every row as wide as its step's widest (what a padded step verifies)
+    cost_units: float = 0.0  # the steps' cost in plain batched steps by the measured table (`BatchReport.cost_units`)
 
     @property
     def rate(self) -> float:
@@ -65,6 +69,9 @@ class BatchArmSummary:
     draft_share: float
     prefill_share: float
     exact_match: float | None  # share of rows (over every round) equal to transformers' greedy decoding (sampled: vanilla's rows; None for vanilla)
+    nodes_per_row: float = 0.0  # draft nodes a row's step verified, on average (the prefill left out)
+    padded_per_row: float = 0.0  # the same were every row as wide as its step's widest: what a padded batch verifies
+    step_cost: float = 0.0  # a step's cost in plain batched steps by the measured table, on average
     rounds: list[BatchRound] = field(default_factory=list, repr=False)
 
     @property
@@ -114,6 +121,8 @@ def run_batched(
                 parts[arm.label].append(BatchRound(
                     report.seconds, report.new_tokens, sum(g.stats.verify_calls for g in gens), sum(g.stats.draft_seconds for g in gens),
                     report.prefill_seconds, [g.token_ids for g in gens], [g.stats.verify_calls for g in gens],
+                    steps=report.steps, nodes=sum(s.tree_size for g in gens for s in g.stats.steps),
+                    padded=report.padded_nodes, cost_units=report.cost_units,
                 ))
                 if on_progress:
                     on_progress(arm.label)
@@ -128,7 +137,8 @@ def _joined(parts: list[BatchRound]) -> BatchRound:
     return BatchRound(
         sum(x.seconds for x in parts), sum(x.tokens for x in parts), sum(x.calls for x in parts), sum(x.draft_seconds for x in parts),
         sum(x.prefill_seconds for x in parts), [o for x in parts for o in x.outputs], [c for x in parts for c in x.row_calls],
-        [(x.tokens, x.seconds) for x in parts],
+        [(x.tokens, x.seconds) for x in parts], sum(x.steps for x in parts), sum(x.nodes for x in parts),
+        sum(x.padded for x in parts), sum(x.cost_units for x in parts),
     )
 
 
@@ -142,6 +152,8 @@ def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[in
         seconds = sum(x.seconds for x in rounds)
         tokens = sum(x.tokens for x in rounds)
         rate = tokens / seconds
+        steps = sum(x.steps for x in rounds)
+        row_steps = sum(x.calls - len(x.outputs) for x in rounds)  # each row's prefill is its first call
         checked = [(got, want) for x, b in zip(rounds, base) for got, want in zip(x.outputs, b.outputs if sampled else reference)]
         out.append(BatchArmSummary(
             arm=arm,
@@ -152,6 +164,9 @@ def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[in
             draft_share=sum(x.draft_seconds for x in rounds) / seconds,
             prefill_share=sum(x.prefill_seconds for x in rounds) / seconds,
             exact_match=None if sampled and arm == BASE else sum(got == want for got, want in checked) / len(checked),
+            nodes_per_row=sum(x.nodes for x in rounds) / row_steps if row_steps else 0.0,
+            padded_per_row=sum(x.padded for x in rounds) / row_steps if row_steps else 0.0,
+            step_cost=sum(x.cost_units for x in rounds) / steps if steps else 0.0,
             rounds=rounds,
         ))
     return out
@@ -196,15 +211,15 @@ def turn_columns(turns: list[dict]) -> list[str]:
     return TURN_COLUMNS + [f"{arm} tokens/call" for arm in turns[0]["tokens_per_call"]]
 
 
-# tok/s over all rows; tokens/call per row
-COLUMNS = ["arm", "tok/s", "vs vanilla", "per round", "tokens/call", "draft share", "prefill share", "exact match"]
+# tok/s over all rows; tokens/call and nodes per row; step cost per batch step
+COLUMNS = ["arm", "tok/s", "vs vanilla", "per round", "tokens/call", "nodes/row", "padded", "step cost", "draft share", "prefill share", "exact match"]
 
 
 def rows(summaries: list[BatchArmSummary]) -> list[list[str]]:
     return [
         [
             s.arm, f"{s.tokens_per_second:.1f}", f"{s.speedup:.3f}x", " ".join(f"{v:.3f}" for v in s.round_speedups),
-            f"{s.tokens_per_call:.2f}", f"{100 * s.draft_share:.1f}%", f"{100 * s.prefill_share:.1f}%",
+            f"{s.tokens_per_call:.2f}", f"{s.nodes_per_row:.2f}", f"{s.padded_per_row:.2f}", f"{s.step_cost:.3f}", f"{100 * s.draft_share:.1f}%", f"{100 * s.prefill_share:.1f}%",
             "-" if s.exact_match is None else f"{100 * s.exact_match:.0f}%",
         ]
         for s in summaries
@@ -263,12 +278,23 @@ def versus_note(pairs: list[dict]) -> str:
     return "; ".join(p for p in parts if p)
 
 
+STEP_DEFINITIONS = {
+    "nodes_per_row": "draft nodes verified per row per verification step, the prefill left out",
+    "padded_per_row": "the same were every row as wide as its step's widest: what a padded batch verifies (the default layout)",
+    "step_cost": "a step's cost in plain batched steps by the measured cost table (1 per step without one)",
+}
+STEP_NOTE = ("nodes/row is the draft nodes a row's step verified; padded, the same were every row as wide as its "
+             "step's widest (what a padded batch verifies); step cost, a step's cost in plain batched steps by the measured table: "
+             "throughput follows tokens/call over step cost, less drafting.")
+
+
 def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict], turns: list[dict] = ()) -> dict:
     """``ceilings``: the self-repetition ceiling of the reference outputs, and with the datastore
     searched too (None without one); ``turns``: `by_turn`."""
     return {
         "environment": env,
         "tokens_per_call_definition": "tokens emitted per target forward pass per row, bonus token included, each row's prefill counted as its first call",
+        "step_definitions": STEP_DEFINITIONS,
         "self_repetition_token_weighted": ceilings[0],
         **({"self_repetition_token_weighted_with_datastore": ceilings[1]} if ceilings[1] is not None else {}),
         "arms": [
@@ -306,7 +332,8 @@ def markdown(
     return (
         f"{meta}\n\n{ceiling_text(ceilings, sampled)}\n\n"
         + how_run(summaries) + "; throughput is total tokens over wall time, against "
-        "vanilla at the same batch size; tokens/call is per row and counts the bonus token and the prefill."
+        "vanilla at the same batch size; tokens/call is per row and counts the bonus token and the prefill. "
+        + STEP_NOTE
         + (f" {SAMPLED_NOTE}" if sampled else "") + "\n\n"
         + "\n".join(lines) + "\n"
     )
