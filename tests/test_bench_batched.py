@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from ngspec.batch import BatchConfig
-from ngspec.bench.batched import COLUMNS, BatchRound, batch_groups, rows, run_batched, summarise_batched, versus, versus_note, versus_rows
+from ngspec.bench.batched import COLUMNS, BatchRound, batch_groups, rows, run_batched, summarise_batched, to_json, versus, versus_note, versus_rows
 from ngspec.bench.interval import rounds_interval
 from ngspec.bench.runner import Arm, run_arm
 from ngspec.decode import DecodeConfig
@@ -58,6 +58,8 @@ def test_step_columns_of_hand_made_rounds():
     assert trie.nodes_per_row == pytest.approx(12 / 6) and trie.padded_per_row == pytest.approx(16 / 6) and trie.step_cost == pytest.approx(7 / 5)
     assert rows([trie])[0][5:8] == ["2.00", "2.67", "1.400"]
     assert dict(zip(COLUMNS, rows([trie])[0]))["nodes/row"] == "2.00"
+    (arm,) = [a for a in to_json([trie], {}, (1.0, None), [])["arms"]]  # round by round too, to read a round's ratio by
+    assert arm["round_tokens_per_call"] == [5 / 6, 5 / 4] and arm["round_step_cost"] == [1.5, 1.25]
 
 
 def test_rounds_interval_hand_worked():

@@ -124,7 +124,8 @@ def test_bench_compares_arms_as_batches(tmp_path):
     assert env["drafting"]["num_draft"] == 16 and env["drafting"]["eagle_head"] is None and env["drafting"]["prefix_len"] == 3
     assert "drafting: (num_draft 16, " in md.read_text()
     for arm in arms.values():
-        assert arm["exact_match"] == 1.0 and len(arm["round_speedups"]) == len(arm["round_seconds"]) == 2
+        assert arm["exact_match"] == 1.0 and len(arm["round_speedups"]) == len(arm["round_seconds"]) == len(arm["round_step_cost"]) == 2
+        assert min(arm["round_tokens_per_call"]) <= arm["tokens_per_call"] <= max(arm["round_tokens_per_call"])
         assert 0 < arm["prefill_share"] < 1
     assert arms["vanilla"]["speedup"] == 1.0 and arms["vanilla"]["tokens_per_call"] == 1.0
     assert arms["trie"]["tokens_per_call"] > 1.0

@@ -58,6 +58,14 @@ class BatchRound:
     def rate(self) -> float:
         return self.tokens / self.seconds
 
+    @property
+    def tokens_per_call(self) -> float:
+        return self.tokens / self.calls
+
+    @property
+    def step_cost(self) -> float:
+        return self.cost_units / self.steps if self.steps else 0.0
+
 
 @dataclass
 class BatchArmSummary:
@@ -299,6 +307,7 @@ def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, 
         **({"self_repetition_token_weighted_with_datastore": ceilings[1]} if ceilings[1] is not None else {}),
         "arms": [
             {k: v for k, v in vars(s).items() if k != "rounds"} | {"round_seconds": [x.seconds for x in s.rounds]}
+            | {"round_tokens_per_call": [x.tokens_per_call for x in s.rounds], "round_step_cost": [x.step_cost for x in s.rounds]}
             | ({"group_runs": [[list(g) for g in x.groups] for x in s.rounds]} if s.groups > 1 else {})
             for s in summaries
         ],
