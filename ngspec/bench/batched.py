@@ -293,7 +293,7 @@ STEP_DEFINITIONS = {
 }
 STEP_NOTE = ("nodes/row is the draft nodes a row's step verified; padded, the same were every row as wide as its "
              "step's widest (what a padded batch verifies); step cost, a step's cost in plain batched steps by the measured table: "
-             "throughput follows tokens/call over step cost, less drafting.")
+             "verification's speed follows tokens/call over step cost, and throughput also pays drafting and the prefill.")
 
 
 def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict], turns: list[dict] = ()) -> dict:
