@@ -66,6 +66,18 @@ class BatchRound:
     def step_cost(self) -> float:
         return self.cost_units / self.steps if self.steps else 0.0
 
+    @property
+    def row_steps(self) -> int:
+        return self.calls - len(self.outputs)  # each row's prefill is its first call
+
+    @property
+    def nodes_per_row(self) -> float:
+        return self.nodes / self.row_steps if self.row_steps else 0.0
+
+    @property
+    def padded_per_row(self) -> float:
+        return self.padded / self.row_steps if self.row_steps else 0.0
+
 
 @dataclass
 class BatchArmSummary:
@@ -141,7 +153,7 @@ def run_batched(
 
 
 def _joined(parts: list[BatchRound]) -> BatchRound:
-    """One round of an arm from its groups' runs, in prompt order."""
+    """One round of an arm from its groups' runs, in prompt order (or an arm's rounds summed)."""
     return BatchRound(
         sum(x.seconds for x in parts), sum(x.tokens for x in parts), sum(x.calls for x in parts), sum(x.draft_seconds for x in parts),
         sum(x.prefill_seconds for x in parts), [o for x in parts for o in x.outputs], [c for x in parts for c in x.row_calls],
@@ -155,26 +167,23 @@ def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[in
     call per row, drafting and prefill shares, and the rows equal to ``reference`` (``sampled``,
     one seed: to vanilla's rows of the same round, which plain sampling draws alike)."""
     base = runs[BASE]
+    base_rate = _joined(base).rate
     out = []
     for arm, rounds in runs.items():
-        seconds = sum(x.seconds for x in rounds)
-        tokens = sum(x.tokens for x in rounds)
-        rate = tokens / seconds
-        steps = sum(x.steps for x in rounds)
-        row_steps = sum(x.calls - len(x.outputs) for x in rounds)  # each row's prefill is its first call
+        total = _joined(rounds)  # every round summed: totals, not a mean of rounds
         checked = [(got, want) for x, b in zip(rounds, base) for got, want in zip(x.outputs, b.outputs if sampled else reference)]
         out.append(BatchArmSummary(
             arm=arm,
-            tokens_per_second=rate,
-            speedup=rate / (sum(x.tokens for x in base) / sum(x.seconds for x in base)),
+            tokens_per_second=total.rate,
+            speedup=total.rate / base_rate,
             round_speedups=[x.rate / b.rate for x, b in zip(rounds, base)],
-            tokens_per_call=tokens / sum(x.calls for x in rounds),
-            draft_share=sum(x.draft_seconds for x in rounds) / seconds,
-            prefill_share=sum(x.prefill_seconds for x in rounds) / seconds,
+            tokens_per_call=total.tokens_per_call,
+            draft_share=total.draft_seconds / total.seconds,
+            prefill_share=total.prefill_seconds / total.seconds,
             exact_match=None if sampled and arm == BASE else sum(got == want for got, want in checked) / len(checked),
-            nodes_per_row=sum(x.nodes for x in rounds) / row_steps if row_steps else 0.0,
-            padded_per_row=sum(x.padded for x in rounds) / row_steps if row_steps else 0.0,
-            step_cost=sum(x.cost_units for x in rounds) / steps if steps else 0.0,
+            nodes_per_row=total.nodes_per_row,
+            padded_per_row=total.padded_per_row,
+            step_cost=total.step_cost,
             rounds=rounds,
         ))
     return out
