@@ -16,8 +16,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from ngspec import staging
 from ngspec.errors import NgspecError
-from ngspec.staging import staged_directory
 
 DEFAULT_MODEL = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -85,7 +85,7 @@ def _fresh_copy(model: PreTrainedModel) -> PreTrainedModel:
 
 def convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise ``gguf`` to float32 safetensors in ``out`` (written to a temp dir, then renamed)."""
-    with staged_directory(out, force=True) as tmp:
+    with staging.staged_directory(out, force=True) as tmp:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         _fresh_copy(model).save_pretrained(tmp)
@@ -97,7 +97,10 @@ def default_model_dir() -> Path:
     """The converted default model, converting it on first use (about 20 s)."""
     out = cache_dir() / "models" / "smollm2-135m-instruct"
     if not (out / "config.json").is_file():
-        convert_gguf(embedded_gguf(), out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with staging.exclusive(out.parent / f".{out.name}.lock"):  # two first runs at once convert it once
+            if not (out / "config.json").is_file():
+                convert_gguf(embedded_gguf(), out)
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -36,6 +37,24 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``lock`` (made if missing) for the block: a second
+    process waits at the same lock until the first leaves it (where the OS has no ``fcntl``,
+    nobody waits)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _no_file_above(out: Path) -> None:
@@ -70,15 +89,24 @@ def probe_writable(directory: Path, name: str = "ngspec") -> None:
     os.unlink(probe)
 
 
-def write_text(out: Path, text: str) -> None:
-    """Write ``text`` to ``out`` through a temporary file beside it, renamed into place."""
+@contextmanager
+def staged_file(out: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``out``, unique to this call (two processes writing the same
+    cache entry at once each write their own and the last rename wins, whole); on success it
+    replaces ``out`` atomically, otherwise it is removed."""
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")  # made by the caller, with its usual permissions
     try:
-        tmp.write_text(text)
+        yield tmp
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text(out: Path, text: str) -> None:
+    """Write ``text`` to ``out`` through a temporary file beside it, renamed into place."""
+    with staged_file(out) as tmp:
+        tmp.write_text(text)
 
 
 _STAND_IN = re.compile(r"\.(.+)\.tmp(-.*)?")

@@ -95,3 +95,57 @@ def test_output_directory_refuses_a_place_that_cannot_be_written(tmp_path, monke
     busy.write_text("half")
     staging.output_directory(tmp_path / "table.npz")
     assert busy.read_text() == "half" and list(tmp_path.iterdir()) == [busy]
+
+
+def test_staged_files_of_two_writers_of_one_entry_do_not_collide(tmp_path):
+    """Two processes filling the same cache entry at once (two commands started together, or the
+    suite's workers) each write their own temporary file; each rename puts a whole file in place
+    and nothing is left beside it. A failed write leaves the entry as it was."""
+    out = tmp_path / "entry.json"
+    with staging.staged_file(out) as first, staging.staged_file(out) as second:
+        assert first != second and first.parent == second.parent == tmp_path
+        first.write_text("first")
+        second.write_text("second")
+    assert out.read_text() == "first"  # the outer one renamed last
+    plain = tmp_path / "plain.json"
+    plain.write_text("")
+    assert out.stat().st_mode == plain.stat().st_mode  # the usual permissions (a cache others read)
+    plain.unlink()
+    with pytest.raises(RuntimeError):
+        with staging.staged_file(out) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("interrupted")
+    assert out.read_text() == "first" and list(tmp_path.iterdir()) == [out]
+
+
+def test_exclusive_makes_a_second_holder_wait(tmp_path):
+    fcntl = pytest.importorskip("fcntl")
+    lock = tmp_path / ".entry.lock"
+    with staging.exclusive(lock):
+        with open(lock) as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock) as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: taken at once
+
+
+def test_the_default_model_is_converted_once_under_the_lock(tmp_path, monkeypatch):
+    """The first use converts the embedded GGUF, holding the cache's lock; later uses (and a
+    process that waited at the lock while another converted) find it converted."""
+    from ngspec import models
+
+    fcntl = pytest.importorskip("fcntl")
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    converted = []
+
+    def convert(gguf, out):
+        lock = out.parent / f".{out.name}.lock"
+        with open(lock) as other, pytest.raises(BlockingIOError):  # converting under the lock
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+        converted.append(out)
+
+    monkeypatch.setattr(models, "convert_gguf", convert)
+    monkeypatch.setattr(models, "embedded_gguf", lambda: tmp_path / "model.gguf")
+    assert models.default_model_dir() == models.default_model_dir() == tmp_path / "models" / "smollm2-135m-instruct"
+    assert converted == [tmp_path / "models" / "smollm2-135m-instruct"]

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from ngspec import staging
 from ngspec.architecture import sliding_window
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument, make_cache
@@ -155,20 +156,15 @@ def _narrow(a: np.ndarray, vocab: int) -> np.ndarray:
 def save_tables(tables: NgramTables, path: Path, model_name: str) -> None:
     """Write whole to a temporary file, then rename (an interrupted build leaves nothing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     meta = {"format": TABLE_FORMAT, "fingerprint": tables.fingerprint, "model": model_name, "vocab_size": tables.vocab_size}
-    try:
-        with open(tmp, "wb") as fh:
-            np.savez(
-                fh,
-                meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                unigram=_narrow(tables.unigram, tables.vocab_size),
-                bigram=_narrow(tables.bigram, tables.vocab_size),
-                extended=_narrow(tables.extended, tables.vocab_size),
-            )
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with staging.staged_file(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(
+            fh,
+            meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+            unigram=_narrow(tables.unigram, tables.vocab_size),
+            bigram=_narrow(tables.bigram, tables.vocab_size),
+            extended=_narrow(tables.extended, tables.vocab_size),
+        )
 
 
 def load_tables(path: Path, fingerprint: str | None = None, vocab_size: int | None = None) -> NgramTables:

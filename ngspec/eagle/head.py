@@ -170,9 +170,8 @@ def save_head(head: EagleHead, directory: Path) -> None:
     config.update({"architectures": ["LlamaForCausalLM"], "bias": head.fc.bias is not None, "ngspec_eagle": 1})
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     staging.write_text(directory / "config.json", json.dumps(config, indent=2, default=str))
-    tmp = directory / ".model.safetensors.tmp"
-    save_file(state, str(tmp))
-    tmp.replace(directory / "model.safetensors")
+    with staging.staged_file(directory / "model.safetensors") as tmp:
+        save_file(state, str(tmp))
 
 
 DRAFT_VOCAB = "draft_vocab.json"

@@ -246,9 +246,8 @@ def _lr(step: int, total: int, opts: TrainOptions) -> float:
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    with staging.staged_file(path) as tmp:
+        torch.save(state, tmp)
 
 
 def _batches(order: list[int], examples: list[Example], batch_tokens: int) -> list[list[int]]:
