@@ -26,7 +26,8 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
     _no_file_above(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        tmp = _stand_in(out)
+        tmp.mkdir()  # with the usual permissions (a shared cache or datastore stays readable to others)
     except OSError as exc:
         raise NgspecError(f"cannot write {out}: {exc.strerror or exc} ({exc.filename or out.parent})") from None
     try:
@@ -55,6 +56,11 @@ def exclusive(lock: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _stand_in(out: Path) -> Path:
+    """A temporary name beside ``out``, unique to this process and call."""
+    return out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def _no_file_above(out: Path) -> None:
@@ -95,7 +101,7 @@ def staged_file(out: Path) -> Iterator[Path]:
     cache entry at once each write their own and the last rename wins, whole); on success it
     replaces ``out`` atomically, otherwise it is removed."""
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")  # made by the caller, with its usual permissions
+    tmp = _stand_in(out)  # made by the caller, with its usual permissions
     try:
         yield tmp
         tmp.replace(out)

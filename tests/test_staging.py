@@ -149,3 +149,14 @@ def test_the_default_model_is_converted_once_under_the_lock(tmp_path, monkeypatc
     monkeypatch.setattr(models, "embedded_gguf", lambda: tmp_path / "model.gguf")
     assert models.default_model_dir() == models.default_model_dir() == tmp_path / "models" / "smollm2-135m-instruct"
     assert converted == [tmp_path / "models" / "smollm2-135m-instruct"]
+
+
+def test_a_staged_directory_gets_the_usual_permissions(tmp_path):
+    """A datastore or the converted default model is readable as any directory made here is (a
+    temporary directory is private to its owner)."""
+    with staging.staged_directory(tmp_path / "store", force=False) as tmp:
+        (tmp / "sa.npy").write_text("")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert (tmp_path / "store").stat().st_mode == plain.stat().st_mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "store"]
