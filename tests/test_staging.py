@@ -98,8 +98,8 @@ def test_output_directory_refuses_a_place_that_cannot_be_written(tmp_path, monke
 
 
 def test_staged_files_of_two_writers_of_one_entry_do_not_collide(tmp_path):
-    """Two processes filling the same cache entry at once (two commands started together, or the
-    suite's workers) each write their own temporary file; each rename puts a whole file in place
+    """Two processes filling the same cache entry at once (two commands started together) each
+    write their own temporary file; each rename puts a whole file in place
     and nothing is left beside it. A failed write leaves the entry as it was."""
     out = tmp_path / "entry.json"
     with staging.staged_file(out) as first, staging.staged_file(out) as second:
@@ -129,8 +129,8 @@ def test_exclusive_makes_a_second_holder_wait(tmp_path):
 
 
 def test_the_default_model_is_converted_once_under_the_lock(tmp_path, monkeypatch):
-    """The first use converts the embedded GGUF, holding the cache's lock; later uses (and a
-    process that waited at the lock while another converted) find it converted."""
+    """The first use converts the embedded GGUF, holding the cache's lock; later uses find it
+    converted."""
     from ngspec import models
 
     fcntl = pytest.importorskip("fcntl")
@@ -149,6 +149,28 @@ def test_the_default_model_is_converted_once_under_the_lock(tmp_path, monkeypatc
     monkeypatch.setattr(models, "embedded_gguf", lambda: tmp_path / "model.gguf")
     assert models.default_model_dir() == models.default_model_dir() == tmp_path / "models" / "smollm2-135m-instruct"
     assert converted == [tmp_path / "models" / "smollm2-135m-instruct"]
+
+
+def test_a_process_that_waited_at_the_lock_finds_the_model_converted(tmp_path, monkeypatch):
+    """Another process converted the model while this one waited for the lock: this one checks
+    again once it holds the lock, and converts nothing."""
+    from contextlib import contextmanager
+
+    from ngspec import models
+
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    out = tmp_path / "models" / "smollm2-135m-instruct"
+
+    @contextmanager
+    def waited(lock):  # the other process finishes while this one waits
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+        yield
+
+    monkeypatch.setattr(models.staging, "exclusive", waited)
+    monkeypatch.setattr(models, "convert_gguf", lambda gguf, out: pytest.fail("converted twice"))
+    monkeypatch.setattr(models, "embedded_gguf", lambda: tmp_path / "model.gguf")
+    assert models.default_model_dir() == out
 
 
 def test_a_staged_directory_gets_the_usual_permissions(tmp_path):
