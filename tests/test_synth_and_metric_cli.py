@@ -177,6 +177,26 @@ def test_interrupted_synthesis_keeps_finished_records_beside_the_output(tmp_path
     assert write_jsonl(records(99), out, force=False) == 5 and out.is_file()
 
 
+def test_two_writers_of_one_corpus_each_write_their_own_file(tmp_path):
+    """Two `synth-corpus` runs given the same ``--out`` at once: the second's write, made while
+    the first is between records, neither truncates nor moves the first's; each lands whole (the
+    last rename wins) and nothing is left beside the output. With one fixed temporary name the
+    second moved the first's half-written file into place and the first's rename then failed."""
+    from ngspec.datastore.synth import write_jsonl
+
+    out = tmp_path / "corpus.jsonl"
+
+    def first():
+        yield {"instruction": "first q0", "response": "a"}
+        assert write_jsonl(iter([{"instruction": "second q0", "response": "b"}]), out, force=True) == 1
+        assert out.read_text().count("\n") == 1 and "second" in out.read_text()
+        yield {"instruction": "first q1", "response": "a"}
+
+    assert write_jsonl(first(), out, force=True) == 2
+    assert [json.loads(line)["instruction"] for line in out.read_text().splitlines()] == ["first q0", "first q1"]
+    assert [p.name for p in tmp_path.iterdir()] == ["corpus.jsonl"]
+
+
 def test_interrupted_synth_corpus_command_exits_1_and_says_where_the_records_are(tmp_path, monkeypatch):
     import ngspec.datastore.synth as synth_module
     import ngspec.models as models_module

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ngspec.errors import NgspecError
+from ngspec.staging import staged_file
 from ngspec.models import LoadedModel
 from ngspec.cpu_linear import tune_linears
 
@@ -111,29 +112,27 @@ def partial_path(out: Path) -> Path:
 
 
 def write_jsonl(records: Iterator[dict], out: Path, force: bool) -> int:
-    """Write records to ``out`` through a temporary file renamed at the end. When interrupted
-    (Ctrl-C, SIGTERM) the finished records are not thrown away: they go to `partial_path`
-    (complete records only; ``out`` itself is never half-written) and the error says so."""
+    """Write records to ``out`` through a temporary file of this call's own (`staging.staged_file`)
+    renamed at the end. When interrupted (Ctrl-C, SIGTERM) the finished records are not thrown
+    away: they go to `partial_path` (complete records only; ``out`` itself is never half-written)
+    and the error says so."""
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
     count = 0
-    try:
-        with tmp.open("w") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                f.flush()
-                count += 1
-        tmp.replace(out)
-    except KeyboardInterrupt:
-        if not count:
-            raise
-        tmp.replace(partial_path(out))
-        raise NgspecError(
-            f"interrupted after {count} records; they are in {partial_path(out)} (complete records only; "
-            f"{out} was not written). Generate more with another --seed and build from a directory holding both files."
-        ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    with staged_file(out) as tmp:
+        try:
+            with tmp.open("w") as f:
+                for record in records:
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    f.flush()
+                    count += 1
+        except KeyboardInterrupt:
+            if not count:
+                raise
+            tmp.replace(partial_path(out))
+            raise NgspecError(
+                f"interrupted after {count} records; they are in {partial_path(out)} (complete records only; "
+                f"{out} was not written). Generate more with another --seed and build from a directory holding both files."
+            ) from None
     return count
