@@ -69,7 +69,7 @@ def main() -> None:
     tables: dict[str, dict[int, tuple[float, ...]]] = {}
     for name in plans:
         switch(name)
-        tables[name] = {0: cached_verify_costs(engine.target, loaded.name, engine.max_draft_nodes)}
+        tables[name] = {0: cached_verify_costs(engine.target, engine.max_draft_nodes)}
         print(f"{name}: verify cost of 1/2/4/8 nodes {', '.join(f'{tables[name][0][n]:.2f}' for n in (1, 2, 4, 8))}", flush=True)
 
     for i, x in enumerate(ids):

@@ -68,7 +68,7 @@ class Engine:
         elif self.profile is not None:
             self.target.cost_tables = self.profile.cost_tables(self.max_draft_nodes)
         elif self.calibrate:
-            self.target.cost_tables = {0: cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes)}
+            self.target.cost_tables = {0: cached_verify_costs(self.target, self.max_draft_nodes)}
         # what is alive now (the model's modules, the tokenizer, torch and transformers) lives as
         # long as the process: keep it out of the cyclic collector's full passes, which the tries
         # drafters build per prompt (20,000 nodes) set off; each scanned it all, 20 ms per prompt
@@ -111,7 +111,7 @@ class Engine:
         otherwise)."""
         if batch == 1 or not self.calibrate or self.profile is not None or self.cost_slope is not None:
             return self.target.verify_cost
-        table = cached_verify_costs(self.target, self.loaded.name, self.max_draft_nodes, batch)
+        table = cached_verify_costs(self.target, self.max_draft_nodes, batch)
         return lambda context: table
 
     def run_batch(self, prompts: list[list[int]], new_drafter: Callable[[], Drafter], cfg: DecodeConfig, batch: BatchConfig, on_finish=None, feed=None):

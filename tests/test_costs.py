@@ -52,17 +52,17 @@ def test_cost_table_is_cached_per_setting(tiny, tmp_path, monkeypatch, quiet_mac
 
     monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
     target = TargetModel(tiny)
-    first = costs_module.cached_verify_costs(target, "tiny", 6)
+    first = costs_module.cached_verify_costs(target, 6)
     assert len(first) == 7 and len(list((tmp_path / "costs").glob("*.json"))) == 1
 
     def must_not_measure(*args, **kwargs):
         raise AssertionError("measured again despite the cache")
 
     monkeypatch.setattr(costs_module, "measure_verify_costs", must_not_measure)
-    assert costs_module.cached_verify_costs(target, "tiny", 6) == first
+    assert costs_module.cached_verify_costs(target, 6) == first
     monkeypatch.setenv("NGSPEC_RECALIBRATE", "1")
     monkeypatch.setattr(costs_module, "measure_verify_costs", lambda *a, **k: (1.0,) * 7)
-    assert costs_module.cached_verify_costs(target, "tiny", 6) == (1.0,) * 7
+    assert costs_module.cached_verify_costs(target, 6) == (1.0,) * 7
 
 
 def test_every_call_records_its_cost_by_the_table(tiny):
@@ -96,10 +96,30 @@ def test_verification_replayed_from_graphs_is_calibrated_apart(tiny, tmp_path, m
     monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
     plain, fixed = TargetModel(tiny), TargetModel(tiny)
     fixed.use_graphs(capture=False)
-    costs_module.cached_verify_costs(plain, "tiny", 6)
+    costs_module.cached_verify_costs(plain, 6)
     asked = []
     monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n: asked.append(target) or (1.0,) * 7)
-    assert costs_module.cached_verify_costs(fixed, "tiny", 6) == (1.0,) * 7 and asked == [fixed]
+    assert costs_module.cached_verify_costs(fixed, 6) == (1.0,) * 7 and asked == [fixed]
     monkeypatch.setattr(costs_module, "measure_batch_costs", lambda model, batch, n, graphs: asked.append(graphs) or (1.5,) * 7)
-    assert costs_module.cached_verify_costs(fixed, "tiny", 6, batch=2) == (1.5,) * 7 and asked[-1] is True
+    assert costs_module.cached_verify_costs(fixed, 6, batch=2) == (1.5,) * 7 and asked[-1] is True
     assert len(list((tmp_path / "costs").glob("*.json"))) == 3
+
+
+def test_cost_tables_are_keyed_by_the_models_shape_not_its_name(tiny, tmp_path, monkeypatch, quiet_machine):
+    """A table is what a forward of these sizes costs: another model of the same shape (the same
+    one loaded by name and by path, or a fine-tune) reads it; a model of another shape, which
+    could have been given under the same relative path, is measured for itself."""
+    from ngspec.models import TINY_FAMILIES, tiny_model
+    from ngspec.perf import costs as costs_module
+
+    family = tiny.config.model_type
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n: (1.0,) + (2.0,) * n)
+    assert costs_module.cached_verify_costs(TargetModel(tiny), 6) == (1.0,) + (2.0,) * 6
+    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n: (1.0,) + (3.0,) * n)
+    assert costs_module.cached_verify_costs(TargetModel(tiny_model(family, seed=5)), 6) == (1.0,) + (2.0,) * 6  # same shape, other weights
+    wider = tiny_model(family, vocab_size=160)
+    assert costs_module.model_shape(wider) != costs_module.model_shape(tiny)
+    assert costs_module.cached_verify_costs(TargetModel(wider), 6) == (1.0,) + (3.0,) * 6
+    other = next(f for f in TINY_FAMILIES if f != family)
+    assert costs_module.model_shape(tiny_model(other)) != costs_module.model_shape(tiny)

@@ -6,7 +6,8 @@ each CPU (the default model on two cores of an Intel Xeon with packed weights: 3
 1.0x, 3 tokens 1.35x, 9 tokens 2.6x), so drafters size trees from measurements, not intuition. The table is
 measured once per engine with random tokens at a given context length (the fastest of 9 interleaved
 rounds per size), and cached under
-``$NGSPEC_CACHE/costs`` per model, device, dtype, thread count, torch version and the CPU kernel
+``$NGSPEC_CACHE/costs`` per model shape (`model_shape`: a model loaded by name, by path or as a
+fine-tune of the same architecture reads one table; two models at one relative path do not), device, dtype, thread count, torch version and the CPU kernel
 plan (`ngspec.cpu_linear`), per batch size for batched decoding and apart for verification replayed
 from CUDA graphs (`--target-graphs`) (set ``NGSPEC_RECALIBRATE=1`` to measure again).
 """
@@ -110,13 +111,26 @@ def cost_table(points: dict[int, float], max_nodes: int) -> tuple[float, ...]:
     return tuple(table)
 
 
-def cached_verify_costs(target: TargetModel, model_name: str, max_nodes: int, batch: int = 1) -> tuple[float, ...]:
+def model_shape(model: torch.nn.Module) -> str:
+    """What a forward's cost depends on in the model itself: its class, attention implementation
+    and the sizes of its layers, not its name or weights. The cost tables were keyed by the name
+    the model was given, so one model loaded by name and by path was timed twice, and two models
+    given as the same relative path shared the first one's table."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sizes = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "sliding_window", "tie_word_embeddings")
+    fields = [type(model).__name__, str(getattr(config, "_attn_implementation", None))]
+    fields += [f"{name}={getattr(text, name, None)}" for name in sizes]
+    return ",".join(fields)
+
+
+def cached_verify_costs(target: TargetModel, max_nodes: int, batch: int = 1) -> tuple[float, ...]:
     """`measure_verify_costs` (or `measure_batch_costs` for ``batch`` > 1), measured once per
-    machine setting and batch size and then read from the cache."""
+    model shape, machine setting and batch size and then read from the cache."""
     plan = current_plan(target.model)
     # "fastest": the fastest of interleaved rounds; older entries (medians, or one size after
     # another) are measured again
-    setting = f"{model_name}|{cpu_name() if target.device.type == 'cpu' else ''}|{target.device}|{target.dtype}|{torch.get_num_threads()}|{torch.__version__}|{max_nodes}|fastest"
+    setting = f"{model_shape(target.model)}|{cpu_name() if target.device.type == 'cpu' else ''}|{target.device}|{target.dtype}|{torch.get_num_threads()}|{torch.__version__}|{max_nodes}|fastest"
     setting += f"|kernels={','.join(plan.kernels)}" if plan is not None else ""
     if batch > 1:
         setting += f"|batch={batch}"
