@@ -431,6 +431,15 @@ def test_an_eagle_head_in_int8_or_float32_through_generate_and_tune_tree(tmp_pat
     assert len(final["nodes"]) == 2 and final["nodes"][0] == shape["nodes"] and set(final["nodes"]) <= {int(m) for m in shape["searched"]}
     assert final["best_vs_runner_up"] == pytest.approx(final["tokens_per_second"][str(final["nodes"][0])] / final["tokens_per_second"][str(final["nodes"][1])])
     assert final["best_vs_runner_up"] >= 1.0 and len(final["interval"]) == 2
+    # the shape is the default model's by its fingerprint: the same model given by path takes it
+    from ngspec.drafters.ngram_tables import model_fingerprint
+    from ngspec.models import default_model_dir
+
+    assert shape["model_fingerprint"] == model_fingerprint(default_model.model)
+    by_path = invoke("generate", "-p", prompt_file, "--model", default_model_dir(), "-d", "eagle", "--eagle-head", tmp_path / "head",
+                     "--tree", "static", "--tree-choices", tmp_path / "shape.json", "-n", 16, "--json")
+    assert by_path.exit_code == 0, by_path.output
+    assert json.loads(by_path.stdout.strip().splitlines()[-1])["token_ids"] == expected
     first = invoke("tune-tree", "--eagle-head", tmp_path / "head", "--out", tmp_path / "first.json", "--limit", 2, "-n", 8, "--nodes", 4, "--depth", 2, "--width", 2, "--finalists", 1, "--turns", "first")
     assert first.exit_code == 0, first.output
     assert "2 prompts" in first.stderr + first.stdout and "2 questions, 4 turns" in result.stderr + result.stdout

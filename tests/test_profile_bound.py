@@ -160,6 +160,27 @@ def test_bad_device_profiles_are_refused(tmp_path):
         load_profile(tmp_path / "missing.json")
 
 
+def test_a_profile_that_records_the_models_shape_is_checked_by_it(tmp_path):
+    """A profile is what a forward of this shape costs on the device: any model of the shape may
+    use it, whatever it was called (`--shape smollm2-135m` for the default model, one model given
+    by name and by path); a model of another shape is refused, named and with what differs. A
+    profile without a shape (older files) is checked by the name, as before."""
+    from ngspec.models import tiny_model
+    from ngspec.perf.costs import model_shape
+
+    shape = model_shape(tiny_model())
+    path = tmp_path / "p.json"
+    save_profile(path, build_profile({"model": "tiny", "model_shape": shape, "device": "test"}, _reports(), 1.1))
+    assert load_profile(path, "./checkpoints/tiny", shape).model_shape == shape
+    wider = model_shape(tiny_model(vocab_size=160))
+    with pytest.raises(NgspecError, match=r"measured for model 'tiny', whose shape differs from that of 'tiny' \(vocab_size=96 against 160\)"):
+        load_profile(path, "tiny", wider)
+    save_profile(path, build_profile({"model": "tiny", "device": "test"}, _reports(), 1.1))
+    assert load_profile(path, "tiny", shape).model_shape is None
+    with pytest.raises(NgspecError, match="measured for model 'tiny', not 'other'"):
+        load_profile(path, "other", shape)
+
+
 runner = CliRunner()
 
 
@@ -189,6 +210,11 @@ def test_command_end_to_end_on_a_config_file(tmp_path, tiny_shape):
     assert names == ["dev.json", "profile-tiny-rows.png", "profile-tiny-tree.png", "profile-tiny.csv", "profile-tiny.json"]
     profile = load_profile(out / "dev.json", "tiny")
     assert set(profile.contexts) == {4, 16}
+    from ngspec.perf.costs import model_shape
+    from ngspec.perf.shapes import random_model, shape_config
+
+    measured = random_model(shape_config(str(tiny_shape))[1], torch.device("cpu"), torch.float32)
+    assert profile.model_shape == report["model_shape"] == model_shape(measured)  # what a model of this shape is checked by
 
 
 @pytest.mark.parametrize(

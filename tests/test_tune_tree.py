@@ -76,6 +76,13 @@ def test_tuned_shape_files(tmp_path):
     plain = tmp_path / "plain.json"
     plain.write_text("[[0], [1]]")
     check_shape_model(plain, "any")  # a bare list says nothing about the model
+    # a tune-tree file records the model's fingerprint: the same model under another name (by
+    # path) is accepted, another model under the same name refused
+    printed = tmp_path / "printed.json"
+    printed.write_text(json.dumps({"model": "tiny", "model_fingerprint": "abc", "choices": [[0]]}))
+    check_shape_model(printed, "/models/tiny", "abc")
+    with pytest.raises(NgspecError, match="tuned for model 'tiny', whose config or weights differ from those of 'tiny'"):
+        check_shape_model(printed, "tiny", "def")
     for bad, message in [("{\"model\": \"x\"}", "without 'choices'"), ("[[0, 0]]", "without its parent"), ("[]", "no nodes"), ("not json", "expected a JSON list")]:
         path = tmp_path / "bad.json"
         path.write_text(bad)

@@ -111,7 +111,9 @@ def load_engine(
         notify(f"loading model {model} ...")
     loaded = load_model(model, device, dtype, trust_remote_code)
     if device_profile is not None:
-        device_profile.check_model(loaded.name, profile)
+        from ngspec.perf.costs import model_shape
+
+        device_profile.check_model(loaded.name, profile, model_shape(loaded.model))
         if device_profile.target_graphs != target_graphs:
             # a replay costs about the same whatever the tree's size; the plain forward does not
             with_, without = ("with", "without") if device_profile.target_graphs else ("without", "with")

@@ -106,8 +106,9 @@ class Drafting:
 
         if self.tree_choices is not None:
             from ngspec.drafters.eagle import check_shape_model
+            from ngspec.drafters.ngram_tables import model_fingerprint
 
-            check_shape_model(self.tree_choices, engine.loaded.name)
+            check_shape_model(self.tree_choices, engine.loaded.name, model_fingerprint(engine.loaded.model))
         tables = load_tables(engine, drafters, self.bigram_table)
         eagle = load_eagle(engine, self.eagle_head, self.eagle_options()) if NEEDS_HEAD & set(drafters) else None
         store = None

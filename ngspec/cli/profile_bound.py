@@ -89,6 +89,7 @@ def profile_bound_command(
 
     from ngspec.architecture import sliding_window
     from ngspec.models import pick_device, pick_dtype
+    from ngspec.perf.costs import model_shape
     from ngspec.perf.device_profile import build_profile, save_profile as write_profile
     from ngspec.perf.plots import heatmap
     from ngspec.perf.report import analyse, transitions, write_outputs
@@ -162,6 +163,7 @@ def profile_bound_command(
     device_name = _device_name(dev)
     meta = {
         "model": name,
+        "model_shape": model_shape(net),
         "device": device_name,
         "dtype": str(torch_dtype).removeprefix("torch."),
         "torch": torch.__version__,

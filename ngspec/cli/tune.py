@@ -66,6 +66,7 @@ def tune_tree_command(
     from ngspec.bench.report import interval_text
     from ngspec.decode import DecodeConfig
     from ngspec.drafters.eagle import EagleOptions, eagle_factory
+    from ngspec.drafters.ngram_tables import model_fingerprint
     from ngspec.eagle import int8
     from ngspec.eagle.head import load_draft_vocab, load_head
     from ngspec.eagle.tune import AcceptanceRecorder, SideBySide, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, playoff, prune, rate
@@ -163,7 +164,8 @@ def tune_tree_command(
     best = final.best
     shape = prune(rates, best)
     record = {
-        "format": "ngspec-tree-shape", "version": 1, "model": engine.loaded.name, "eagle_head": str(eagle_head),
+        "format": "ngspec-tree-shape", "version": 1, "model": engine.loaded.name,
+        "model_fingerprint": model_fingerprint(engine.loaded.model), "eagle_head": str(eagle_head),
         "device": str(engine.target.device), "dtype": str(engine.target.dtype).removeprefix("torch."),
         "batch_size": batch_size, "head_int8": head_int8 and int8.applies(engine.loaded.model, head), "nodes": len(shape), "calibration_prompts": len(units), "turns": turns, "calibration_steps": steps["steps"],
         "searched": {str(m): v for m, v in searched.items()},

@@ -82,9 +82,17 @@ def read_choices(path: Path) -> tuple[tuple[int, ...], ...]:
     return read_shape(path)[0]
 
 
-def check_shape_model(path: Path, model_name: str) -> None:
-    """Refuse a tune-tree file tuned for another model."""
-    tuned_for = read_shape(path)[1].get("model")
+def check_shape_model(path: Path, model_name: str, fingerprint: str | None = None) -> None:
+    """Refuse a tune-tree file tuned for another model: by the model's fingerprint where the file
+    records one (`ngram_tables.model_fingerprint`: its config and weights, so the same model
+    given by name or by path is the same model), else by the name it was given."""
+    meta = read_shape(path)[1]
+    tuned_for, tuned_print = meta.get("model"), meta.get("model_fingerprint")
+    if tuned_print is not None and fingerprint is not None:
+        if tuned_print != fingerprint:
+            raise NgspecError(f"{path} was tuned for model {tuned_for!r}, whose config or weights differ from those of {model_name!r}; "
+                              "run `ngspec tune-tree` for this model")
+        return
     if tuned_for is not None and tuned_for != model_name:
         raise NgspecError(f"{path} was tuned for model {tuned_for!r}, not {model_name!r}; run `ngspec tune-tree` for this model")
 

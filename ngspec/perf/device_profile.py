@@ -55,6 +55,7 @@ class DeviceProfile:
     max_slowdown: float
     contexts: dict[int, dict]
     target_graphs: bool = False  # measured replayed from CUDA graphs (`profile-bound --target-graphs`)
+    model_shape: str | None = None  # `ngspec.perf.costs.model_shape` of the model measured (absent in older files)
 
     def _nearest(self, context: int) -> dict:
         """The largest profiled context not above ``context`` (else the smallest)."""
@@ -71,7 +72,19 @@ class DeviceProfile:
     def cost_tables(self, max_nodes: int) -> dict[int, tuple[float, ...]]:
         return {c: self.verify_cost(c, max_nodes) for c in self.contexts}
 
-    def check_model(self, model: str, path: Path) -> None:
+    def check_model(self, model: str, path: Path, shape: str | None = None) -> None:
+        """Refuse a profile measured for another model: by the model's shape where both are known
+        (what a forward costs depends on: a profile of `profile-bound --shape smollm2-135m`'s
+        random weights serves the real model, and one model given by name or by path is one
+        model), else by the name it was given."""
+        if self.model_shape is not None and shape is not None:
+            if self.model_shape != shape:
+                raise NgspecError(
+                    f"{path} was measured for model {self.model!r}, whose shape differs from that of {model!r} "
+                    f"({_first_difference(self.model_shape, shape)}); profile this model with "
+                    f"`ngspec profile-bound --model ... --save-profile PATH`"
+                )
+            return
         if self.model != model:
             raise NgspecError(
                 f"{path} was measured for model {self.model!r}, not {model!r}; profile this model with "
@@ -83,9 +96,17 @@ class DeviceProfile:
         return int(k), int(w)
 
 
-def load_profile(path: Path, model: str | None = None) -> DeviceProfile:
+def _first_difference(ours: str, theirs: str) -> str:
+    """The first field of two `model_shape` strings that differs: "vocab_size=49152 against 96"."""
+    for a, b in zip(ours.split(","), theirs.split(",")):
+        if a != b:
+            return f"{a} against {b.split('=')[-1]}"
+    return "another architecture"
+
+
+def load_profile(path: Path, model: str | None = None, shape: str | None = None) -> DeviceProfile:
     """Read a profile; refuse a file that is not one, or (given ``model``) one measured for
-    another model."""
+    another model (by ``shape`` where both are known, see `DeviceProfile.check_model`)."""
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -106,7 +127,7 @@ def load_profile(path: Path, model: str | None = None) -> DeviceProfile:
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise NgspecError(f"{path} is a damaged device profile ({exc})") from None
     profile = DeviceProfile(str(data.get("model")), str(data.get("device")), float(data.get("max_slowdown", 1.1)), contexts,
-                            data.get("target_graphs") is True)
+                            data.get("target_graphs") is True, data.get("model_shape") if isinstance(data.get("model_shape"), str) else None)
     if model is not None:
-        profile.check_model(model, path)
+        profile.check_model(model, path, shape)
     return profile
