@@ -7,8 +7,8 @@ each CPU (the default model on two cores of an Intel Xeon with packed weights: 3
 measured once per engine with random tokens at a given context length (the fastest of 9 interleaved
 rounds per size), and cached under
 ``$NGSPEC_CACHE/costs`` per model shape (`model_shape`: a model loaded by name, by path or as a
-fine-tune of the same architecture reads one table; two models at one relative path do not), device, dtype, thread count, torch version and the CPU kernel
-plan (`ngspec.cpu_linear`), per batch size for batched decoding and apart for verification replayed
+fine-tune of the same architecture reads one table; two models at one relative path do not),
+device, dtype, thread count, torch version and the CPU kernel plan (`ngspec.cpu_linear`), per batch size for batched decoding and apart for verification replayed
 from CUDA graphs (`--target-graphs`) (set ``NGSPEC_RECALIBRATE=1`` to measure again).
 """
 
