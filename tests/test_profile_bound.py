@@ -316,9 +316,41 @@ def test_a_profile_says_whether_it_was_measured_from_graphs_and_a_mismatch_warns
     path = tmp_path / "p.json"
     save_profile(path, build_profile({"model": "tiny", "device": "test"}, _reports(), 1.1))  # written before the field existed
     assert load_profile(path).target_graphs is False
-    save_profile(path, build_profile({"model": default_model.name, "device": "test", "target_graphs": True}, _reports(), 1.1))
+    save_profile(path, build_profile({"model": default_model.name, "target_graphs": True}, _reports(), 1.1))
     assert load_profile(path).target_graphs is True
     monkeypatch.setattr(models, "load_model", lambda *args, **kwargs: default_model)
     with pytest.warns(UserWarning, match="measured with --target-graphs and this run verifies without"):
         engine = load_engine("default", "cpu", "float32", path, quiet=True)
     assert engine.target.cost_tables == load_profile(path).cost_tables(engine.max_draft_nodes)
+
+
+def test_a_profile_from_another_device_or_dtype_warns_and_one_from_here_does_not(tmp_path, default_model, monkeypatch):
+    """Costs depend on the device (a CPU's with its thread count) and the dtype: a profile measured
+    elsewhere still sizes drafts, with a warning that says where it was measured; one measured
+    here in this dtype says nothing. Files that do not say (older ones) are not doubted."""
+    import warnings
+
+    import torch
+
+    from ngspec import models
+    from ngspec.cli.common import load_engine
+    from ngspec.perf.costs import model_shape
+    from ngspec.perf.device_profile import device_name
+
+    here = device_name(torch.device("cpu"))
+    assert str(torch.get_num_threads()) in here
+    monkeypatch.setattr(models, "load_model", lambda *args, **kwargs: default_model)
+    path = tmp_path / "p.json"
+    meta = {"model": default_model.name, "model_shape": model_shape(default_model.model)}
+    save_profile(path, build_profile({**meta, "device": "NVIDIA H200", "dtype": "bfloat16"}, _reports(), 1.1))
+    with pytest.warns(UserWarning) as caught:
+        engine = load_engine("default", "cpu", "float32", path, quiet=True)
+    said = [str(w.message) for w in caught]
+    assert any(f"measured on NVIDIA H200 and this run is on {here}" in m for m in said)
+    assert any("measured in bfloat16 and this run is in float32" in m for m in said)
+    assert engine.target.cost_tables == load_profile(path).cost_tables(engine.max_draft_nodes)  # used all the same
+    for matching in ({**meta, "device": here, "dtype": "float32"}, meta):  # measured here; an older file that does not say
+        save_profile(path, build_profile(matching, _reports(), 1.1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            load_engine("default", "cpu", "float32", path, quiet=True)

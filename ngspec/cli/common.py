@@ -100,7 +100,7 @@ def load_engine(
     from ngspec.cpu_linear import tune_linears
     from ngspec.engine import Engine
     from ngspec.models import load_model, pick_device
-    from ngspec.perf.device_profile import load_profile
+    from ngspec.perf.device_profile import device_name, load_profile
 
     notify = None if quiet else info
     where = pick_device(device)
@@ -114,11 +114,13 @@ def load_engine(
         from ngspec.perf.costs import model_shape
 
         device_profile.check_model(loaded.name, profile, model_shape(loaded.model))
+        messages = device_profile.elsewhere(profile, device_name(where), str(loaded.model.dtype).removeprefix("torch."))
         if device_profile.target_graphs != target_graphs:
             # a replay costs about the same whatever the tree's size; the plain forward does not
             with_, without = ("with", "without") if device_profile.target_graphs else ("without", "with")
-            message = (f"{profile} was measured {with_} --target-graphs and this run verifies {without}: its costs may size drafts "
-                       f"wrongly (measure one to match: `ngspec profile-bound{' --target-graphs' if target_graphs else ''} --save-profile ...`)")
+            messages.append(f"{profile} was measured {with_} --target-graphs and this run verifies {without}: its costs may size drafts "
+                            f"wrongly (measure one to match: `ngspec profile-bound{' --target-graphs' if target_graphs else ''} --save-profile ...`)")
+        for message in messages:
             if quiet:  # the Python API: a warning the caller can filter
                 warnings.warn(message, stacklevel=3)
             else:

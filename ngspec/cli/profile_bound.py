@@ -21,16 +21,6 @@ CPU_GRID = ("1,2,4,8,16", "0,1,2,3,5,7", "25,100,500")
 GRAPHS_GRID = ("1..8", "0..7", "25,100,500")  # trees of up to 57 nodes: every one a captured shape
 
 
-def _device_name(device: torch.device) -> str:
-    import torch
-
-    from ngspec.cpu_linear import cpu_name
-
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{cpu_name()}, {torch.get_num_threads()} threads"
-
-
 def _check_writable(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise NgspecError(f"--out {out} is a file; give a directory for the CSV, JSON and heatmap")
@@ -90,7 +80,7 @@ def profile_bound_command(
     from ngspec.architecture import sliding_window
     from ngspec.models import pick_device, pick_dtype
     from ngspec.perf.costs import model_shape
-    from ngspec.perf.device_profile import build_profile, save_profile as write_profile
+    from ngspec.perf.device_profile import build_profile, device_name, save_profile as write_profile
     from ngspec.perf.plots import heatmap
     from ngspec.perf.report import analyse, transitions, write_outputs
     from ngspec.perf.roofline import measure_peaks
@@ -160,11 +150,10 @@ def profile_bound_command(
     bytes_per_element = torch.finfo(torch_dtype).bits // 8
     reports = analyse(results, net.config, peaks, bytes_per_element)
     trans = transitions(reports)
-    device_name = _device_name(dev)
     meta = {
         "model": name,
         "model_shape": model_shape(net),
-        "device": device_name,
+        "device": device_name(dev),
         "dtype": str(torch_dtype).removeprefix("torch."),
         "torch": torch.__version__,
         "repeats": repeats,
@@ -176,7 +165,7 @@ def profile_bound_command(
     stem = f"profile-{name.replace('/', '_')}"
     files = write_outputs(out, stem, meta, reports, trans)
     for lay in layouts:
-        title = f"{name}, {meta['dtype']}, layout {lay}{', CUDA graphs' if target_graphs else ''}\n{device_name}"
+        title = f"{name}, {meta['dtype']}, layout {lay}{', CUDA graphs' if target_graphs else ''}\n{meta['device']}"
         files.append(heatmap(reports, lay, title, out / f"{stem}-{lay}.png"))
     if save_profile is not None:
         write_profile(save_profile, build_profile(meta, reports, max_slowdown))
@@ -188,7 +177,7 @@ def profile_bound_command(
         render.json_line(report_json(meta, reports, trans) | {"files": [str(f) for f in files]})
         return
     render.summary_table(
-        f"{name} on {device_name}",
+        f"{name} on {meta['device']}",
         [("dtype", meta["dtype"]), ("measured peak compute", f"{meta['peak_tflops']:.3g} TFLOP/s"),
          ("measured peak bandwidth", f"{meta['peak_bandwidth_gbs']:.3g} GB/s"),
          *([("target graphs", meta["graphs"])] if "graphs" in meta else [])],

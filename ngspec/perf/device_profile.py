@@ -43,6 +43,18 @@ def build_profile(meta: dict, reports: list[CellReport], max_slowdown: float) ->
     return {"format": FORMAT, "version": VERSION, **meta, "max_slowdown": max_slowdown, "contexts": contexts}
 
 
+def device_name(device) -> str:
+    """What a profile says it was measured on: the GPU's name, or the CPU's with torch's thread
+    count (a profile timed on two threads does not hold for sixteen)."""
+    import torch
+
+    from ngspec.cpu_linear import cpu_name
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_name()}, {torch.get_num_threads()} threads"
+
+
 def save_profile(path: Path, profile: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     staging.write_text(path, json.dumps(profile, indent=1))
@@ -56,6 +68,7 @@ class DeviceProfile:
     contexts: dict[int, dict]
     target_graphs: bool = False  # measured replayed from CUDA graphs (`profile-bound --target-graphs`)
     model_shape: str | None = None  # `ngspec.perf.costs.model_shape` of the model measured (absent in older files)
+    dtype: str | None = None  # the dtype measured ("float32"; absent in older files)
 
     def _nearest(self, context: int) -> dict:
         """The largest profiled context not above ``context`` (else the smallest)."""
@@ -90,6 +103,18 @@ class DeviceProfile:
                 f"{path} was measured for model {self.model!r}, not {model!r}; profile this model with "
                 f"`ngspec profile-bound --model ... --save-profile PATH`"
             )
+
+    def elsewhere(self, path: Path, device: str, dtype: str) -> list[str]:
+        """Why this profile's costs may not hold for a run on ``device`` (`device_name`) in
+        ``dtype``: one line for each that differs from what it was measured on (none when it
+        matches, or when the file does not say). Costs depend on both; a profile from another
+        machine still sizes drafts, only less well, so these are warnings."""
+        lines = []
+        for what, measured, here in (("on", self.device, device), ("in", self.dtype, dtype)):
+            if measured not in (None, "None", here):
+                lines.append(f"{path} was measured {what} {measured} and this run is {what} {here}: its costs may size drafts wrongly "
+                             f"(measure one here: `ngspec profile-bound --save-profile ...`)")
+        return lines
 
     def best_rows(self, context: int) -> tuple[int, int]:
         k, w = self._nearest(context)["best_rows"]
@@ -127,7 +152,7 @@ def load_profile(path: Path, model: str | None = None, shape: str | None = None)
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise NgspecError(f"{path} is a damaged device profile ({exc})") from None
     profile = DeviceProfile(str(data.get("model")), str(data.get("device")), float(data.get("max_slowdown", 1.1)), contexts,
-                            data.get("target_graphs") is True, data.get("model_shape") if isinstance(data.get("model_shape"), str) else None)
+                            data.get("target_graphs") is True, *(data.get(k) if isinstance(data.get(k), str) else None for k in ("model_shape", "dtype")))
     if model is not None:
         profile.check_model(model, path, shape)
     return profile
