@@ -52,7 +52,8 @@ def device_name(device) -> str:
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{cpu_name()}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"{cpu_name()}, {threads} thread{'s' if threads != 1 else ''}"
 
 
 def save_profile(path: Path, profile: dict) -> None:
