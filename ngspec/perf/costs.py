@@ -8,8 +8,9 @@ measured once per engine with random tokens at a given context length (the faste
 rounds per size), and cached under
 ``$NGSPEC_CACHE/costs`` per model shape (`model_shape`: a model loaded by name, by path or as a
 fine-tune of the same architecture reads one table; two models at one relative path do not),
-device, dtype, thread count, torch version and the CPU kernel plan (`ngspec.cpu_linear`), per batch size for batched decoding and apart for verification replayed
-from CUDA graphs (`--target-graphs`) (set ``NGSPEC_RECALIBRATE=1`` to measure again).
+device, dtype, thread count, torch version and the CPU kernel plan (`ngspec.cpu_linear`), per
+batch size for batched decoding and apart for verification replayed from CUDA graphs
+(`--target-graphs`) (set ``NGSPEC_RECALIBRATE=1`` to measure again).
 """
 
 from __future__ import annotations

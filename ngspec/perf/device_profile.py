@@ -64,7 +64,7 @@ def save_profile(path: Path, profile: dict) -> None:
 @dataclass(frozen=True)
 class DeviceProfile:
     model: str
-    device: str
+    device: str | None  # what it was measured on (`device_name`; absent in a file that does not say)
     max_slowdown: float
     contexts: dict[int, dict]
     target_graphs: bool = False  # measured replayed from CUDA graphs (`profile-bound --target-graphs`)
@@ -112,7 +112,7 @@ class DeviceProfile:
         machine still sizes drafts, only less well, so these are warnings."""
         lines = []
         for what, measured, here in (("on", self.device, device), ("in", self.dtype, dtype)):
-            if measured not in (None, "None", here):
+            if measured is not None and measured != here:
                 lines.append(f"{path} was measured {what} {measured} and this run is {what} {here}: its costs may size drafts wrongly "
                              f"(measure one here: `ngspec profile-bound --save-profile ...`)")
         return lines
@@ -152,8 +152,9 @@ def load_profile(path: Path, model: str | None = None, shape: str | None = None)
             raise ValueError("no contexts")
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise NgspecError(f"{path} is a damaged device profile ({exc})") from None
-    profile = DeviceProfile(str(data.get("model")), str(data.get("device")), float(data.get("max_slowdown", 1.1)), contexts,
-                            data.get("target_graphs") is True, *(data.get(k) if isinstance(data.get(k), str) else None for k in ("model_shape", "dtype")))
+    said = {k: data[k] if isinstance(data.get(k), str) else None for k in ("device", "model_shape", "dtype")}
+    profile = DeviceProfile(str(data.get("model")), said["device"], float(data.get("max_slowdown", 1.1)), contexts,
+                            data.get("target_graphs") is True, said["model_shape"], said["dtype"])
     if model is not None:
         profile.check_model(model, path, shape)
     return profile
