@@ -1,8 +1,14 @@
 """Writing a directory or a file atomically: build it under a temporary name beside the target, then
-rename, so that an interrupted command never leaves half of one behind."""
+rename, so that an interrupted command never leaves half of one behind.
+
+A process killed outright (SIGKILL, the OOM killer) runs no cleanup and leaves its temporary
+behind. Each temporary's name records where its writer ran (this boot of this machine, and its PID
+namespace) and the writer's pid, so the next write in the same directory can tell a dead writer's
+leftovers from a live writer's work and remove them; one made elsewhere is never touched."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -26,6 +32,7 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
     _no_file_above(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        _sweep(out.parent)
         tmp = _stand_in(out)
         tmp.mkdir()  # with the usual permissions (a shared cache or datastore stays readable to others)
     except OSError as exc:
@@ -58,9 +65,58 @@ def exclusive(lock: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _this_place() -> str | None:
+    """Eight hex digits naming this boot of this machine and this process's PID namespace: where a
+    pid names one process. None where the OS does not say (nothing is swept there)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return hashlib.blake2s(f"{boot} {namespace}".encode(), digest_size=4).hexdigest()
+
+
+_PLACE = _this_place()
+_LEFTOVER = re.compile(r"\..+\.tmp-(?P<place>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{8}")
+
+
 def _stand_in(out: Path) -> Path:
-    """A temporary name beside ``out``, unique to this process and call."""
-    return out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    """A temporary name beside ``out``, unique to this process and call, saying where it was made."""
+    where = f"{_PLACE}-" if _PLACE else ""
+    return out.with_name(f".{out.name}.tmp-{where}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process (or a pid no OS gives): keep
+        return True
+    return True
+
+
+def _sweep(directory: Path) -> None:
+    """Remove the temporaries in ``directory`` whose writers ran here and have died (quietly: a
+    leftover that cannot be removed is left as it was)."""
+    if _PLACE is None:
+        return
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        match = _LEFTOVER.fullmatch(name)
+        if match is None or match["place"] != _PLACE or _alive(int(match["pid"])):
+            continue
+        leftover = directory / name
+        try:
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _no_file_above(out: Path) -> None:
@@ -101,6 +157,7 @@ def staged_file(out: Path) -> Iterator[Path]:
     cache entry at once each write their own and the last rename wins, whole); on success it
     replaces ``out`` atomically, otherwise it is removed."""
     out = Path(out)
+    _sweep(out.parent)
     tmp = _stand_in(out)  # made by the caller, with its usual permissions
     try:
         yield tmp

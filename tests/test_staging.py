@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from ngspec import staging
@@ -182,3 +184,77 @@ def test_a_staged_directory_gets_the_usual_permissions(tmp_path):
     plain.mkdir()
     assert (tmp_path / "store").stat().st_mode == plain.stat().st_mode
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "store"]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_write_killed_outright_is_swept_by_the_next_write_beside_it(tmp_path):
+    """A process killed with SIGKILL (or by the OOM killer) runs no cleanup, so its temporary
+    directory stays. The next staged write in that directory removes it: its name says it was made
+    on this machine, in this PID namespace, by a process that no longer exists."""
+    import subprocess
+    import sys
+
+    killed = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from ngspec import staging\n"
+        "with staging.staged_directory(Path(sys.argv[1]), force=False) as tmp:\n"
+        "    (tmp / 'sa.npy').write_bytes(b'half' * 1000)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", killed, str(tmp_path / "store")])
+    assert run.returncode == -9
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".store.tmp-")  # what a killed build leaves
+    with staging.staged_directory(tmp_path / "other", force=False) as tmp:
+        (tmp / "sa.npy").write_text("")
+    assert [p.name for p in tmp_path.iterdir()] == ["other"]
+
+
+def test_only_temporaries_of_dead_writers_here_are_swept(tmp_path):
+    """A live writer's temporary (this process's, say), one made on another machine or in another
+    container sharing the disk (whose pid means nothing here), one named before the writer's place
+    was recorded, and anything else are all left alone."""
+    place = staging._PLACE
+    assert place is not None  # Linux: the boot and PID namespace are known
+    dead = _dead_pid()
+    stale_dir = tmp_path / f".store.tmp-{place}-{dead}-0badf00d"
+    stale_dir.mkdir()
+    (stale_dir / "sa.npy").write_text("half")
+    stale_file = tmp_path / f".table.npz.tmp-{place}-{dead}-12345678"
+    stale_file.write_text("half")
+    kept = [
+        tmp_path / f".store.tmp-{place}-{os.getpid()}-aaaaaaaa",  # alive: this process
+        tmp_path / f".store.tmp-{'f' * len(place)}-{dead}-bbbbbbbb",  # another machine's
+        tmp_path / f".store.tmp-{dead}-cccccccc",  # the name before the place was recorded
+        tmp_path / f".store.tmp-{place}-{dead}-notahex!",
+        tmp_path / "notes.txt",
+    ]
+    for path in kept:
+        path.write_text("keep")
+    staging.write_text(tmp_path / "shape.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([p.name for p in kept] + ["shape.json"])
+
+
+def test_a_temporary_that_cannot_be_swept_is_left_without_a_word(tmp_path, monkeypatch):
+    place = staging._PLACE
+    stale = tmp_path / f".store.tmp-{place}-{_dead_pid()}-0badf00d"
+    stale.write_text("half")
+
+    def refuse(self, missing_ok=False):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(type(stale), "unlink", refuse)
+    with staging.staged_directory(tmp_path / "store", force=False) as tmp:
+        (tmp / "sa.npy").write_text("")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([stale.name, "store"])
