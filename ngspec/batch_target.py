@@ -489,6 +489,9 @@ class BatchTarget:
         if self.static is not None:
             at = [b if self.at is None else self.at[b] for b in order]
             self.at = None if at == list(range(n)) else at
+            if self.at is None:  # the last rows finished: the layers hold their first n rows, as `_straighten` leaves them
+                for layer in self.cache.layers:
+                    layer.keep_rows(n, lazy=True)
         else:
             self._gather_rows(order)
             for layer in self.cache.layers:

@@ -152,6 +152,38 @@ def test_at_fixed_shapes_a_drop_moves_no_cache_row():
     assert ops["fixed"] <= 2 < 4 * len(model.model.layers) <= ops["plain"]
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("then", ["compact", "admit"])
+def test_at_fixed_shapes_the_last_rows_finishing_then_a_compaction_or_an_admission_equals_the_plain_forward(family, then):
+    """The last rows finish (the others stay in buffer rows 0, 1, ...: nothing to move), and the
+    next step compacts before it verifies, or a request fed to the batch comes in a new row. Both
+    once read the cache layers' rows as the last forward left them, more than the batch's (a
+    randomised search found the compaction: an index of 3 rows against keys of 4). Oracle: a
+    plain `BatchTarget` through the same steps."""
+    model = tiny_model(family, seed=4)
+    out = {}
+    for name, target in _plain_and_fixed(model):
+        rng = random.Random(0)
+        target.admit_many([repetitive_prompt(rng, VOCAB, n) for n in (30, 12, 55, 20)], [None] * 4)
+        got = []
+        for keep in ([0, 1, 2], [0]):
+            trees = [_tree(rng, 5) for _ in range(target.rows)]
+            got += [target.verify([1] * target.rows, trees).row(b) for b in range(target.rows)]
+            target.commit([[0, 1], []] + [[]] * (target.rows - 2))
+            target.drop(keep)
+            if then == "compact":
+                target.rearrange()
+                assert target.slots == max(target.lengths)
+            else:
+                got += target.admit_many([repetitive_prompt(rng, VOCAB, 25)], [None])
+                assert target.rows == len(keep) + 1
+        trees = [_tree(rng, 3) for _ in range(target.rows)]
+        got += [target.verify([2] * target.rows, trees).row(b) for b in range(target.rows)]
+        out[name] = got
+    for f, p in zip(out["fixed"], out["plain"], strict=True):
+        torch.testing.assert_close(f, p, rtol=1e-5, atol=1e-5)
+
+
 def test_at_fixed_shapes_compaction_waits_until_it_lowers_the_attended_slots():
     """A fixed-shape forward attends a power of two of slots, holes or not, and compacting into
     the same buffers frees no memory: the check says no until the cache crosses into the next
