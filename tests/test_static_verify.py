@@ -156,9 +156,10 @@ def test_at_fixed_shapes_a_drop_moves_no_cache_row():
 @pytest.mark.parametrize("then", ["compact", "admit"])
 def test_at_fixed_shapes_the_last_rows_finishing_then_a_compaction_or_an_admission_equals_the_plain_forward(family, then):
     """The last rows finish (the others stay in buffer rows 0, 1, ...: nothing to move), and the
-    next step compacts before it verifies, or a request fed to the batch comes in a new row. Both
-    once read the cache layers' rows as the last forward left them, more than the batch's (a
-    randomised search found the compaction: an index of 3 rows against keys of 4). Oracle: a
+    next step compacts before it verifies, or a request fed to the batch comes in a new row. The
+    layers once kept the row count of the last forward, one more than the batch's: the compaction
+    crashed (a randomised search found it: an index of 3 rows against keys of 4), and the
+    admission added its row after that count (its output came out right all the same). Oracle: a
     plain `BatchTarget` through the same steps."""
     model = tiny_model(family, seed=4)
     out = {}
