@@ -1,0 +1,214 @@
+"""A random search over `ngspec generate`'s command line on a real model, run in process.
+
+Each run draws a drafter and the options around it (batch size and layout, budget, prompt file,
+stop strings, --raw, --turns, verify layout, sizing, compaction, joint prefill, sampling, EAGLE's
+tree, draft vocabulary and int8 or float32 head, datastore, search depth, deepening, the trie's
+and row drafters' options) and runs `generate --json --check`. A run passes when it
+
+- exits 0 and every row it printed is identical to plain decoding (`greedy_check`), or
+- exits 1 with ngspec's own one-line error (rows that ran before or beside a failed prompt are
+  still checked), or is refused as a usage error (exit 2),
+
+and prints no traceback. Anything else, an unexpected exception named with "set NGSPEC_DEBUG=1",
+another exit code or a row that differs, is a finding, written with its command line.
+
+    python benchmarks/cli_fuzz.py --runs 100 --seed 0 --eagle-head heads/amd-v41 \\
+        --datastore datastores/shipped --out bench-out/cli_fuzz
+
+Runs are fixed by (seed, run number), so `--first N` continues a search past runs made before.
+The 10zj search (559 runs, session 43) found two bugs this way; this one adds the options added
+since (`--prefill-tokens`, `--turns`, `--size-rows-alone`, sampling under `--check`, chat records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+
+DRAFTERS = ["vanilla", "prompt-lookup", "trie", "context-ngram", "unigram", "bigram", "mixed", "eagle", "search", "eagle+search"]
+ROW_DRAFTERS = {"context-ngram", "unigram", "bigram", "mixed"}
+STOPS = ["\n", ",", ".", " the", "ngspec", "。", "🐱", "<|im_start|>", "<|im_end|>", "--", "1.", "\n\n", "trie "]
+
+
+def prompt_files(folder: Path) -> list[Path]:
+    """The shipped examples, and .jsonl files that mix what users feed: CJK and emoji, a prompt
+    longer than the context window, a two-turn question, a chat with a system message, "Hi"."""
+    files = sorted((ROOT / "examples").glob("*.txt")) + [ROOT / "examples" / "prompts.jsonl"]
+    rag = (ROOT / "examples" / "rag_ngspec.txt").read_text()
+    cjk = "猫は🐱です。请用中文回答：什么是推测解码？ Réponds aussi en français. " * 3
+    records = {
+        "mixed": [{"prompt": cjk}, {"prompt": "Hi"}, {"prompt": rag}],
+        "long": [{"prompt": "Hi"}, {"prompt": "word " * 9000}, {"prompt": "Count from 1 to 30, separated by commas."}],
+        "chat": [{"messages": [{"role": "system", "content": "Answer in one sentence."}, {"role": "user", "content": "What is a suffix array?"}]},
+                 {"prompt": "List three prime numbers."}],
+    }
+    if (SHARED / "mt_bench" / "question.jsonl").is_file():
+        rows = [json.loads(line) for line in (SHARED / "mt_bench" / "question.jsonl").read_text().splitlines()[:3]]
+        records["turns"] = [{"turns": r["turns"]} for r in rows[:2]]
+    if (SHARED / "spec_bench" / "question.jsonl").is_file():
+        rows = [json.loads(line) for line in (SHARED / "spec_bench" / "question.jsonl").read_text().splitlines()]
+        records["spec_bench"] = [r for r in rows if r.get("category") in ("rag", "summarization")][:3]
+    for name, recs in records.items():
+        path = folder / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+        files.append(path)
+    return files
+
+
+def draw(rng: random.Random, files: list[Path], head: str | None, datastore: str | None, shape: str | None, folder: Path) -> list[str]:
+    """One random command line."""
+    drafter = rng.choice([d for d in DRAFTERS if head or d not in ("eagle", "eagle+search")])
+    batch = rng.choice([1, 1, 2, 3])
+    args = ["generate", "--json", "--check", "-d", drafter, "-p", str(rng.choice(files)), "-n", str(rng.choice([1, 2, 5, 16, 32, 48])), "-b", str(batch)]
+    if rng.random() < 0.3:
+        args += ["--limit", str(rng.randrange(1, 4))]
+    for stop in rng.sample(STOPS, rng.choice([0, 0, 1, 2])):
+        args += ["--stop", stop]
+    if rng.random() < 0.15:
+        args.append("--raw")
+    if rng.random() < 0.25:
+        args += ["--turns", rng.choice(["all", "first"])]
+    if batch == 1 and rng.random() < 0.3:
+        args += ["--verify", "rows"]
+    if batch > 1:
+        if rng.random() < 0.4:
+            args += ["--batch-layout", rng.choice(["padded", "packed"])]
+        if rng.random() < 0.4:
+            args += ["--rearrange-every", str(rng.choice([0, 1, 2, 8]))]
+        if rng.random() < 0.3:
+            args += ["--rearrange-min-share", str(rng.choice([0.0, 0.2, 0.9]))]
+        if rng.random() < 0.4:
+            args += ["--prefill-tokens", str(rng.choice([0, 16, 64, 100000]))]
+        if rng.random() < 0.3:
+            args.append("--size-rows-alone")
+    kind = rng.random()
+    if kind < 0.15:
+        args += ["--temperature", str(rng.choice([0.3, 0.7, 1.0])), "--seed", str(rng.randrange(1000))]
+        if rng.random() < 0.5:
+            args += ["--top-p", str(rng.choice([0.5, 0.9]))]
+        if rng.random() < 0.5:
+            args += ["--top-k", str(rng.choice([1, 5, 40]))]
+    elif kind < 0.2:  # reduces to greedy
+        args += ["--temperature", "0.8", "--top-k", "1", "--seed", str(rng.randrange(1000))]
+    if drafter == "trie":
+        if rng.random() < 0.5:
+            args += ["--num-draft", str(rng.choice([1, 4, 8, 32]))]
+        if rng.random() < 0.3:
+            n = rng.choice([2, 4, 13])
+            args += ["--ngram-n", str(n), "--prefix-len", str(rng.randrange(1, n))]
+        if rng.random() < 0.3:
+            args.append("--no-trie-update")
+    if drafter == "prompt-lookup" and rng.random() < 0.5:
+        args += ["--lookup-ngram", str(rng.choice([1, 2, 3])), "--lookup-tokens", str(rng.choice([1, 4, 10]))]
+    if drafter in ROW_DRAFTERS:
+        if rng.random() < 0.5:
+            args += ["--k", str(rng.randrange(1, 5)), "--w", str(rng.randrange(1, 6))]
+        if drafter in ("context-ngram", "mixed") and rng.random() < 0.3:
+            args += ["--ngram-q", str(rng.choice([1, 2, 3]))]
+    if drafter in ("eagle", "eagle+search"):
+        args += ["--eagle-head", head]
+        tree = rng.random()
+        if tree < 0.3 and shape:
+            args += ["--tree-choices", shape]
+        elif tree < 0.5:
+            paths = {tuple(rng.randrange(3) for _ in range(rng.randrange(1, 4))) for _ in range(rng.randrange(1, 10))}
+            listed = sorted({p[:j] for p in paths for j in range(1, len(p) + 1)}, key=lambda p: (len(p), p))
+            path = folder / f"shape-{rng.randrange(10**6)}.json"
+            path.write_text(json.dumps([list(p) for p in listed]))
+            args += ["--tree-choices", str(path)]
+        elif tree < 0.8:
+            args += ["--tree", "dynamic", "--tree-top-k", str(rng.randrange(1, 9)), "--tree-depth", str(rng.randrange(1, 7)), "--total-tokens", str(rng.choice([1, 4, 16, 32]))]
+        if rng.random() < 0.4:
+            args += ["--draft-vocab", str(rng.choice([0, 64, 8192]))]
+        if rng.random() < 0.3:
+            args.append("--head-float32")
+    if drafter in ("search", "eagle+search"):
+        if datastore and rng.random() < 0.7:
+            args += ["--datastore", datastore]
+        if rng.random() < 0.5:
+            args += ["--search-depth", str(rng.choice([1, 4, 16, 32]))]
+        if drafter == "eagle+search" and rng.random() < 0.5:
+            args.append("--deepen")
+    return args
+
+
+def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
+    """(verdict, detail): ok, refused, failed-alone (ngspec's one-line error), or a finding."""
+    if exc is not None and not isinstance(exc, SystemExit):
+        return "FINDING", f"{type(exc).__name__}: {exc}"
+    if "Traceback" in output or "NGSPEC_DEBUG" in output:
+        return "FINDING", output.strip().splitlines()[-1]
+    rows = []
+    for line in output.splitlines():
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    wrong = [r for r in rows if isinstance(r.get("greedy_check"), dict) and not r["greedy_check"]["exact_match"]]
+    if wrong:
+        return "FINDING", f"{len(wrong)} row(s) not identical: {[r['greedy_check'] for r in wrong]}"
+    checked = sum(isinstance(r.get("greedy_check"), dict) for r in rows)
+    if code == 0:
+        return "ok", f"{checked} rows exact"
+    if code == 2:
+        return "refused", output.strip().splitlines()[-1] if output.strip() else ""
+    if code == 1:
+        return "failed-alone", f"{checked} rows exact; " + (output.strip().splitlines()[-1] if output.strip() else "")
+    return "FINDING", f"exit code {code}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--first", type=int, default=0, help="the first run's number (runs are fixed by seed and number)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--eagle-head", help="a head directory for eagle and eagle+search (without it they are not drawn)")
+    parser.add_argument("--datastore", help="a datastore for search and eagle+search")
+    parser.add_argument("--tree-choices", help="a tune-tree shape file to draw among the static trees")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/cli_fuzz"))
+    ns = parser.parse_args()
+
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    ns.out.mkdir(parents=True, exist_ok=True)
+    log = (ns.out / f"runs-{ns.seed}-{ns.first}.jsonl").open("w")
+    runner = CliRunner()
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        files = prompt_files(folder)
+        for n in range(ns.first, ns.first + ns.runs):
+            rng = random.Random(f"{ns.seed} {n}")
+            args = draw(rng, files, ns.eagle_head, ns.datastore, ns.tree_choices, folder)
+            if ns.model != "default":
+                args += ["--model", ns.model]
+            start = time.perf_counter()
+            result = runner.invoke(app, args)
+            verdict, detail = judge(result.exit_code, result.output, result.exception)
+            counts[verdict] = counts.get(verdict, 0) + 1
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            entry = {"run": n, "verdict": verdict, "detail": detail, "exit": result.exit_code, "seconds": round(time.perf_counter() - start, 1), "max_rss_gb": round(rss, 2), "args": args}
+            log.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            log.flush()
+            print(f"{n:5d} {verdict:12s} {entry['seconds']:6.1f}s {rss:4.1f}GB  {detail[:150]}", flush=True)
+            if verdict == "FINDING":
+                print("      ngspec " + " ".join(args), flush=True)
+    print(json.dumps(counts))
+    return 1 if counts.get("FINDING") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

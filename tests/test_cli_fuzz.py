@@ -1,0 +1,59 @@
+"""`benchmarks/cli_fuzz.py`: every command line it draws parses as `ngspec generate` options (a
+misspelt option would turn every run into a usage error that the search counts as refused), and
+its verdicts tell an exact run, ngspec's own errors and findings apart."""
+
+import json
+import random
+import sys
+
+import pytest
+import typer
+
+from conftest import BENCHMARKS
+
+sys.path.insert(0, str(BENCHMARKS))
+import cli_fuzz  # noqa: E402
+
+from ngspec.cli.app import app  # noqa: E402
+
+
+def test_every_drawn_command_line_parses(tmp_path):
+    files = cli_fuzz.prompt_files(tmp_path)
+    assert all(f.is_file() for f in files)
+    generate = typer.main.get_command(app).commands["generate"]
+    seen = set()
+    for n in range(300):
+        args = cli_fuzz.draw(random.Random(f"0 {n}"), files, "heads/h", "datastores/d", "shape.json", tmp_path)
+        assert args[0] == "generate"
+        generate.make_context("generate", args[1:])  # raises on an unknown option or a value of the wrong type
+        seen.add(args[args.index("-d") + 1])
+    assert seen == set(cli_fuzz.DRAFTERS)
+
+
+def test_without_a_head_the_eagle_drafters_are_not_drawn(tmp_path):
+    files = cli_fuzz.prompt_files(tmp_path)
+    drafters = {a[a.index("-d") + 1] for a in (cli_fuzz.draw(random.Random(n), files, None, None, None, tmp_path) for n in range(200))}
+    assert drafters == set(cli_fuzz.DRAFTERS) - {"eagle", "eagle+search"}
+
+
+def row(exact: bool) -> str:
+    return json.dumps({"prompt": "p", "greedy_check": {"exact_match": exact, "first_mismatch": None if exact else 3, "near_tie_margin": 0.5}})
+
+
+@pytest.mark.parametrize(
+    ("code", "output", "exc", "verdict"),
+    [
+        (0, row(True) + "\n" + row(True), None, "ok"),
+        (0, row(True) + "\n" + row(False), None, "FINDING"),  # a row that differs from plain decoding
+        (1, row(False) + "\nerror: 1 prompt(s) failed", None, "FINDING"),
+        (1, row(True) + "\nerror: 1 prompt(s) failed: f.jsonl:2 (the others finished)", None, "failed-alone"),
+        (2, "Usage: ngspec generate\nError: No such option: --nope", None, "refused"),
+        (1, "error: TypeError: bad (set NGSPEC_DEBUG=1 for the traceback)", None, "FINDING"),  # not ngspec's own error
+        (1, "Traceback (most recent call last):\n  ...", None, "FINDING"),
+        (1, "", ValueError("escaped"), "FINDING"),
+        (0, "", SystemExit(0), "ok"),
+        (3, "", None, "FINDING"),
+    ],
+)
+def test_verdicts(code, output, exc, verdict):
+    assert cli_fuzz.judge(code, output, exc)[0] == verdict
