@@ -142,7 +142,8 @@ def draw(rng: random.Random, files: list[Path], head: str | None, datastore: str
 
 
 def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
-    """(verdict, detail): ok, refused, failed-alone (ngspec's one-line error), or a finding."""
+    """(verdict, detail): ok, refused (a usage error), ngspec-error (ngspec's one-line error, such as
+    a prompt that failed while the others ran), or a finding."""
     if exc is not None and not isinstance(exc, SystemExit):
         return "FINDING", f"{type(exc).__name__}: {exc}"
     if "Traceback" in output or "NGSPEC_DEBUG" in output:
@@ -163,7 +164,7 @@ def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
     if code == 2:
         return "refused", output.strip().splitlines()[-1] if output.strip() else ""
     if code == 1:
-        return "failed-alone", f"{checked} rows exact; " + (output.strip().splitlines()[-1] if output.strip() else "")
+        return "ngspec-error", f"{checked} rows exact; " + (output.strip().splitlines()[-1] if output.strip() else "")
     return "FINDING", f"exit code {code}"
 
 

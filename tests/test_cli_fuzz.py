@@ -4,17 +4,14 @@ its verdicts tell an exact run, ngspec's own errors and findings apart."""
 
 import json
 import random
-import sys
 
 import pytest
 import typer
 
-from conftest import BENCHMARKS
+from conftest import benchmark_script
+from ngspec.cli.app import app
 
-sys.path.insert(0, str(BENCHMARKS))
-import cli_fuzz  # noqa: E402
-
-from ngspec.cli.app import app  # noqa: E402
+cli_fuzz = benchmark_script("cli_fuzz")
 
 
 def test_every_drawn_command_line_parses(tmp_path):
@@ -46,7 +43,7 @@ def row(exact: bool) -> str:
         (0, row(True) + "\n" + row(True), None, "ok"),
         (0, row(True) + "\n" + row(False), None, "FINDING"),  # a row that differs from plain decoding
         (1, row(False) + "\nerror: 1 prompt(s) failed", None, "FINDING"),
-        (1, row(True) + "\nerror: 1 prompt(s) failed: f.jsonl:2 (the others finished)", None, "failed-alone"),
+        (1, row(True) + "\nerror: 1 prompt(s) failed: f.jsonl:2 (the others finished)", None, "ngspec-error"),
         (2, "Usage: ngspec generate\nError: No such option: --nope", None, "refused"),
         (1, "error: TypeError: bad (set NGSPEC_DEBUG=1 for the traceback)", None, "FINDING"),  # not ngspec's own error
         (1, "Traceback (most recent call last):\n  ...", None, "FINDING"),
