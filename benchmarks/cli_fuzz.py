@@ -31,11 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from ngspec.drafters import REGISTRY, ROW_DRAFTERS
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 
-DRAFTERS = ["vanilla", "prompt-lookup", "trie", "context-ngram", "unigram", "bigram", "mixed", "eagle", "search", "eagle+search"]
-ROW_DRAFTERS = {"context-ngram", "unigram", "bigram", "mixed"}
+DRAFTERS = list(REGISTRY)  # a drafter added to ngspec is drawn too
 STOPS = ["\n", ",", ".", " the", "ngspec", "。", "🐱", "<|im_start|>", "<|im_end|>", "--", "1.", "\n\n", "trie "]
 
 
@@ -52,8 +53,8 @@ def prompt_files(folder: Path) -> list[Path]:
                  {"prompt": "List three prime numbers."}],
     }
     if (SHARED / "mt_bench" / "question.jsonl").is_file():
-        rows = [json.loads(line) for line in (SHARED / "mt_bench" / "question.jsonl").read_text().splitlines()[:3]]
-        records["turns"] = [{"turns": r["turns"]} for r in rows[:2]]
+        rows = [json.loads(line) for line in (SHARED / "mt_bench" / "question.jsonl").read_text().splitlines()[:2]]
+        records["turns"] = [{"turns": r["turns"]} for r in rows]
     if (SHARED / "spec_bench" / "question.jsonl").is_file():
         rows = [json.loads(line) for line in (SHARED / "spec_bench" / "question.jsonl").read_text().splitlines()]
         records["spec_bench"] = [r for r in rows if r.get("category") in ("rag", "summarization")][:3]
@@ -146,8 +147,9 @@ def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
     a prompt that failed while the others ran), or a finding."""
     if exc is not None and not isinstance(exc, SystemExit):
         return "FINDING", f"{type(exc).__name__}: {exc}"
+    last = output.strip().splitlines()[-1] if output.strip() else ""
     if "Traceback" in output or "NGSPEC_DEBUG" in output:
-        return "FINDING", output.strip().splitlines()[-1]
+        return "FINDING", last
     rows = []
     for line in output.splitlines():
         if line.startswith("{"):
@@ -162,9 +164,9 @@ def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
     if code == 0:
         return "ok", f"{checked} rows exact"
     if code == 2:
-        return "refused", output.strip().splitlines()[-1] if output.strip() else ""
+        return "refused", last
     if code == 1:
-        return "ngspec-error", f"{checked} rows exact; " + (output.strip().splitlines()[-1] if output.strip() else "")
+        return "ngspec-error", f"{checked} rows exact; {last}"
     return "FINDING", f"exit code {code}"
 
 
@@ -185,10 +187,9 @@ def main() -> int:
     from ngspec.cli.app import app
 
     ns.out.mkdir(parents=True, exist_ok=True)
-    log = (ns.out / f"runs-{ns.seed}-{ns.first}.jsonl").open("w")
     runner = CliRunner()
     counts: dict[str, int] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, (ns.out / f"runs-{ns.seed}-{ns.first}.jsonl").open("w") as log:
         folder = Path(tmp)
         files = prompt_files(folder)
         for n in range(ns.first, ns.first + ns.runs):
