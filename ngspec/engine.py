@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -35,6 +36,26 @@ def eos_ids(loaded: LoadedModel) -> frozenset[int]:
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
     return frozenset(ids)
+
+
+@contextmanager
+def collector_spared() -> Iterator[None]:
+    """For one run: keep what is alive when it starts (the model's modules, the tokenizer, torch,
+    transformers and whatever the calling program holds) out of the cyclic collector's full
+    passes, which the tries drafters build per prompt (20,000 nodes) set off; each pass scanned it
+    all, 20 ms per prompt on the AMD EPYC, 0.7% of eagle+search's time (BENCHMARKS.md, "oneDNN").
+    Released when the run ends, so what the program drops afterwards is collected as usual (frozen
+    for the process's life, every cycle alive at that moment stayed in memory for good: 4.5 MB a
+    `generate` run in one process, BENCHMARKS.md 10zzd). A program that froze its own objects keeps
+    its freeze, and then this does nothing."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @dataclass
@@ -69,11 +90,6 @@ class Engine:
             self.target.cost_tables = self.profile.cost_tables(self.max_draft_nodes)
         elif self.calibrate:
             self.target.cost_tables = {0: cached_verify_costs(self.target, self.max_draft_nodes)}
-        # what is alive now (the model's modules, the tokenizer, torch and transformers) lives as
-        # long as the process: keep it out of the cyclic collector's full passes, which the tries
-        # drafters build per prompt (20,000 nodes) set off; each scanned it all, 20 ms per prompt
-        # on the AMD EPYC, 0.7% of eagle+search's time (BENCHMARKS.md, "oneDNN")
-        gc.freeze()
 
     def ngram_tables(self, path=None, progress=None, notify=None) -> NgramTables:
         """The model-derived unigram/bigram tables (built once per model and cached on disk;
@@ -99,7 +115,8 @@ class Engine:
         cfg: DecodeConfig,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> Generation:
-        return generate(self.target, drafter, prompt_ids, self._config(cfg), self.stopper(cfg), on_tokens)
+        with collector_spared():
+            return generate(self.target, drafter, prompt_ids, self._config(cfg), self.stopper(cfg), on_tokens)
 
     def _config(self, cfg: DecodeConfig) -> DecodeConfig:
         """An assumed cost (``cost_slope``) stands as given: not rescaled by the run's step times."""
@@ -122,7 +139,8 @@ class Engine:
         costs = self.batch_costs(max(rows, 1))
         if self.target_graphs:
             batch = replace(batch, target_graphs=True)
-        return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, lambda: self.stopper(cfg), costs, on_finish, feed)
+        with collector_spared():
+            return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, lambda: self.stopper(cfg), costs, on_finish, feed)
 
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False, sampling: SamplingConfig | None = None) -> tuple[list[int], float]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import random
 from pathlib import Path
@@ -14,14 +13,6 @@ import torch
 from ngspec.contracts import DraftContext, DraftTree
 from ngspec.cpu_linear import stock_linears
 from ngspec.models import load_model, tiny_model
-
-
-@pytest.fixture(autouse=True)
-def _collectable_after_each_test():
-    """An `Engine` freezes what is alive (for a process that runs one engine); the suite builds
-    hundreds, so one test's models stay collectable after it."""
-    yield
-    gc.unfreeze()
 
 
 @pytest.fixture

@@ -1,0 +1,61 @@
+"""The engine keeps the cyclic garbage collector off what lives through a run, and only for the run:
+objects a program holds when it builds or runs an engine stay collectable once it drops them."""
+
+import gc
+import weakref
+
+import pytest
+
+from ngspec.batch import BatchConfig
+from ngspec.decode import DecodeConfig
+from ngspec.drafters import make_drafter
+from ngspec.engine import Engine, collector_spared
+from ngspec.models import LoadedModel
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.me = self  # collectable by the cyclic collector only
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_cycle_alive_through_an_engines_life_is_collected_once_dropped(tiny, batched):
+    held = Cycle()
+    dropped = weakref.ref(held)
+    engine = Engine(LoadedModel(tiny, None, "tiny"), calibrate=False)
+    cfg = DecodeConfig(max_new_tokens=6)
+    frozen = []  # during the run: the model's modules and tensors, and the rest, spared
+    if batched:
+        finished = lambda result: frozen.append(gc.get_freeze_count())  # noqa: E731
+        engine.run_batch([[4, 8, 15], [16, 23]], lambda: make_drafter("trie"), cfg, BatchConfig(2), on_finish=finished)
+    else:
+        engine.run([4, 8, 15], make_drafter("trie"), cfg, on_tokens=lambda tokens: frozen.append(gc.get_freeze_count()))
+    assert frozen and min(frozen) > 1000
+    assert gc.get_freeze_count() == 0
+    del held
+    gc.collect()
+    assert dropped() is None
+
+
+def test_what_is_alive_is_spared_during_the_run_and_a_callers_own_freeze_is_kept():
+    held = Cycle()
+    with collector_spared():
+        assert gc.get_freeze_count() > 0  # the run's full passes skip what was alive at its start
+    assert gc.get_freeze_count() == 0
+
+    gc.freeze()  # a program that froze its own objects (a server before it forks, say)
+    try:
+        frozen = gc.get_freeze_count()
+        with collector_spared():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+    del held
+
+
+def test_a_failed_run_releases_the_freeze():
+    with pytest.raises(RuntimeError):
+        with collector_spared():
+            raise RuntimeError("the run failed")
+    assert gc.get_freeze_count() == 0
