@@ -23,6 +23,7 @@ since (`--prefill-tokens`, `--turns`, `--size-rows-alone`, sampling under `--che
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import resource
@@ -170,6 +171,46 @@ def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
     return "FINDING", f"exit code {code}"
 
 
+def resident_gb() -> float | None:
+    """The process's current resident memory in GB (Linux's /proc; None elsewhere)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**30
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def held() -> dict:
+    """What a run left behind, after garbage collection: resident memory before and after glibc
+    hands its free arenas back (`malloc_trim`; the second None where there is no glibc), the GB of
+    torch tensors still reachable from Python objects, the torch modules alive and Python's
+    tracked objects. The peak (`ru_maxrss`) only ever rises; these show whether a run leaves
+    something behind for the next."""
+    import torch
+
+    gc.collect()
+    tensors, modules, objects = 0, 0, gc.get_objects()
+    for obj in objects:
+        kind = type(obj)  # not isinstance: it reads __class__, which some deprecated torch objects warn on
+        if issubclass(kind, torch.Tensor) and not obj.is_meta:
+            try:
+                tensors += obj.untyped_storage().nbytes()
+            except RuntimeError:  # tensors without storage (subclasses, lazy ones)
+                continue
+        elif issubclass(kind, torch.nn.Module):
+            modules += 1
+    count = len(objects)
+    del objects
+    rss, trimmed = resident_gb(), None
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        trimmed = resident_gb()
+    except (OSError, AttributeError):
+        pass
+    return {"rss_gb": rss, "trimmed_rss_gb": trimmed, "tensors_gb": tensors / 2**30, "modules": modules, "objects": count}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=50)
@@ -201,11 +242,16 @@ def main() -> int:
             result = runner.invoke(app, args)
             verdict, detail = judge(result.exit_code, result.output, result.exception)
             counts[verdict] = counts.get(verdict, 0) + 1
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-            entry = {"run": n, "verdict": verdict, "detail": detail, "exit": result.exit_code, "seconds": round(time.perf_counter() - start, 1), "max_rss_gb": round(rss, 2), "args": args}
+            seconds = time.perf_counter() - start
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            left = {k: v if v is None or isinstance(v, int) else round(v, 3) for k, v in held().items()}
+            entry = {"run": n, "verdict": verdict, "detail": detail, "exit": result.exit_code, "seconds": round(seconds, 1),
+                     "max_rss_gb": round(peak, 2), **left, "args": args}
             log.write(json.dumps(entry, ensure_ascii=False) + "\n")
             log.flush()
-            print(f"{n:5d} {verdict:12s} {entry['seconds']:6.1f}s {rss:4.1f}GB  {detail[:150]}", flush=True)
+            gb = {k: "?" if left[k] is None else f"{left[k]:.2f}" for k in ("rss_gb", "trimmed_rss_gb", "tensors_gb")}
+            print(f"{n:5d} {verdict:12s} {seconds:6.1f}s GB: peak {peak:.2f} now {gb['rss_gb']} trimmed {gb['trimmed_rss_gb']}"
+                  f" tensors {gb['tensors_gb']}; {left['modules']} modules, {left['objects']} objects  {detail[:100]}", flush=True)
             if verdict == "FINDING":
                 print("      ngspec " + " ".join(args), flush=True)
     print(json.dumps(counts))
