@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 import urllib.request
+from functools import partial
 
 from ngspec import Speculator
 from ngspec.prompts import load_prompts
-from ngspec.server import make_server, serve
+from ngspec.server import make_server, serve_while
 
 
 def ask(url: str, text: str, max_tokens: int) -> tuple[list[int], float]:
@@ -43,22 +43,9 @@ def run_arm(spec: Speculator, batch_size: int, clients: int, prompts: list[str],
         for i in range(c, len(prompts), clients):
             answers[i] = ask(url, prompts[i], max_tokens)
 
-    def drive() -> None:
-        try:
-            threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            server.service.worker.stop()
-
     start = time.perf_counter()
-    driver = threading.Thread(target=drive)
-    driver.start()
-    serve(server)  # generation on this thread until the clients are done
+    serve_while(server, *[partial(client, c) for c in range(clients)])  # generation on this thread until the clients are done
     wall = time.perf_counter() - start
-    driver.join()
     tokens = [answers[i][0] for i in range(len(prompts))]
     return {"wall": wall, "tokens": tokens, "new": sum(map(len, tokens)), "latency": sum(a[1] for a in answers.values()) / len(answers)}
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 import urllib.request
 
 from ngspec import Speculator
 from ngspec.prompts import load_prompts
-from ngspec.server import make_server, serve
+from ngspec.server import make_server, serve_while
 
 
 def post(url: str, body: dict) -> tuple[list[int], float]:
@@ -71,22 +70,16 @@ def main() -> None:
     exact = {arm: 0 for arm in arms}
 
     def client() -> None:
-        try:
-            runs["direct"](prompts[0])  # warm-up
-            for round_ in range(args.rounds):
-                for i, text in enumerate(prompts):
-                    shift = (round_ * len(prompts) + i) % len(arms)  # each arm goes first as often as the others
-                    results = {arm: runs[arm](text) for arm in arms[shift:] + arms[:shift]}
-                    for arm in arms:
-                        totals[arm] += results[arm][1]
-                        exact[arm] += results[arm][0] == results["direct"][0]
-        finally:
-            worker.stop()
+        runs["direct"](prompts[0])  # warm-up
+        for round_ in range(args.rounds):
+            for i, text in enumerate(prompts):
+                shift = (round_ * len(prompts) + i) % len(arms)  # each arm goes first as often as the others
+                results = {arm: runs[arm](text) for arm in arms[shift:] + arms[:shift]}
+                for arm in arms:
+                    totals[arm] += results[arm][1]
+                    exact[arm] += results[arm][0] == results["direct"][0]
 
-    thread = threading.Thread(target=client)
-    thread.start()
-    serve(server)  # generation on this thread, the one that loaded the model, as in `ngspec serve`
-    thread.join()
+    serve_while(server, client)  # generation on this thread, the one that loaded the model, as in `ngspec serve`
     calls = args.rounds * len(prompts)
     print(f"{calls} calls per arm ({len(prompts)} prompts x {args.rounds} rounds), {args.drafter}, {args.max_new_tokens} new tokens at most")
     for arm in arms:

@@ -539,3 +539,23 @@ def serve(server: Server) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def serve_while(server: Server, *clients: Callable[[], None]) -> None:
+    """`serve` on this thread while each of ``clients`` runs on a thread of its own; stops once
+    they have all returned (for benchmarks and programs that drive their own server)."""
+
+    def drive() -> None:
+        try:
+            threads = [threading.Thread(target=client) for client in clients]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            server.service.worker.stop()
+
+    driver = threading.Thread(target=drive, name="ngspec-clients")
+    driver.start()
+    serve(server)
+    driver.join()

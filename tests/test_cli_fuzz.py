@@ -54,3 +54,17 @@ def row(exact: bool) -> str:
 )
 def test_verdicts(code, output, exc, verdict):
     assert cli_fuzz.judge(code, output, exc)[0] == verdict
+
+
+def test_what_a_run_left_behind_counts_reachable_tensors_and_modules():
+    import torch
+
+    before = cli_fuzz.held()
+    kept = [torch.zeros(4, 2**20), torch.nn.Linear(2, 2)]  # 16 MB, and a module holding two more tensors
+    after = cli_fuzz.held()
+    assert after["tensors_gb"] - before["tensors_gb"] == pytest.approx(16 / 1024, abs=1e-4)
+    assert after["modules"] == before["modules"] + 1
+    assert after["objects"] > 1000  # Python's tracked objects: nothing here is frozen
+    if before["rss_gb"] is not None:  # Linux
+        assert 0 < after["trimmed_rss_gb"] <= after["rss_gb"] + 0.01
+    del kept

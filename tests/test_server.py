@@ -479,3 +479,25 @@ def test_one_request_at_a_time_a_client_gone_mid_stream_stops_its_generation(def
         status, body = call(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": question}], "max_tokens": 60})
         assert status == 200 and body["choices"][0]["token_ids"] == plain.token_ids
     assert len(steps) == 1  # the leaving request's generation never finished
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_serve_while_serves_on_this_thread_until_every_client_returns_even_one_that_failed(tiny):
+    from ngspec.server import serve_while
+
+    server = make_server(Speculator.from_model(tiny, drafter="trie"), port=0)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    answers, threads = [], set()
+
+    def client() -> None:
+        threads.add(threading.get_ident())
+        answers.append(call(url, "/v1/completions", {"prompt": [4, 8, 15], "max_tokens": 4})[1]["choices"][0]["token_ids"])
+
+    def failing() -> None:
+        raise RuntimeError("a client that failed")  # its thread reports it; the others go on
+
+    serve_while(server, client, client, failing)
+    assert len(answers) == 2 and answers[0] == answers[1] and len(answers[0]) == 4
+    assert len(threads) == 2 and threading.get_ident() not in threads
+    with pytest.raises(urllib.error.URLError):  # stopped: the socket is closed
+        call(url, "/health")
