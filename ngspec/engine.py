@@ -46,8 +46,8 @@ def collector_spared() -> Iterator[None]:
     all, 20 ms per prompt on the AMD EPYC, 0.7% of eagle+search's time (BENCHMARKS.md, "oneDNN").
     Released when the run ends, so what the program drops afterwards is collected as usual (frozen
     for the process's life, every cycle alive at that moment stayed in memory for good: about
-    0.8 MB a `generate` run, in a process that ran many, BENCHMARKS.md 10zzd). A program that froze its own objects keeps
-    its freeze, and then this does nothing."""
+    0.8 MB a `generate` run in a process that ran many, BENCHMARKS.md 10zzd). A program that froze
+    its own objects keeps its freeze, and then this does nothing."""
     if gc.get_freeze_count():
         yield
         return
