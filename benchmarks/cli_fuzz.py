@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from ngspec.drafters import REGISTRY, ROW_DRAFTERS
+from ngspec.perf.memory import release_free_memory, resident_gb
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -171,14 +172,6 @@ def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
     return "FINDING", f"exit code {code}"
 
 
-def resident_gb() -> float | None:
-    """The process's current resident memory in GB (Linux's /proc; None elsewhere)."""
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**30
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def held() -> dict:
     """What a run left behind, after garbage collection: resident memory before and after glibc
     hands its free arenas back (`malloc_trim`; the second None where there is no glibc), the GB of
@@ -200,14 +193,8 @@ def held() -> dict:
             modules += 1
     count = len(objects)
     del objects
-    rss, trimmed = resident_gb(), None
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        trimmed = resident_gb()
-    except (OSError, AttributeError):
-        pass
+    rss = resident_gb()
+    trimmed = resident_gb() if release_free_memory() else None
     return {"rss_gb": rss, "trimmed_rss_gb": trimmed, "tensors_gb": tensors / 2**30, "modules": modules, "objects": count}
 
 

@@ -17,7 +17,6 @@ runs: the sample after the last answer is kept but not fitted), and writes all o
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import resource
 import sys
@@ -26,23 +25,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-PAGE = resource.getpagesize()
-
-
-def resident_gb() -> float | None:
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * PAGE / 2**30
-    except (OSError, ValueError, IndexError):
-        return None
-
+from ngspec.perf.memory import release_free_memory, resident_gb
 
 def trimmed_gb() -> float | None:
-    """Resident memory once glibc has returned its free arenas (None without glibc or /proc)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        return None
-    return resident_gb()
+    """Resident memory once free heap pages are back with the OS (None without glibc or /proc)."""
+    return resident_gb() if release_free_memory() else None
 
 
 def ask(url: str, text: str, max_tokens: int) -> list[int]:

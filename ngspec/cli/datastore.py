@@ -17,6 +17,7 @@ from ngspec.datastore.build import BuildOptions, build_datastore
 from ngspec.datastore.corpus import FORMATS
 from ngspec.datastore.index import Datastore
 from ngspec.errors import NgspecError
+from ngspec.perf.memory import resident_bytes
 
 TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="Tokenizer to use instead of --model's (a directory or a Hugging Face id).")]
 
@@ -58,7 +59,7 @@ def build_datastore_command(
     out = out or _default_out(corpus)
     spec = tokenizer or model
     tok = load_tokenizer(spec, trust_remote_code)
-    rss_before = _rss_bytes()
+    rss_before = resident_bytes() or 0  # 0 where unknown
     with render.progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} records"), TimeElapsedColumn()) as progress:
         task = progress.add_task("tokenising", total=max_records)
         meta = build_datastore(
@@ -72,14 +73,6 @@ def build_datastore_command(
     peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024
     memory = {"rss_before_data_bytes": rss_before, "peak_rss_bytes": peak}
     _show(Path(out), meta, json_out, memory)
-
-
-def _rss_bytes() -> int:
-    """Resident memory of this process now (Linux), or 0 where unknown."""
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _show(path: Path, meta, json_out: bool, memory: dict | None = None, checked: dict | None = None) -> None:

@@ -22,6 +22,7 @@ from ngspec.datastore.format import (
 )
 from ngspec.datastore.suffix import suffix_array
 from ngspec.errors import NgspecError
+from ngspec.perf.memory import release_free_memory
 from ngspec.staging import staged_directory
 
 
@@ -40,26 +41,6 @@ class BuildOptions:
             raise NgspecError(f"unknown --format {self.format!r}; choose one of {', '.join(FORMATS)}")
         if self.max_records is not None and self.max_records < 1:
             raise NgspecError("--max-records must be at least 1")
-
-
-def release_free_memory() -> None:
-    """Return freed heap pages to the OS (glibc's malloc_trim, Arrow's pool), so the suffix sort's
-    peak is not stacked on memory the tokeniser and the reader already let go of."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        import pyarrow
-
-        pyarrow.default_memory_pool().release_unused()
-    except (ImportError, AttributeError):
-        pass
-    libc = ctypes.util.find_library("c")
-    if libc:
-        try:
-            ctypes.CDLL(libc).malloc_trim(0)
-        except (OSError, AttributeError):
-            pass  # not glibc: nothing to trim
 
 
 def _batches(items: Iterable, size: int) -> Iterable[list]:
