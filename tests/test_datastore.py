@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -275,3 +276,34 @@ def test_datastore_info_checks_contents(tmp_path, tokenizer):
     np.save(out / "sa.npy", sa)
     result = CliRunner().invoke(app, ["datastore-info", str(out)])
     assert result.exit_code == 1 and "points outside the tokens" in result.stderr and "rebuild it" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "name, data, says",
+    [
+        # pyarrow named this line "row 1" of its block, and a line 200,001 deep "row 49183"
+        ("lines.jsonl", b'{"text": "a"}\n\n{"text": "b"}\n{"text": }\n{"text": "c"}\n', r"lines.jsonl:4: not valid JSON \(Expecting value at column 10\)"),
+        ("latin1.jsonl", b'{"text": "a"}\n{"text": "caf\xe9"}\n', r"latin1.jsonl:2: not valid UTF-8"),
+        ("array.json", b'[{"text": "a"},\n {"text": }]', r"array.json:2:11: not valid JSON \(Expecting value\)"),
+    ],
+)
+def test_a_malformed_json_corpus_is_named_by_its_line_in_one_message(tmp_path, capfd, name, data, says):
+    """The line that breaks the file, counted from 1, in ngspec's one message: `datasets` logged
+    its own line before it ("Failed to load JSON from file ...") and counted rows within a block."""
+    from ngspec.datastore.corpus import iter_records
+
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(NgspecError, match=f"cannot read corpus {re.escape(str(tmp_path))}/{says}"):
+        list(iter_records(str(tmp_path / name)))
+    assert "Failed to load JSON" not in "".join(capfd.readouterr())
+
+
+def test_a_corpus_that_python_reads_but_pyarrow_does_not_keeps_the_readers_message(tmp_path):
+    from ngspec.datastore.corpus import json_fault
+
+    pretty = tmp_path / "one.json"  # one document over several lines: no line of it is JSON alone
+    pretty.write_text('{\n  "text": "a"\n}\n')
+    assert json_fault(pretty) is None
+    lines = tmp_path / "ok.jsonl"
+    lines.write_text('{"text": "a"}\n  \n{"text": NaN}\n')
+    assert json_fault(lines) is None

@@ -14,6 +14,8 @@ By default only the assistant side goes in (READER's choice); ``text="all"`` add
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -115,7 +117,45 @@ def looks_local(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or Path(spec).suffix in DATA_SUFFIXES
 
 
-def _reading_error(spec: str, exc: Exception) -> NgspecError:
+def json_fault(file: Path) -> str | None:
+    """Where a JSON-lines file (or one JSON array) stops being valid, as ``FILE:LINE: what``, or
+    None where Python's own reader finds nothing wrong (the fault is then another kind, which
+    `datasets` names). `datasets` (pyarrow) counts a malformed line as a row of the block it read
+    (line 200,001 of a file was its "row 49183"), so this reads the file again to say which line."""
+    with open(file, "rb") as f:
+        if f.read(4096).lstrip().startswith(b"["):
+            return _document_fault(file)
+        f.seek(0)
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue  # datasets skips blank lines
+            try:
+                json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                return f"{file}:{lineno}: not valid UTF-8"
+            except json.JSONDecodeError as exc:
+                if file.suffix == ".json" and _document_fault(file) is None:
+                    return None  # one object over several lines: no line of it is JSON alone
+                return f"{file}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
+    return None
+
+
+def _document_fault(file: Path) -> str | None:
+    data = file.read_bytes()
+    try:
+        json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return f"{file}:{line}: not valid UTF-8"
+    except json.JSONDecodeError as exc:
+        return f"{file}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})"
+    return None
+
+
+def _reading_error(spec: str, exc: Exception, file: str | None = None) -> NgspecError:
+    fault = json_fault(Path(file)) if file is not None and DATA_SUFFIXES.get(Path(file).suffix) == "json" else None
+    if fault is not None:
+        return NgspecError(f"cannot read corpus {fault}")
     message = " ".join(str(exc).split()) if str(exc) else type(exc).__name__
     if len(message) > 400:
         message = message[:400] + " ..."
@@ -138,23 +178,34 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
     builder, files = local_files(path)
     for file in files:
         where = file if path.is_dir() else spec
-        yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[file], split="train", streaming=True))
+        yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[file], split="train", streaming=True), file)
 
 
-def _stream(spec: str, load) -> Iterator[dict]:
+class _Reraised(logging.Filter):
+    """Drops `datasets`' log line about a JSON file it cannot read: the error it raises next
+    becomes ngspec's one message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to load JSON from file")
+
+
+def _stream(spec: str, load, file: str | None = None) -> Iterator[dict]:
     import datasets
 
+    json_logger = logging.getLogger("datasets.packaged_modules.json.json")
+    if not any(isinstance(f, _Reraised) for f in json_logger.filters):
+        json_logger.addFilter(_Reraised())
     try:
         iterator = iter(load(datasets))
     except StopIteration:  # an empty file: datasets finds no first record to read its fields from
         return
     except Exception as exc:  # datasets raises many kinds for unreadable or malformed input
-        raise _reading_error(spec, exc) from exc
+        raise _reading_error(spec, exc, file) from exc
     while True:
         try:
             record = next(iterator)
         except StopIteration:
             return
         except Exception as exc:
-            raise _reading_error(spec, exc) from exc
+            raise _reading_error(spec, exc, file) from exc
         yield record
