@@ -221,10 +221,13 @@ def timed_layers(model: nn.Module, budget: int = MEASURE_BYTES) -> list[nn.Linea
 
 
 @torch.inference_mode()
-def measure_plan(model: nn.Module, rounds: int = PLAN_ROUNDS) -> tuple[KernelPlan, dict[int, dict[str, float]]]:
+def measure_plan(
+    model: nn.Module, rounds: int = PLAN_ROUNDS, progress: Callable[[int, int], None] | None = None,
+) -> tuple[KernelPlan, dict[int, dict[str, float]]]:
     """Time every kernel on ``model``'s linear layers (`timed_layers`) at each row count of
     ``ROW_LADDER`` (interleaved rounds, the fastest of each) and keep the fastest (`choose_plan`);
-    also returns the seconds measured.
+    also returns the seconds measured. ``progress(done, total)`` hears of the start and of each finished round
+    (the default model's take about 10 s each on two cores of the AMD EPYC).
 
     The fastest round rather than the median, as for the verify cost tables: other work on the
     machine only ever adds time, and one plan is cached for good. On the AMD VM the median of 3
@@ -236,6 +239,8 @@ def measure_plan(model: nn.Module, rounds: int = PLAN_ROUNDS) -> tuple[KernelPla
     gen = torch.Generator().manual_seed(0)
     inputs = {rows: {m.in_features: torch.randn(rows, m.in_features, generator=gen) for m in layers} for rows in ROW_LADDER}
     samples: dict[int, dict[str, list[float]]] = {rows: {k: [] for k in kernels} for rows in ROW_LADDER}
+    if progress is not None:
+        progress(0, rounds + 1)
     for round_ in range(rounds + 1):  # round 0 warms up
         for rows in ROW_LADDER:
             for kernel in kernels:
@@ -244,6 +249,8 @@ def measure_plan(model: nn.Module, rounds: int = PLAN_ROUNDS) -> tuple[KernelPla
                     run_kernel(kernel, inputs[rows][layer.in_features], layer.weight, copy)
                 if round_:
                     samples[rows][kernel].append(time.perf_counter() - start)
+        if progress is not None:
+            progress(round_ + 1, rounds + 1)
     seconds = {rows: {k: min(v) for k, v in by.items()} for rows, by in samples.items()}
     return choose_plan(seconds), seconds
 
@@ -291,15 +298,17 @@ def _setting(model: nn.Module) -> str:
     return f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|mkl={torch.backends.mkl.is_available()}|{count}x{shapes}|{ROW_LADDER}|{rule}"
 
 
-def cached_plan(model: nn.Module, notify: Callable[[str], None] | None = None) -> KernelPlan:
+def cached_plan(
+    model: nn.Module, notify: Callable[[str], None] | None = None, progress: Callable[[int, int], None] | None = None,
+) -> KernelPlan:
     """`measure_plan`'s choice, measured once per machine setting and model shape, then cached;
-    ``notify`` hears about a measurement before it starts."""
+    ``notify`` hears about a measurement before it starts, ``progress`` of its rounds."""
     from ngspec.perf.measured import measured_once
 
     def measure() -> tuple[KernelPlan, dict]:
         if notify is not None:
-            notify("first run of this model on this CPU: timing matrix kernels and verify costs (about a minute, once)")
-        plan, seconds = measure_plan(model)
+            notify("first run of this model on this CPU: timing matrix kernels and verify costs (1-2 minutes on two cores, once)")
+        plan, seconds = measure_plan(model, progress=progress)
         return plan, {"kernels": plan.kernels, "seconds": {str(r): s for r, s in seconds.items()}}
 
     return measured_once("kernels", _setting(model), lambda entry: KernelPlan(tuple(entry["kernels"])), measure)
@@ -321,9 +330,12 @@ def current_plan(model: nn.Module) -> KernelPlan | None:
     return next((m.plan for m in model.modules() if isinstance(m, TunedLinear)), None)
 
 
-def tune_linears(model: nn.Module, notify: Callable[[str], None] | None = None) -> KernelPlan | None:
+def tune_linears(
+    model: nn.Module, notify: Callable[[str], None] | None = None, progress: Callable[[int, int], None] | None = None,
+) -> KernelPlan | None:
     """Give a CPU float32 ``model`` the fastest kernel per row count (see the module docstring);
-    idempotent. Returns the plan in use, or None where the model keeps ordinary layers."""
+    idempotent. Returns the plan in use, or None where the model keeps ordinary layers.
+    ``notify`` and ``progress``: see `cached_plan`."""
     plan = current_plan(model)
     if plan is not None:
         return plan
@@ -344,7 +356,7 @@ def tune_linears(model: nn.Module, notify: Callable[[str], None] | None = None) 
     elif sum(m.weight.numel() * 4 for m in _linears(model)) < MIN_TUNED_BYTES:
         return None
     else:
-        plan = cached_plan(model, notify)
+        plan = cached_plan(model, notify, progress)
     use_plan(model, plan)
     return plan
 

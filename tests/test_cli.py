@@ -53,6 +53,26 @@ def test_a_short_table_keeps_its_title_on_one_line(capsys):
     assert capsys.readouterr().out.splitlines()[0].strip() == "trie on SmolLM2-135M-Instruct (cpu, float32)"
 
 
+def test_a_bar_for_usually_cached_work_appears_only_when_the_work_runs(monkeypatch):
+    """The kernel timing of a model's first run on a CPU (a minute or more) shows a bar; a run that
+    reads the plan from the cache shows nothing."""
+    import io
+
+    from rich.console import Console
+
+    from ngspec.cli import render
+
+    out = io.StringIO()
+    monkeypatch.setattr(render, "err_console", Console(file=out, force_terminal=True, width=100))
+    with render.progress_when_called("timing matrix kernels (rounds)"):
+        pass
+    assert out.getvalue() == ""
+    with render.progress_when_called("timing matrix kernels (rounds)", "{task.description} {task.completed}/{task.total}") as rounds:
+        rounds(1, 8)
+        rounds(2, 8)
+    assert "timing matrix kernels (rounds) 2/8" in out.getvalue()
+
+
 @pytest.fixture
 def prompt_file(tmp_path):
     path = tmp_path / "p.txt"

@@ -134,16 +134,17 @@ def test_large_models_are_measured_once_and_read_from_the_cache(monkeypatch, tmp
     calls = []
     real = cpu_linear.measure_plan
 
-    def counting(model, rounds=3):
+    def counting(model, rounds=3, progress=None):
         calls.append(1)
-        return real(model, rounds=1)
+        return real(model, rounds=1, progress=progress)
 
     monkeypatch.setattr(cpu_linear, "measure_plan", counting)
-    notes = []
-    first = tune_linears(tiny_model("llama"), notify=notes.append)
-    second = tune_linears(tiny_model("llama"), notify=notes.append)
+    notes, rounds = [], []
+    first = tune_linears(tiny_model("llama"), notify=notes.append, progress=lambda *done: rounds.append(done))
+    second = tune_linears(tiny_model("llama"), notify=notes.append, progress=lambda *done: rounds.append(done))
     assert len(calls) == 1 and first.kernels == second.kernels
     assert len(notes) == 1 and "once" in notes[0]  # told before measuring, not when read back
+    assert rounds == [(0, 2), (1, 2), (2, 2)]  # the start, a warm-up round and the timed one; nothing when read back
     entry = json.loads(next((tmp_path / "kernels").glob("*.json")).read_text())
     assert tuple(entry["kernels"]) == first.kernels and "seconds" in entry
     next((tmp_path / "kernels").glob("*.json")).write_text("{damaged")

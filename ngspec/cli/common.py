@@ -96,7 +96,9 @@ def load_engine(
     """The engine for ``model``; ``profile`` (from `profile-bound --save-profile`) replaces the
     built-in calibration of verify costs; ``quiet``: no progress lines on stderr;
     ``target_graphs``: `--target-graphs` (a CUDA GPU only)."""
-    from ngspec.cli.render import info, warning
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+
+    from ngspec.cli.render import info, progress_when_called, warning
     from ngspec.cpu_linear import tune_linears
     from ngspec.engine import Engine
     from ngspec.models import load_model, pick_device
@@ -125,5 +127,8 @@ def load_engine(
                 warnings.warn(message, stacklevel=3)
             else:
                 warning(message)
-    tune_linears(loaded.model, notify=notify)  # the Engine would do it silently
+    # the Engine would tune silently; the first run of a model on a CPU times its kernels for a minute or more
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with progress_when_called("timing matrix kernels (rounds)", *columns) as rounds:
+        tune_linears(loaded.model, notify=notify, progress=None if quiet else rounds)
     return Engine(loaded, profile=device_profile, target_graphs=target_graphs)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from rich.console import Console
-from rich.progress import Progress, ProgressColumn
+from rich.progress import Progress, ProgressColumn, TaskID
 from rich.table import Table
 
 PIPED_WIDTH = 240
@@ -42,6 +44,27 @@ def progress(*columns: ProgressColumn | str) -> Progress:
     """A progress bar on stderr that clears itself when done; shown only on a terminal (in a log
     it would print nothing useful, and it left a blank line before the next message)."""
     return Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal)
+
+
+@contextmanager
+def progress_when_called(description: str, *columns: ProgressColumn | str) -> Iterator[Callable[[int, int], None]]:
+    """A ``(done, total)`` callback for work that is usually cached: its `progress` bar appears at
+    the first call, so a run that finds the result cached shows none."""
+    shown: list[tuple[Progress, TaskID]] = []
+
+    def update(done: int, total: int) -> None:
+        if not shown:
+            bar = progress(*columns)
+            bar.start()
+            shown.append((bar, bar.add_task(description, total=total, completed=done)))
+        bar, task = shown[0]
+        bar.update(task, completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        for bar, _ in shown:
+            bar.stop()
 
 
 def json_line(obj: object) -> None:
