@@ -141,6 +141,7 @@ def test_bench_compares_arms_as_batches(tmp_path):
     assert set(arms) == {"vanilla", "trie"}  # transformers' arms pad batches their own way: left out
     env = report["environment"]
     assert env["batch_size"] == 2 and env["cpu"]  # the host's CPU and every drafter option, for ab_pool to compare
+    assert env["device"] == f"{env['cpu']}, {env['torch_threads']} thread{'s' if env['torch_threads'] > 1 else ''}"  # as profile-bound names it
     assert env["drafting"]["num_draft"] == 16 and env["drafting"]["eagle_head"] is None and env["drafting"]["prefix_len"] == 3
     assert "drafting: (num_draft 16, " in md.read_text()
     for arm in arms.values():

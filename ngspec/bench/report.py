@@ -8,7 +8,6 @@ prompts when the interval's lower end is above 1.
 
 from __future__ import annotations
 
-import platform
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -20,6 +19,7 @@ from ngspec.bench.interval import ratio_interval, throughput_ratio
 from ngspec.bench.runner import BenchRecord, baseline
 from ngspec.cpu_linear import cpu_name
 from ngspec.drafters.eagle import head_graphs_report
+from ngspec.perf.device_profile import device_name
 from ngspec.static_verify import batches_static
 
 
@@ -227,7 +227,7 @@ def environment(engine, settings: dict, eagle=None) -> dict:
     device = engine.target.device
     return {
         "model": engine.loaded.name,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        "device": device_name(device),  # as `profile-bound` names it: the GPU, or the CPU and its threads (it said "cpu (x86_64)")
         "cpu": cpu_name(),  # the host's, on a GPU too: it issues the host work
         "torch_threads": torch.get_num_threads(),
         "dtype": str(engine.target.dtype).removeprefix("torch."),
