@@ -73,8 +73,11 @@ def test_synth_corpus_prompts_option_answers_every_prompt_by_default(tmp_path, m
     assert result.exit_code == 0, result.output
     assert seen == {"n": 2, "given": ["first", "other"]}
     assert [json.loads(line)["instruction"] for line in out.read_text().splitlines()] == ["first", "other"]
-    result = runner.invoke(app, ["synth-corpus", "--prompts", str(prompts), "--n", "1", "--out", str(tmp_path / "one.jsonl")])
+    result = runner.invoke(app, ["synth-corpus", "--prompts", str(prompts), "--n", "1", "--out", str(tmp_path / "one.jsonl"), "--json"])
     assert result.exit_code == 0 and seen == {"n": 1, "given": ["first"]}
+    report = json.loads(result.stdout)  # --json: one line saying what was written, from what, with which options
+    assert report["out"] == str(tmp_path / "one.jsonl") and report["records"] == 1 and report["instructions"] == str(prompts)
+    assert report["n"] == 1 and report["max_new_tokens"] == 256 and report["seconds"] >= 0
     result = runner.invoke(app, ["synth-corpus", "--prompts", str(prompts), "--n", "0", "--out", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 1 and "--n" in result.output
     result = runner.invoke(app, ["synth-corpus", "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "d.jsonl")])

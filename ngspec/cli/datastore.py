@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -140,6 +141,7 @@ def synth_corpus_command(
     seed: Annotated[int, typer.Option(help="Seed for sampling the instructions.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Magpie-style self-synthesis: the model writes instructions (from its chat template's
     pre-query part alone) and answers them greedily; the result feeds build-datastore and
@@ -165,7 +167,15 @@ def synth_corpus_command(
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     staging.output_directory(out)  # a path that cannot be written fails now, not after the answers
     loaded = load_model(model, device, trust_remote_code=trust_remote_code)
+    started = time.perf_counter()
     with render.progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn()) as progress:
         task = progress.add_task("synth", total=opts.n)
         count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task), given), out, force)
-    render.info(f"wrote {count} records to {out}")
+    seconds = time.perf_counter() - started
+    if json_out:
+        render.json_line({
+            "out": str(out), "records": count, "instructions": str(prompts) if prompts is not None else "self-written", "model": model,
+            "seconds": round(seconds, 3), **asdict(opts),
+        })
+    else:
+        render.info(f"wrote {count} records to {out} in {seconds:.0f} s")
