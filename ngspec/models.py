@@ -97,7 +97,14 @@ def default_model_dir() -> Path:
     """The converted default model, converting it on first use (about 20 s)."""
     out = cache_dir() / "models" / "smollm2-135m-instruct"
     if not (out / "config.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            staging.probe_writable(out.parent)
+        except OSError as exc:
+            raise NgspecError(
+                f"cannot write ngspec's cache {cache_dir()}, where the default model is converted once "
+                f"({exc.strerror or exc}: {exc.filename or out.parent}); set NGSPEC_CACHE to a writable directory"
+            ) from None
         with staging.exclusive(out.parent / f".{out.name}.lock"):  # two first runs at once convert it once
             if not (out / "config.json").is_file():
                 convert_gguf(embedded_gguf(), out)

@@ -14,9 +14,10 @@ import re
 import secrets
 import shutil
 import tempfile
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ngspec.errors import NgspecError
 
@@ -164,6 +165,24 @@ def staged_file(out: Path) -> Iterator[Path]:
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def keep_in_cache(path: Path, write: Callable[[Path], None], what: str) -> bool:
+    """Store a cache entry: ``write(path)`` after making its directory. A cache is only a saving,
+    so where it cannot be written (read-only, full, a file in the way) this warns and returns
+    False, and the caller goes on with what it computed: a first run's minute of timing was lost
+    to a "File exists" error before."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+        return True
+    except OSError as exc:
+        reason = f"{exc.strerror or exc}: {exc.filename or path.parent}"
+        warnings.warn(
+            f"ngspec: cannot write {what} to the cache ({reason}); the next run will redo this work. "
+            "Set NGSPEC_CACHE to a writable directory", RuntimeWarning, stacklevel=2,
+        )
+        return False
 
 
 def write_text(out: Path, text: str) -> None:

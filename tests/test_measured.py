@@ -87,3 +87,36 @@ def test_the_real_counters_read_where_linux_has_them():
         pytest.skip("no /proc/stat here")
     busy, total = cpu
     assert 0 <= busy <= total and own is not None and own >= 0
+
+
+def test_a_cache_that_cannot_be_written_costs_the_caching_not_the_run(ticks, tmp_path):
+    """A read-only or full cache, or a file where its directory should be: the measurement is used,
+    a warning says the cache was not written (it stopped the run with "File exists" before, after
+    a minute of timing), and the next run measures again."""
+    (tmp_path / "costs").write_text("in the way")
+    with pytest.warns(RuntimeWarning, match=r"cannot write the timing of verification costs to the cache \(.*costs\).*NGSPEC_CACHE"):
+        assert measured.measured_once("costs", "s", read, measure_with(ticks, 180, 0, 20, 1.5)) == 1.5
+    with pytest.warns(RuntimeWarning, match="next run will redo"):
+        assert measured.measured_once("costs", "s", read, measure_with(ticks, 180, 0, 20, 1.7)) == 1.7
+
+
+def test_n_gram_tables_that_cannot_be_cached_are_still_built_and_used(monkeypatch, tmp_path):
+    from ngspec.drafters.ngram_tables import cached_tables
+    from ngspec.models import tiny_model
+
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    (tmp_path / "ngram").write_text("in the way")
+    model = tiny_model("llama")
+    with pytest.warns(RuntimeWarning, match="cannot write the n-gram tables to the cache"):
+        tables = cached_tables(model, "tiny")
+    assert tables.bigram.shape[0] == model.config.vocab_size
+
+
+def test_a_default_model_cache_that_cannot_be_written_names_ngspec_cache(monkeypatch, tmp_path):
+    from ngspec.errors import NgspecError
+    from ngspec.models import default_model_dir
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path / "file" / "cache"))
+    with pytest.raises(NgspecError, match=r"cannot write ngspec's cache .*file/cache, where the default model is converted once .*set NGSPEC_CACHE"):
+        default_model_dir()

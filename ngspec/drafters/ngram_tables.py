@@ -224,5 +224,5 @@ def cached_tables(
             if notify:
                 notify(f"{exc}: rebuilding")
     tables = build_tables(model, anchor, progress=progress)
-    save_tables(tables, path, model_name)
+    staging.keep_in_cache(path, lambda out: save_tables(tables, out, model_name), "the n-gram tables")
     return tables

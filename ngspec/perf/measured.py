@@ -101,6 +101,6 @@ def measured_once(kind: str, setting: str, read: Callable[[dict], T | None], mea
             RuntimeWarning, stacklevel=2,
         )
         return value
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging.write_text(path, json.dumps({"setting": setting, **entry, "others_cpu_share": others}))
+    text = json.dumps({"setting": setting, **entry, "others_cpu_share": others})
+    staging.keep_in_cache(path, lambda out: staging.write_text(out, text), f"the timing of {WHAT.get(kind, kind)}")
     return value
