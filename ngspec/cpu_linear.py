@@ -57,6 +57,7 @@ COPY_MARGIN = 0.05  # a copy doubles the weights' memory: only for a clear gain
 BLOCKED_ROWS = 32  # the row count oneDNN lays the blocked copy out for (8 to 128 time the same)
 STOCK_MARGIN = 0.03  # within this of the fastest, keep transformers' own product
 PLAN_ROUNDS = 7  # timed rounds per kernel and row count (the fastest counts)
+LARGE_ROWS, LARGE_ROUNDS = 48, 3  # from 48 rows on a pass is long and compute-bound: fewer rounds
 
 
 class KernelPlan:
@@ -222,17 +223,21 @@ def timed_layers(model: nn.Module, budget: int = MEASURE_BYTES) -> list[nn.Linea
 
 @torch.inference_mode()
 def measure_plan(
-    model: nn.Module, rounds: int = PLAN_ROUNDS, progress: Callable[[int, int], None] | None = None,
+    model: nn.Module, rounds: int = PLAN_ROUNDS, progress: Callable[[int, int], None] | None = None, large_rounds: int = LARGE_ROUNDS,
 ) -> tuple[KernelPlan, dict[int, dict[str, float]]]:
     """Time every kernel on ``model``'s linear layers (`timed_layers`) at each row count of
     ``ROW_LADDER`` (interleaved rounds, the fastest of each) and keep the fastest (`choose_plan`);
-    also returns the seconds measured. ``progress(done, total)`` hears of the start and of each finished round
-    (the default model's take about 10 s each on two cores of the AMD EPYC).
+    also returns the seconds measured. ``progress(done, total)`` hears of the start and of each
+    finished round (the default model's first four take about 10 s each on two cores of the AMD
+    EPYC, the later ones, without the large row counts, about 4 s).
 
     The fastest round rather than the median, as for the verify cost tables: other work on the
     machine only ever adds time, and one plan is cached for good. On the AMD VM the median of 3
     once timed ``blocked`` at 16 rows 4x slower than at 12 or 24 rows, so batch 8's one-node
-    steps (16 rows) ran ``transposed`` at 1.95 plain steps instead of 1.24 (BENCHMARKS.md 10m)."""
+    steps (16 rows) ran ``transposed`` at 1.95 plain steps instead of 1.24 (BENCHMARKS.md 10m).
+    From ``LARGE_ROWS`` rows on only the first ``large_rounds`` rounds are timed: a pass there
+    takes 0.1-0.9 s for the default model, so a burst of other work spoils a smaller share of
+    it, and those rows were 60% of the timing (BENCHMARKS.md 10zze)."""
     layers = timed_layers(model)
     kernels = [k for k in KERNELS if runnable(k) and (k not in COPIED or _copy_fits(model))]
     copies = {k: [weight_copy(k, m.weight) for m in layers] for k in kernels}
@@ -243,6 +248,8 @@ def measure_plan(
         progress(0, rounds + 1)
     for round_ in range(rounds + 1):  # round 0 warms up
         for rows in ROW_LADDER:
+            if rows >= LARGE_ROWS and round_ > large_rounds:
+                continue
             for kernel in kernels:
                 start = time.perf_counter()
                 for layer, copy in zip(layers, copies[kernel]):
@@ -294,7 +301,7 @@ def _setting(model: nn.Module) -> str:
     layers = _linears(model)
     shapes = sorted({tuple(m.weight.shape) for m in layers})
     count = len(layers)
-    rule = f"{KERNELS}|{MEASURE_BYTES}|{COPY_MARGIN}|{BLOCKED_ROWS}|{STOCK_MARGIN}|fastest of {PLAN_ROUNDS}"  # a changed rule measures again
+    rule = f"{KERNELS}|{MEASURE_BYTES}|{COPY_MARGIN}|{BLOCKED_ROWS}|{STOCK_MARGIN}|fastest of {PLAN_ROUNDS}, {LARGE_ROUNDS} from {LARGE_ROWS} rows"  # a changed rule measures again
     return f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|mkl={torch.backends.mkl.is_available()}|{count}x{shapes}|{ROW_LADDER}|{rule}"
 
 
@@ -307,7 +314,7 @@ def cached_plan(
 
     def measure() -> tuple[KernelPlan, dict]:
         if notify is not None:
-            notify("first run of this model on this CPU: timing matrix kernels and verify costs (1-2 minutes on two cores, once)")
+            notify("first run of this model on this CPU: timing matrix kernels and verify costs (about a minute on two cores, once)")
         plan, seconds = measure_plan(model, progress=progress)
         return plan, {"kernels": plan.kernels, "seconds": {str(r): s for r, s in seconds.items()}}
 

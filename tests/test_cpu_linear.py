@@ -246,3 +246,19 @@ def test_plan_counts_each_kernels_fastest_round_so_a_burst_of_other_work_cannot_
     plan, seconds = measure_plan(model, rounds=3)
     assert set(plan.kernels) == {"transposed"}
     assert seconds[1] == {"linear": 2.0 * layers, "transposed": 1.0 * layers}
+
+
+def test_large_row_counts_are_timed_in_fewer_rounds(monkeypatch):
+    """From ``LARGE_ROWS`` rows on a pass is long (0.1-0.9 s for the default model) and those rows
+    were 60% of the timing: they get ``large_rounds`` timed rounds, the rest every round."""
+    model = tiny_model("qwen2")
+    layers = len(cpu_linear.timed_layers(model))
+    passes: dict[int, int] = {}
+
+    def counting_kernel(kernel, x, weight, copy):
+        passes[x.shape[0]] = passes.get(x.shape[0], 0) + 1
+
+    monkeypatch.setattr(cpu_linear, "runnable", lambda k: k == "linear")
+    monkeypatch.setattr(cpu_linear, "run_kernel", counting_kernel)
+    measure_plan(model, rounds=5, large_rounds=2)
+    assert {rows: n // layers for rows, n in passes.items()} == {rows: 6 if rows < cpu_linear.LARGE_ROWS else 3 for rows in ROW_LADDER}
