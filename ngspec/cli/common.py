@@ -127,7 +127,7 @@ def load_engine(
                 warnings.warn(message, stacklevel=3)
             else:
                 warning(message)
-    # the Engine would tune silently; the first run of a model on a CPU times its kernels for a minute or more
+    # the Engine would tune silently; a model's first run on a CPU times its kernels (about a minute on two cores)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with progress_when_called("timing matrix kernels (rounds)", *columns) as rounds:
         tune_linears(loaded.model, notify=notify, progress=None if quiet else rounds)
