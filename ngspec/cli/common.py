@@ -44,17 +44,16 @@ def fit_rows(cfg: DecodeConfig, drafter: str, opts: DrafterOptions) -> DecodeCon
 
 def load_tables(engine: Engine, drafters: list[str], path: Path | None) -> NgramTables | None:
     """The model's n-gram tables when a drafter needs them (built with a progress bar the first
-    time, then read from the cache)."""
+    time, then read from the cache with none)."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-    from ngspec.cli.render import info, progress
+    from ngspec.cli.render import info, progress_when_called
 
     if not NEEDS_TABLES & set(drafters):
         return None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with progress(*columns) as bar:
-        task = bar.add_task("building bigram table (once per model)", total=None)
-        return engine.ngram_tables(path, lambda done, total: bar.update(task, completed=done, total=total), info)
+    with progress_when_called("building bigram table (once per model)", *columns) as built:
+        return engine.ngram_tables(path, built, info)
 
 
 def load_eagle(engine: Engine, head: Path | None, opts):
