@@ -274,3 +274,38 @@ def test_the_cli_text_stream_prints_the_held_back_end_when_it_finishes(capsys):
     assert capsys.readouterr().out == "a"
     stream.finish()
     assert capsys.readouterr().out == _bytes_detokenize([ord("a")] + list("🐱".encode())[:2])[1:] + "\n"
+
+
+def test_a_model_passed_in_times_its_cpu_kernels_under_a_bar_the_first_time_only(tmp_path, monkeypatch, quiet_machine):
+    """`from_model` on a CPU float32 model: the first time, the kernel timing (about a minute for
+    the default model) shows a bar on a terminal, as the CLI's does; the plan, once cached, shows
+    none. Before, the Python API sat silent through it."""
+    import io
+
+    from rich.console import Console
+
+    from ngspec import cpu_linear
+    from ngspec.cli import render
+    from ngspec.models import tiny_model
+
+    def measure(model, rounds=cpu_linear.PLAN_ROUNDS, progress=None, large_rounds=cpu_linear.LARGE_ROUNDS):
+        for done in range(rounds + 2):
+            progress(done, rounds + 1)
+        return cpu_linear.KernelPlan.uniform("transposed"), {}
+
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_linear, "MIN_TUNED_BYTES", 0)  # the tiny model's layers are tuned too
+    monkeypatch.setattr(cpu_linear, "measure_plan", measure)
+    shown = io.StringIO()
+    monkeypatch.setattr(render, "err_console", Console(file=shown, force_terminal=True, width=100))
+    first = tiny_model("llama", seed=0)
+    spec = Speculator.from_model(first, drafter="trie")
+    assert "timing matrix kernels (rounds)" in shown.getvalue()
+    assert cpu_linear.current_plan(first).kernels == ("transposed",) * len(cpu_linear.ROW_LADDER)
+    prompt = [5, 6, 7, 5, 6]
+    assert spec.generate(prompt, max_new_tokens=8).token_ids == hf_greedy(first, prompt, 8, first.generation_config.eos_token_id)
+    shown.truncate(0)
+    shown.seek(0)
+    again = tiny_model("llama", seed=0)
+    Speculator.from_model(again, drafter="trie")
+    assert shown.getvalue() == "" and cpu_linear.current_plan(again) is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.drafters import NEEDS_TABLES, ROW_DRAFTERS, DrafterOptions
 from ngspec.errors import NgspecError
@@ -93,12 +93,10 @@ def load_engine(
     target_graphs: bool = False,
 ) -> Engine:
     """The engine for ``model``; ``profile`` (from `profile-bound --save-profile`) replaces the
-    built-in calibration of verify costs; ``quiet``: no progress lines on stderr;
+    built-in calibration of verify costs; ``quiet``: no progress lines on stderr (the Python
+    API; a bar for one-time work still shows on a terminal, as transformers' loading bars do);
     ``target_graphs``: `--target-graphs` (a CUDA GPU only)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-
-    from ngspec.cli.render import info, progress_when_called, warning
-    from ngspec.cpu_linear import tune_linears
+    from ngspec.cli.render import info, warning
     from ngspec.engine import Engine
     from ngspec.models import load_model, pick_device
     from ngspec.perf.device_profile import device_name, load_profile
@@ -126,8 +124,19 @@ def load_engine(
                 warnings.warn(message, stacklevel=3)
             else:
                 warning(message)
-    # the Engine would tune silently; a model's first run on a CPU times its kernels (about a minute on two cores)
+    tune_cpu_kernels(loaded.model, notify)
+    return Engine(loaded, profile=device_profile, target_graphs=target_graphs)
+
+
+def tune_cpu_kernels(model, notify: Callable[[str], None] | None = None) -> None:
+    """`tune_linears` before the `Engine` would do it silently: a model's first run on a CPU
+    times its kernels (about a minute on two cores), under a bar on a terminal that appears only
+    while they are timed; for `generate` and the other commands and the Python API alike."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+
+    from ngspec.cli.render import progress_when_called
+    from ngspec.cpu_linear import tune_linears
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with progress_when_called("timing matrix kernels (rounds)", *columns) as rounds:
-        tune_linears(loaded.model, notify=notify, progress=None if quiet else rounds)
-    return Engine(loaded, profile=device_profile, target_graphs=target_graphs)
+        tune_linears(model, notify=notify, progress=rounds)
