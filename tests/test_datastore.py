@@ -1,6 +1,7 @@
 """Datastores: search against brute force, the on-disk format, building and its bad input."""
 
 import json
+import logging
 import random
 import re
 
@@ -296,6 +297,7 @@ def test_a_malformed_json_corpus_is_named_by_its_line_in_one_message(tmp_path, c
     with pytest.raises(NgspecError, match=f"cannot read corpus {re.escape(str(tmp_path))}/{says}"):
         list(iter_records(str(tmp_path / name)))
     assert "Failed to load JSON" not in "".join(capfd.readouterr())
+    assert logging.getLogger("datasets.packaged_modules.json.json").filters == []  # the rest of the process hears datasets
 
 
 def test_a_corpus_that_python_reads_but_pyarrow_does_not_keeps_the_readers_message(tmp_path):

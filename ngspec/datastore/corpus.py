@@ -193,19 +193,22 @@ def _stream(spec: str, load, file: str | None = None) -> Iterator[dict]:
     import datasets
 
     json_logger = logging.getLogger("datasets.packaged_modules.json.json")
-    if not any(isinstance(f, _Reraised) for f in json_logger.filters):
-        json_logger.addFilter(_Reraised())
+    reraised = _Reraised()
+    json_logger.addFilter(reraised)  # while ngspec reads, not for the rest of the process
     try:
-        iterator = iter(load(datasets))
-    except StopIteration:  # an empty file: datasets finds no first record to read its fields from
-        return
-    except Exception as exc:  # datasets raises many kinds for unreadable or malformed input
-        raise _reading_error(spec, exc, file) from exc
-    while True:
         try:
-            record = next(iterator)
-        except StopIteration:
+            iterator = iter(load(datasets))
+        except StopIteration:  # an empty file: datasets finds no first record to read its fields from
             return
-        except Exception as exc:
+        except Exception as exc:  # datasets raises many kinds for unreadable or malformed input
             raise _reading_error(spec, exc, file) from exc
-        yield record
+        while True:
+            try:
+                record = next(iterator)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise _reading_error(spec, exc, file) from exc
+            yield record
+    finally:
+        json_logger.removeFilter(reraised)
