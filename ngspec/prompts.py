@@ -1,6 +1,7 @@
 """Prompt files and turning prompts into token ids.
 
-A ``.txt`` file is one prompt. A ``.jsonl`` file holds one record per line: ``{"prompt": ...}``,
+A ``.txt`` file is one prompt, and ``-`` reads standard input (one prompt, or JSONL records when
+its first line is one, `read_stdin`). A ``.jsonl`` file holds one record per line: ``{"prompt": ...}``,
 ``{"text": ...}``, Spec-Bench/MT-bench style ``{"turns": [...]}`` (the first turn is the prompt, and
 every turn is kept: `ngspec bench` and `ngspec generate` ask the later ones in the conversation so
 far, `ngspec.turns`) or OpenAI-style ``{"messages": [...]}`` (a chat as it stands: a system
@@ -10,6 +11,7 @@ prompt, earlier turns, then the user's message, through the chat template).
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -45,7 +47,27 @@ def read_text(path: Path, what: str = "prompt file", takes: str = "give a .txt o
         raise NgspecError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
 
 
-def jsonl_records(path: Path, text: str) -> Iterator[tuple[int, object]]:
+STDIN = "-"  # ``--prompt-file -``
+PROMPT_KEYS = ("prompt", "text", "turns", "messages")
+
+
+def read_stdin() -> tuple[str, bool]:
+    """Standard input's text, and whether it is JSONL: its first non-blank line a JSON object
+    holding a prompt (`PROMPT_KEYS`); anything else is one prompt, as a ``.txt`` file is."""
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise NgspecError(f"standard input is not valid UTF-8 (byte {exc.start})") from exc
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return text, False
+    return text, isinstance(record, dict) and any(key in record for key in PROMPT_KEYS)
+
+
+def jsonl_records(path: Path | str, text: str) -> Iterator[tuple[int, object]]:
     """(line number, parsed value) of each non-blank line of a .jsonl file's ``text``."""
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -90,21 +112,26 @@ def _record_prompt(record: object, where: str) -> Prompt:
 def load_prompts(
     path: Path, category: str | None = None, limit: int | None = None, per_category: int | None = None
 ) -> list[Prompt]:
-    """Read a .txt or .jsonl prompt file, optionally keeping one category, the first
+    """Read a .txt or .jsonl prompt file (``-``: standard input, `read_stdin`), optionally keeping one category, the first
     ``per_category`` of every category, and then the first ``limit``."""
     path = Path(path)
-    text = read_text(path)
-    if not text.strip():
-        raise NgspecError(f"prompt file is empty: {path}")
-    if path.suffix != ".jsonl":
-        prompts = [Prompt(path.stem, text.strip("\n"))]
+    if str(path) == STDIN:
+        text, is_jsonl = read_stdin()
+        source, name, stem, where = "standard input", "stdin", "stdin", "stdin"
     else:
-        prompts = [_record_prompt(record, f"{path.name}:{lineno}") for lineno, record in jsonl_records(path, text)]
+        text, is_jsonl = read_text(path), path.suffix == ".jsonl"
+        source, name, stem, where = f"prompt file {path}", path.name, path.stem, path
+    if not text.strip():
+        raise NgspecError(f"{source} is empty")
+    if not is_jsonl:
+        prompts = [Prompt(stem, text.strip("\n"))]
+    else:
+        prompts = [_record_prompt(record, f"{name}:{lineno}") for lineno, record in jsonl_records(where, text)]
     if category is not None:
         known = sorted({p.category for p in prompts if p.category})
         prompts = [p for p in prompts if p.category == category]
         if not prompts:
-            raise NgspecError(f"no prompts of category {category!r} in {path}; categories: {', '.join(known) or 'none'}")
+            raise NgspecError(f"no prompts of category {category!r} in {source}; categories: {', '.join(known) or 'none'}")
     if per_category is not None:
         if per_category < 1:
             raise NgspecError("--per-category must be at least 1")

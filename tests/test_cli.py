@@ -550,3 +550,45 @@ def test_generate_keeps_a_category_and_the_first_prompts(tmp_path):
     assert "Traceback" not in bad.stderr and "loading model" not in bad.stderr
     zero = invoke("generate", "-p", path, "--limit", 0, "-n", 3)
     assert zero.exit_code == 1 and "--limit must be at least 1" in zero.stderr
+
+
+@pytest.mark.parametrize(
+    "stdin, ids, texts",
+    [
+        (PROMPT.encode() + b"\n", ["stdin"], [PROMPT]),
+        ("\ufeffSay hi.\n".encode(), ["stdin"], ["Say hi."]),  # a byte-order mark is not text
+        (b'\n{"question_id": 7, "turns": ["Say 7."]}\n{"prompt": "Say 8."}\n', ["7", "stdin:3"], ["Say 7.", "Say 8."]),
+        (b'{"title": "not a prompt record"}\nSummarise that.\n', ["stdin"], ['{"title": "not a prompt record"}\nSummarise that.']),
+    ],
+)
+def test_a_prompt_file_of_dash_reads_standard_input(monkeypatch, stdin, ids, texts):
+    """`-p -`: one prompt, as a .txt file is, or JSONL records when the first line is one (a JSON
+    line that holds no prompt is text)."""
+    import io
+
+    from ngspec.prompts import load_prompts
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    prompts = load_prompts("-")
+    assert [p.id for p in prompts] == ids and [p.text for p in prompts] == texts
+
+
+@pytest.mark.parametrize(
+    "stdin, message",
+    [(b"", "standard input is empty"), (b" \n\n", "standard input is empty"), (b"caf\xe9\n", "standard input is not valid UTF-8 (byte 3)"),
+     (b'{"prompt": "a"}\n{"prompt": }\n', "stdin:2: not valid JSON"), (b'{"prompt": "a"}\n[1]\n', "stdin:2: expected a JSON object")],
+)
+def test_bad_standard_input_is_refused_in_one_line_before_the_model_loads(stdin, message):
+    result = runner.invoke(app, ["generate", "-p", "-", "-n", "3"], input=stdin)
+    assert result.exit_code == 1 and message in result.stderr
+    assert "Traceback" not in result.stderr and "loading model" not in result.stderr
+
+
+@pytest.mark.slow
+def test_generate_reads_the_prompt_from_standard_input_as_from_a_file(prompt_file):
+    """`cat prompt.txt | ngspec generate -p -` gives the tokens `-p prompt.txt` gives."""
+    from_file = invoke("generate", "-p", prompt_file, "-d", "trie", "-n", 12, "--json")
+    piped = runner.invoke(app, ["generate", "-p", "-", "-d", "trie", "-n", "12", "--json"], input=prompt_file.read_bytes())
+    assert from_file.exit_code == 0 and piped.exit_code == 0, piped.output
+    want, got = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (from_file, piped))
+    assert got["token_ids"] == want["token_ids"] and got["id"] == "stdin"

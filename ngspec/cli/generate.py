@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -15,7 +16,7 @@ from ngspec.cli.options import (
 )
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions
 from ngspec.errors import NgspecError
-from ngspec.prompts import Prompt, load_prompts, prompt_input
+from ngspec.prompts import STDIN, Prompt, load_prompts, prompt_input
 
 if TYPE_CHECKING:  # torch and transformers load when a command runs, not for --help
     from ngspec.api import Output, Speculator
@@ -244,6 +245,8 @@ def generate_command(
     if batch_size > 1 and verify != "tree":
         raise NgspecError("--batch-size > 1 verifies trees: use --verify tree (rows are for one prompt at a time)")
     every_turn = asks_every_turn(turns)
+    if str(prompt_file) == STDIN and sys.stdin.isatty():
+        render.info("reading the prompt from standard input: type it, then Ctrl-D on a line of its own")
     prompts = load_prompts(prompt_file, category, limit)
     for p in prompts:
         prompt_input(p, raw)  # --raw refuses chat messages before the model loads

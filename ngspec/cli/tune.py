@@ -34,7 +34,7 @@ def tune_tree_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the tuned shape (JSON; load it with --tree static --tree-choices FILE).")],
     model: ModelOpt = "default",
     trust_remote_code: TrustRemoteCodeOpt = False,
-    questions: Annotated[Optional[Path], typer.Option("--questions", "-q", help="Calibration questions (jsonl with 'turns' or 'prompt'); default: the bundled MT-bench questions.")] = None,
+    questions: Annotated[Optional[Path], typer.Option("--questions", "-q", help="Calibration questions (jsonl with 'turns' or 'prompt'; - reads standard input); default: the bundled MT-bench questions.")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="First N questions of every category (default: 1 of each of the bundled MT-bench's eight; every question of your --questions).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="At most this many questions (after --per-category).")] = None,
     turns: Annotated[str, typer.Option("--turns", help="all: a question's later turns (MT-bench's second) are calibration prompts too, each asked after the conversation so far, as bench and generate ask them; first: only the first turns (about half the time).")] = "all",
