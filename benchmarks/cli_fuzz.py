@@ -1,6 +1,7 @@
 """A random search over `ngspec generate`'s command line on a real model, run in process.
 
-Each run draws a drafter and the options around it (batch size and layout, budget, prompt file,
+Each run draws a drafter and the options around it (batch size and layout, budget, prompt file
+(a fifth of them fed through standard input as `-p -`),
 stop strings, --raw, --turns, verify layout, sizing, compaction, joint prefill, sampling, EAGLE's
 tree, draft vocabulary and int8 or float32 head, datastore, search depth, deepening, the trie's
 and row drafters' options) and runs `generate --json --check`. A run passes when it
@@ -225,22 +226,27 @@ def main() -> int:
             args = draw(rng, files, ns.eagle_head, ns.datastore, ns.tree_choices, folder)
             if ns.model != "default":
                 args += ["--model", ns.model]
+            piped, stdin = None, None
+            if random.Random(f"{ns.seed} {n} stdin").random() < 0.2:  # its own draw: the runs drawn before stay as they were
+                at = args.index("-p") + 1  # the prompt file fed through standard input, as `-p -`
+                stdin, args[at] = args[at], "-"
+                piped = Path(stdin).read_bytes()
             start = time.perf_counter()
-            result = runner.invoke(app, args)
+            result = runner.invoke(app, args, input=piped)
             verdict, detail = judge(result.exit_code, result.output, result.exception)
             counts[verdict] = counts.get(verdict, 0) + 1
             seconds = time.perf_counter() - start
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
             left = {k: v if v is None or isinstance(v, int) else round(v, 3) for k, v in held().items()}
             entry = {"run": n, "verdict": verdict, "detail": detail, "exit": result.exit_code, "seconds": round(seconds, 1),
-                     "max_rss_gb": round(peak, 2), **left, "args": args}
+                     "max_rss_gb": round(peak, 2), **left, "args": args, "stdin": stdin}
             log.write(json.dumps(entry, ensure_ascii=False) + "\n")
             log.flush()
             gb = {k: "?" if left[k] is None else f"{left[k]:.2f}" for k in ("rss_gb", "trimmed_rss_gb", "tensors_gb")}
             print(f"{n:5d} {verdict:12s} {seconds:6.1f}s GB: peak {peak:.2f} now {gb['rss_gb']} trimmed {gb['trimmed_rss_gb']}"
                   f" tensors {gb['tensors_gb']}; {left['modules']} modules, {left['objects']} objects  {detail[:100]}", flush=True)
             if verdict == "FINDING":
-                print("      ngspec " + " ".join(args), flush=True)
+                print("      ngspec " + " ".join(args) + (f" < {stdin}" if stdin else ""), flush=True)
     print(json.dumps(counts))
     return 1 if counts.get("FINDING") else 0
 

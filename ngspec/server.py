@@ -104,7 +104,7 @@ def _number(body: dict, name: str, default, kind: type, low=None, high=None):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
         raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'} (got {value!r})")
     value = kind(value)
-    if (low is not None and value < low) or (high is not None and value > high):
+    if (low is not None and not value >= low) or (high is not None and not value <= high):  # NaN is in no range
         raise BadRequest(f"'{name}' must be in [{low}, {high if high is not None else 'inf'}] (got {value})")
     return value
 

@@ -48,12 +48,12 @@ class SamplingConfig:
         return self.temperature <= 0.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not self.temperature >= 0:  # NaN too: it sampled token 0 at every step
+            raise ValueError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
+            raise ValueError(f"top_p must be in (0, 1] (got {self.top_p})")
         if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
+            raise ValueError(f"top_k must be >= 0 (got {self.top_k})")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError("seed must be between 0 and 2**63 - 1")
 

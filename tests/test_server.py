@@ -175,6 +175,8 @@ def test_a_seeded_request_gets_plain_samplings_answer_alone_or_batched(tiny, tin
         ("/v1/completions", {"prompt": [1, 2], "logprobs": 3}, 400, "'logprobs' is not supported"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": "hot"}, 400, "'temperature' must be a number"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": 3}, 400, r"'temperature' must be in \[0.0, 2.0\]"),
+        ("/v1/completions", {"prompt": [1, 2], "temperature": float("nan")}, 400, r"'temperature' must be in \[0.0, 2.0\] \(got nan\)"),  # JSON's NaN
+        ("/v1/completions", {"prompt": [1, 2], "temperature": 1, "top_p": float("nan")}, 400, r"'top_p' must be in"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": 1, "seed": -1}, 400, r"'seed' must be in \[0, "),
         ("/v1/completions", {"prompt": [1, 2], "max_tokens": 0}, 400, "'max_tokens' must be in"),
         ("/v1/completions", {"prompt": [1, 2], "max_tokens": 2.5}, 400, "'max_tokens' must be an integer"),

@@ -172,6 +172,19 @@ def test_a_seed_out_of_range_is_refused():
     SamplingConfig(temperature=1.0, seed=2**63 - 1)
 
 
+def test_a_temperature_that_is_not_a_number_is_refused():
+    """NaN compares false with everything: `temperature < 0` let it through, and sampling then
+    drew token 0 at every step. Infinity is the uniform distribution's limit, as in transformers."""
+    import pytest
+
+    for bad, message in ((float("nan"), r"temperature must be >= 0 \(got nan\)"), (-0.5, r"\(got -0.5\)")):
+        with pytest.raises(ValueError, match=message):
+            SamplingConfig(temperature=bad)
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\] \(got nan\)"):
+        SamplingConfig(temperature=1.0, top_p=float("nan"))
+    assert not SamplingConfig(temperature=float("inf")).greedy
+
+
 def _random_tree(gen: torch.Generator, size: int, vocab: int) -> DraftTree:
     parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, size)]
     tokens = [int(t) for t in torch.randint(0, vocab, (size,), generator=gen)]
