@@ -226,6 +226,8 @@ def test_command_end_to_end_on_a_config_file(tmp_path, tiny_shape):
         (["--context", ""], "expected numbers"),
         (["--context", "60"], "exceeds the model's window"),
         (["--layout", "grid"], "--layout"),
+        (["--max-slowdown", "0.5"], "--max-slowdown must be at least 1.0 (got 0.5)"),
+        (["--max-slowdown", "nan"], "--max-slowdown must be at least 1.0 (got nan)"),
     ],
 )
 def test_bad_grids_fail_before_timing(tmp_path, tiny_shape, args, message):

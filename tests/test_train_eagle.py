@@ -356,7 +356,11 @@ def test_training_and_drafting_on_a_bfloat16_model(tmp_path):
 def test_bad_training_options_are_each_named_with_their_value():
     with pytest.raises(NgspecError) as caught:
         TrainOptions(epochs=0, lr=-1.0, max_len=4)
-    assert str(caught.value) == "--epochs must be >= 1 (got 0); --max-len must be >= 8 (got 4); --lr must be > 0 (got -1.0)"
+    assert str(caught.value) == "--epochs must be >= 1 (got 0); --max-len must be >= 8 (got 4); --lr must be > 0 and finite (got -1.0)"
+    with pytest.raises(NgspecError, match=r"^--lr must be > 0 and finite \(got nan\); --noise must be >= 0 and finite \(got inf\)$"):
+        TrainOptions(lr=float("nan"), noise=float("inf"))  # an infinite noise (or lr) trained a head of NaNs
+    with pytest.raises(NgspecError, match=r"--lr must be > 0 and finite \(got inf\)"):
+        TrainOptions(lr=float("inf"))
     with pytest.raises(NgspecError, match=r"^--unroll must be >= 1 \(got 0\)$"):
         TrainOptions(unroll=0)
     TrainOptions()  # the defaults pass

@@ -95,8 +95,8 @@ def profile_bound_command(
         raise NgspecError("--target-graphs times the tree layout (generate verifies rows without fixed shapes); use --layout tree")
     if repeats < 1:
         raise NgspecError("--repeats must be at least 1")
-    if max_slowdown < 1.0:
-        raise NgspecError("--max-slowdown must be at least 1.0")
+    if not max_slowdown >= 1.0:  # NaN too
+        raise NgspecError(f"--max-slowdown must be at least 1.0 (got {max_slowdown})")
     dev = pick_device(device)
     if target_graphs and dev.type != "cuda":  # before the model loads
         raise NgspecError(f"--target-graphs needs a CUDA GPU (the model would run on {dev.type}); leave it out to time the plain forward")

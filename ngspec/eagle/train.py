@@ -77,8 +77,10 @@ class TrainOptions:
             ("--unroll", self.unroll, 1),
         )
         bad = [f"{flag} must be >= {least} (got {value})" for flag, value, least in rules if value < least]
-        if not self.lr > 0:
-            bad.append(f"--lr must be > 0 (got {self.lr})")
+        if not 0 < self.lr < math.inf:  # NaN and infinity too: they train a head of NaNs
+            bad.append(f"--lr must be > 0 and finite (got {self.lr})")
+        if not 0 <= self.noise < math.inf:
+            bad.append(f"--noise must be >= 0 and finite (got {self.noise})")
         if bad:
             raise NgspecError("; ".join(bad))
 
