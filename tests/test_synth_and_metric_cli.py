@@ -216,3 +216,67 @@ def test_interrupted_synth_corpus_command_exits_1_and_says_where_the_records_are
     assert result.exit_code == 1
     assert "interrupted after 2 records" in result.output and "c.partial.jsonl" in result.output
     assert not out.exists() and len((tmp_path / "c.partial.jsonl").read_text().splitlines()) == 2
+
+
+def _generated(rid, turn, drafter, text, calls):
+    """A record as `ngspec generate --json` writes it (the fields the metric reads, and others)."""
+    tokens = len(text.split())
+    return {"id": rid, "turn": turn, "drafter": drafter, "text": text, "token_ids": list(range(tokens)), "new_tokens": tokens,
+            "verify_calls": calls, "seconds": 1.0, "finish_reason": "length"}
+
+
+def test_generate_output_pairs_with_its_prompts_by_id_and_turn():
+    """Each (id, turn) answered is one pair, its input the user turns and the answers before it,
+    whatever order a batch wrote them in; a second drafter's answer to the same prompt is not
+    measured twice but counts in what that drafter reached; a failed prompt is left out."""
+    from ngspec.metrics.pairs import achieved, generated_pairs, is_generated
+
+    records = [
+        _generated("81", 2, "trie", "b c", 1),
+        _generated("81", 1, "trie", "a b c d", 2),
+        {"id": "82", "turn": 1, "drafter": "trie", "error": "the prompt has 9000 tokens"},
+        _generated("p.jsonl:3", 1, "trie", "x y", 2),
+        _generated("81", 1, "vanilla", "a b c d", 4),
+    ]
+    assert all(is_generated(r) for r in records) and not is_generated({"id": 1, "text": "a"})
+    questions = {"81": ["Q1", "Q2"], "82": ["long"], "p.jsonl:3": ["P"]}
+    pairs, runs = generated_pairs(records, questions, "q.jsonl")
+    assert [(p.id, p.input, p.response) for p in pairs] == [("81.1", "Q1\na b c d\nQ2", "b c"), ("81.0", "Q1", "a b c d"), ("p.jsonl:3.0", "P", "x y")]
+    reached = {a.drafter: (a.new_tokens, a.verify_calls) for a in achieved([runs[p.id] for p in pairs])}
+    assert reached == {"trie": (8, 5), "vanilla": (4, 4)}
+    assert {a.drafter: a.tokens_per_call for a in achieved([runs["81.0"]])} == {"trie": 2.0, "vanilla": 1.0}
+    with pytest.raises(NgspecError, match="records hold the answers but not the prompts: give the prompt file it ran on with --questions"):
+        generated_pairs(records, {}, "None")
+    with pytest.raises(NgspecError, match=r"no prompt with id 'p.jsonl:3' in other.jsonl"):
+        generated_pairs(records, {"81": ["Q1"]}, "other.jsonl")
+
+
+@pytest.mark.slow
+def test_self_repetition_of_generates_own_output_beside_what_it_reached(tmp_path):
+    """The workflow the README's troubleshooting gives: `generate --json` on a prompt file, then
+    `self-repetition` on its output with that prompt file, which prints the ceiling and each
+    drafter's tokens per call beside it (before, generate's records were refused as holding no
+    (input, response) fields)."""
+    out = tmp_path / "out.jsonl"
+    for drafter in ("trie", "vanilla"):
+        result = runner.invoke(app, ["generate", "-p", "examples/prompts.jsonl", "-d", drafter, "-n", "24", "--json"])
+        assert result.exit_code == 0, result.output
+        with out.open("a") as fh:
+            fh.write(result.stdout)
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    args = ["self-repetition", "--dataset", str(out), "--questions", "examples/prompts.jsonl", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["records"] == len(written) // 2 and report["response_tokens"] > 0
+    reached = {a["drafter"]: a for a in report["achieved"]}
+    for drafter in ("trie", "vanilla"):
+        mine = [r for r in written if r["drafter"] == drafter]
+        assert reached[drafter]["new_tokens"] == sum(r["new_tokens"] for r in mine)
+        assert reached[drafter]["verify_calls"] == sum(r["verify_calls"] for r in mine)
+    assert reached["vanilla"]["tokens_per_call"] == 1.0 and reached["trie"]["tokens_per_call"] > 1.0
+    assert reached["trie"]["share_of_ceiling"] == pytest.approx(reached["trie"]["tokens_per_call"] / report["token_weighted"])
+    table = runner.invoke(app, args[:-1])
+    assert "trie: tokens per call reached" in table.stdout and "of the token-weighted ceiling" in table.stdout
+    alone = runner.invoke(app, args[:3])
+    assert alone.exit_code == 1 and "give the prompt file it ran on with --questions" in alone.stderr

@@ -14,24 +14,28 @@ from ngspec.cli.options import JsonOpt, ModelOpt, TrustRemoteCodeOpt
 from ngspec.datastore.corpus import iter_records
 from ngspec.datastore.index import Datastore
 from ngspec.errors import NgspecError
-from ngspec.metrics.pairs import record_pairs
+from ngspec.metrics.pairs import achieved, generated_pairs, is_generated, record_pairs
 from ngspec.metrics.report import measure, tokenize_pairs
-from ngspec.prompts import jsonl_records, read_text
+from ngspec.prompts import load_prompts
 
 
 def _questions(path: Optional[Path]) -> dict[str, list[str]]:
+    """Each prompt's user turns by id: a question file's ``turns``, a chat's messages as one
+    input, a ``prompt``'s text, a .txt file's text under its stem (as `generate` names them)."""
     if path is None:
         return {}
-    text = read_text(path, "questions file", "--questions takes a .jsonl question file")
-    rows = [record for _, record in jsonl_records(path, text)]
-    return {str(r["question_id"]): r.get("turns", []) for r in rows if isinstance(r, dict) and "question_id" in r}
+    path = Path(path)
+    if path.is_dir() or (path.suffix not in (".txt", ".jsonl") and str(path) != "-"):
+        what = "is a directory" if path.is_dir() else "is neither a .jsonl nor a .txt file"
+        raise NgspecError(f"{path} {what}; --questions takes a .jsonl question or prompt file (or the .txt prompt given to generate)")
+    return {p.id: ["\n".join(m["content"] for m in p.messages)] if p.messages else list(p.turns or (p.text,)) for p in load_prompts(path)}
 
 
 def self_repetition_command(
     dataset: Annotated[str, typer.Option("--dataset", help="A .jsonl/.json/.parquet file, a directory of them, or a datasets name.")],
     input_field: Annotated[Optional[str], typer.Option(help="Field holding the input (overrides detection).")] = None,
     response_field: Annotated[Optional[str], typer.Option(help="Field holding the response (overrides detection).")] = None,
-    questions: Annotated[Optional[Path], typer.Option(help="For answer files (question_id + choices): the question file giving their inputs.")] = None,
+    questions: Annotated[Optional[Path], typer.Option(help="For answer files (question_id + choices) and `generate --json` output: the question or prompt file giving their inputs (joined by id).")] = None,
     datastore: Annotated[Optional[Path], typer.Option(help="Also search this datastore (built with the same tokenizer).")] = None,
     holdout: Annotated[int, typer.Option(help="Use the first N responses as the datastore and measure the rest (the paper's 'with datastore' setting).")] = 0,
     model: ModelOpt = "default",
@@ -55,17 +59,25 @@ def self_repetition_command(
     tok = load_tokenizer(tokenizer or model, trust_remote_code)
     store = Datastore.open(datastore, tok) if datastore is not None else None
     asked = _questions(questions)
-    pairs, records = [], 0
+    pairs, records, generated = [], 0, []
     for i, record in enumerate(iter_records(dataset, split)):
         records += 1
+        if input_field is None and response_field is None and is_generated(record):
+            generated.append(record)  # paired once all are read: a later turn's input holds the earlier answers
+            continue
         pairs.extend(record_pairs(record, str(record.get("question_id", record.get("uuid", i))), asked, input_field, response_field))
         if limit is not None and len(pairs) >= holdout + limit:
             break
+    runs: dict[str, list[dict]] = {}
+    if generated:
+        answered, runs = generated_pairs(generated, asked, str(questions))
+        pairs.extend(answered)
     if not pairs:
         raise NgspecError(
             f"{dataset}: none of its {records} records holds an (input, response) pair; expected Magpie "
-            "'instruction' + 'response', ShareGPT 'conversations', OpenAI 'messages', or an answer file "
-            "('question_id' + 'choices', with --questions), or name the fields with --input-field/--response-field"
+            "'instruction' + 'response', ShareGPT 'conversations', OpenAI 'messages', an answer file "
+            "('question_id' + 'choices', with --questions) or `generate --json` output (with --questions), or name the fields "
+            "with --input-field/--response-field"
         )
     if len(pairs) <= holdout:
         raise NgspecError(f"{dataset} has {len(pairs)} (input, response) pairs; --holdout {holdout} leaves none to measure")
@@ -79,6 +91,13 @@ def self_repetition_command(
     report = measure(pairs, encoded, store)
     report.tokenize_seconds = tokenize_seconds
     result = report.as_dict() | {"dataset": dataset, "datastore": str(datastore) if datastore else ("holdout" if holdout else None), "holdout": holdout}
+    reached = achieved([runs[p.id] for p in pairs if p.id in runs])
+    if reached:  # `generate --json` output: what its drafters reached beside the ceiling
+        result["achieved"] = [
+            {"drafter": a.drafter, "tokens_per_call": a.tokens_per_call, "share_of_ceiling": a.tokens_per_call / result["token_weighted"] if result["token_weighted"] else None,
+             "new_tokens": a.new_tokens, "verify_calls": a.verify_calls}
+            for a in reached
+        ]
     if json_out:
         render.json_line(result)
         return
@@ -92,5 +111,7 @@ def self_repetition_command(
             ("response tokens", f"{result['response_tokens']:,}"),
             ("match lengths", "  ".join(f"{k}:{v}" for k, v in result["match_length_histogram"].items())),
             ("metric speed", f"{result['tokens_per_second']:,.0f} tokens/s (tokenising took {tokenize_seconds:.2f} s)"),
+            *[(f"{a['drafter']}: tokens per call reached", f"{a['tokens_per_call']:.2f}" + (f" ({a['share_of_ceiling']:.0%} of the token-weighted ceiling)" if a["share_of_ceiling"] else ""))
+              for a in result.get("achieved", [])],
         ],
     )

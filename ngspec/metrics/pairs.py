@@ -3,8 +3,10 @@
 Detected formats: Magpie (``instruction`` + ``response``/``responses``, multi-turn
 ``instruction_i``/``response_i``), ShareGPT ``conversations``, OpenAI ``messages``, and Spec-Bench /
 FastChat answer files (``question_id`` + ``choices[0].turns``; the questions come from
-``questions``, joined by id). For multi-turn records every assistant turn is a pair whose input is
-the whole conversation before it. ``input_field``/``response_field`` override detection.
+``questions``, joined by id), and ``ngspec generate --json`` output (`generated_pairs`: the
+prompts come from the prompt file it ran on, joined by id and turn). For multi-turn records every
+assistant turn is a pair whose input is the whole conversation before it.
+``input_field``/``response_field`` override detection.
 """
 
 from __future__ import annotations
@@ -78,3 +80,63 @@ def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_
             raise NgspecError(f"record {rid}: 'instruction' must be a string, not {type(record['instruction']).__name__}")
         return [Pair(f"{rid}.{i}", record["instruction"], r) for i, r in enumerate(responses) if isinstance(r, str)]
     raise NgspecError(f"record {rid}: cannot find (input, response) fields in {sorted(record)}; use --input-field/--response-field")
+
+
+def is_generated(record: dict) -> bool:
+    """A record ``ngspec generate --json`` wrote: an answer (or a failed prompt's error) with its
+    prompt's id, turn and drafter, but not the prompt."""
+    return {"id", "turn", "drafter"} <= record.keys() and ("token_ids" in record or "error" in record)
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """What a drafter reached on the answers measured: tokens per verification call."""
+
+    drafter: str
+    new_tokens: int
+    verify_calls: int
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.new_tokens / self.verify_calls if self.verify_calls else 0.0
+
+
+def generated_pairs(records: list[dict], questions: dict[str, list[str]], source: str) -> tuple[list[Pair], dict[str, list[dict]]]:
+    """One pair per (prompt id, turn) answered in ``generate --json`` ``records`` (the first
+    answer, where several drafters answered the same prompt: greedy answers are the same), its
+    input the prompt's user turns and the answers before it; and each pair's records, for what the
+    drafters achieved on it (`achieved`). Failed prompts (an ``error``) are left out."""
+    answers: dict[tuple[str, int], str] = {}
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for record in records:
+        if not isinstance(record.get("text"), str):
+            continue
+        key = (str(record["id"]), int(record["turn"]))
+        answers.setdefault(key, record["text"])
+        runs.setdefault(key, []).append(record)
+    missing = sorted({rid for rid, _ in answers if rid not in questions})
+    if missing:
+        given = f"no prompt with id {missing[0]!r} in {source}" if questions else "give the prompt file it ran on with --questions"
+        raise NgspecError(f"`ngspec generate --json` records hold the answers but not the prompts: {given}")
+    pairs, by_pair = [], {}
+    for (rid, turn), answer in answers.items():
+        asked, history = questions[rid], []
+        for earlier in range(1, turn + 1):
+            history.append(asked[earlier - 1] if earlier <= len(asked) else "")
+            if earlier < turn:
+                history.append(answers.get((rid, earlier), ""))
+        pair = Pair(f"{rid}.{turn - 1}", "\n".join(history), answer)
+        pairs.append(pair)
+        by_pair[pair.id] = runs[(rid, turn)]
+    return pairs, by_pair
+
+
+def achieved(runs: list[list[dict]]) -> list[Achieved]:
+    """Tokens per call of each drafter over the records of the pairs measured."""
+    totals: dict[str, list[int]] = {}
+    for records in runs:
+        for record in records:
+            total = totals.setdefault(str(record["drafter"]), [0, 0])
+            total[0] += int(record.get("new_tokens", 0))
+            total[1] += int(record.get("verify_calls", 0))
+    return [Achieved(drafter, tokens, calls) for drafter, (tokens, calls) in totals.items()]
