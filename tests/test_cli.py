@@ -1,6 +1,7 @@
 """The commands through Typer's runner: JSON output, equality across drafters, bad input."""
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -592,3 +593,21 @@ def test_generate_reads_the_prompt_from_standard_input_as_from_a_file(prompt_fil
     assert from_file.exit_code == 0 and piped.exit_code == 0, piped.output
     want, got = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (from_file, piped))
     assert got["token_ids"] == want["token_ids"] and got["id"] == "stdin"
+
+
+@pytest.mark.slow
+def test_generate_totals_a_run_of_several_prompts_one_at_a_time():
+    """After each prompt's own table, a run of several prompts at batch size 1 ends with the
+    totals over all of them (a batch already ended with its summary); --json keeps one record per
+    prompt and nothing else."""
+    args = ["generate", "-p", "examples/prompts.jsonl", "-d", "trie", "-n", 8]
+    records = [json.loads(line) for line in invoke(*args, "--json").stdout.strip().splitlines()]
+    assert len(records) == 3 and all("token_ids" in r for r in records)
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    totals = result.stdout[result.stdout.index("trie: all 3 prompts, one at a time"):]
+    tokens, calls = sum(r["new_tokens"] for r in records), sum(r["verify_calls"] for r in records)
+    assert re.search(rf"new tokens\s*│\s*{tokens}\s", totals) and re.search(rf"verification calls\s*│\s*{calls}\s", totals)
+    assert re.search(rf"mean tokens per call\s*│\s*{tokens / calls:.2f}\s", totals)
+    single = invoke("generate", "-p", "examples/code_edit.txt", "-n", 4)
+    assert "one at a time" not in single.stdout

@@ -256,7 +256,7 @@ def generate_command(
     if batch_size > 1:
         _run_batch(spec, asked, cfg, batch, json_out, check)
         return
-    engine, units, failed = spec.engine, asked.units, {}
+    engine, units, failed, records = spec.engine, asked.units, {}, []
     for i, unit in enumerate(units):
         if i in failed:  # a later turn of a question whose earlier turn failed
             continue
@@ -277,6 +277,7 @@ def generate_command(
             record["target_graphs"] = engine.target.static.report()
         if (head := spec.head_graphs()) is not None:
             record["head_graphs"] = head
+        records.append(record)
         if json_out:
             render.json_line(record)
             continue
@@ -300,5 +301,27 @@ def generate_command(
                 *([("head graphs (so far)", record["head_graphs"])] if "head_graphs" in record else []),
             ],
         )
+    if len(units) > 1 and not json_out:
+        _totals(records, len(units), len(failed), f"{drafter}: all {len(units)} prompts, one at a time, on {engine.loaded.name} ({engine.target.device})")
     if failed:
         raise NgspecError(_failures(failed))
+
+
+def _totals(records: list[dict], prompts: int, failed: int, title: str) -> None:
+    """The run's totals after its prompts' own tables: tokens per second and per call over every
+    prompt that ran (each prompt's seconds, added up: a prompt's own time, prefill included)."""
+    seconds = sum(r["seconds"] for r in records)
+    tokens = sum(r["new_tokens"] for r in records)
+    calls = sum(r["verify_calls"] for r in records)
+    checked = [r["greedy_check"] for r in records if r.get("greedy_check")]
+    render.summary_table(title, [
+        ("prompts (failed)", f"{prompts} ({failed})"),
+        ("new tokens", str(tokens)),
+        ("seconds", f"{seconds:.2f}"),
+        ("tokens/s", f"{tokens / seconds:.1f}" if seconds else "-"),
+        ("verification calls", str(calls)),
+        ("mean tokens per call", f"{tokens / calls:.2f}" if calls else "-"),
+        ("drafting share of time", f"{100 * sum(r['draft_seconds'] for r in records) / seconds:.1f}%" if seconds else "-"),
+        ("prefill share of time", f"{100 * sum(r['prefill_seconds'] for r in records) / seconds:.1f}%" if seconds else "-"),
+        *([("identical to plain decoding", f"{sum(c['exact_match'] for c in checked)} of {len(checked)}")] if checked else []),
+    ])
