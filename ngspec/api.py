@@ -22,7 +22,7 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
-from ngspec.cli.common import decode_config, fit_rows, load_engine, rows_options, sampling_config, tune_cpu_kernels
+from ngspec.cli.common import decode_config, fit_rows, load_engine, rows_options, sampling_config, timing_bar, tune_cpu_kernels
 from ngspec.cli.drafting import Drafting, single_value
 from ngspec.drafters import DrafterOptions, check_drafter, make_drafter
 from ngspec.drafters.eagle import head_graphs_report
@@ -210,7 +210,7 @@ class Speculator:
             size = sum(p.numel() for p in model.parameters())
             name = getattr(model, "name_or_path", "") or f"{model.config.model_type}-{size}"
         tune_cpu_kernels(model)  # under a bar on a terminal the first time (the Engine would tune silently)
-        return cls(Engine(LoadedModel(model.eval(), tokenizer, name), target_graphs=target_graphs), drafter, drafting)
+        return cls(Engine(LoadedModel(model.eval(), tokenizer, name), target_graphs=target_graphs, bar=timing_bar), drafter, drafting)
 
     # the engine's level: token ids and configs (what `ngspec generate` calls)
 

@@ -20,7 +20,7 @@ from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_ancho
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate, special_stop_ids
 from ngspec.models import LoadedModel
 from ngspec.cpu_linear import stock_linears
-from ngspec.perf.costs import cached_verify_costs
+from ngspec.perf.costs import TimingBar, cached_verify_costs
 from ngspec.perf.device_profile import DeviceProfile
 from ngspec.target import TargetModel
 from ngspec.verify import SamplingConfig
@@ -69,7 +69,8 @@ class Engine:
     model; its runs never rescale it by this machine's own step times: ``learn_costs`` is off).
     ``target_graphs``: verify at fixed shapes, replayed from captured CUDA graphs on a GPU
     (`ngspec.static_verify`), one prompt at a time and in batches; set before calibrating, so
-    the costs measured are those of the replays."""
+    the costs measured are those of the replays. ``bar``: shows the rounds of a calibration
+    while it is measured (`ngspec.perf.costs.cached_verify_costs`)."""
 
     loaded: LoadedModel
     calibrate: bool = True
@@ -77,6 +78,7 @@ class Engine:
     profile: DeviceProfile | None = None
     cost_slope: float | None = None
     target_graphs: bool = False
+    bar: TimingBar | None = None
 
     def __post_init__(self) -> None:
         self.target = TargetModel(self.loaded.model)
@@ -89,7 +91,7 @@ class Engine:
         elif self.profile is not None:
             self.target.cost_tables = self.profile.cost_tables(self.max_draft_nodes)
         elif self.calibrate:
-            self.target.cost_tables = {0: cached_verify_costs(self.target, self.max_draft_nodes)}
+            self.target.cost_tables = {0: cached_verify_costs(self.target, self.max_draft_nodes, bar=self.bar)}
 
     def ngram_tables(self, path=None, progress=None, notify=None) -> NgramTables:
         """The model-derived unigram/bigram tables (built once per model and cached on disk;
@@ -128,7 +130,7 @@ class Engine:
         otherwise)."""
         if batch == 1 or not self.calibrate or self.profile is not None or self.cost_slope is not None:
             return self.target.verify_cost
-        table = cached_verify_costs(self.target, self.max_draft_nodes, batch)
+        table = cached_verify_costs(self.target, self.max_draft_nodes, batch, self.bar)
         return lambda context: table
 
     def run_batch(self, prompts: list[list[int]], new_drafter: Callable[[], Drafter], cfg: DecodeConfig, batch: BatchConfig, on_finish=None, feed=None):

@@ -98,9 +98,9 @@ def test_verification_replayed_from_graphs_is_calibrated_apart(tiny, tmp_path, m
     fixed.use_graphs(capture=False)
     costs_module.cached_verify_costs(plain, 6)
     asked = []
-    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n: asked.append(target) or (1.0,) * 7)
+    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n, progress: asked.append(target) or (1.0,) * 7)
     assert costs_module.cached_verify_costs(fixed, 6) == (1.0,) * 7 and asked == [fixed]
-    monkeypatch.setattr(costs_module, "measure_batch_costs", lambda model, batch, n, graphs: asked.append(graphs) or (1.5,) * 7)
+    monkeypatch.setattr(costs_module, "measure_batch_costs", lambda model, batch, n, graphs, progress: asked.append(graphs) or (1.5,) * 7)
     assert costs_module.cached_verify_costs(fixed, 6, batch=2) == (1.5,) * 7 and asked[-1] is True
     assert len(list((tmp_path / "costs").glob("*.json"))) == 3
 
@@ -114,12 +114,39 @@ def test_cost_tables_are_keyed_by_the_models_shape_not_its_name(tiny, tmp_path, 
 
     family = tiny.config.model_type
     monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n: (1.0,) + (2.0,) * n)
+    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n, progress: (1.0,) + (2.0,) * n)
     assert costs_module.cached_verify_costs(TargetModel(tiny), 6) == (1.0,) + (2.0,) * 6
-    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n: (1.0,) + (3.0,) * n)
+    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n, progress: (1.0,) + (3.0,) * n)
     assert costs_module.cached_verify_costs(TargetModel(tiny_model(family, seed=5)), 6) == (1.0,) + (2.0,) * 6  # same shape, other weights
     wider = tiny_model(family, vocab_size=160)
     assert costs_module.model_shape(wider) != costs_module.model_shape(tiny)
     assert costs_module.cached_verify_costs(TargetModel(wider), 6) == (1.0,) + (3.0,) * 6
     other = next(f for f in TINY_FAMILIES if f != family)
     assert costs_module.model_shape(tiny_model(other)) != costs_module.model_shape(tiny)
+
+
+def test_a_calibration_shows_its_rounds_while_measured_and_nothing_once_cached(tiny, tmp_path, monkeypatch, quiet_machine):
+    """The engine's verify costs (about 9 s for the default model on two cores, 34 s at batch 8)
+    report their rounds to the engine's ``bar`` while they are measured, and are read from the
+    cache without one. Before, they ran silent after the kernel timing's bar."""
+    from contextlib import contextmanager
+
+    from ngspec.engine import Engine
+    from ngspec.models import LoadedModel
+
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    shown: list[tuple[str, list]] = []
+
+    @contextmanager
+    def bar(what):
+        calls: list = []
+        shown.append((what, calls))
+        yield lambda done, total: calls.append((done, total))
+
+    engine = Engine(LoadedModel(tiny, None, "tiny"), max_draft_nodes=6, bar=bar)
+    engine.batch_costs(2)
+    assert [what for what, _ in shown] == ["timing verify costs (rounds)", "timing verify costs at batch 2 (rounds)"]
+    assert all(calls == [(done, 9) for done in range(10)] for _, calls in shown)
+    shown.clear()
+    Engine(LoadedModel(tiny, None, "tiny"), max_draft_nodes=6, bar=bar).batch_costs(2)
+    assert shown == []

@@ -125,18 +125,24 @@ def load_engine(
             else:
                 warning(message)
     tune_cpu_kernels(loaded.model, notify)
-    return Engine(loaded, profile=device_profile, target_graphs=target_graphs)
+    return Engine(loaded, profile=device_profile, target_graphs=target_graphs, bar=timing_bar)
+
+
+def timing_bar(description: str):
+    """A bar on a terminal for a measurement made once per machine and then cached, shown only
+    while it runs (`progress_when_called`): for the commands and the Python API alike."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+
+    from ngspec.cli.render import progress_when_called
+
+    return progress_when_called(description, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
 
 
 def tune_cpu_kernels(model, notify: Callable[[str], None] | None = None) -> None:
     """`tune_linears` before the `Engine` would do it silently: a model's first run on a CPU
-    times its kernels (about a minute on two cores), under a bar on a terminal that appears only
-    while they are timed; for `generate` and the other commands and the Python API alike."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-
-    from ngspec.cli.render import progress_when_called
+    times its kernels (about a minute on two cores) under a `timing_bar`. The `Engine`'s verify
+    costs (about 9 s, and 34 s the first time at batch 8) get theirs from its ``bar``."""
     from ngspec.cpu_linear import tune_linears
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with progress_when_called("timing matrix kernels (rounds)", *columns) as rounds:
+    with timing_bar("timing matrix kernels (rounds)") as rounds:
         tune_linears(model, notify=notify, progress=rounds)

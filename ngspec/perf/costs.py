@@ -16,6 +16,7 @@ batch size for batched decoding and apart for verification replayed from CUDA gr
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Callable
 
 import torch
@@ -28,32 +29,40 @@ from ngspec.target import TargetModel
 
 def _relative_costs(
     verify: Callable[[int], None], device: torch.device, max_nodes: int, repeats: int, clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[float, ...]:
     """Fastest time of ``verify(size)`` (one verification of ``size`` draft nodes, then undone) at
     the measured sizes, relative to size 0, as a table over 0..max_nodes (see `cost_table`).
 
     The fastest of ``repeats`` rather than their median: other work on the machine only ever adds
     time, and a table is cached for good. On the AMD VM, tables from the median of 5 read 1.35 to
-    1.70 for 4 nodes minutes apart; the fastest of 15, 1.43 to 1.45 (BENCHMARKS.md, section 1)."""
+    1.70 for 4 nodes minutes apart; the fastest of 15, 1.43 to 1.45 (BENCHMARKS.md, section 1).
+    ``progress(done, repeats)`` hears of the start and of each finished round."""
     sizes = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_nodes} & set(range(max_nodes + 1)))
     samples: dict[int, list[float]] = {size: [] for size in sizes}
+    if progress is not None:
+        progress(0, repeats)
     verify(0)  # warm-up
     # rounds over all sizes rather than all repeats of one size after another: a burst of other
     # work on the machine then slows one sample of several sizes, not every sample of one
-    for _ in range(repeats):
+    for round_ in range(repeats):
         for size in sizes:
             start = clock()
             verify(size)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # kernels run asynchronously
             samples[size].append(clock() - start)
+        if progress is not None:
+            progress(round_ + 1, repeats)
     fastest = {size: min(times) for size, times in samples.items()}
     return cost_table({s: t / fastest[0] for s, t in fastest.items()}, max_nodes)
 
 
-def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512, repeats: int = 9) -> tuple[float, ...]:
+def measure_verify_costs(
+    target: TargetModel, max_nodes: int, context: int = 512, repeats: int = 9, progress: Callable[[int, int], None] | None = None,
+) -> tuple[float, ...]:
     """Relative cost of verifying 0..max_nodes nodes (index = tree size), interpolated between
-    measured sizes and made non-decreasing."""
+    measured sizes and made non-decreasing (about 9 s for the default model on two cores)."""
     context = max(1, min(context, target.max_length - max_nodes - 2))
     vocab = int(target.model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
@@ -64,15 +73,18 @@ def measure_verify_costs(target: TargetModel, max_nodes: int, context: int = 512
         target.verify(prompt[-1], DraftTree.chain(torch.randint(1, vocab, (size,), generator=gen).tolist()))
         target.discard()  # the context stays at ``context`` tokens for every measurement
 
-    return _relative_costs(verify, target.device, max_nodes, repeats)
+    return _relative_costs(verify, target.device, max_nodes, repeats, progress=progress)
 
 
-def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, repeats: int = 9, graphs: bool = False) -> tuple[float, ...]:
+def measure_batch_costs(
+    model, batch: int, max_nodes: int, context: int = 512, repeats: int = 9, graphs: bool = False, progress: Callable[[int, int], None] | None = None,
+) -> tuple[float, ...]:
     """`measure_verify_costs` for ``batch`` rows verified together: the cost of every row
     verifying n nodes, relative to every row verifying none (a batched plain step). A batch
     turns compute-bound sooner, so each draft node costs more than alone. ``graphs``: verified
     as `--target-graphs` verifies them (each shape run eagerly in the first round and captured in
-    the second, whose times the fastest of the rounds leaves out)."""
+    the second, whose times the fastest of the rounds leaves out). About 34 s for the default
+    model at batch 8 on two cores."""
     from ngspec.batch_target import BatchTarget
 
     target = BatchTarget(model)
@@ -88,7 +100,7 @@ def measure_batch_costs(model, batch: int, max_nodes: int, context: int = 512, r
         target.verify([1] * batch, [DraftTree.chain(torch.randint(1, vocab, (size,), generator=gen).tolist()) for _ in range(batch)])
         target.discard()
 
-    return _relative_costs(verify, target.device, max_nodes, repeats)
+    return _relative_costs(verify, target.device, max_nodes, repeats, progress=progress)
 
 
 def cost_table(points: dict[int, float], max_nodes: int) -> tuple[float, ...]:
@@ -125,9 +137,17 @@ def model_shape(model: torch.nn.Module) -> str:
     return ",".join(fields)
 
 
-def cached_verify_costs(target: TargetModel, max_nodes: int, batch: int = 1) -> tuple[float, ...]:
+TimingBar = Callable[[str], AbstractContextManager]  # a description -> a block yielding a (done, total) callback, or None
+
+
+def _no_bar(what: str) -> AbstractContextManager:
+    return nullcontext(None)
+
+
+def cached_verify_costs(target: TargetModel, max_nodes: int, batch: int = 1, bar: TimingBar | None = None) -> tuple[float, ...]:
     """`measure_verify_costs` (or `measure_batch_costs` for ``batch`` > 1), measured once per
-    model shape, machine setting and batch size and then read from the cache."""
+    model shape, machine setting and batch size and then read from the cache; ``bar`` shows the
+    measurement's rounds (the CLI's `progress_when_called`)."""
     plan = current_plan(target.model)
     # "fastest": the fastest of interleaved rounds; older entries (medians, or one size after
     # another) are measured again
@@ -143,7 +163,12 @@ def cached_verify_costs(target: TargetModel, max_nodes: int, batch: int = 1) -> 
         return costs if len(costs) == max_nodes + 1 else None
 
     def measure() -> tuple[tuple[float, ...], dict]:
-        costs = measure_verify_costs(target, max_nodes) if batch == 1 else measure_batch_costs(target.model, batch, max_nodes, graphs=graphs)
+        what = "timing verify costs (rounds)" if batch == 1 else f"timing verify costs at batch {batch} (rounds)"
+        with (bar or _no_bar)(what) as rounds:
+            if batch == 1:
+                costs = measure_verify_costs(target, max_nodes, progress=rounds)
+            else:
+                costs = measure_batch_costs(target.model, batch, max_nodes, graphs=graphs, progress=rounds)
         return costs, {"relative_cost": costs}
 
     return measured_once("costs", setting, read, measure)
