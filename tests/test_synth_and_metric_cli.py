@@ -276,6 +276,8 @@ def test_self_repetition_of_generates_own_output_beside_what_it_reached(tmp_path
         assert reached[drafter]["verify_calls"] == sum(r["verify_calls"] for r in mine)
     assert reached["vanilla"]["tokens_per_call"] == 1.0 and reached["trie"]["tokens_per_call"] > 1.0
     assert reached["trie"]["share_of_ceiling"] == pytest.approx(reached["trie"]["tokens_per_call"] / report["token_weighted"])
+    by_id = {f"{r['id']}.{r['turn'] - 1}": r for r in written if r["drafter"] == "trie"}
+    assert [entry["reached"]["trie"] for entry in report["per_record"]] == [by_id[e["id"]]["mean_tokens_per_call"] for e in report["per_record"]]
     table = runner.invoke(app, args[:-1])
     assert "trie: tokens per call reached" in table.stdout and "of the token-weighted ceiling" in table.stdout
     alone = runner.invoke(app, args[:3])

@@ -91,6 +91,9 @@ def self_repetition_command(
     report = measure(pairs, encoded, store)
     report.tokenize_seconds = tokenize_seconds
     result = report.as_dict() | {"dataset": dataset, "datastore": str(datastore) if datastore else ("holdout" if holdout else None), "holdout": holdout}
+    for entry in result["per_record"]:  # each answer's ceiling beside what each drafter reached on it
+        if entry["id"] in runs:
+            entry["reached"] = {a.drafter: a.tokens_per_call for a in achieved([runs[entry["id"]]])}
     reached = achieved([runs[p.id] for p in pairs if p.id in runs])
     if reached:  # `generate --json` output: what its drafters reached beside the ceiling
         result["achieved"] = [
