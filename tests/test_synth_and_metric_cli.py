@@ -249,6 +249,9 @@ def test_generate_output_pairs_with_its_prompts_by_id_and_turn():
         generated_pairs(records, {}, "None")
     with pytest.raises(NgspecError, match=r"no prompt with id 'p.jsonl:3' in other.jsonl"):
         generated_pairs(records, {"81": ["Q1"]}, "other.jsonl")
+    for field, bad in (("turn", "2"), ("turn", 0), ("verify_calls", 1.5), ("new_tokens", None)):
+        with pytest.raises(NgspecError, match=r"^record 81: a `generate --json` record's turn, new_tokens and verify_calls must be counts$"):
+            generated_pairs([{**records[1], field: bad}], questions, "q.jsonl")
 
 
 @pytest.mark.slow

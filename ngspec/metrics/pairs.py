@@ -111,7 +111,10 @@ def generated_pairs(records: list[dict], questions: dict[str, list[str]], source
     for record in records:
         if not isinstance(record.get("text"), str):
             continue
-        key = (str(record["id"]), int(record["turn"]))
+        figures = [record.get(name, 0) for name in ("turn", "new_tokens", "verify_calls")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in figures) or record["turn"] < 1:
+            raise NgspecError(f"record {record['id']}: a `generate --json` record's turn, new_tokens and verify_calls must be counts")
+        key = (str(record["id"]), record["turn"])
         answers.setdefault(key, record["text"])
         runs.setdefault(key, []).append(record)
     missing = sorted({rid for rid, _ in answers if rid not in questions})
@@ -137,6 +140,6 @@ def achieved(runs: list[list[dict]]) -> list[Achieved]:
     for records in runs:
         for record in records:
             total = totals.setdefault(str(record["drafter"]), [0, 0])
-            total[0] += int(record.get("new_tokens", 0))
-            total[1] += int(record.get("verify_calls", 0))
+            total[0] += record.get("new_tokens", 0)
+            total[1] += record.get("verify_calls", 0)
     return [Achieved(drafter, tokens, calls) for drafter, (tokens, calls) in totals.items()]
