@@ -43,16 +43,13 @@ def fit_rows(cfg: DecodeConfig, drafter: str, opts: DrafterOptions) -> DecodeCon
 
 
 def load_tables(engine: Engine, drafters: list[str], path: Path | None) -> NgramTables | None:
-    """The model's n-gram tables when a drafter needs them (built with a progress bar the first
+    """The model's n-gram tables when a drafter needs them (built under a `timing_bar` the first
     time, then read from the cache with none)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-
-    from ngspec.cli.render import info, progress_when_called
+    from ngspec.cli.render import info
 
     if not NEEDS_TABLES & set(drafters):
         return None
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with progress_when_called("building bigram table (once per model)", *columns) as built:
+    with timing_bar("building bigram table (once per model)") as built:
         return engine.ngram_tables(path, built, info)
 
 
@@ -129,8 +126,9 @@ def load_engine(
 
 
 def timing_bar(description: str):
-    """A bar on a terminal for a measurement made once per machine and then cached, shown only
-    while it runs (`progress_when_called`): for the commands and the Python API alike."""
+    """A bar on a terminal for work done once per machine or model and then cached (a
+    measurement, a table), shown only while it runs (`progress_when_called`): for the commands
+    and the Python API alike."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
     from ngspec.cli.render import progress_when_called
