@@ -41,10 +41,14 @@ def read_text(path: Path, what: str = "prompt file", takes: str = "give a .txt o
         raise NgspecError(f"{path} is a directory; {takes}")
     if not path.is_file():
         raise NgspecError(f"{what} not found: {path}")
+    return _decoded(path.read_bytes(), str(path))
+
+
+def _decoded(data: bytes, where: str) -> str:
     try:
-        return path.read_bytes().decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is not text
+        return data.decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is not text
     except UnicodeDecodeError as exc:
-        raise NgspecError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
+        raise NgspecError(f"{where} is not valid UTF-8 (byte {exc.start})") from exc
 
 
 STDIN = "-"  # ``--prompt-file -``
@@ -54,11 +58,7 @@ PROMPT_KEYS = ("prompt", "text", "turns", "messages")
 def read_stdin() -> tuple[str, bool]:
     """Standard input's text, and whether it is JSONL: its first non-blank line a JSON object
     holding a prompt (`PROMPT_KEYS`); anything else is one prompt, as a ``.txt`` file is."""
-    data = sys.stdin.buffer.read()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise NgspecError(f"standard input is not valid UTF-8 (byte {exc.start})") from exc
+    text = _decoded(sys.stdin.buffer.read(), "standard input")
     first = next((line for line in text.splitlines() if line.strip()), "")
     try:
         record = json.loads(first)
@@ -67,7 +67,7 @@ def read_stdin() -> tuple[str, bool]:
     return text, isinstance(record, dict) and any(key in record for key in PROMPT_KEYS)
 
 
-def jsonl_records(path: Path | str, text: str) -> Iterator[tuple[int, object]]:
+def jsonl_records(path: Path, text: str) -> Iterator[tuple[int, object]]:
     """(line number, parsed value) of each non-blank line of a .jsonl file's ``text``."""
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -116,17 +116,15 @@ def load_prompts(
     ``per_category`` of every category, and then the first ``limit``."""
     path = Path(path)
     if str(path) == STDIN:
-        text, is_jsonl = read_stdin()
-        source, name, stem, where = "standard input", "stdin", "stdin", "stdin"
+        (text, is_jsonl), path, source = read_stdin(), Path("stdin"), "standard input"  # ids: stdin, stdin:LINE
     else:
-        text, is_jsonl = read_text(path), path.suffix == ".jsonl"
-        source, name, stem, where = f"prompt file {path}", path.name, path.stem, path
+        text, is_jsonl, source = read_text(path), path.suffix == ".jsonl", f"prompt file {path}"
     if not text.strip():
         raise NgspecError(f"{source} is empty")
     if not is_jsonl:
-        prompts = [Prompt(stem, text.strip("\n"))]
+        prompts = [Prompt(path.stem, text.strip("\n"))]
     else:
-        prompts = [_record_prompt(record, f"{name}:{lineno}") for lineno, record in jsonl_records(where, text)]
+        prompts = [_record_prompt(record, f"{path.name}:{lineno}") for lineno, record in jsonl_records(path, text)]
     if category is not None:
         known = sorted({p.category for p in prompts if p.category})
         prompts = [p for p in prompts if p.category == category]
