@@ -588,6 +588,27 @@ def test_bad_standard_input_is_refused_in_one_line_before_the_model_loads(stdin,
     assert "Traceback" not in result.stderr and "loading model" not in result.stderr
 
 
+def test_bench_reads_questions_from_standard_input_and_says_so(tmp_path):
+    """`bench -q -` runs the piped records (a tiny random model saved to disk, under a second) and
+    its report names where they came from, not "-"."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ngspec import models
+
+    tok = models.load_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    piped = '{"prompt": "Say a b a b a b."}\n{"prompt": "Count: 1 2 3 1 2 3"}\n'
+    result = runner.invoke(app, ["bench", "-q", "-", "--model", str(tmp_path), "-d", "trie", "-n", "6", "--json"], input=piped)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["environment"]["questions"] == "standard input" and report["environment"]["prompts"] == 2
+    assert {a["arm"]: a["exact_match"] for a in report["arms"]} == {"hf-greedy": 1.0, "hf-prompt-lookup": 1.0, "vanilla": 1.0, "trie": 1.0}
+
+
 @pytest.mark.slow
 def test_generate_reads_the_prompt_from_standard_input_as_from_a_file(prompt_file):
     """`cat prompt.txt | ngspec generate -p -` gives the tokens `-p prompt.txt` gives."""

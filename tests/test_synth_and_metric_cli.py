@@ -254,6 +254,23 @@ def test_generate_output_pairs_with_its_prompts_by_id_and_turn():
             generated_pairs([{**records[1], field: bad}], questions, "q.jsonl")
 
 
+def test_questions_also_name_their_prompts_as_generate_named_them_read_from_standard_input(tmp_path):
+    """`generate -p -` names prompts without an id stdin:LINE (a .jsonl) or stdin (a .txt); the
+    same file given as --questions answers to those names too, and a record's own id wins."""
+    from ngspec.cli.self_repetition import _questions
+    from ngspec.metrics.pairs import generated_pairs
+
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"question_id": 7, "turns": ["Q7"]}\n{"prompt": "P2"}\n{"id": "stdin:3", "prompt": "own"}\n{"prompt": "P4"}\n')
+    assert _questions(jsonl) == {"7": ["Q7"], "p.jsonl:2": ["P2"], "stdin:3": ["own"], "p.jsonl:4": ["P4"], "stdin:2": ["P2"], "stdin:4": ["P4"]}
+    txt = tmp_path / "doc.txt"
+    txt.write_text("Summarise this.\n")
+    assert _questions(txt) == {"doc": ["Summarise this."], "stdin": ["Summarise this."]}
+    records = [_generated("stdin:2", 1, "trie", "a b", 1), _generated("stdin", 1, "trie", "c", 1)]
+    pairs, _ = generated_pairs(records, {**_questions(jsonl), **_questions(txt)}, "q.jsonl")
+    assert [(p.id, p.input) for p in pairs] == [("stdin:2.0", "P2"), ("stdin.0", "Summarise this.")]
+
+
 @pytest.mark.slow
 def test_self_repetition_of_generates_own_output_beside_what_it_reached(tmp_path):
     """The workflow the README's troubleshooting gives: `generate --json` on a prompt file, then

@@ -21,14 +21,20 @@ from ngspec.prompts import load_prompts
 
 def _questions(path: Optional[Path]) -> dict[str, list[str]]:
     """Each prompt's user turns by id: a question file's ``turns``, a chat's messages as one
-    input, a ``prompt``'s text, a .txt file's text under its stem (as `generate` names them)."""
+    input, a ``prompt``'s text, a .txt file's text under its stem (as `generate` names them, and as
+    it names the same prompts read from standard input: stdin, stdin:LINE)."""
     if path is None:
         return {}
     path = Path(path)
     if path.is_dir() or (path.suffix not in (".txt", ".jsonl") and str(path) != "-"):
         what = "is a directory" if path.is_dir() else "is neither a .jsonl nor a .txt file"
         raise NgspecError(f"{path} {what}; --questions takes a .jsonl question or prompt file (or the .txt prompt given to generate)")
-    return {p.id: ["\n".join(m["content"] for m in p.messages)] if p.messages else list(p.turns or (p.text,)) for p in load_prompts(path)}
+    asked = {p.id: ["\n".join(m["content"] for m in p.messages)] if p.messages else list(p.turns or (p.text,)) for p in load_prompts(path)}
+    # the same prompts piped to `generate -p -` are named by line as stdin (a .txt) or stdin:LINE
+    for rid, turns in list(asked.items()):
+        if rid == path.stem or rid.startswith(f"{path.name}:"):
+            asked.setdefault("stdin" + rid[len(path.stem if rid == path.stem else path.name):], turns)
+    return asked
 
 
 def self_repetition_command(
