@@ -28,6 +28,30 @@ def test_help_does_not_load_torch_or_transformers():
     assert out.stdout.strip() == "[]"
 
 
+def test_every_option_the_readme_gives_a_command_is_one_of_its_options():
+    """The README's command lines (code blocks with their continuation lines, and inline code)
+    name only options the command has: a renamed or removed option fails here, not in a user's
+    shell."""
+    from pathlib import Path
+
+    import typer
+
+    commands = typer.main.get_command(app).commands
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    blocks = readme.split("```")  # odd pieces are code blocks: a command at a line's start (or after a pipe, or a path)
+    lines = [m for b in blocks[1::2] for m in re.findall(r"(?:^[ \t]*|\| |/)ngspec ([a-z][a-z-]*)((?:[^#\n]|\n(?=\s+--))*)", b, re.M)]  # up to a comment
+    spans = re.findall(r"`ngspec ([a-z][a-z-]*)([^`]*)`", "```".join(blocks[::2]))  # prose: inline code
+    wrong, checked = [], 0
+    for name, rest in lines + spans:
+        assert name in commands, f"the README runs `ngspec {name}`, which is no command"
+        options = {o for p in commands[name].params for o in p.opts + p.secondary_opts}
+        for option in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest):
+            checked += 1
+            if option not in options:
+                wrong.append(f"ngspec {name} {option}")
+    assert checked > 50 and not wrong, wrong
+
+
 def test_a_piped_table_keeps_every_column_whole():
     """Piped to a file, Rich would cut a table to 80 columns ("tok…"); the console is made wide
     enough instead, and an explicit COLUMNS still wins."""
