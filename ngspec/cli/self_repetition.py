@@ -32,8 +32,10 @@ def _questions(path: Optional[Path]) -> dict[str, list[str]]:
     asked = {p.id: ["\n".join(m["content"] for m in p.messages)] if p.messages else list(p.turns or (p.text,)) for p in load_prompts(path)}
     # the same prompts piped to `generate -p -` are named by line as stdin (a .txt) or stdin:LINE
     for rid, turns in list(asked.items()):
-        if rid == path.stem or rid.startswith(f"{path.name}:"):
-            asked.setdefault("stdin" + rid[len(path.stem if rid == path.stem else path.name):], turns)
+        if rid == path.stem:
+            asked.setdefault("stdin", turns)
+        elif rid.startswith(f"{path.name}:"):
+            asked.setdefault("stdin" + rid[len(path.name):], turns)
     return asked
 
 
