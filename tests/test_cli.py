@@ -612,25 +612,52 @@ def test_bad_standard_input_is_refused_in_one_line_before_the_model_loads(stdin,
     assert "Traceback" not in result.stderr and "loading model" not in result.stderr
 
 
-def test_bench_reads_questions_from_standard_input_and_says_so(tmp_path):
-    """`bench -q -` runs the piped records (a tiny random model saved to disk, under a second) and
-    its report names where they came from, not "-"."""
+@pytest.fixture(scope="module")
+def tiny_saved(tmp_path_factory):
+    """A tiny random Llama with the default tokenizer saved to disk, and an untrained EAGLE head
+    for it under head/: a model directory the CLI loads in under a second."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from conftest import started_head
     from ngspec import models
+    from ngspec.eagle.head import save_head
 
+    where = tmp_path_factory.mktemp("tiny")
     tok = models.load_tokenizer()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-    LlamaForCausalLM(config).save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
-    piped = '{"prompt": "Say a b a b a b."}\n{"prompt": "Count: 1 2 3 1 2 3"}\n'
-    result = runner.invoke(app, ["bench", "-q", "-", "--model", str(tmp_path), "-d", "trie", "-n", "6", "--json"], input=piped)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(where)
+    tok.save_pretrained(where)
+    save_head(started_head(model), where / "head")
+    return where
+
+
+PIPED = '{"prompt": "Say a b a b a b."}\n{"prompt": "Count: 1 2 3 1 2 3"}\n'
+
+
+def test_bench_reads_questions_from_standard_input_and_says_so(tiny_saved):
+    """`bench -q -` runs the piped records and its report names where they came from, not "-"."""
+    result = runner.invoke(app, ["bench", "-q", "-", "--model", str(tiny_saved), "-d", "trie", "-n", "6", "--json"], input=PIPED)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["environment"]["questions"] == "standard input" and report["environment"]["prompts"] == 2
     assert {a["arm"]: a["exact_match"] for a in report["arms"]} == {"hf-greedy": 1.0, "hf-prompt-lookup": 1.0, "vanilla": 1.0, "trie": 1.0}
+
+
+def test_tune_tree_calibrates_on_questions_from_standard_input(tiny_saved, tmp_path):
+    """`tune-tree -q -` tunes on the piped records, and `generate` takes the shape it saved."""
+    shape = tmp_path / "shape.json"
+    args = ["tune-tree", "-q", "-", "--model", str(tiny_saved), "--eagle-head", str(tiny_saved / "head"), "-n", "8", "--nodes", "12", "--depth", "3", "--out", str(shape)]
+    result = runner.invoke(app, args, input=PIPED)
+    assert result.exit_code == 0, result.output
+    saved = json.loads(shape.read_text())
+    assert saved["calibration_prompts"] == 2 and saved["nodes"] == len(saved["choices"]) >= 2
+    run = runner.invoke(app, ["generate", "-p", "-", "--model", str(tiny_saved), "-d", "eagle", "--eagle-head", str(tiny_saved / "head"),
+                              "--tree", "static", "--tree-choices", str(shape), "-n", "6", "--check", "--json"], input=PIPED)
+    assert run.exit_code == 0, run.output
+    assert [json.loads(line)["greedy_check"]["exact_match"] for line in run.stdout.strip().splitlines()] == [True, True]
 
 
 @pytest.mark.slow
