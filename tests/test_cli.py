@@ -474,7 +474,7 @@ def test_an_eagle_head_in_int8_or_float32_through_generate_and_tune_tree(tmp_pat
     assert result.exit_code == 0, result.output
     shape = json.loads((tmp_path / "shape.json").read_text())
     assert shape["head_int8"] is int8.available("cpu")
-    assert (shape["calibration_prompts"], shape["turns"]) == (4, "all")  # two questions, both turns of each
+    assert (shape["calibration_questions"], shape["calibration_prompts"], shape["turns"]) == ("the bundled MT-bench", 4, "all")  # two questions, both turns of each
     # the search's two fastest counts timed again side by side, prompt by prompt: the winner is the shape
     final = shape["playoff"]
     assert len(final["nodes"]) == 2 and final["nodes"][0] == shape["nodes"] and set(final["nodes"]) <= {int(m) for m in shape["searched"]}
@@ -653,7 +653,8 @@ def test_tune_tree_calibrates_on_questions_from_standard_input(tiny_saved, tmp_p
     result = runner.invoke(app, args, input=PIPED)
     assert result.exit_code == 0, result.output
     saved = json.loads(shape.read_text())
-    assert saved["calibration_prompts"] == 2 and saved["nodes"] == len(saved["choices"]) >= 2
+    assert saved["calibration_questions"] == "standard input" and saved["calibration_prompts"] == 2
+    assert saved["nodes"] == len(saved["choices"]) >= 2
     run = runner.invoke(app, ["generate", "-p", "-", "--model", str(tiny_saved), "-d", "eagle", "--eagle-head", str(tiny_saved / "head"),
                               "--tree", "static", "--tree-choices", str(shape), "-n", "6", "--check", "--json"], input=PIPED)
     assert run.exit_code == 0, run.output

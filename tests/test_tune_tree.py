@@ -3,6 +3,7 @@ and tuned-shape files."""
 
 import json
 import random
+from pathlib import Path
 from collections import Counter
 
 import pytest
@@ -109,7 +110,7 @@ def test_coarse_scan_then_golden_section_survives_a_misleading_middle():
 
 
 def test_calibration_uses_every_question_of_your_own_file(tmp_path):
-    from ngspec.cli.tune import calibration_prompts
+    from ngspec.cli.tune import calibration_prompts, calibration_source
 
     own = tmp_path / "calib.jsonl"
     own.write_text("".join(json.dumps({"prompt": f"passage {i}"}) + "\n" for i in range(5)))
@@ -118,6 +119,7 @@ def test_calibration_uses_every_question_of_your_own_file(tmp_path):
     default = calibration_prompts(None, None, None)
     assert len(default) == 8 and len({p.category for p in default}) == 8
     assert len(calibration_prompts(None, 2, None)) == 16
+    assert [calibration_source(q) for q in (own, None, Path("-"))] == [str(own), "the bundled MT-bench", "standard input"]
 
 
 class DriftingMachine:

@@ -29,6 +29,15 @@ def calibration_prompts(questions: Path | None, per_category: int | None, limit:
     return load_prompts(questions, None, limit, per_category)
 
 
+def calibration_source(questions: Path | None) -> str:
+    """Where the calibration prompts came from, as the shape file records it."""
+    from ngspec.prompts import STDIN
+
+    if questions is None:
+        return "the bundled MT-bench"
+    return "standard input" if str(questions) == STDIN else str(questions)
+
+
 def tune_tree_command(
     eagle_head: Annotated[Path, typer.Option("--eagle-head", help="The EAGLE-1 head to tune a tree for (`ngspec train-eagle` makes one).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the tuned shape (JSON; load it with --tree static --tree-choices FILE).")],
@@ -167,7 +176,8 @@ def tune_tree_command(
         "format": "ngspec-tree-shape", "version": 1, "model": engine.loaded.name,
         "model_fingerprint": model_fingerprint(engine.loaded.model), "eagle_head": str(eagle_head),
         "device": str(engine.target.device), "dtype": str(engine.target.dtype).removeprefix("torch."),
-        "batch_size": batch_size, "head_int8": head_int8 and int8.applies(engine.loaded.model, head), "nodes": len(shape), "calibration_prompts": len(units), "turns": turns, "calibration_steps": steps["steps"],
+        "batch_size": batch_size, "head_int8": head_int8 and int8.applies(engine.loaded.model, head), "nodes": len(shape),
+        "calibration_questions": calibration_source(questions), "calibration_prompts": len(units), "turns": turns, "calibration_steps": steps["steps"],
         "searched": {str(m): v for m, v in searched.items()},
         "playoff": {"nodes": list(final.counts), "tokens_per_second": {str(m): v for m, v in final.tokens_per_second.items()},
                     "best_vs_runner_up": final.ratio, "interval": list(final.interval) if final.interval else None},
