@@ -616,18 +616,13 @@ def test_bad_standard_input_is_refused_in_one_line_before_the_model_loads(stdin,
 def tiny_saved(tmp_path_factory):
     """A tiny random Llama with the default tokenizer saved to disk, and an untrained EAGLE head
     for it under head/: a model directory the CLI loads in under a second."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from conftest import started_head
     from ngspec import models
     from ngspec.eagle.head import save_head
 
     where = tmp_path_factory.mktemp("tiny")
     tok = models.load_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-    model = LlamaForCausalLM(config)
+    model = models.tiny_model("llama", seed=0, vocab_size=len(tok))
     model.save_pretrained(where)
     tok.save_pretrained(where)
     save_head(started_head(model), where / "head")
