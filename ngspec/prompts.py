@@ -52,6 +52,13 @@ def _decoded(data: bytes, where: str) -> str:
 
 
 STDIN = "-"  # ``--prompt-file -``
+
+
+def source_name(path: Path | str) -> str:
+    """A prompt file as reports name it: its path, or "standard input" for `STDIN`."""
+    return "standard input" if str(path) == STDIN else str(path)
+
+
 PROMPT_KEYS = ("prompt", "text", "turns", "messages")
 
 

@@ -73,7 +73,7 @@ def bench_command(
     from ngspec.bench.report import COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
     from ngspec.bench.runner import HF_ARMS, baseline, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
-    from ngspec.prompts import STDIN, load_prompts, prompt_input
+    from ngspec.prompts import load_prompts, prompt_input, source_name
     from ngspec.turns import split_turns
 
     sampled = temperature > 0
@@ -123,7 +123,7 @@ def bench_command(
     if versus_arm is not None and versus_arm not in [a.label for a in arms]:
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; the arms are: {', '.join(a.label for a in arms)}")
     res = drafting.resources(engine, [a.drafter for a in arms])
-    settings = {"questions": "standard input" if str(questions) == STDIN else str(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
+    settings = {"questions": source_name(questions), "category": category, "per_category": per_category, "prompts": asked, "turns": turns,
                 "max_new_tokens": max_new_tokens, "rounds": rounds, **sampling_settings, "drafting": drafting.settings()}
     if batch_size > 1:
         settings |= {"batch_size": batch_size, "interleave_batches": interleave_batches}

@@ -31,11 +31,9 @@ def calibration_prompts(questions: Path | None, per_category: int | None, limit:
 
 def calibration_source(questions: Path | None) -> str:
     """Where the calibration prompts came from, as the shape file records it."""
-    from ngspec.prompts import STDIN
+    from ngspec.prompts import source_name
 
-    if questions is None:
-        return "the bundled MT-bench"
-    return "standard input" if str(questions) == STDIN else str(questions)
+    return "the bundled MT-bench" if questions is None else source_name(questions)
 
 
 def tune_tree_command(
