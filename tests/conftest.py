@@ -23,6 +23,14 @@ def quiet_machine(monkeypatch):
     from ngspec.perf import measured
 
     monkeypatch.setattr(measured, "BUSY_SHARE", float("inf"))
+    monkeypatch.setattr(measured, "_THIS_RUN", {})
+
+
+def next_run() -> None:
+    """Forget what this process has measured, as a new run starts (`ngspec.perf.measured`)."""
+    from ngspec.perf import measured
+
+    measured._THIS_RUN.clear()
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2"])

@@ -1,6 +1,9 @@
+import warnings
+
 import pytest
 import torch
 
+from conftest import next_run
 from ngspec.contracts import DraftContext
 from ngspec.drafters.trie import TrieDrafter, best_size
 from ngspec.perf.costs import _relative_costs, measure_verify_costs
@@ -60,9 +63,14 @@ def test_cost_table_is_cached_per_setting(tiny, tmp_path, monkeypatch, quiet_mac
 
     monkeypatch.setattr(costs_module, "measure_verify_costs", must_not_measure)
     assert costs_module.cached_verify_costs(target, 6) == first
+    next_run()
+    assert costs_module.cached_verify_costs(target, 6) == first  # read back from the cache
     monkeypatch.setenv("NGSPEC_RECALIBRATE", "1")
     monkeypatch.setattr(costs_module, "measure_verify_costs", lambda *a, **k: (1.0,) * 7)
+    next_run()
     assert costs_module.cached_verify_costs(target, 6) == (1.0,) * 7
+    monkeypatch.setattr(costs_module, "measure_verify_costs", must_not_measure)
+    assert costs_module.cached_verify_costs(target, 6) == (1.0,) * 7  # recalibrated once a run, not every call
 
 
 def test_every_call_records_its_cost_by_the_table(tiny):
@@ -150,3 +158,27 @@ def test_a_calibration_shows_its_rounds_while_measured_and_nothing_once_cached(t
     shown.clear()
     Engine(LoadedModel(tiny, None, "tiny"), max_draft_nodes=6, bar=bar).batch_costs(2)
     assert shown == []
+
+
+def test_a_cache_that_keeps_nothing_still_times_each_batch_size_once_a_run(tiny, tmp_path, monkeypatch, quiet_machine):
+    """`ngspec serve` starts a batch for every burst of requests: with a cache it cannot write (or
+    a busy machine, whose timings are not kept) it timed the batch's verify costs again for every
+    burst, 34 s at batch size 8 on two cores. Now once a process per batch size."""
+    from ngspec import Speculator
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+    from ngspec.perf import costs as costs_module
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path / "file" / "cache"))  # nothing can be written there
+    timed = []
+    real = costs_module.measure_batch_costs
+    monkeypatch.setattr(costs_module, "measure_batch_costs", lambda *a, **k: timed.append(a[1]) or real(*a, **k))
+    with pytest.warns(RuntimeWarning, match="cannot write the timing of verification costs"):
+        spec = Speculator.from_model(tiny, drafter="trie")
+        first, _ = spec.run_batch([[1, 2, 3], [4, 5]], DecodeConfig(max_new_tokens=6), BatchConfig(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing timed, so nothing to warn of again
+        again, _ = spec.run_batch([[1, 2, 3], [4, 5]], DecodeConfig(max_new_tokens=6), BatchConfig(2))
+    assert timed == [2]
+    assert [r.generation.token_ids for r in again] == [r.generation.token_ids for r in first]

@@ -10,7 +10,10 @@ again.
 A measurement is cached only if the machine was quiet while it ran: where Linux counts CPU time
 (``/proc``), the share of all CPUs' time that other processes used during it is recorded, and
 above `BUSY_SHARE` the result serves the run that made it but is not kept (a warning says so),
-so the next run times it again. Timed beside a job that kept both of two cores busy, a one-token
+so the next run times it again. Within one run (one process: a `generate` or `bench` run, a `serve`
+process, a Python session) each setting is timed at most once, whatever was kept: a server on a busy
+machine, or with a cache it cannot write, timed its batch costs again for every burst of requests
+(34 s at batch size 8 on two cores). Timed beside a job that kept both of two cores busy, a one-token
 step slows far more than a 30-token one (every operation waits on a contended thread team), and
 the cost table read every tree up to 30 nodes as free: every later run sized its trees by it
 (BENCHMARKS.md 10zc). Entries cached before this record was kept are measured again.
@@ -32,6 +35,7 @@ T = TypeVar("T")
 BUSY_SHARE = 0.2  # others' share of all CPUs' time during a measurement above which it is not cached
 MIN_TICKS = 100  # all CPUs' clock ticks a measurement must span for the share to tell (both counters sample per tick)
 WHAT = {"kernels": "matrix kernels", "costs": "verification costs"}
+_THIS_RUN: dict[Path, object] = {}  # what this process has measured, by cache entry (kept there or not)
 
 
 def _cpu_ticks() -> tuple[int, int] | None:
@@ -80,10 +84,13 @@ def entry_path(kind: str, setting: str) -> Path:
 
 
 def measured_once(kind: str, setting: str, read: Callable[[dict], T | None], measure: Callable[[], tuple[T, dict]]) -> T:
-    """The cached value for ``setting``: ``read(entry)`` of the stored entry (None or a
-    ValueError/KeyError/TypeError: unusable), else ``measure()``'s value, whose entry fields are
-    stored beside the setting if the machine was quiet enough while it ran."""
+    """The value this process measured for ``setting``, else the cached one: ``read(entry)`` of
+    the stored entry (None or a ValueError/KeyError/TypeError: unusable), else ``measure()``'s
+    value, whose entry fields are stored beside the setting if the machine was quiet enough while
+    it ran."""
     path = entry_path(kind, setting)
+    if path in _THIS_RUN:
+        return _THIS_RUN[path]  # type: ignore[return-value]
     if path.is_file() and not os.environ.get("NGSPEC_RECALIBRATE"):
         try:
             entry = json.loads(path.read_text())
@@ -93,6 +100,7 @@ def measured_once(kind: str, setting: str, read: Callable[[dict], T | None], mea
         except (ValueError, KeyError, TypeError):
             pass  # a damaged entry is measured again and rewritten
     (value, entry), others = _others_share(measure)
+    _THIS_RUN[path] = value
     if others is not None and others > BUSY_SHARE:
         warnings.warn(
             f"ngspec: other processes used {others:.0%} of the CPUs while ngspec timed {WHAT.get(kind, kind)}, so the "
