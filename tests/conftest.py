@@ -136,3 +136,18 @@ def tensor_ops(run) -> int:
         run()
     return counter.ops
 
+
+@pytest.fixture(scope="session")
+def tiny_saved(tmp_path_factory):
+    """A tiny random Llama with the default tokenizer saved to disk, and an untrained EAGLE head
+    for it under head/: a model directory the CLI loads in under a second."""
+    from ngspec import models
+    from ngspec.eagle.head import save_head
+
+    where = tmp_path_factory.mktemp("tiny")
+    tok = models.load_tokenizer()
+    model = models.tiny_model("llama", seed=0, vocab_size=len(tok))
+    model.save_pretrained(where)
+    tok.save_pretrained(where)
+    save_head(started_head(model), where / "head")
+    return where

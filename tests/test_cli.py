@@ -612,23 +612,6 @@ def test_bad_standard_input_is_refused_in_one_line_before_the_model_loads(stdin,
     assert "Traceback" not in result.stderr and "loading model" not in result.stderr
 
 
-@pytest.fixture(scope="module")
-def tiny_saved(tmp_path_factory):
-    """A tiny random Llama with the default tokenizer saved to disk, and an untrained EAGLE head
-    for it under head/: a model directory the CLI loads in under a second."""
-    from conftest import started_head
-    from ngspec import models
-    from ngspec.eagle.head import save_head
-
-    where = tmp_path_factory.mktemp("tiny")
-    tok = models.load_tokenizer()
-    model = models.tiny_model("llama", seed=0, vocab_size=len(tok))
-    model.save_pretrained(where)
-    tok.save_pretrained(where)
-    save_head(started_head(model), where / "head")
-    return where
-
-
 PIPED = '{"prompt": "Say a b a b a b."}\n{"prompt": "Count: 1 2 3 1 2 3"}\n'
 
 
