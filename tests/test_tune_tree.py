@@ -3,8 +3,8 @@ and tuned-shape files."""
 
 import json
 import random
-from pathlib import Path
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
