@@ -225,6 +225,26 @@ def test_a_directory_of_files_with_different_extra_fields_reads_every_record(tmp
         list(iter_records(str(corpus)))
 
 
+@pytest.mark.parametrize("name", ["corpus[v2].jsonl", "what?.jsonl", "all*.jsonl", "dir[1]/c.jsonl"])
+def test_a_corpus_whose_path_holds_glob_characters_is_read_whole(tmp_path, name):
+    """`datasets` reads data_files as glob patterns: ``corpus[v2].jsonl`` matched no file, and the
+    build said the corpus had no usable responses (0 records)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ngspec.datastore.corpus import iter_records
+
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    write_jsonl(path, [{"instruction": "q1", "response": "a1"}, {"instruction": "q2", "response": "a2"}])
+    (path.parent / "corpusv.jsonl").write_text('{"response": "beside"}\n')  # what [v2] would match as a pattern
+    assert [r["response"] for r in iter_records(str(path))] == ["a1", "a2"]
+    assert sorted(r["response"] for r in iter_records(str(path.parent))) == ["a1", "a2", "beside"]
+    parquet = path.with_suffix(".parquet")
+    pq.write_table(pa.table({"response": ["p1"]}), parquet)
+    assert [r["response"] for r in iter_records(str(parquet))] == ["p1"]
+
+
 def _check_fails(tokens, sa, meta, message):
     from ngspec.datastore.format import check_arrays
 

@@ -14,6 +14,7 @@ By default only the assistant side goes in (READER's choice); ``text="all"`` add
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import re
@@ -178,7 +179,8 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
     builder, files = local_files(path)
     for file in files:
         where = file if path.is_dir() else spec
-        yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[file], split="train", streaming=True), file)
+        pattern = glob.escape(file)  # datasets reads data_files as patterns: corpus[v2].jsonl matched no file
+        yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[pattern], split="train", streaming=True), file)
 
 
 class _Reraised(logging.Filter):
