@@ -32,15 +32,15 @@ def _default_out(corpus: str) -> Path:
 
 def build_datastore_command(
     corpus: Annotated[str, typer.Option("--corpus", "-c", help="A .jsonl/.json/.parquet file, a directory of them, or a datasets name.")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory [default: datastores/<corpus name>].")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory.", show_default="datastores/<corpus name>")] = None,
     model: ModelOpt = "default",
     trust_remote_code: TrustRemoteCodeOpt = False,
     tokenizer: TokenizerOpt = None,
     text: Annotated[str, typer.Option(help="responses (assistant side only, as READER does) or all (user turns too).")] = "responses",
-    fmt: Annotated[Optional[str], typer.Option("--format", help=f"Record format: {', '.join(FORMATS)} [default: detected].")] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", help=f"Record format: {', '.join(FORMATS)}.", show_default="detected")] = None,
     split: Annotated[str, typer.Option(help="Split, for a datasets name.")] = "train",
     max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
-    num_proc: Annotated[Optional[int], typer.Option("--num-proc", help="Threads for tokenisation (the fast tokenizer's own parallel batch encoding) [default: all cores].")] = None,
+    num_proc: Annotated[Optional[int], typer.Option("--num-proc", help="Threads for tokenisation (the fast tokenizer's own parallel batch encoding).", show_default="all cores")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing datastore at --out.")] = False,
     json_out: JsonOpt = False,
 ) -> None:

@@ -97,7 +97,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
         if json_out:
             render.json_line(record)
             return
-        render.console.rule(f"prompt {unit.label}")
+        render.rule(f"prompt {unit.label}")
         render.console.print(record["text"], markup=False, highlight=False)
         render.info(f"{record['new_tokens']} tokens, {record['mean_tokens_per_call']:.2f} per call, finished by {record['finish_reason']}{_seed_note(record)}{_check_note(record.get('greedy_check'))}")
 
@@ -215,10 +215,10 @@ def generate_command(
     stop: StopOpt = None,
     verify: VerifyOpt = "tree",
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Decode this many prompts of a .jsonl at once (each with its own drafts and acceptance; a finished prompt's slot goes to the next one). 1 = one at a time, streamed.")] = 1,
-    rearrange_every: Annotated[Optional[int], typer.Option("--rearrange-every", help="With --batch-size > 1: every N steps, compact the KV cache (drop the holes rejected drafts leave) if that frees enough (--rearrange-min-share); 0 = never. [default: 8]")] = None,
-    rearrange_min_share: Annotated[Optional[float], typer.Option("--rearrange-min-share", help="Compact only when that frees at least this share of the cache's slots (compaction copies the whole cache); 0 = at every check. [default: 0.2, measured on CPU]")] = None,
+    rearrange_every: Annotated[Optional[int], typer.Option("--rearrange-every", help="With --batch-size > 1: every N steps, compact the KV cache (drop the holes rejected drafts leave) if that frees enough (--rearrange-min-share); 0 = never.", show_default="8")] = None,
+    rearrange_min_share: Annotated[Optional[float], typer.Option("--rearrange-min-share", help="Compact only when that frees at least this share of the cache's slots (compaction copies the whole cache); 0 = at every check.", show_default="0.2, measured on CPU")] = None,
     batch_layout: Annotated[str, typer.Option("--batch-layout", help="With --batch-size > 1: padded (every row's tree padded to the widest, one width chosen for all) or packed (rows back to back, each row keeps the nodes that pay for their share of the step; lost to padded on a two-core CPU, BENCHMARKS.md 10n).")] = "padded",
-    prefill_tokens: Annotated[Optional[int], typer.Option("--prefill-tokens", help="With --batch-size > 1: prompts admitted at once (a batch's first rows, slots freed in the same step) are prefilled together in forwards of at most this many tokens, padding included; 0 = each prompt alone. [default: 8192 on a GPU, where a prefill costs host work as a step does; 0 on a CPU, where padding costs arithmetic]")] = None,
+    prefill_tokens: Annotated[Optional[int], typer.Option("--prefill-tokens", help="With --batch-size > 1: prompts admitted at once (a batch's first rows, slots freed in the same step) are prefilled together in forwards of at most this many tokens, padding included; 0 = each prompt alone. 8192 on a GPU, where a prefill costs host work as a step does; 0 on a CPU, where padding costs arithmetic.", show_default="8192 on a GPU, 0 on a CPU")] = None,
     rows_alone: Annotated[bool, typer.Option("--size-rows-alone", help="With --batch-size > 1: each row sizes its draft tree by itself. Default: one width for the whole batch, chosen from every row's estimates (one forward pays for the widest tree).")] = False,
     turns: Annotated[str, typer.Option("--turns", help="all: a multi-turn question's later turns ({'turns': [...]} records, MT-bench's second) are asked too, each after the conversation so far with the answers just generated, as Spec-Bench asks them; first: only the first turns.")] = "all",
     check: Annotated[bool, typer.Option("--check", help="Also decode plainly (no drafts; greedy, or sampling with the run's seed) and report whether the tokens are identical; on a mismatch, the position and the top-2 margin there (logits; sampling: log-probability plus the seed's noise), a near-tie explaining a flip in bf16/fp16. In a batch every row is checked after the batch (its timing excludes the checks).")] = False,
@@ -269,7 +269,7 @@ def generate_command(
             continue
         stream = None if json_out else render.TextStream(engine.detokenize)
         if stream is not None and len(units) > 1:
-            render.console.rule(f"prompt {unit.label}")
+            render.rule(f"prompt {unit.label}")
         output = spec.output(spec.run(ids, cfg, on_tokens=stream), len(ids))
         asked.answered(i, output.token_ids)
         record = result_record(unit, drafter, spec.checked(output, ids, cfg) if check else output)

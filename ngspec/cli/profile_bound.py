@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
 from ngspec import staging
 from ngspec.cli import render
@@ -201,9 +202,9 @@ def profile_bound_command(
     render.info("wrote " + ", ".join(str(f) for f in files))
 
 
-def _cell_text(r) -> str:
+def _cell_text(r) -> str | Text:
     if r.status == "oom":
-        return "[red]OOM[/]"
+        return Text("OOM", style="red")
     return f"{r.slowdown:.2f} ({r.predicted_slowdown:.2f})"
 
 

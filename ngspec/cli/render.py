@@ -1,4 +1,9 @@
-"""The only place that prints: Rich tables, streaming text, JSON lines, error messages."""
+"""The only place that prints: Rich tables, streaming text, JSON lines, error messages.
+
+Text handed in is printed as it is, never read as Rich markup: messages, titles and cells carry
+file names, record fields and prompt ids, whose square brackets Rich would otherwise drop
+(``corpus[v2].jsonl`` printed as ``corpus.jsonl``) or fail on (``[/x]``: a traceback while
+reporting an error). A cell that should be styled is a `rich.text.Text`."""
 
 from __future__ import annotations
 
@@ -8,9 +13,11 @@ import sys
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.markup import escape
 from rich.progress import Progress, ProgressColumn, TaskID
 from rich.table import Table
+from rich.text import Text
 
 PIPED_WIDTH = 240
 
@@ -29,15 +36,15 @@ err_console = _console(stderr=True)
 
 
 def error(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
 
 
 def warning(message: str) -> None:
-    err_console.print(f"[bold yellow]warning:[/] {message}", soft_wrap=True)
+    err_console.print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
 def info(message: str) -> None:
-    err_console.print(f"[dim]{message}[/]", soft_wrap=True)
+    err_console.print(Text(message, style="dim"), soft_wrap=True)
 
 
 def progress(*columns: ProgressColumn | str) -> Progress:
@@ -94,24 +101,32 @@ class TextStream:
         sys.stdout.flush()
 
 
+def rule(title: str) -> None:
+    console.rule(Text(title))
+
+
+def _plain(cell: RenderableType) -> RenderableType:
+    return Text(cell) if isinstance(cell, str) else cell
+
+
 def _title_width(title: str) -> int:
     """A table at least as wide as its title, so a short table does not wrap it."""
     return min(len(title), console.width)
 
 
 def summary_table(title: str, rows: list[tuple[str, str]]) -> None:
-    table = Table(title=title, show_header=False, title_justify="left", min_width=_title_width(title))
+    table = Table(title=Text(title), show_header=False, title_justify="left", min_width=_title_width(title))
     table.add_column(style="bold")
     table.add_column(justify="right")
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(_plain(key), _plain(value))
     console.print(table)
 
 
-def table(title: str, columns: list[str], rows: list[list[str]]) -> None:
-    t = Table(title=title, title_justify="left", min_width=_title_width(title))
+def table(title: str, columns: list[str], rows: list[list[RenderableType]]) -> None:
+    t = Table(title=Text(title), title_justify="left", min_width=_title_width(title))
     for i, col in enumerate(columns):
-        t.add_column(col, justify="left" if i == 0 else "right")
+        t.add_column(Text(col), justify="left" if i == 0 else "right")
     for row in rows:
-        t.add_row(*row)
+        t.add_row(*map(_plain, row))
     console.print(t)

@@ -1,0 +1,90 @@
+"""What ngspec prints shows the text it is given: square brackets from users (file names, record
+fields, prompt ids) are not Rich markup, so they are neither swallowed nor a crash."""
+
+from __future__ import annotations
+
+import pytest
+import typer.main
+from rich.markup import RE_TAGS
+
+from ngspec.cli import render
+from ngspec.cli.app import app
+
+TRICKY = "corpus[v2].jsonl fields ['[/x]', '[bold]b[/bold]'] [/]"
+
+
+@pytest.mark.parametrize("say", [render.error, render.warning, render.info])
+def test_messages_print_brackets_as_they_are(say, capsys):
+    say(TRICKY)  # '[/x]' was a MarkupError raised while reporting the error: a traceback
+    assert TRICKY in capsys.readouterr().err
+
+
+def test_tables_and_rules_print_brackets_as_they_are(capsys):
+    render.table(f"arms of {TRICKY}", ["[arm]", "tokens/s"], [["[/x]", "[bold]1.0[/bold]"]])
+    render.summary_table("[run]", [("model", "models/[v2]"), ("drafter", "[/]")])
+    render.rule("prompt [/x]")
+    out = capsys.readouterr().out
+    for text in (TRICKY, "[arm]", "[/x]", "[bold]1.0[/bold]", "[run]", "models/[v2]", "[/]", "prompt [/x]"):
+        assert text in out
+
+
+def test_a_table_cell_may_still_be_styled_text(capsys):
+    from rich.text import Text
+
+    render.table("cells", ["a"], [[Text("OOM", style="red")]])
+    assert "OOM" in capsys.readouterr().out
+
+
+def test_no_help_text_holds_what_rich_would_read_as_markup():
+    """Rich drops ``[default: 8]`` from an option's help as an unknown tag: a default that is not
+    the parameter's own value goes in ``show_default`` instead."""
+    cli = typer.main.get_command(app)
+    found = []
+    for name, command in cli.commands.items():
+        for who, text in [("", command.help or "")] + [(p.name, getattr(p, "help", None) or "") for p in command.params]:
+            found += [(name, who, m.group(0)) for m in RE_TAGS.finditer(text)]
+    assert found == []
+
+
+def test_a_corpus_with_bracketed_fields_or_path_is_refused_in_one_line_naming_them(tmp_path):
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    corpus = tmp_path / "corpus[v2].jsonl"
+    corpus.write_text('{"[/x]": 1, "[bold]": 2}\n')
+    result = runner.invoke(app, ["build-datastore", "-c", str(corpus), "-o", str(tmp_path / "ds")])
+    assert result.exit_code == 1 and "Traceback" not in result.output and result.exception.__class__ is SystemExit
+    assert "cannot tell the corpus format from fields ['[/x]', '[bold]']" in result.output
+    missing = tmp_path / "nope[v2].jsonl"
+    result = runner.invoke(app, ["build-datastore", "-c", str(missing), "-o", str(tmp_path / "ds")])
+    assert result.exit_code == 1 and f"corpus not found: {missing}" in result.output  # it said nope.jsonl
+    assert not (tmp_path / "ds").exists()
+
+
+def test_help_shows_the_defaults_it_names():
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    text = " ".join(runner.invoke(app, ["build-datastore", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "datastores/<corpus name>" in text and "all cores" in text and "detected" in text
+    text = " ".join(runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "--rearrange-every" in text and "(8)" in text and "measured on CPU" in text
+
+
+def test_generate_heads_each_prompt_with_its_id_as_written(tiny_saved, tmp_path):
+    from typer.testing import CliRunner
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "[/x]", "prompt": "Hello"}\n{"id": "[bold]b", "prompt": "Hi there"}\n')
+    result = CliRunner().invoke(app, ["generate", "-p", str(prompts), "--model", str(tiny_saved), "-n", "4"])
+    assert result.exit_code == 0, result.output
+    assert "prompt [/x]" in result.output and "prompt [bold]b" in result.output
+
+
+def test_profile_bound_marks_a_cell_that_ran_out_of_memory_in_red():
+    from types import SimpleNamespace
+
+    from ngspec.cli.profile_bound import _cell_text
+
+    cell = _cell_text(SimpleNamespace(status="oom"))
+    assert cell.plain == "OOM" and str(cell.style) == "red"
