@@ -197,6 +197,35 @@ def test_existing_output_needs_force_and_corruption_is_detected(tmp_path, tokeni
         Datastore.open(out)
 
 
+@pytest.mark.parametrize("meta", [
+    b"\x97\xff not text", b"[1, 2]", b"{not json", b'{"format_version": 1}', b"null",
+    {"source": {"a": 1}}, {"build_options": "[/x]"}, {"vocab_size": "49152"}, {"documents": True}, {"token_dtype": "float64"},
+    {"build_seconds": None}, {"tokenizer_fingerprint": 7},
+])
+def test_a_damaged_meta_file_is_named_in_one_message(tmp_path, tokenizer, meta):
+    """A meta.json that is not UTF-8, or whose fields have the wrong types, is refused when the
+    datastore is opened; they raised UnicodeDecodeError, AttributeError or Rich's
+    NotRenderableError later (found by benchmarks/input_fuzz.py)."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
+    out = tmp_path / "ds"
+    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    if isinstance(meta, dict):
+        meta = json.dumps({**json.loads((out / "meta.json").read_text()), **meta}).encode()
+    (out / "meta.json").write_bytes(meta)
+    with pytest.raises(NgspecError, match="meta.json is corrupt"):
+        Datastore.open(out)
+
+
+@pytest.mark.parametrize("name", ["tokens.npy", "sa.npy"])
+def test_an_empty_array_file_is_named_in_one_message(tmp_path, tokenizer, name):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
+    out = tmp_path / "ds"
+    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    (out / name).write_bytes(b"")
+    with pytest.raises(NgspecError, match="corrupt or truncated array file"):
+        Datastore.open(out)
+
+
 def test_datastore_from_another_tokenizer_is_refused(tmp_path, tokenizer):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
     out = tmp_path / "ds"

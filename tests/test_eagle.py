@@ -97,6 +97,16 @@ def test_mismatched_or_broken_heads_are_refused(tmp_path, llama):
         load_head(tmp_path / "h", llama)  # transformers' own validation, in one line without its class names
 
 
+@pytest.mark.parametrize("config", ["1.5", "[1, 2]", "null", '"text"'])
+def test_a_head_config_that_is_not_an_object_is_refused_in_one_message(tmp_path, llama, config):
+    """It raised "TypeError: argument of type 'float' is not iterable" (found by
+    benchmarks/input_fuzz.py)."""
+    save_head(make_head(llama), tmp_path / "h")
+    (tmp_path / "h" / "config.json").write_text(config)
+    with pytest.raises(NgspecError, match="config.json must hold a JSON object"):
+        load_head(tmp_path / "h", llama)
+
+
 @pytest.mark.parametrize("layout", ["tree", "rows"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_eagle_drafts_match_plain_greedy(tiny, tree, layout):

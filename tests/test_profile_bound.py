@@ -58,6 +58,13 @@ def test_parameter_count_matches_the_built_architecture(name):
     assert parameter_count(config) == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.parametrize("text", [b"\x97\xff", b"[1, 2]", b"{}", b'{"model_type": "nope"}', b"{not json"])
+def test_a_config_file_that_is_not_a_config_is_named_in_one_message(tmp_path, text):
+    (tmp_path / "config.json").write_bytes(text)
+    with pytest.raises(NgspecError, match="cannot read a transformers config from"):
+        shape_config(str(tmp_path / "config.json"))
+
+
 def test_roofline_prediction_is_the_slower_of_compute_and_memory():
     peaks = DevicePeaks(flops_per_s=100.0, bytes_per_s=10.0)
     from ngspec.perf.roofline import Cost

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -83,11 +83,20 @@ def read_meta(path: Path) -> DatastoreMeta:
     try:
         raw = json.loads((path / "meta.json").read_text())
         meta = DatastoreMeta(**raw)
-    except (json.JSONDecodeError, TypeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
         raise NgspecError(f"{path}/meta.json is corrupt: {exc}") from exc
     if meta.format_version != FORMAT_VERSION:
-        raise NgspecError(f"{path} has datastore format {meta.format_version}; this ngspec reads {FORMAT_VERSION}")
+        raise NgspecError(f"{path} has datastore format {meta.format_version!r}; this ngspec reads {FORMAT_VERSION}")
+    for f in fields(DatastoreMeta):
+        value = getattr(meta, f.name)
+        if isinstance(value, bool) or not isinstance(value, _FIELD_TYPES[f.type]):
+            raise NgspecError(f"{path}/meta.json is corrupt: '{f.name}' must be of type {f.type} (got {value!r})")
+    if meta.token_dtype not in ("uint16", "uint32"):
+        raise NgspecError(f"{path}/meta.json is corrupt: 'token_dtype' must be uint16 or uint32 (got {meta.token_dtype!r})")
     return meta
+
+
+_FIELD_TYPES = {"str": str, "int": int, "float": (int, float), "dict": dict}  # DatastoreMeta's annotations
 
 
 def load_arrays(path: Path, meta: DatastoreMeta) -> tuple[np.ndarray, np.ndarray]:
@@ -95,8 +104,8 @@ def load_arrays(path: Path, meta: DatastoreMeta) -> tuple[np.ndarray, np.ndarray
     try:
         tokens = np.load(path / "tokens.npy", mmap_mode="r", allow_pickle=False)
         sa = np.load(path / "sa.npy", mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        raise NgspecError(f"{path} has a corrupt or truncated array file: {exc}") from exc
+    except (ValueError, OSError, EOFError) as exc:  # EOFError: an empty file
+        raise NgspecError(f"{path} has a corrupt or truncated array file: {exc or type(exc).__name__}") from exc
     expected = meta.tokens + meta.documents
     if tokens.ndim != 1 or len(tokens) != expected or str(tokens.dtype) != meta.token_dtype:
         raise NgspecError(f"{path}/tokens.npy does not match meta.json (corrupt or truncated)")

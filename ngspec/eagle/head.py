@@ -274,6 +274,8 @@ def load_head(directory: Path, target: PreTrainedModel):
         raise NgspecError(f"{directory} has no config.json; an EAGLE head directory holds config.json and its weights") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise NgspecError(f"{directory}/config.json is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise NgspecError(f"{directory}/config.json must hold a JSON object (a head's config), not {type(raw).__name__}")
     weights = _read_weights(directory)
     from ngspec.eagle.head3 import build_eagle3, is_eagle3
 
