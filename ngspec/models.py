@@ -134,7 +134,7 @@ try:  # transformers' configs validate themselves and raise this (not a ValueErr
 except ImportError:  # pragma: no cover - older huggingface_hub
     _ConfigValidationError = ValueError
 
-CONFIG_ERRORS = (TypeError, ValueError, _ConfigValidationError)
+CONFIG_ERRORS = (TypeError, ValueError, AttributeError, _ConfigValidationError)  # AttributeError: id2label a string
 
 
 def config_error_message(exc: Exception) -> str:

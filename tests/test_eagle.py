@@ -107,6 +107,16 @@ def test_a_head_config_that_is_not_an_object_is_refused_in_one_message(tmp_path,
         load_head(tmp_path / "h", llama)
 
 
+@pytest.mark.parametrize("field", [{"id2label": "text"}, {"hidden_size": "64"}, {"num_attention_heads": None}, {"rope_scaling": [1]}])
+def test_a_head_config_with_a_field_of_the_wrong_type_is_refused_in_one_message(tmp_path, llama, field):
+    """id2label a string raised AttributeError inside transformers (found by benchmarks/input_fuzz.py)."""
+    save_head(make_head(llama), tmp_path / "h")
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    (tmp_path / "h" / "config.json").write_text(json.dumps({**config, **field}))
+    with pytest.raises(NgspecError, match="config.json is not a Llama-style head config"):
+        load_head(tmp_path / "h", llama)
+
+
 @pytest.mark.parametrize("layout", ["tree", "rows"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_eagle_drafts_match_plain_greedy(tiny, tree, layout):
