@@ -1,0 +1,324 @@
+"""A random search over the files ngspec's commands read: corpora, prompt and question files,
+datastores, EAGLE heads, tree shapes and n-gram tables, whole or damaged, named plainly or with
+characters that mean something to a glob, a shell or Rich ("corpus[v2].jsonl", "[/x]").
+
+Each run writes one input into a folder of its own, draws a command that reads it (with a few of
+that command's options) and runs it in process on a tiny random Llama saved with the default
+model's tokenizer, so a run takes about a second. A run passes when it
+
+- exits 0, leaving at most the output it was asked for, or
+- exits 1 with ngspec's own one-line error, or 2 with a usage error, leaving no output and no
+  temporary behind (rule 6: bad input gets a clear error and loses nothing),
+
+and prints no traceback. Anything else (an unexpected exception, named with "set NGSPEC_DEBUG=1",
+another exit code, a file left behind) is a finding, written with its command line.
+
+    python benchmarks/input_fuzz.py --runs 300 --first 0 --out bench-out/input_fuzz
+
+Runs are fixed by (seed, run number), so `--first N` continues a search past runs made before.
+Its first version found two bugs: a corpus file whose name holds ``[v2]`` read as a glob pattern
+(0 records), and a record field ``[/x]`` that crashed the error message (Rich markup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NAMES = ["plain", "with space", "corpus[v2]", "what?", "all*", "ünïcode 猫", "[/x]", "[bold]b", "a{1,2}", "dollar$HOME", "semi;colon"]
+VALUES = [None, True, 0, -1, 2**63, 1.5, float("nan"), "", " ", "text", "[/x]", [], [1, 2], ["a", 3], {}, {"a": 1}, "猫" * 3]
+# an exception ngspec did not expect, as its CLI reports one ("error: TypeError: ... (set
+# NGSPEC_DEBUG=1 ...)"); an OSError's line ("error: Is a directory: PATH (set ...)") is the clear
+# message for a path that cannot be read
+UNEXPECTED = re.compile(r"^error: [A-Za-z_][\w.]*: .*NGSPEC_DEBUG")
+KINDS = ["corpus", "prompts", "datastore", "head", "shape", "table"]
+
+
+def odd(rng: random.Random):
+    """A JSON value of a random type, where a string or a list of turns is expected."""
+    return rng.choice(VALUES)
+
+
+def record(rng: random.Random) -> object:
+    """A corpus or prompt record: one of the formats ngspec reads, often with a field of the wrong
+    type, missing or extra; now and then not an object at all."""
+    text = rng.choice(["The answer is 42.", "Hello there, how are you?", "猫は🐱です。", "x" * rng.randrange(1, 3000)])
+    kinds = [
+        {"instruction": text, "response": text},
+        {"instruction": text, "responses": [text, text]},
+        {"instruction_1": text, "response_1": text, "instruction_2": text, "response_2": text},
+        {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": text}]},
+        {"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": text}]},
+        {"data": [text, text]},
+        {"text": text},
+        {"prompt": text},
+        {"turns": [text, text]},
+        {"question_id": rng.randrange(100), "category": "rag", "turns": [text]},
+        {"id": rng.choice(NAMES), "prompt": text},
+    ]
+    if rng.random() < 0.05:
+        return odd(rng)
+    out = dict(rng.choice(kinds))
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        key = rng.choice(list(out) + ["[/x]", "response", "prompt", "turns", "messages", "conversations", "data"])
+        if rng.random() < 0.3:
+            out.pop(key, None)
+        else:
+            out[key] = odd(rng)
+    return out
+
+
+def write_records(rng: random.Random, path: Path, records: list) -> Path:
+    """Records as JSON lines, a JSON array or parquet, with now and then a damaged line."""
+    form = rng.choice(["jsonl", "jsonl", "jsonl", "json", "parquet", "txt"])
+    path = path.with_suffix("." + form)
+    if form == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = [r for r in records if isinstance(r, dict)]
+        try:
+            pq.write_table(pa.Table.from_pylist(rows), path)
+            return path
+        except (pa.ArrowException, ValueError, TypeError, OverflowError):  # rows pyarrow cannot type alike: as lines
+            path = path.with_suffix(".jsonl")
+    if form == "json":
+        path.write_text(json.dumps(records, ensure_ascii=rng.random() < 0.5))
+        return path
+    if form == "txt":
+        path.write_text("\n\n".join(str(r.get("prompt", r.get("text", ""))) if isinstance(r, dict) else str(r) for r in records))
+        return path
+    lines = [json.dumps(r, ensure_ascii=rng.random() < 0.5).encode() for r in records]
+    for _ in range(rng.choice([0, 0, 0, 1])):
+        at = rng.randrange(len(lines) + 1)
+        lines.insert(at, rng.choice([b"", b"{", b'{"text": "cut', b"\xff\xfe bad bytes", b"[1, 2]", b"null", b"   "]))
+    data = b"\n".join(lines) + (b"\n" if rng.random() < 0.8 else b"")
+    path.write_bytes((b"\xef\xbb\xbf" if rng.random() < 0.1 else b"") + data)
+    return path
+
+
+def damage_file(rng: random.Random, path: Path) -> str:
+    how = rng.choice(["truncate", "garbage", "empty", "remove", "directory"])
+    if how == "truncate":
+        data = path.read_bytes()
+        path.write_bytes(data[: rng.randrange(len(data) + 1)])
+    elif how == "garbage":
+        path.write_bytes(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))))
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "remove":
+        path.unlink()
+    else:
+        path.unlink()
+        path.mkdir()
+    return f"{how} {path.name}"
+
+
+def damage_json(rng: random.Random, path: Path) -> str:
+    """A JSON object file with a field dropped, retyped or the file not an object."""
+    data = json.loads(path.read_text())
+    key = rng.choice(sorted(data))
+    if rng.random() < 0.15:
+        path.write_text(json.dumps(odd(rng)))
+        return f"{path.name} not an object"
+    if rng.random() < 0.3:
+        del data[key]
+        path.write_text(json.dumps(data))
+        return f"{path.name} without {key}"
+    data[key] = odd(rng)
+    path.write_text(json.dumps(data))
+    return f"{path.name} {key}={data[key]!r}"
+
+
+def shape(rng: random.Random) -> object:
+    paths = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]][: rng.randrange(1, 7)]
+    if rng.random() < 0.3:
+        paths.append(rng.choice([[], [-1], [5, 5], ["a"], [0.5], [2**40], "0,1", None]))
+    if rng.random() < 0.4:
+        return paths
+    out = {"choices": paths, "model": rng.choice(["tiny", "someone-else", None, 3]), "nodes": len(paths)}
+    if rng.random() < 0.3:
+        out[rng.choice(["choices", "model", "model_fingerprint", "nodes"])] = odd(rng)
+    return out
+
+
+class Fixtures:
+    """What every run starts from: a tiny saved model with an untrained EAGLE head, a datastore
+    and a bigram table built for it, made once."""
+
+    def __init__(self, where: Path, runner, app) -> None:
+        from ngspec import models
+        from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, save_head
+
+        import torch
+
+        self.model = where / "tiny"
+        tok = models.load_tokenizer()
+        model = models.tiny_model("llama", seed=0, vocab_size=len(tok))
+        model.save_pretrained(self.model)
+        tok.save_pretrained(self.model)
+        torch.manual_seed(0)
+        head = EagleHead(head_config_for(model))
+        init_from_target(head, model)
+        save_head(head.eval(), self.model / "head")
+        corpus = where / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps({"instruction": f"q{i}", "response": f"The answer number {i} is {i * 7}."}) + "\n" for i in range(40)))
+        self.corpus = corpus
+        self.datastore = where / "datastore"
+        self.table = where / "bigram.npz"
+        for args in (["build-datastore", "-c", str(corpus), "-o", str(self.datastore)], ["build-bigram", "--out", str(self.table)]):
+            result = runner.invoke(app, [*args, "--model", str(self.model)])
+            if result.exit_code != 0:
+                raise SystemExit(f"cannot build the fixtures: {result.output}")
+
+
+def place(run_dir: Path, name: str) -> Path:
+    """``run_dir / name``, its folder made (a name such as ``[/x]`` holds a slash)."""
+    path = run_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Path | None, str]:
+    """(command line, the output it may leave, what was damaged) for one run; writes its input
+    into ``run_dir``."""
+    kind = rng.choice(KINDS)
+    name = rng.choice(NAMES)
+    model = ["--model", str(fx.model)]
+    out = place(run_dir, f"out {rng.choice(NAMES)}")
+    if kind in ("corpus", "prompts"):
+        where = place(run_dir, name)
+        if rng.random() < 0.1:  # a directory of files
+            where.mkdir()
+            files = [write_records(rng, where / f"part{i}", [record(rng) for _ in range(rng.randrange(0, 6))]) for i in range(rng.randrange(1, 3))]
+            path, note = where, f"{len(files)} files"
+        else:
+            path, note = write_records(rng, where, [record(rng) for _ in range(rng.randrange(0, 8))]), ""
+        if rng.random() < 0.05:
+            path, note = run_dir / "missing.jsonl", "missing"
+        if kind == "corpus":
+            command = rng.choice(["build", "build", "self-repetition", "train"])
+            if command == "build":
+                args = ["build-datastore", "-c", str(path), "-o", str(out), *model]
+                args += rng.choice([[], [], ["--format", rng.choice(["magpie", "sharegpt", "messages", "ultrachat", "text", "nope"])], ["--text", "all"], ["--max-records", str(rng.choice([0, 1, 3, -1]))]])
+                return args, out, note
+            if command == "train":
+                return ["train-eagle", "-c", str(path), "-o", str(out), *model, "--epochs", "1", "--holdout", str(rng.choice([0, 1])), "--eval-tokens", "4", "--batch-tokens", "256", "--max-len", "64"], out, note
+            args = ["self-repetition", "--dataset", str(path), *model, "--json"]
+            args += rng.choice([[], ["--holdout", str(rng.choice([0, 1, 3, -1]))], ["--datastore", str(fx.datastore)], ["--response-field", rng.choice(["response", "text", "[/x]"])], ["--limit", "2"]])
+            return args, None, note
+        command = rng.choice(["generate", "generate", "bench", "tune", "synth"])
+        if command == "generate":
+            return ["generate", "-p", str(path), *model, "-n", "4", "-d", rng.choice(["trie", "vanilla", "search"]), "--datastore", str(fx.datastore), *rng.choice([[], ["--json"], ["-b", "2"], ["--turns", "all"]])], None, note
+        if command == "bench":
+            return ["bench", "-q", str(path), *model, "-n", "4", "-d", "trie", "--json"], None, note
+        if command == "synth":
+            return ["synth-corpus", "--prompts", str(path), "-o", str(out.with_suffix(".jsonl")), *model, "-n", "4"], out.with_suffix(".jsonl"), note
+        return ["tune-tree", "-q", str(path), "--eagle-head", str(fx.model / "head"), "-o", str(out.with_suffix(".json")), *model,
+                "-n", "4", "--nodes", "6", "--depth", "2", "--finalists", "1"], out.with_suffix(".json"), note
+    if kind == "datastore":
+        path = place(run_dir, name)
+        shutil.copytree(fx.datastore, path)
+        target = path / rng.choice(sorted(p.name for p in path.iterdir()))
+        note = damage_json(rng, target) if target.suffix == ".json" and rng.random() < 0.7 else damage_file(rng, target) if rng.random() < 0.9 else "whole"
+        command = rng.choice(["info", "info", "generate", "self-repetition"])
+        if command == "info":
+            return ["datastore-info", str(path), *rng.choice([[], ["--check"], ["--json"]])], None, note
+        if command == "generate":
+            return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", rng.choice(["search", "eagle+search"]), "--eagle-head", str(fx.model / "head"), "--datastore", str(path)], None, note
+        return ["self-repetition", "--dataset", str(fx.corpus), *model, "--datastore", str(path), "--json"], None, note
+    if kind == "head":
+        path = place(run_dir, name)
+        shutil.copytree(fx.model / "head", path)
+        target = path / rng.choice(sorted(p.name for p in path.iterdir()))
+        note = damage_json(rng, target) if target.suffix == ".json" and rng.random() < 0.7 else damage_file(rng, target) if rng.random() < 0.9 else "whole"
+        if rng.random() < 0.15:
+            (path / "draft_vocab.json").write_text(json.dumps(rng.choice([[1, 2, 3], ["a"], {"tokens": [1]}, [2**40], None, list(range(10))])))
+            note += " draft_vocab.json"
+        if rng.random() < 0.2:
+            return ["tune-tree", "--eagle-head", str(path), "-o", str(out.with_suffix(".json")), *model, "-q", "examples/prompts.jsonl", "--limit", "1",
+                    "-n", "4", "--nodes", "6", "--depth", "2", "--finalists", "1"], out.with_suffix(".json"), note
+        return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", rng.choice(["eagle", "eagle+search"]), "--eagle-head", str(path),
+                "--datastore", str(fx.datastore), *rng.choice([[], ["--head-float32"], ["-b", "2"]])], None, note
+    if kind == "shape":
+        path = place(run_dir, name).with_suffix(".json")
+        value = shape(rng)
+        path.write_text(json.dumps(value) if rng.random() < 0.9 else "{not json")
+        return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", "eagle", "--eagle-head", str(fx.model / "head"),
+                "--tree", "static", "--tree-choices", str(path)], None, json.dumps(value)[:60]
+    path = place(run_dir, name).with_suffix(".npz")
+    shutil.copy(fx.table, path)
+    note = damage_file(rng, path) if rng.random() < 0.9 else "whole"
+    return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", rng.choice(["bigram", "unigram", "mixed"]), "--bigram-table", str(path)], None, note
+
+
+def judge(code: int, output: str, exc: BaseException | None, left: list[str]) -> tuple[str, str]:
+    """(verdict, detail): ok, refused (ngspec's one-line error or a usage error), or a finding."""
+    lines = output.strip().splitlines()
+    last = lines[-1] if lines else ""
+    if exc is not None and not isinstance(exc, SystemExit):
+        return "FINDING", f"{type(exc).__name__}: {exc}"
+    if "Traceback" in output or any(UNEXPECTED.match(line) for line in lines):
+        return "FINDING", last
+    if left:
+        return "FINDING", f"left behind: {left}"
+    if code == 0:
+        return "ok", last[:100]
+    if code == 1 and any(line.startswith("error: ") for line in lines):
+        return "refused", next(line for line in lines if line.startswith("error: "))
+    if code == 2:
+        return "refused", last
+    return "FINDING", f"exit code {code}: {last}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--first", type=int, default=0, help="the first run's number (runs are fixed by seed and number)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/input_fuzz"))
+    ns = parser.parse_args()
+    if ns.runs < 1:
+        parser.error("--runs must be at least 1")
+
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    ns.out.mkdir(parents=True, exist_ok=True)
+    runner = CliRunner()
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp, (ns.out / f"runs-{ns.seed}-{ns.first}.jsonl").open("w") as log:
+        fx = Fixtures(Path(tmp), runner, app)
+        for n in range(ns.first, ns.first + ns.runs):
+            run_dir = Path(tmp) / f"run{n}"
+            run_dir.mkdir()
+            args, output, note = draw(random.Random(f"{ns.seed} {n}"), fx, run_dir)
+            before = set(run_dir.rglob("*"))
+            start = time.perf_counter()
+            result = runner.invoke(app, args)
+            seconds = time.perf_counter() - start
+            kept = output if result.exit_code == 0 else None
+            left = sorted(str(p.relative_to(run_dir)) for p in set(run_dir.rglob("*")) - before if kept is None or not (p == kept or kept in p.parents))
+            verdict, detail = judge(result.exit_code, result.output, result.exception, left)
+            counts[verdict] = counts.get(verdict, 0) + 1
+            log.write(json.dumps({"run": n, "verdict": verdict, "detail": detail, "exit": result.exit_code, "seconds": round(seconds, 2),
+                                  "damage": note, "args": args}, ensure_ascii=False) + "\n")
+            log.flush()
+            print(f"{n:5d} {verdict:8s} {seconds:5.1f}s {args[0]:16s} {note[:40]:40s} {detail[:90]}", flush=True)
+            if verdict == "FINDING":
+                print("      ngspec " + " ".join(repr(a) if " " in a else a for a in args), flush=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
+    print(json.dumps(counts))
+    return 1 if counts.get("FINDING") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

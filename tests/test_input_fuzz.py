@@ -1,0 +1,85 @@
+"""`benchmarks/input_fuzz.py`: its verdicts tell a clear refusal from a crash or a file left
+behind, its draws reach every kind of input and every command, and a short search runs end to end
+on a tiny saved model."""
+
+import json
+import random
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import benchmark_script
+
+input_fuzz = benchmark_script("input_fuzz")
+
+
+@pytest.mark.parametrize(
+    ("code", "output", "left", "verdict"),
+    [
+        (0, "wrote ds\n", [], "ok"),
+        (1, "error: corpus not found: x.jsonl\n", [], "refused"),
+        (1, "error: Is a directory: /h/config.json (set NGSPEC_DEBUG=1 for the traceback)\n", [], "refused"),  # an OSError, said clearly
+        (2, "Usage: ngspec generate\nError: Invalid value for '--k'\n", [], "refused"),
+        (1, "error: AttributeError: 'str' object has no attribute 'items' (set NGSPEC_DEBUG=1 for the traceback)\n", [], "FINDING"),
+        (1, "error: rich.errors.MarkupError: closing tag (set NGSPEC_DEBUG=1 for the traceback)\n", [], "FINDING"),
+        (1, "Traceback (most recent call last):\n  x\n", [], "FINDING"),
+        (1, "error: cannot read corpus\n", [".ds-tmp-1"], "FINDING"),  # a refusal that leaves a temporary behind
+        (1, "", [], "FINDING"),  # exit 1 without ngspec's error line
+        (3, "error: x\n", [], "FINDING"),
+    ],
+)
+def test_verdicts(code, output, left, verdict):
+    assert input_fuzz.judge(code, output, None, left)[0] == verdict
+
+
+def test_an_exception_that_escaped_the_command_is_a_finding():
+    assert input_fuzz.judge(1, "", ValueError("boom"), [])[0] == "FINDING"
+    assert input_fuzz.judge(1, "error: x\n", SystemExit(1), [])[0] == "refused"
+
+
+def stand_ins(tmp_path):
+    """Files shaped like the fixtures, for draws that only write inputs."""
+    head = tmp_path / "tiny" / "head"
+    head.mkdir(parents=True)
+    (head / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    (head / "model.safetensors").write_bytes(b"weights")
+    store = tmp_path / "datastore"
+    store.mkdir()
+    (store / "meta.json").write_text(json.dumps({"tokens": 3, "source": "c"}))
+    for name in ("tokens.npy", "sa.npy"):
+        (store / name).write_bytes(b"array")
+    (tmp_path / "bigram.npz").write_bytes(b"tables")
+    return SimpleNamespace(model=tmp_path / "tiny", datastore=store, table=tmp_path / "bigram.npz", corpus=tmp_path / "corpus.jsonl")
+
+
+def test_draws_reach_every_input_kind_and_command(tmp_path):
+    fx = stand_ins(tmp_path)
+    commands, notes = set(), []
+    for n in range(400):
+        run_dir = tmp_path / f"run{n}"
+        run_dir.mkdir()
+        args, output, note = input_fuzz.draw(random.Random(n), fx, run_dir)
+        commands.add(args[0])
+        notes.append(note)
+        assert all(isinstance(a, str) for a in args) and (output is None or run_dir in output.parents)
+    assert commands == {"build-datastore", "self-repetition", "train-eagle", "generate", "bench", "tune-tree", "synth-corpus", "datastore-info"}
+    for damage in ("truncate", "garbage", "empty", "remove", "directory", "without", "not an object", "files", "missing"):
+        assert any(damage in note for note in notes), damage
+    names = {p.name for p in tmp_path.rglob("*")}
+    assert any("[v2]" in n for n in names) and any("猫" in n for n in names) and any(n.startswith("x]") for n in names)
+
+
+def test_a_short_search_runs_end_to_end(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["input_fuzz.py", "--runs", "6", "--first", "0", "--out", str(tmp_path)])
+    assert input_fuzz.main() == 0
+    runs = [json.loads(line) for line in (tmp_path / "runs-0-0.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in runs] == list(range(6)) and {r["verdict"] for r in runs} <= {"ok", "refused"}
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {v: sum(r["verdict"] == v for r in runs) for v in {r["verdict"] for r in runs}}
+
+
+def test_zero_runs_is_a_usage_error(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["input_fuzz.py", "--runs", "0"])
+    with pytest.raises(SystemExit) as exit:
+        input_fuzz.main()
+    assert exit.value.code == 2
