@@ -107,9 +107,13 @@ def test_a_head_config_that_is_not_an_object_is_refused_in_one_message(tmp_path,
         load_head(tmp_path / "h", llama)
 
 
-@pytest.mark.parametrize("field", [{"id2label": "text"}, {"hidden_size": "64"}, {"num_attention_heads": None}, {"rope_scaling": [1]}])
+@pytest.mark.parametrize("field", [
+    {"id2label": "text"}, {"hidden_size": "64"}, {"num_attention_heads": None}, {"rope_scaling": [1]}, {"num_key_value_heads": -1},
+    {"intermediate_size": 0}, {"head_dim": -8},
+])
 def test_a_head_config_with_a_field_of_the_wrong_type_is_refused_in_one_message(tmp_path, llama, field):
-    """id2label a string raised AttributeError inside transformers (found by benchmarks/input_fuzz.py)."""
+    """id2label a string raised AttributeError inside transformers, num_key_value_heads -1 a
+    RuntimeError building the head (found by benchmarks/input_fuzz.py)."""
     save_head(make_head(llama), tmp_path / "h")
     config = json.loads((tmp_path / "h" / "config.json").read_text())
     (tmp_path / "h" / "config.json").write_text(json.dumps({**config, **field}))

@@ -239,6 +239,10 @@ def head_config(directory: Path, raw: dict, ignored: tuple[str, ...] = ()) -> Ll
         config = LlamaConfig(**known)
     except CONFIG_ERRORS as exc:
         raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({config_error_message(exc)})") from None
+    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
+        value = getattr(config, name, None)  # transformers checks their types, not their signs
+        if value is not None and value < 1:
+            raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({name} must be at least 1, got {value})")
     config.num_hidden_layers = 1
     return config
 
