@@ -274,6 +274,26 @@ def test_a_corpus_whose_path_holds_glob_characters_is_read_whole(tmp_path, name)
     assert [r["response"] for r in iter_records(str(parquet))] == ["p1"]
 
 
+def test_an_empty_parquet_file_holds_no_records_and_a_broken_one_is_one_line(tmp_path, capfd):
+    """A parquet file of no rows is read as no records, as an empty .jsonl is (datasets failed on
+    it: "BatchSize must be greater than 0, got 0"), and datasets' own log line about a file it
+    cannot read is not printed above ngspec's one message (found by benchmarks/input_fuzz.py)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ngspec.datastore.corpus import iter_records
+
+    pq.write_table(pa.Table.from_pylist([]), tmp_path / "empty.parquet")
+    pq.write_table(pa.table({"response": ["a1"]}), tmp_path / "one.parquet")
+    assert list(iter_records(str(tmp_path / "empty.parquet"))) == []
+    assert [r["response"] for r in iter_records(str(tmp_path))] == ["a1"]
+    (tmp_path / "one.parquet").write_bytes((tmp_path / "one.parquet").read_bytes()[:-30] + b"PAR1")
+    capfd.readouterr()
+    with pytest.raises(NgspecError, match="cannot read corpus .*one.parquet"):
+        list(iter_records(str(tmp_path)))
+    assert capfd.readouterr().err == ""
+
+
 def _check_fails(tokens, sa, meta, message):
     from ngspec.datastore.format import check_arrays
 

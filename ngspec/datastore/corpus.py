@@ -179,24 +179,38 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
     builder, files = local_files(path)
     for file in files:
         where = file if path.is_dir() else spec
+        if builder == "parquet" and _parquet_rows(file) == 0:
+            continue  # no records, as in an empty .jsonl (datasets fails on it: "BatchSize must be greater than 0")
         pattern = glob.escape(file)  # datasets reads data_files as patterns: corpus[v2].jsonl matched no file
         yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[pattern], split="train", streaming=True), file)
 
 
+def _parquet_rows(file: str) -> int | None:
+    """The rows a parquet file's footer counts (None when it cannot be read: datasets then names
+    the fault)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(file).metadata.num_rows
+    except Exception:  # pyarrow raises several kinds for a damaged file
+        return None
+
+
 class _Reraised(logging.Filter):
-    """Drops `datasets`' log line about a JSON file it cannot read: the error it raises next
-    becomes ngspec's one message."""
+    """Drops `datasets`' log line about a JSON or parquet file it cannot read: the error it
+    raises next becomes ngspec's one message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Failed to load JSON from file")
+        return not str(record.msg).startswith(("Failed to load JSON from file", "Failed to read file"))
 
 
 def _stream(spec: str, load, file: str | None = None) -> Iterator[dict]:
     import datasets
 
-    json_logger = logging.getLogger("datasets.packaged_modules.json.json")
+    loggers = [logging.getLogger(f"datasets.packaged_modules.{kind}.{kind}") for kind in ("json", "parquet")]
     reraised = _Reraised()
-    json_logger.addFilter(reraised)  # while ngspec reads, not for the rest of the process
+    for logger in loggers:
+        logger.addFilter(reraised)  # while ngspec reads, not for the rest of the process
     try:
         try:
             iterator = iter(load(datasets))
@@ -213,4 +227,5 @@ def _stream(spec: str, load, file: str | None = None) -> Iterator[dict]:
                 raise _reading_error(spec, exc, file) from exc
             yield record
     finally:
-        json_logger.removeFilter(reraised)
+        for logger in loggers:
+            logger.removeFilter(reraised)
