@@ -310,7 +310,8 @@ def main() -> int:
             verdict, detail = judge(result.exit_code, result.output, result.exception, left)
             counts[verdict] = counts.get(verdict, 0) + 1
             log.write(json.dumps({"run": n, "verdict": verdict, "detail": detail, "exit": result.exit_code, "seconds": round(seconds, 2),
-                                  "damage": note, "args": args}, ensure_ascii=False) + "\n")
+                                  "damage": note, "args": args, **({"output": result.output[-4000:]} if verdict == "FINDING" else {})},
+                                 ensure_ascii=False) + "\n")
             log.flush()
             print(f"{n:5d} {verdict:8s} {seconds:5.1f}s {args[0]:16s} {note[:40]:40s} {detail[:90]}", flush=True)
             if verdict == "FINDING":

@@ -109,7 +109,7 @@ def test_a_head_config_that_is_not_an_object_is_refused_in_one_message(tmp_path,
 
 @pytest.mark.parametrize("field", [
     {"id2label": "text"}, {"hidden_size": "64"}, {"num_attention_heads": None}, {"rope_scaling": [1]}, {"num_key_value_heads": -1},
-    {"intermediate_size": 0}, {"head_dim": -8},
+    {"intermediate_size": 0}, {"head_dim": -8}, {"hidden_act": " "}, {"hidden_act": ["silu"]},
 ])
 def test_a_head_config_with_a_field_of_the_wrong_type_is_refused_in_one_message(tmp_path, llama, field):
     """id2label a string raised AttributeError inside transformers, num_key_value_heads -1 a

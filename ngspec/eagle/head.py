@@ -243,6 +243,10 @@ def head_config(directory: Path, raw: dict, ignored: tuple[str, ...] = ()) -> Ll
         value = getattr(config, name, None)  # transformers checks their types, not their signs
         if value is not None and value < 1:
             raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({name} must be at least 1, got {value})")
+    from transformers.activations import ACT2FN
+
+    if not isinstance(config.hidden_act, str) or config.hidden_act not in ACT2FN:
+        raise NgspecError(f"{directory}/config.json is not a Llama-style head config (unknown hidden_act {config.hidden_act!r})")
     config.num_hidden_layers = 1
     return config
 
