@@ -294,6 +294,32 @@ def test_an_empty_parquet_file_holds_no_records_and_a_broken_one_is_one_line(tmp
     assert capfd.readouterr().err == ""
 
 
+@pytest.mark.parametrize("first", ["NaN", "1", "null", '"text"', "[1, 2]", "\ufeffNaN"])
+def test_a_json_lines_record_that_is_not_an_object_is_refused_before_datasets_reads_the_file(tmp_path, first):
+    """A line that is not an object, followed by a field that changes type, crashed the process
+    inside pyarrow's JSON reader (a segmentation fault, through datasets 5.2 and pyarrow 26; found
+    by benchmarks/input_fuzz.py run 1349): such lines are refused by line number first."""
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(f'{{"response": "a1"}}\n\n{first}\n{{"c": -1}}\n{{"c": [1]}}\n', encoding="utf-8")
+    code = f"from ngspec.datastore.corpus import iter_records\nlist(iter_records({str(corpus)!r}))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 1 and f"cannot read corpus {corpus}:3: a record must be a JSON object" in run.stderr
+    assert "Segmentation" not in run.stderr
+
+
+def test_a_json_document_corpus_is_not_read_as_lines(tmp_path):
+    from ngspec.datastore.corpus import iter_records
+
+    corpus = tmp_path / "c.json"
+    corpus.write_text('\n[\n  {"response": "a1"},\n  {"response": "a2"}\n]\n')
+    assert [r["response"] for r in iter_records(str(corpus))] == ["a1", "a2"]
+    corpus.write_text('\ufeff{\n  "response": "a3"\n}\n', encoding="utf-8")
+    assert [r["response"] for r in iter_records(str(corpus))] == ["a3"]
+
+
 def _check_fails(tokens, sa, meta, message):
     from ngspec.datastore.format import check_arrays
 
@@ -378,3 +404,31 @@ def test_a_corpus_that_python_reads_but_pyarrow_does_not_keeps_the_readers_messa
     lines = tmp_path / "ok.jsonl"
     lines.write_text('{"text": "a"}\n  \n{"text": NaN}\n')
     assert json_fault(lines) is None
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    (-9, "was killed (SIGKILL); out of memory?"), (-11, "crashed (SIGSEGV, exit code -11)"), (3, "died (exit code 3)"),
+])
+def test_how_the_tokenising_process_ended_is_said_as_it_was(code, says):
+    """A segmentation fault in the reader was reported as 'exit code -11; out of memory?'."""
+    from ngspec.datastore.build import died
+
+    assert died(code) == says
+
+
+def test_a_build_whose_tokenising_process_crashes_says_so_and_leaves_nothing(tmp_path, tokenizer, monkeypatch):
+    import faulthandler
+    import os
+    import signal
+
+    import ngspec.datastore.build as build
+
+    def crash(*args, **kwargs):
+        faulthandler.disable()  # pytest's handler would print the child's stack
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    monkeypatch.setattr(build, "tokenize_to_file", crash)
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
+    with pytest.raises(NgspecError, match=r"the tokenising process crashed \(SIGSEGV"):
+        build_datastore(str(corpus), tokenizer, "smol", tmp_path / "ds", BuildOptions())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]

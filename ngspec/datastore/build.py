@@ -99,6 +99,19 @@ def _tokenize_child(corpus: str, tokenizer, opts: BuildOptions, path: Path, conn
         conn.close()
 
 
+def died(exitcode: int | None) -> str:
+    """How a child process ended, for a message: killed outright (SIGKILL, which the OOM killer
+    sends) reads as out of memory, a crash as a crash with its signal."""
+    import signal
+
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        if -exitcode == signal.SIGKILL:
+            return f"was killed ({name}); out of memory?"
+        return f"crashed ({name}, exit code {exitcode})"
+    return f"died (exit code {exitcode})"
+
+
 def tokenize_corpus(corpus: str, tokenizer, opts: BuildOptions, path: Path, on_batch: Callable[[int], None] | None = None) -> Tokenised:
     """Tokenise ``corpus`` into ``path``, in a forked child process where the platform allows:
     the tokenizer's Python ints and the reader's Arrow buffers then die with the child instead of
@@ -118,7 +131,7 @@ def tokenize_corpus(corpus: str, tokenizer, opts: BuildOptions, path: Path, on_b
                 message = parent.recv()
             except EOFError:
                 proc.join()
-                raise NgspecError(f"the tokenising process died (exit code {proc.exitcode}); out of memory?") from None
+                raise NgspecError(f"the tokenising process {died(proc.exitcode)}") from None
             if message[0] == "batch":
                 if on_batch:
                     on_batch(message[1])

@@ -141,6 +141,33 @@ def json_fault(file: Path) -> str | None:
     return None
 
 
+def _lines_are_objects(file: Path) -> None:
+    """Refuse a JSON-lines file with a line that cannot be a record, by its line number, before
+    `datasets` reads it: a line such as ``NaN`` followed by a field that changes type crashed the
+    process inside pyarrow's JSON reader (a segmentation fault; datasets 5.2, pyarrow 26). One pass
+    over the lines' first bytes; a file that is one JSON document (an array, or an object over
+    several lines) is left to the reader."""
+    first = True
+    with open(file, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            start = line.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip() if first else line.lstrip()
+            if first and start:
+                first = False
+                if start.startswith(b"[") or (start.startswith(b"{") and not _is_json(start)):
+                    return
+            if start and not start.startswith(b"{"):
+                shown = start[:20].decode("utf-8", "replace").rstrip()
+                raise NgspecError(f"cannot read corpus {file}:{lineno}: a record must be a JSON object (the line starts {shown!r})")
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return False
+    return True
+
+
 def _document_fault(file: Path) -> str | None:
     data = file.read_bytes()
     try:
@@ -181,6 +208,8 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
         where = file if path.is_dir() else spec
         if builder == "parquet" and _parquet_rows(file) == 0:
             continue  # no records, as in an empty .jsonl (datasets fails on it: "BatchSize must be greater than 0")
+        if builder == "json":
+            _lines_are_objects(Path(file))
         pattern = glob.escape(file)  # datasets reads data_files as patterns: corpus[v2].jsonl matched no file
         yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[pattern], split="train", streaming=True), file)
 
