@@ -16,6 +16,8 @@ another exit code, a file left behind) is a finding, written with its command li
     python benchmarks/input_fuzz.py --runs 300 --first 0 --out bench-out/input_fuzz
 
 Runs are fixed by (seed, run number), so `--first N` continues a search past runs made before.
+Commands run in this process, so a crash (a segmentation fault in a reader) ends the search: the
+culprit is the run after the last one logged.
 Its first version found two bugs: a corpus file whose name holds ``[v2]`` read as a glob pattern
 (0 records), and a record field ``[/x]`` that crashed the error message (Rich markup).
 """
@@ -216,7 +218,9 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
             return args, None, note
         command = rng.choice(["generate", "generate", "bench", "tune", "synth"])
         if command == "generate":
-            return ["generate", "-p", str(path), *model, "-n", "4", "-d", rng.choice(["trie", "vanilla", "search"]), "--datastore", str(fx.datastore), *rng.choice([[], ["--json"], ["-b", "2"], ["--turns", "all"]])], None, note
+            drafter = rng.choice(["trie", "vanilla", "search"])
+            store = ["--datastore", str(fx.datastore)] if drafter == "search" else []
+            return ["generate", "-p", str(path), *model, "-n", "4", "-d", drafter, *store, *rng.choice([[], ["--json"], ["-b", "2"], ["--turns", "all"]])], None, note
         if command == "bench":
             return ["bench", "-q", str(path), *model, "-n", "4", "-d", "trie", "--json"], None, note
         if command == "synth":
@@ -232,7 +236,9 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
         if command == "info":
             return ["datastore-info", str(path), *rng.choice([[], ["--check"], ["--json"]])], None, note
         if command == "generate":
-            return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", rng.choice(["search", "eagle+search"]), "--eagle-head", str(fx.model / "head"), "--datastore", str(path)], None, note
+            drafter = rng.choice(["search", "eagle+search"])
+            head = ["--eagle-head", str(fx.model / "head")] if drafter == "eagle+search" else []
+            return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", drafter, *head, "--datastore", str(path)], None, note
         return ["self-repetition", "--dataset", str(fx.corpus), *model, "--datastore", str(path), "--json"], None, note
     if kind == "head":
         path = place(run_dir, name)
@@ -245,8 +251,10 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
         if rng.random() < 0.2:
             return ["tune-tree", "--eagle-head", str(path), "-o", str(out.with_suffix(".json")), *model, "-q", "examples/prompts.jsonl", "--limit", "1",
                     "-n", "4", "--nodes", "6", "--depth", "2", "--finalists", "1"], out.with_suffix(".json"), note
-        return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", rng.choice(["eagle", "eagle+search"]), "--eagle-head", str(path),
-                "--datastore", str(fx.datastore), *rng.choice([[], ["--head-float32"], ["-b", "2"]])], None, note
+        drafter = rng.choice(["eagle", "eagle+search"])
+        store = ["--datastore", str(fx.datastore)] if drafter == "eagle+search" else []
+        return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", drafter, "--eagle-head", str(path),
+                *store, *rng.choice([[], ["--head-float32"], ["-b", "2"]])], None, note
     if kind == "shape":
         path = place(run_dir, name).with_suffix(".json")
         value = shape(rng)
