@@ -212,7 +212,19 @@ def test_a_damaged_meta_file_is_named_in_one_message(tmp_path, tokenizer, meta):
     if isinstance(meta, dict):
         meta = json.dumps({**json.loads((out / "meta.json").read_text()), **meta}).encode()
     (out / "meta.json").write_bytes(meta)
-    with pytest.raises(NgspecError, match="meta.json is corrupt"):
+    with pytest.raises(NgspecError, match="meta.json is corrupt") as refused:
+        Datastore.open(out)
+    assert "__init__" not in str(refused.value)  # the field, not Python's words for it
+
+
+def test_a_meta_file_names_its_missing_and_unknown_fields(tmp_path, tokenizer):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
+    out = tmp_path / "ds"
+    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["vocab_size"], meta["source"], meta["created"]  # created has a default
+    (out / "meta.json").write_text(json.dumps({**meta, "extra": 1}))
+    with pytest.raises(NgspecError, match=r"meta.json is corrupt: missing 'source', 'vocab_size'; unknown 'extra'$"):
         Datastore.open(out)
 
 

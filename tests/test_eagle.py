@@ -168,10 +168,11 @@ def test_draft_vocab_file_round_trip_and_damage(tmp_path):
     assert draft_vocab_counts(tmp_path) == {5: 3, 7: 2, 9: 1}
     save_draft_vocab(tmp_path, [[9, 9]], prior={5: 3, 7: 2, 9: 1})  # a fine-tuned head's vocabulary: counts add up
     assert draft_vocab_counts(tmp_path) == {9: 3, 5: 3, 7: 2}
-    for damage in ("{broken", '{"ids": [1, 2], "counts": [4]}', "[1, 2]"):
+    for damage in ("{broken", '{"ids": [1, 2], "counts": [4]}', "[1, 2]", '{"tokens": [1]}', '{"ids": 3}', '{"ids": [1], "counts": 1}', "null"):
         (tmp_path / "draft_vocab.json").write_text(damage)
-        with pytest.raises(NgspecError, match="damaged"):
+        with pytest.raises(NgspecError, match="damaged") as refused:
             load_draft_vocab(tmp_path)
+        assert "indices" not in str(refused.value) and "object is not" not in str(refused.value)  # said in the file's terms
     assert load_draft_vocab(tmp_path / "nothing") is None
 
 

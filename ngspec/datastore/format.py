@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -82,9 +82,17 @@ def read_meta(path: Path) -> DatastoreMeta:
         raise NgspecError(f"{path} is not a complete datastore (missing {', '.join(missing)})")
     try:
         raw = json.loads((path / "meta.json").read_text())
-        meta = DatastoreMeta(**raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise NgspecError(f"{path}/meta.json is corrupt: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise NgspecError(f"{path}/meta.json is corrupt: not a JSON object")
+    names = {f.name for f in fields(DatastoreMeta)}
+    missing = sorted(f.name for f in fields(DatastoreMeta) if f.name not in raw and f.default is MISSING and f.default_factory is MISSING)
+    unknown = sorted(set(raw) - names)
+    if missing or unknown:
+        raise NgspecError(f"{path}/meta.json is corrupt: " + "; ".join(
+            ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + ([f"unknown {', '.join(map(repr, unknown))}"] if unknown else [])))
+    meta = DatastoreMeta(**raw)
     if meta.format_version != FORMAT_VERSION:
         raise NgspecError(f"{path} has datastore format {meta.format_version!r}; this ngspec reads {FORMAT_VERSION}")
     for f in fields(DatastoreMeta):

@@ -59,7 +59,10 @@ def read_shape(path: Path) -> tuple[tuple[tuple[int, ...], ...], dict]:
         meta = raw if isinstance(raw, dict) else {}
         if meta and "choices" not in meta:
             raise ValueError("an object without 'choices'")
-        choices = tuple(tuple(_rank(r) for r in p) for p in (meta["choices"] if meta else raw))
+        paths = meta["choices"] if meta else raw
+        if not isinstance(paths, list) or not all(isinstance(p, list) for p in paths):
+            raise ValueError(f"got {json.dumps(paths)[:60]}")
+        choices = tuple(tuple(_rank(r) for r in p) for p in paths)
     except FileNotFoundError:
         raise NgspecError(f"no tree-choices file at {path}") from None
     except IsADirectoryError:

@@ -201,6 +201,8 @@ def draft_vocab_counts(directory: Path) -> dict[int, int] | None:
         return None
     try:
         raw = json.loads(path.read_text())
+        if not isinstance(raw, dict) or not isinstance(raw.get("ids"), list) or not isinstance(raw.get("counts", []), list):
+            raise ValueError("expected an object with an 'ids' list and a 'counts' list")
         ids = [int(t) for t in raw["ids"]]
         counts = [int(c) for c in raw.get("counts", [1] * len(ids))]
         if len(counts) != len(ids):
