@@ -171,12 +171,16 @@ def _is_json(line: bytes) -> bool:
 def _document_fault(file: Path) -> str | None:
     data = file.read_bytes()
     try:
-        json.loads(data.decode("utf-8"))
+        document = json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         return f"{file}:{line}: not valid UTF-8"
     except json.JSONDecodeError as exc:
         return f"{file}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})"
+    if isinstance(document, list):
+        stray = next((i for i, item in enumerate(document) if not isinstance(item, dict)), None)
+        if stray is not None:
+            return f"{file}: item {stray} of its array is not a record (a JSON object) but {json.dumps(document[stray])[:40]}"
     return None
 
 
@@ -230,7 +234,7 @@ class _Reraised(logging.Filter):
     raises next becomes ngspec's one message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(("Failed to load JSON from file", "Failed to read file"))
+        return not str(record.msg).startswith(("Failed to load JSON from file", "Failed to read file", "Failed to convert pandas DataFrame"))
 
 
 def _stream(spec: str, load, file: str | None = None) -> Iterator[dict]:

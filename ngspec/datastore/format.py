@@ -101,6 +101,11 @@ def read_meta(path: Path) -> DatastoreMeta:
             raise NgspecError(f"{path}/meta.json is corrupt: '{f.name}' must be of type {f.type} (got {value!r})")
     if meta.token_dtype not in ("uint16", "uint32"):
         raise NgspecError(f"{path}/meta.json is corrupt: 'token_dtype' must be uint16 or uint32 (got {meta.token_dtype!r})")
+    low = [f"'{name}' is {getattr(meta, name)}" for name in ("vocab_size", "records", "documents", "tokens") if getattr(meta, name) < (name == "vocab_size")]
+    if low:
+        raise NgspecError(f"{path}/meta.json is corrupt: {', '.join(low)}")
+    if meta.separator != np.iinfo(meta.token_dtype).max or meta.vocab_size > meta.separator:
+        raise NgspecError(f"{path}/meta.json is corrupt: separator {meta.separator} and vocab_size {meta.vocab_size} do not fit {meta.token_dtype}")
     return meta
 
 
