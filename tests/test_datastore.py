@@ -218,6 +218,15 @@ def test_a_damaged_meta_file_is_named_in_one_message(tmp_path, tokenizer, meta):
     assert "__init__" not in str(refused.value)  # the field, not Python's words for it
 
 
+def test_a_datastore_of_another_format_version_says_so_before_its_fields(tmp_path, tokenizer):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
+    out = tmp_path / "ds"
+    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    (out / "meta.json").write_text(json.dumps({"format_version": 2, "layout": "new"}))
+    with pytest.raises(NgspecError, match="has datastore format 2; this ngspec reads 1"):
+        Datastore.open(out)
+
+
 def test_a_meta_file_names_its_missing_and_unknown_fields(tmp_path, tokenizer):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
     out = tmp_path / "ds"
@@ -331,6 +340,10 @@ def test_a_json_document_corpus_is_not_read_as_lines(tmp_path):
     assert [r["response"] for r in iter_records(str(corpus))] == ["a1", "a2"]
     corpus.write_text('\ufeff{\n  "response": "a3"\n}\n', encoding="utf-8")
     assert [r["response"] for r in iter_records(str(corpus))] == ["a3"]
+    lines = tmp_path / "c.jsonl"
+    lines.write_text('{"response": "cut\nNaN\n{"c": -1}\n{"c": [1]}\n')  # a first line cut short is not a document
+    with pytest.raises(NgspecError, match="c.jsonl:2: a record must be a JSON object"):
+        list(iter_records(str(lines)))
 
 
 def _check_fails(tokens, sa, meta, message):

@@ -153,8 +153,8 @@ def _lines_are_objects(file: Path) -> None:
             start = line.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip() if first else line.lstrip()
             if first and start:
                 first = False
-                if start.startswith(b"[") or (start.startswith(b"{") and not _is_json(start)):
-                    return
+                if start.startswith(b"[") or (start.startswith(b"{") and not _is_json(start) and _document_fault(file) is None):
+                    return  # one document (a line cut short instead goes on to the lines after it)
             if start and not start.startswith(b"{"):
                 shown = start[:20].decode("utf-8", "replace").rstrip()
                 raise NgspecError(f"cannot read corpus {file}:{lineno}: a record must be a JSON object (the line starts {shown!r})")

@@ -86,6 +86,8 @@ def read_meta(path: Path) -> DatastoreMeta:
         raise NgspecError(f"{path}/meta.json is corrupt: {exc}") from exc
     if not isinstance(raw, dict):
         raise NgspecError(f"{path}/meta.json is corrupt: not a JSON object")
+    if raw.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:  # before its fields: another format has others
+        raise NgspecError(f"{path} has datastore format {raw['format_version']!r}; this ngspec reads {FORMAT_VERSION}")
     names = {f.name for f in fields(DatastoreMeta)}
     missing = sorted(f.name for f in fields(DatastoreMeta) if f.name not in raw and f.default is MISSING and f.default_factory is MISSING)
     unknown = sorted(set(raw) - names)
@@ -93,15 +95,13 @@ def read_meta(path: Path) -> DatastoreMeta:
         raise NgspecError(f"{path}/meta.json is corrupt: " + "; ".join(
             ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + ([f"unknown {', '.join(map(repr, unknown))}"] if unknown else [])))
     meta = DatastoreMeta(**raw)
-    if meta.format_version != FORMAT_VERSION:
-        raise NgspecError(f"{path} has datastore format {meta.format_version!r}; this ngspec reads {FORMAT_VERSION}")
     for f in fields(DatastoreMeta):
         value = getattr(meta, f.name)
         if isinstance(value, bool) or not isinstance(value, _FIELD_TYPES[f.type]):
             raise NgspecError(f"{path}/meta.json is corrupt: '{f.name}' must be of type {f.type} (got {value!r})")
     if meta.token_dtype not in ("uint16", "uint32"):
         raise NgspecError(f"{path}/meta.json is corrupt: 'token_dtype' must be uint16 or uint32 (got {meta.token_dtype!r})")
-    low = [f"'{name}' is {getattr(meta, name)}" for name in ("vocab_size", "records", "documents", "tokens") if getattr(meta, name) < (name == "vocab_size")]
+    low = [f"'{name}' is {getattr(meta, name)}" for name, least in _LEAST.items() if getattr(meta, name) < least]
     if low:
         raise NgspecError(f"{path}/meta.json is corrupt: {', '.join(low)}")
     if meta.separator != np.iinfo(meta.token_dtype).max or meta.vocab_size > meta.separator:
@@ -110,6 +110,7 @@ def read_meta(path: Path) -> DatastoreMeta:
 
 
 _FIELD_TYPES = {"str": str, "int": int, "float": (int, float), "dict": dict}  # DatastoreMeta's annotations
+_LEAST = {"vocab_size": 1, "records": 0, "documents": 0, "tokens": 0}
 
 
 def load_arrays(path: Path, meta: DatastoreMeta) -> tuple[np.ndarray, np.ndarray]:
