@@ -285,7 +285,7 @@ def load_head(directory: Path, target: PreTrainedModel):
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise NgspecError(f"{directory}/config.json is not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
-        raise NgspecError(f"{directory}/config.json must hold a JSON object (a head's config), not {type(raw).__name__}")
+        raise NgspecError(f"{directory}/config.json must hold a JSON object (a head's config), not {json.dumps(raw)[:40]}")
     weights = _read_weights(directory)
     from ngspec.eagle.head3 import build_eagle3, is_eagle3
 
