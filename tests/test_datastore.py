@@ -114,6 +114,13 @@ def write_jsonl(path, rows):
     return path
 
 
+def small_store(tmp_path, tokenizer):
+    """A datastore of one three-word document at ``tmp_path / "ds"``."""
+    out = tmp_path / "ds"
+    build_datastore(str(write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])), tokenizer, "smol", out, BuildOptions())
+    return out
+
+
 def test_build_open_and_info(tmp_path, tokenizer):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"instruction": f"q{i}", "response": f"The answer number {i} is {i * 7}."} for i in range(30)])
     out = tmp_path / "ds"
@@ -207,9 +214,7 @@ def test_a_damaged_meta_file_is_named_in_one_message(tmp_path, tokenizer, meta):
     """A meta.json that is not UTF-8, or whose fields have the wrong types, is refused when the
     datastore is opened; they raised UnicodeDecodeError, AttributeError or Rich's
     NotRenderableError later (found by benchmarks/input_fuzz.py)."""
-    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
-    out = tmp_path / "ds"
-    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    out = small_store(tmp_path, tokenizer)
     if isinstance(meta, dict):
         meta = json.dumps({**json.loads((out / "meta.json").read_text()), **meta}).encode()
     (out / "meta.json").write_bytes(meta)
@@ -219,18 +224,14 @@ def test_a_damaged_meta_file_is_named_in_one_message(tmp_path, tokenizer, meta):
 
 
 def test_a_datastore_of_another_format_version_says_so_before_its_fields(tmp_path, tokenizer):
-    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
-    out = tmp_path / "ds"
-    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    out = small_store(tmp_path, tokenizer)
     (out / "meta.json").write_text(json.dumps({"format_version": 2, "layout": "new"}))
     with pytest.raises(NgspecError, match="has datastore format 2; this ngspec reads 1"):
         Datastore.open(out)
 
 
 def test_a_meta_file_names_its_missing_and_unknown_fields(tmp_path, tokenizer):
-    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
-    out = tmp_path / "ds"
-    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    out = small_store(tmp_path, tokenizer)
     meta = json.loads((out / "meta.json").read_text())
     del meta["vocab_size"], meta["source"], meta["created"]  # created has a default
     (out / "meta.json").write_text(json.dumps({**meta, "extra": 1}))
@@ -240,18 +241,14 @@ def test_a_meta_file_names_its_missing_and_unknown_fields(tmp_path, tokenizer):
 
 @pytest.mark.parametrize("name", ["tokens.npy", "sa.npy"])
 def test_an_empty_array_file_is_named_in_one_message(tmp_path, tokenizer, name):
-    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
-    out = tmp_path / "ds"
-    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    out = small_store(tmp_path, tokenizer)
     (out / name).write_bytes(b"")
     with pytest.raises(NgspecError, match="corrupt or truncated array file"):
         Datastore.open(out)
 
 
 def test_datastore_from_another_tokenizer_is_refused(tmp_path, tokenizer):
-    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
-    out = tmp_path / "ds"
-    build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions())
+    out = small_store(tmp_path, tokenizer)
     meta = json.loads((out / "meta.json").read_text())
     meta["tokenizer_fingerprint"] = "0" * 32
     (out / "meta.json").write_text(json.dumps(meta))
