@@ -139,6 +139,16 @@ def damage_json(rng: random.Random, path: Path) -> str:
     return f"{path.name} {key}={data[key]!r}"
 
 
+def damaged_copy(rng: random.Random, source: Path, path: Path) -> str:
+    """A copy of the directory ``source`` at ``path`` with one of its files damaged (now and then
+    none); what was done."""
+    shutil.copytree(source, path)
+    target = path / rng.choice(sorted(p.name for p in path.iterdir()))
+    if target.suffix == ".json" and rng.random() < 0.7:
+        return damage_json(rng, target)
+    return damage_file(rng, target) if rng.random() < 0.9 else "whole"
+
+
 def shape(rng: random.Random) -> object:
     paths = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]][: rng.randrange(1, 7)]
     if rng.random() < 0.3:
@@ -229,9 +239,7 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
                 "-n", "4", "--nodes", "6", "--depth", "2", "--finalists", "1"], out.with_suffix(".json"), note
     if kind == "datastore":
         path = place(run_dir, name)
-        shutil.copytree(fx.datastore, path)
-        target = path / rng.choice(sorted(p.name for p in path.iterdir()))
-        note = damage_json(rng, target) if target.suffix == ".json" and rng.random() < 0.7 else damage_file(rng, target) if rng.random() < 0.9 else "whole"
+        note = damaged_copy(rng, fx.datastore, path)
         command = rng.choice(["info", "info", "generate", "self-repetition"])
         if command == "info":
             return ["datastore-info", str(path), *rng.choice([[], ["--check"], ["--json"]])], None, note
@@ -242,9 +250,7 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
         return ["self-repetition", "--dataset", str(fx.corpus), *model, "--datastore", str(path), "--json"], None, note
     if kind == "head":
         path = place(run_dir, name)
-        shutil.copytree(fx.model / "head", path)
-        target = path / rng.choice(sorted(p.name for p in path.iterdir()))
-        note = damage_json(rng, target) if target.suffix == ".json" and rng.random() < 0.7 else damage_file(rng, target) if rng.random() < 0.9 else "whole"
+        note = damaged_copy(rng, fx.model / "head", path)
         if rng.random() < 0.15:
             (path / "draft_vocab.json").write_text(json.dumps(rng.choice([[1, 2, 3], ["a"], {"tokens": [1]}, [2**40], None, list(range(10))])))
             note += " draft_vocab.json"
