@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from rich.console import Console, RenderableType
-from rich.markup import escape
 from rich.progress import Progress, ProgressColumn, TaskID
 from rich.table import Table
 from rich.text import Text
@@ -36,11 +35,11 @@ err_console = _console(stderr=True)
 
 
 def error(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
 
 
 def warning(message: str) -> None:
-    err_console.print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True)
+    err_console.print(Text.assemble(("warning:", "bold yellow"), " ", message), soft_wrap=True)
 
 
 def info(message: str) -> None:
