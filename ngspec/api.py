@@ -15,8 +15,12 @@ the keyword arguments of `generate`'s options, without the dashes: ``--eagle-hea
 
 from __future__ import annotations
 
+import numbers
+import os
 import threading
+import typing
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from difflib import get_close_matches
 from pathlib import Path
@@ -37,9 +41,75 @@ if TYPE_CHECKING:
 # ([{"role": ..., "content": ...}, ...], through the chat template) or token ids (fed as they are)
 Prompt = Union[str, Sequence[dict], Sequence[int]]
 
-PATH_OPTIONS = {"bigram_table", "eagle_head", "tree_choices", "datastore"}
-
 PROMPT_KINDS = "a prompt is a str, a list of chat messages ({'role': ..., 'content': ...}) or a list of token ids"
+
+
+# Arguments: Python values checked for their kind, as the CLI's parser checks its text. Ranges are
+# checked where the CLI's options are (`DecodeConfig`, `SamplingConfig`, `BatchConfig`, `Drafting`).
+
+
+def shown(value: Any) -> str:
+    """A value as a message shows it: as Python writes it when short, else by its type."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"a {type(value).__name__}"
+
+
+def integer(name: str, value: Any, optional: bool = False) -> int | None:
+    """An int (numpy's too), never a bool or a float: ``2.5`` tokens is a mistake, not a request."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise NgspecError(f"{name} must be an integer{' or None' if optional else ''} (got {shown(value)})")
+    return int(value)
+
+
+def real(name: str, value: Any, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise NgspecError(f"{name} must be a number{' or None' if optional else ''} (got {shown(value)})")
+    return float(value)
+
+
+def function(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise NgspecError(f"{name} must be a function or None (got {shown(value)})")
+    return value
+
+
+def path(name: str, value: Any, optional: bool = True) -> Path | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise NgspecError(f"{name} must be a path{' or None' if optional else ''} (got {shown(value)})")
+    return Path(value).expanduser()
+
+
+def stop_strings(stop: Any) -> tuple:
+    """One stop string or several (a string is one, not its characters); each is checked to be a
+    non-empty string where `--stop`'s are."""
+    if stop is None or isinstance(stop, str):
+        return (stop,) if stop else ()
+    if not isinstance(stop, Iterable) or isinstance(stop, Mapping):
+        raise NgspecError(f"stop must be a string or a list of strings (got {shown(stop)})")
+    return tuple(stop)
+
+
+def batch_prompts(prompts: Any) -> list:
+    """``generate_batch``'s prompts as a list: any sequence or iterable of prompts. A tensor or
+    array is refused: its rows would be read whole, padding included."""
+    if isinstance(prompts, str):  # its characters would be read as prompts, one each
+        raise NgspecError("generate_batch takes a list of prompts; for one text prompt, call generate or pass [prompt]")
+    if getattr(prompts, "ndim", None) == 1:
+        raise NgspecError("generate_batch takes a list of prompts; for one prompt of token ids, call generate or pass [ids]")
+    if getattr(prompts, "ndim", None) is not None:
+        raise NgspecError(
+            f"generate_batch takes a list of prompts, not a {prompts.ndim}-D {type(prompts).__name__}: pass one prompt per "
+            "row without its padding (list(ids) would read each row whole, pad tokens included)"
+        )
+    if prompts is None or isinstance(prompts, (Mapping, bytes)) or not isinstance(prompts, Iterable):
+        raise NgspecError(f"generate_batch takes a list of prompts (got {'None' if prompts is None else 'a ' + type(prompts).__name__})")
+    return list(prompts)
 
 
 @dataclass(frozen=True)
@@ -135,14 +205,25 @@ def drafting_options(options: dict[str, Any]) -> Drafting:
             close = get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(known)}"
             raise NgspecError(f"unknown drafter option {name!r}; {hint}")
-    values = {}
-    for name, value in options.items():
-        if name in PATH_OPTIONS and value is not None:
-            value = Path(value).expanduser()
-        elif name in ("k", "w") and value is not None:
-            value = str(value)
-        values[name] = value
-    return Drafting(**values)
+    hints = typing.get_type_hints(Drafting)
+    return Drafting(**{name: drafting_value(name, value, hints[name]) for name, value in options.items()})
+
+
+def drafting_value(name: str, value: Any, hint: Any) -> Any:
+    """One drafter option checked for its kind (its `Drafting` annotation: int, bool, a path or
+    text, optional or not)."""
+    kinds = typing.get_args(hint) or (hint,)
+    optional = type(None) in kinds
+    kind = next(k for k in kinds if k is not type(None))
+    if kind is Path:
+        return path(name, value, optional)
+    if kind is int:
+        return integer(name, value, optional)
+    if kind is bool and not isinstance(value, bool):
+        raise NgspecError(f"{name} must be True or False (got {shown(value)})")
+    if name in ("k", "w") and value is not None:  # one number, or the text `--k` takes
+        return str(value)
+    return value
 
 
 def check_choice(drafter: str, drafting: Drafting) -> None:
@@ -187,9 +268,12 @@ class Speculator:
         directory or a Hugging Face id) and ready ``drafter``; ``options`` are its drafter options
         (``eagle_head=``, ``datastore=``, ``num_draft=``, ...). ``profile``: a device profile from
         `profile-bound --save-profile`; ``target_graphs``: as ``--target-graphs`` (a CUDA GPU)."""
+        if not isinstance(model, (str, os.PathLike)):
+            raise NgspecError(f"model must be a name or a path (got {shown(model)})")
+        model, profile = os.fspath(model), path("profile", profile)
         drafting = drafting_options(options)
         check_choice(drafter, drafting)  # before the model loads
-        engine = load_engine(model, device, dtype, None if profile is None else Path(profile), trust_remote_code, quiet=True, target_graphs=target_graphs)
+        engine = load_engine(model, device, dtype, profile, trust_remote_code, quiet=True, target_graphs=target_graphs)
         return cls(engine, drafter, drafting)
 
     @classmethod
@@ -199,9 +283,14 @@ class Speculator:
         the cached verify-cost calibration (default: the model's path, or its type and size).
         On a CPU float32 model, ngspec gives its linear layers the fastest CPU kernels in place.
         ``target_graphs``: as ``--target-graphs`` (a model on a CUDA GPU)."""
+        import torch
+
         from ngspec.engine import Engine
         from ngspec.models import LoadedModel
 
+        if not isinstance(model, torch.nn.Module):
+            hint = f": to load a model by name or path, use Speculator.load({str(model)!r})" if isinstance(model, (str, os.PathLike)) else ""
+            raise NgspecError(f"from_model takes a loaded model (a torch.nn.Module; got {shown(model)}){hint}")
         drafting = drafting_options(options)
         where = next(model.parameters()).device
         if target_graphs and where.type != "cuda":
@@ -282,15 +371,23 @@ class Speculator:
 
         if isinstance(prompt, str):
             return encode(self._tokenizer("text prompts"), prompt, raw)
-        if hasattr(prompt, "tolist") and getattr(prompt, "ndim", None) == 1:
-            prompt = prompt.tolist()  # a 1-D tensor or array of token ids
+        if hasattr(prompt, "tolist") and getattr(prompt, "ndim", None) is not None:  # a tensor or array of token ids
+            if prompt.ndim == 2 and len(prompt) == 1:
+                prompt = prompt[0]  # a tokenizer's batch of one (return_tensors="pt")
+            if prompt.ndim != 1:
+                raise NgspecError(f"token ids must be one row (got a {type(prompt).__name__} of shape {tuple(prompt.shape)}); for several prompts call generate_batch")
+            dtype, prompt = prompt.dtype, prompt.tolist()
+            if not all(isinstance(t, int) for t in prompt):
+                raise NgspecError(f"token ids must be integers (got a tensor or array of {dtype})")
         if not isinstance(prompt, (list, tuple)):
             raise NgspecError(f"{PROMPT_KINDS} (got {type(prompt).__name__})")
         prompt = list(prompt)
         if prompt and all(isinstance(m, dict) for m in prompt):
             return encode_messages(self._tokenizer("chat messages"), prompt)
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise NgspecError(PROMPT_KINDS)
+        odd = [t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+        if odd:
+            raise NgspecError(f"{PROMPT_KINDS} (got a list holding {shown(odd[0])})")
+        prompt = [int(t) for t in prompt]
         vocab = self.engine.loaded.model.get_input_embeddings().num_embeddings
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
@@ -317,10 +414,11 @@ class Speculator:
         return self.engine.loaded.tokenizer
 
     def _config(self, max_new_tokens, temperature, top_p, top_k, seed, stop, check) -> DecodeConfig:
+        max_new_tokens, stop = integer("max_new_tokens", max_new_tokens), stop_strings(stop)
+        sampling = sampling_config(real("temperature", temperature), real("top_p", top_p), integer("top_k", top_k), integer("seed", seed, optional=True))
         if stop:
             self._tokenizer("stop strings")
-        cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop)
-        return cfg
+        return decode_config(max_new_tokens, sampling, stop)
 
     def checked(self, out: Output, ids: list[int], cfg: DecodeConfig) -> Output:
         """``out`` with its `greedy_check`: plain decoding of ``ids`` (greedy, or sampling with the
@@ -352,7 +450,7 @@ class Speculator:
         (streaming); ``check`` also decodes plainly and fills ``Output.greedy_check``."""
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, check)
         ids = self.encode(prompt, raw)
-        stream = self._text_stream(on_text)
+        stream = self._text_stream(function("on_text", on_text))
         out = self.output(self.run(ids, cfg, stream), len(ids))
         if stream is not None:
             stream.flush()
@@ -387,15 +485,15 @@ class Speculator:
         from ngspec.batch import BatchConfig
 
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, check)
+        rearrange_every, rearrange_min_share = integer("rearrange_every", rearrange_every, True), real("rearrange_min_share", rearrange_min_share, True)
         batch = BatchConfig(
-            batch_size,
+            integer("batch_size", batch_size),
             BatchConfig.rearrange_every if rearrange_every is None else rearrange_every,
             BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share,
             layout=layout,
-            prefill_tokens=prefill_tokens,
+            prefill_tokens=integer("prefill_tokens", prefill_tokens, True),
         )
-        if isinstance(prompts, str):  # its characters would be read as prompts, one each
-            raise NgspecError("generate_batch takes a list of prompts; for one text prompt, call generate or pass [prompt]")
+        prompts, on_output = batch_prompts(prompts), function("on_output", on_output)
         if not prompts:
             return []
         ids = [self.encode(p, raw) for p in prompts]

@@ -96,7 +96,7 @@ def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
         (lambda s: s.generate([]), "the prompt is empty"),
         (lambda s: s.generate(None), r"a prompt is a str.* \(got NoneType\)"),
         (lambda s: s.generate(7), r"a prompt is a str.* \(got int\)"),
-        (lambda s: s.generate(torch.ones(2, 2, dtype=torch.long)), r"\(got Tensor\)"),
+        (lambda s: s.generate(torch.tensor(3)), r"token ids must be one row \(got a Tensor of shape \(\)\)"),
         (lambda s: s.generate_batch("one prompt"), "generate_batch takes a list of prompts"),
         (lambda s: s.generate([1, 2], max_new_tokens=0), "--max-new-tokens must be at least 1"),
         (lambda s: s.generate([1, 2], top_p=0.0, temperature=1.0), "top_p"),
@@ -110,6 +110,8 @@ def test_bad_input_raises_one_clear_error(tiny, call, message):
 
 
 def test_a_tensor_or_array_of_token_ids_is_a_prompt(tiny):
+    """As token ids come: a list (of Python or numpy integers), a 1-D tensor or array, or a
+    tokenizer's one-row batch (``return_tensors="pt"``)."""
     import numpy as np
 
     spec = Speculator.from_model(tiny, drafter="trie")
@@ -117,6 +119,90 @@ def test_a_tensor_or_array_of_token_ids_is_a_prompt(tiny):
     want = spec.generate(ids, max_new_tokens=6).token_ids
     assert spec.generate(torch.tensor(ids), max_new_tokens=6).token_ids == want
     assert spec.generate(np.array(ids), max_new_tokens=6).token_ids == want
+    assert spec.generate(torch.tensor([ids]), max_new_tokens=6).token_ids == want
+    assert spec.generate([np.int64(t) for t in ids], max_new_tokens=np.int64(6)).token_ids == want
+    assert [o.token_ids for o in spec.generate_batch(t for t in [ids, ids[:2]])] == [o.token_ids for o in spec.generate_batch([ids, ids[:2]])]
+
+
+class Odd:
+    """A value of no type an argument takes."""
+
+    def __repr__(self) -> str:
+        return "Odd()"
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda s: s.generate([1, 2], max_new_tokens="5"), r"max_new_tokens must be an integer \(got '5'\)"),
+        (lambda s: s.generate([1, 2], max_new_tokens=2.5), r"max_new_tokens must be an integer \(got 2.5\)"),
+        (lambda s: s.generate([1, 2], max_new_tokens=None), r"max_new_tokens must be an integer \(got None\)"),
+        (lambda s: s.generate([1, 2], max_new_tokens=True), r"max_new_tokens must be an integer \(got True\)"),
+        (lambda s: s.generate([1, 2], temperature="0.5"), r"temperature must be a number \(got '0.5'\)"),
+        (lambda s: s.generate([1, 2], top_p=None), r"top_p must be a number \(got None\)"),
+        (lambda s: s.generate([1, 2], temperature=1.0, top_k=1.5), r"top_k must be an integer \(got 1.5\)"),
+        (lambda s: s.generate([1, 2], temperature=1.0, seed="a"), r"seed must be an integer or None \(got 'a'\)"),
+        (lambda s: s.generate([1, 2], temperature=1.0, seed=1.5), r"seed must be an integer or None \(got 1.5\)"),
+        (lambda s: s.generate([1, 2], stop=5), r"stop must be a string or a list of strings \(got 5\)"),
+        (lambda s: s.generate([1, 2], on_text=5), r"on_text must be a function or None \(got 5\)"),
+        (lambda s: s.generate(torch.ones(2, 2, dtype=torch.long)), r"token ids must be one row \(got a Tensor of shape \(2, 2\)\); for several prompts call generate_batch"),
+        (lambda s: s.generate(torch.tensor([1.0, 2.0])), r"token ids must be integers \(got a tensor or array of torch.float32\)"),
+        (lambda s: s.generate([1, Odd()]), r"a prompt is a str.* \(got a list holding Odd\(\)\)"),
+        (lambda s: s.generate_batch([[1, 2]], batch_size=2.5), r"batch_size must be an integer \(got 2.5\)"),
+        (lambda s: s.generate_batch([[1, 2]], batch_size="2"), r"batch_size must be an integer \(got '2'\)"),
+        (lambda s: s.generate_batch([[1, 2]], rearrange_every=1.5), r"rearrange_every must be an integer or None \(got 1.5\)"),
+        (lambda s: s.generate_batch([[1, 2]], rearrange_min_share="x"), r"rearrange_min_share must be a number or None \(got 'x'\)"),
+        (lambda s: s.generate_batch([[1, 2]], prefill_tokens=1.5), r"prefill_tokens must be an integer or None \(got 1.5\)"),
+        (lambda s: s.generate_batch([[1, 2]], on_output=5), r"on_output must be a function or None \(got 5\)"),
+        (lambda s: s.generate_batch(None), r"generate_batch takes a list of prompts \(got None\)"),
+        (lambda s: s.generate_batch({"a": 1}), r"generate_batch takes a list of prompts \(got a dict\)"),
+        (lambda s: s.generate_batch(torch.ones(2, 3, dtype=torch.long)), r"not a 2-D Tensor: pass one prompt per row without its padding"),
+        (lambda s: s.generate_batch(torch.ones(3, dtype=torch.long)), r"for one prompt of token ids, call generate or pass \[ids\]"),
+    ],
+)
+def test_arguments_of_the_wrong_type_raise_one_clear_error_before_anything_runs(tiny, call, message):
+    """Each names the argument, what it takes and what it got, before any token is generated (an
+    ``on_output`` that cannot be called would otherwise fail after the whole batch ran)."""
+    spec = Speculator.from_model(tiny, drafter="trie")
+    ran = []
+    spec.run, spec.run_batch = (lambda *a, **k: ran.append(a)), (lambda *a, **k: ran.append(a))
+    with pytest.raises(NgspecError, match=message):
+        call(spec)
+    assert ran == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_draft": None}, r"num_draft must be an integer \(got None\)"),
+        ({"num_draft": 4.0}, r"num_draft must be an integer \(got 4.0\)"),
+        ({"trie_update": "no"}, r"trie_update must be True or False \(got 'no'\)"),
+        ({"drafter": "search", "datastore": 5}, r"datastore must be a path or None \(got 5\)"),
+        ({"drafter": "eagle", "eagle_head": Odd()}, r"eagle_head must be a path or None \(got Odd\(\)\)"),
+        ({"drafter": "eagle+search", "tree_depth": "5"}, r"tree_depth must be an integer or None \(got '5'\)"),
+    ],
+)
+def test_drafter_options_of_the_wrong_type_are_refused_by_name(tiny, kwargs, message):
+    kwargs = {"drafter": "trie", **kwargs}
+    with pytest.raises(NgspecError, match=message):
+        Speculator.from_model(tiny, **kwargs)
+    with pytest.raises(NgspecError, match=message):
+        Speculator.load("no/such/model", **kwargs)  # before any model loads
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda tiny: Speculator.from_model(None), r"from_model takes a loaded model \(a torch.nn.Module; got None\)$"),
+        (lambda tiny: Speculator.from_model("default"), r"got 'default'\): to load a model by name or path, use Speculator.load\('default'\)"),
+        (lambda tiny: Speculator.load(None), r"model must be a name or a path \(got None\)"),
+        (lambda tiny: Speculator.load(5), r"model must be a name or a path \(got 5\)"),
+        (lambda tiny: Speculator.load("default", profile=5), r"profile must be a path or None \(got 5\)"),
+    ],
+)
+def test_a_model_of_the_wrong_kind_is_refused_with_what_to_call(tiny, call, message):
+    with pytest.raises(NgspecError, match=message):
+        call(tiny)
 
 
 def test_sampling_is_checked_against_plain_sampling_and_a_seed_replays_it(tiny, prompts_and_expected):
