@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,10 +46,18 @@ def cache_dir() -> Path:
 
 
 def pick_device(device: str = "auto") -> torch.device:
+    """The device `--device` names: auto (CUDA when present), cpu, cuda or cuda:N. Others (mps,
+    xla, meta, ...) are refused: the verification's masks and caches are built for CPUs and CUDA."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise NgspecError("--device cuda was asked for but CUDA is not available here")
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise NgspecError(f"unknown device {device!r}; choose auto, cpu, cuda or cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise NgspecError(f"--device {device} was asked for but CUDA is not available here")
+        count, index = torch.cuda.device_count(), int(device[5:] or 0)
+        if index >= count:
+            raise NgspecError(f"--device {device}: this machine has {count} CUDA device{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})")
     return torch.device(device)
 
 

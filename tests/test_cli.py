@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -665,3 +666,14 @@ def test_generate_totals_a_run_of_several_prompts_one_at_a_time():
     assert re.search(rf"mean tokens per call\s*│\s*{tokens / calls:.2f}\s", totals)
     single = invoke("generate", "-p", "examples/code_edit.txt", "-n", 4)
     assert "one at a time" not in single.stdout
+
+
+@pytest.mark.parametrize("command", [["generate", "-p", "examples/rag_ngspec.txt"], ["profile-bound"], ["build-bigram", "--out", "t.pt"]])
+def test_a_device_ngspec_does_not_run_on_is_one_line_before_the_model_loads(tmp_path, monkeypatch, command):
+    """`--device mps` (or gpu, xla, meta) ended in torch's RuntimeError, after the model loaded;
+    now each command stops at its `loading model ...` line, if it prints one, with nothing written."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    command = [str(tmp_path / a) if a == "t.pt" else a for a in command]
+    result = runner.invoke(app, [*command, "--device", "mps"])
+    assert result.exit_code == 1 and "error: unknown device 'mps'; choose auto, cpu, cuda or cuda:N" in result.stderr
+    assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())

@@ -95,3 +95,26 @@ def test_a_tokenizer_with_its_own_code_runs_only_with_trust_remote_code(tmp_path
     with pytest.raises(NgspecError, match=r"^the tokenizer of '.*' comes with its own Python code .*--trust-remote-code"):
         models.load_tokenizer(str(tmp_path))
     assert type(models.load_tokenizer(str(tmp_path), trust_remote_code=True)).__name__ == "OwnTokenizer"
+
+
+@pytest.mark.parametrize("device", ["gpu", "mps", "meta", "xla", "cuda:x", "cuda:", "CPU", " cpu", None, 0])
+def test_a_device_ngspec_does_not_run_on_is_refused_by_name(device):
+    """ngspec runs on a CPU or a CUDA GPU: any other device string ended in torch's RuntimeError
+    ("Expected one of cpu, cuda, ipu, ...", "PyTorch is not linked with support for mps devices")
+    or, for `meta`, in a crash at the first step."""
+    with pytest.raises(NgspecError, match=r"^unknown device .*; choose auto, cpu, cuda or cuda:N$"):
+        models.pick_device(device)
+
+
+def test_cuda_is_refused_where_there_is_none_and_a_gpu_index_past_the_last(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NgspecError, match="^--device cuda:1 was asked for but CUDA is not available here$"):
+        models.pick_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert models.pick_device("cuda:1") == torch.device("cuda:1") and models.pick_device("cuda") == torch.device("cuda")
+    with pytest.raises(NgspecError, match=r"^--device cuda:2: this machine has 2 CUDA devices \(cuda:0 to cuda:1\)$"):
+        models.pick_device("cuda:2")
+    assert models.pick_device("cpu") == torch.device("cpu") and models.pick_device("auto") == torch.device("cuda")
