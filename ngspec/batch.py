@@ -251,7 +251,7 @@ def generate_batch(
         while waiting and len(requests) < len(slots):
             request = waiting.popleft()
             try:
-                check_prompt(request.prompt, target.max_length)
+                check_prompt(request.prompt, target.max_length, target.vocab)
                 check_rope_switch(request.prompt, request.max_new_tokens, target.rope_switch, batch.batch_size)
             except NgspecError as exc:
                 results[request.index] = BatchResult(request.index, error=str(exc))

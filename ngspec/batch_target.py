@@ -247,6 +247,7 @@ class BatchTarget:
         will hold (a batch's size, when enough prompts wait), so that the cache's buffers take
         them at once when the second row comes, not by doubling."""
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
+        self.vocab = model.get_input_embeddings().num_embeddings  # token ids it can read
         implementation = model.config._attn_implementation
         if packed and ALL_ATTENTION_FUNCTIONS.get_interface(implementation, None) is None:
             raise NgspecError(

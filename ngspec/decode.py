@@ -110,11 +110,16 @@ def _first_token(logits: torch.Tensor, cfg: SamplingConfig, draws: Draws | None)
     return draws.token(target_probs(logits, cfg), 0)
 
 
-def check_prompt(prompt: Sequence[int], max_length: int) -> None:
+def check_prompt(prompt: Sequence[int], max_length: int, vocab: int | None = None) -> None:
+    """Refuse a prompt the model cannot run: empty, filling its context window, or (with ``vocab``,
+    the rows of its input embedding) holding a token id it has no embedding for."""
     if len(prompt) == 0:
         raise NgspecError("the prompt is empty")
     if len(prompt) >= max_length:
         raise NgspecError(f"the prompt has {len(prompt)} tokens but the model's context window is {max_length}")
+    if vocab is not None and not 0 <= min(prompt) <= max(prompt) < vocab:
+        bad = next(t for t in prompt if not 0 <= t < vocab)
+        raise NgspecError(f"the prompt holds token id {bad}, outside the model's vocabulary (0..{vocab - 1}): was it encoded with another model's tokenizer?")
 
 
 def out_of_room(emitted: int, committed: int, max_new_tokens: int, max_length: int) -> str | None:
@@ -137,7 +142,7 @@ def generate(
     """Generate from ``prompt``; the output equals plain decoding of the target (greedy: token for
     token; sampling: in distribution, and token for token with plain sampling at the same seed)."""
     prompt = list(prompt)
-    check_prompt(prompt, target.max_length)
+    check_prompt(prompt, target.max_length, target.vocab)
     stopper = stopper or Stopper(cfg.eos_ids)
     draws = Draws.of(cfg.sampling, prompt)
     stats = RunStats()

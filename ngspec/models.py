@@ -195,12 +195,37 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
         if _needs_trust(exc):
             raise _untrusted(spec, "model") from exc
         raise NgspecError(f"could not load model {spec!r}: {config_error_message(exc)}") from exc
-    return LoadedModel(model.to(dev).eval(), load_tokenizer(spec, trust_remote_code), display_name(spec))
+    tokenizer = load_tokenizer(spec, trust_remote_code)
+    check_tokenizer_fits(model, tokenizer, spec)
+    return LoadedModel(model.to(dev).eval(), tokenizer, display_name(spec))
+
+
+def check_tokenizer_fits(model: PreTrainedModel, tokenizer, spec: str) -> None:
+    """Refuse a tokenizer whose ordinary tokens (its added ones aside) run past the model's input
+    embedding: another model's tokenizer, whose ids would end in an IndexError at the first text.
+    (A few added tokens past it, a pad token added without resizing, are left to the prompts'
+    own check: text rarely holds them.)"""
+    rows = model.get_input_embeddings().num_embeddings
+    base = getattr(tokenizer, "vocab_size", None)
+    if isinstance(base, int) and base > rows:
+        raise NgspecError(
+            f"the tokenizer of {spec!r} has {base} tokens but the model has embeddings for {rows}: "
+            "they belong to different models (copy in the tokenizer files of the model it was trained from)"
+        )
+
+
+# what a saved tokenizer leaves in a model directory (one of them at least)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tekken.json")
 
 
 def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     """Just the tokenizer of a model spec (same forms and trust as `load_model`)."""
     where, extra = _source(spec)
+    if isinstance(where, Path) and not extra and not any((where / name).is_file() for name in TOKENIZER_FILES):
+        raise NgspecError(
+            f"the model directory {where} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}, ...): "
+            "copy them in from the model it was fine-tuned from"
+        )
     try:
         return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
     except OSError as exc:
@@ -208,7 +233,7 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     except ValueError as exc:
         if _needs_trust(exc):
             raise _untrusted(spec, "the tokenizer of") from exc
-        raise
+        raise NgspecError(f"could not load the tokenizer of {spec!r}: {' '.join(str(exc).split())}") from exc
 
 
 def display_name(spec: str) -> str:

@@ -102,6 +102,7 @@ class TargetModel:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model, self.device, self.dtype, self.max_length = prepare_model(model)
+        self.vocab = model.get_input_embeddings().num_embeddings  # token ids it can read
         self.window = sliding_window(model)  # of sliding-window layers, if any
         self.sliding = sliding_layers(model.config) if self.window else ()
         self.rope_switch = rope_switch(model.config)  # where longrope frequencies switch, if they do

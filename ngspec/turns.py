@@ -52,14 +52,17 @@ def turn_ids(tokenizer, prompt: Prompt, answers: list[list[int]], raw: bool = Fa
 class Conversations:
     """The prompts of a run, one per turn asked (``units``, a question's turns one after another),
     and their token ids: a later turn's ids are built once the turns before it have been answered
-    (`answered`). With ``max_length``, a prompt that leaves no room in the context window is
-    refused, naming it: every first turn at once, a later turn when it is built."""
+    (`answered`). With ``max_length`` (and ``vocab``), a prompt that leaves no room in the context
+    window (or holds a token id the model has no embedding for) is refused, naming it: every first
+    turn at once, a later turn when it is built."""
 
-    def __init__(self, tokenizer, prompts: list[Prompt], every_turn: bool, raw: bool = False, max_length: int | None = None) -> None:
+    def __init__(
+        self, tokenizer, prompts: list[Prompt], every_turn: bool, raw: bool = False, max_length: int | None = None, vocab: int | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.units = split_turns(prompts, every_turn)
         self.raw = raw
-        self.max_length = max_length
+        self.max_length, self.vocab = max_length, vocab
         self._ids: dict[int, list[int]] = {}
         self._answers: dict[int, list[int]] = {}
         for i, unit in enumerate(self.units):
@@ -74,7 +77,7 @@ class Conversations:
             ids = turn_ids(self.tokenizer, unit, [self._answers[j] for j in earlier], self.raw)
             if self.max_length is not None:
                 try:
-                    check_prompt(ids, self.max_length)
+                    check_prompt(ids, self.max_length, self.vocab)
                 except NgspecError as exc:
                     raise NgspecError(f"prompt {unit.label}: {exc}") from None
             self._ids[i] = ids

@@ -272,6 +272,28 @@ def test_a_prompt_too_long_fails_alone(tiny, prompts_and_expected):
     assert results[2].generation.token_ids == expected[1]
 
 
+OUTSIDE = r"the prompt holds token id 200, outside the model's vocabulary \(0\.\.95\): was it encoded with another model's tokenizer\?"
+
+
+def test_a_prompt_with_a_token_outside_the_vocabulary_fails_alone_and_one_at_a_time_in_a_line(tiny, prompts_and_expected):
+    """A model given another model's tokenizer: its token ids ended in the embedding's IndexError
+    ("index out of range in self")."""
+    import re
+
+    from ngspec.decode import generate
+    from ngspec.target import TargetModel
+
+    prompts, expected = prompts_and_expected
+    results, _ = generate_batch(
+        tiny, [prompts[0], [1, 200, 3], prompts[1]], lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=30), BatchConfig(2),
+        lambda: Stopper(frozenset()),
+    )
+    assert results[1].generation is None and re.fullmatch(OUTSIDE, results[1].error)
+    assert [results[0].generation.token_ids, results[2].generation.token_ids] == expected[:2]
+    with pytest.raises(NgspecError, match=f"^{OUTSIDE}$"):
+        generate(TargetModel(tiny), make_drafter("trie"), [5, 200], DecodeConfig(max_new_tokens=4))
+
+
 def test_batch_size_and_rearrangement_are_validated():
     with pytest.raises(NgspecError, match="--batch-size"):
         BatchConfig(0)

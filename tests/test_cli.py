@@ -677,3 +677,54 @@ def test_a_device_ngspec_does_not_run_on_is_one_line_before_the_model_loads(tmp_
     result = runner.invoke(app, [*command, "--device", "mps"])
     assert result.exit_code == 1 and "error: unknown device 'mps'; choose auto, cpu, cuda or cuda:N" in result.stderr
     assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def added_token(tiny_saved, tmp_path_factory):
+    """The tiny saved model with a token added to its tokenizer and no embedding for it (a pad or
+    chat token added without resizing the model)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    where = tmp_path_factory.mktemp("added_token")
+    shutil.copytree(tiny_saved, where, dirs_exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(where)
+    tok.add_tokens(["<|mine|>"], special_tokens=True)
+    tok.save_pretrained(where)
+    return where
+
+
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_a_prompt_holding_a_token_the_model_has_no_embedding_for_fails_alone_in_one_line(added_token, tmp_path, batch):
+    """Its id ended in the embedding's IndexError ("index out of range in self")."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Say <|mine|>."}\n{"id": "b", "prompt": "Count to three."}\n')
+    result = runner.invoke(app, ["generate", "-p", str(prompts), "--model", str(added_token), "-n", "4", "-b", batch])
+    assert result.exit_code == 1 and "Traceback" not in result.output + result.stderr
+    assert re.search(r"prompt a: the prompt holds token id 49152, outside the model's vocabulary \(0\.\.49151\): was it encoded with another model's tokenizer\?", result.stderr)
+    assert result.stderr.rstrip().endswith("error: 1 prompt(s) failed: a (the others finished)") and "prompt b" in result.stdout
+    prompts.write_text('{"id": "a", "prompt": "Say <|mine|>."}\n{"id": "b", "prompt": "And <|mine|>."}\n')
+    result = runner.invoke(app, ["generate", "-p", str(prompts), "--model", str(added_token), "-n", "4", "-b", batch])
+    assert result.exit_code == 1 and result.stderr.rstrip().endswith("error: all 2 prompts failed: a, b")
+
+
+def test_a_model_given_another_models_tokenizer_is_refused_before_any_work(tiny_saved, tmp_path):
+    """Every command that loads a model: `train-eagle` and `synth-corpus` ended in "IndexError:
+    index out of range in self" (and `generate` at each prompt)."""
+    import shutil
+
+    from ngspec import models
+
+    where = tmp_path / "model"
+    models.tiny_model("llama", seed=0).save_pretrained(where)  # 96 tokens, given the default tokenizer's 49,152
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tiny_saved / name).is_file():
+            shutil.copy(tiny_saved / name, where / name)
+    corpus = Path(__file__).resolve().parents[1] / "corpora" / "smollm2-self.jsonl"
+    for command in (["generate", "-p", "examples/rag_ngspec.txt"], ["train-eagle", "-c", str(corpus), "--out", str(tmp_path / "head")],
+                    ["synth-corpus", "--n", "2", "--out", str(tmp_path / "s.jsonl")]):
+        result = runner.invoke(app, [*command, "--model", str(where)])
+        assert result.exit_code == 1 and "Traceback" not in result.output + result.stderr, command
+        assert "has 49152 tokens but the model has embeddings for 96: they belong to different models" in result.stderr, command
+    assert not (tmp_path / "s.jsonl").exists()

@@ -1,5 +1,7 @@
 """Loading models: the errors a user sees for a path or hub id that cannot be loaded."""
 
+import re
+
 import pytest
 
 from ngspec import models
@@ -118,3 +120,31 @@ def test_cuda_is_refused_where_there_is_none_and_a_gpu_index_past_the_last(monke
     with pytest.raises(NgspecError, match=r"^--device cuda:2: this machine has 2 CUDA devices \(cuda:0 to cuda:1\)$"):
         models.pick_device("cuda:2")
     assert models.pick_device("cpu") == torch.device("cpu") and models.pick_device("auto") == torch.device("cuda")
+
+
+TOKENIZER_FILES_NOTE = r"holds no tokenizer files \(tokenizer\.json, tokenizer_config\.json, tokenizer\.model, vocab\.json, \.\.\.\): copy them in from the model it was fine-tuned from"
+
+
+def test_a_model_directory_without_a_tokenizer_says_so_in_one_line(tmp_path):
+    """A checkpoint saved without its tokenizer ended in transformers' ValueError, five lines about
+    sentencepiece and tiktoken."""
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    with pytest.raises(NgspecError, match=rf"^the model directory {re.escape(str(tmp_path))} {TOKENIZER_FILES_NOTE}$"):
+        models.load_model(str(tmp_path))
+
+
+def test_a_tokenizer_transformers_cannot_build_is_one_line_naming_the_model(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')  # and no vocabulary beside it
+    with pytest.raises(NgspecError) as err:
+        models.load_tokenizer(str(tmp_path))
+    assert str(err.value).startswith(f"could not load the tokenizer of {str(tmp_path)!r}: ") and "\n" not in str(err.value)
+
+
+def test_a_model_given_another_models_tokenizer_is_refused_as_it_loads(tmp_path):
+    """Its ids ran past the embedding: `train-eagle` and `synth-corpus` ended in "IndexError: index
+    out of range in self"."""
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(NgspecError, match=r"^the tokenizer of '.*' has 49152 tokens but the model has embeddings for 96: they belong to different models"):
+        models.load_model(str(tmp_path))

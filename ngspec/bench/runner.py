@@ -166,7 +166,7 @@ def run_bench(
     conversation so far (`ngspec.turns`). Sampling (``cfg.sampling``, one seed), every arm samples,
     and the engine's arms are checked against `vanilla`'s plain sampling (`check_runs`)."""
     records = []
-    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
+    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length, engine.target.vocab)
     warm_up(engine, arms, asked.ids(0), cfg, res)
     ceilings: dict[int, tuple[SelfRepetition, SelfRepetition | None]] = {}  # the same outputs every round
     for r in range(rounds):

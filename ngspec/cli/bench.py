@@ -218,7 +218,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     from ngspec.bench.report import SAMPLED_NOTE, environment
     from ngspec.turns import Conversations
 
-    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
+    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length, engine.target.vocab)
     sampled = not cfg.sampling.greedy
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
         task = progress.add_task(f"reference (transformers' {'sampling' if sampled else 'greedy'}, one prompt at a time)", total=len(asked.units))

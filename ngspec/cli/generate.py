@@ -170,7 +170,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
             ],
         )
     if failed:
-        raise NgspecError(_failures(failed))
+        raise NgspecError(_failures(failed, len(units)))
 
 
 def _fail(asked: Conversations, i: int, error: str, failed: dict[int, str], drafter: str, json_out: bool) -> None:
@@ -191,8 +191,10 @@ def _show_failure(prompt: Prompt, drafter: str, error: str, json_out: bool) -> N
         render.error(f"prompt {prompt.label}: {error}")
 
 
-def _failures(failed: dict[int, str]) -> str:
-    """The prompts that failed (by index, their labels), in one line."""
+def _failures(failed: dict[int, str], asked: int) -> str:
+    """The prompts that failed (by index, their labels) of the ``asked``, in one line."""
+    if len(failed) == asked:
+        return f"{'the prompt' if asked == 1 else f'all {asked} prompts'} failed: {', '.join(failed.values())}"
     return f"{len(failed)} prompt(s) failed: {', '.join(failed.values())} (the others finished)"
 
 
@@ -263,7 +265,7 @@ def generate_command(
         try:
             ids = asked.ids(i)
             if len(units) > 1:  # a prompt that cannot run fails alone, as in a batch
-                check_prompt(ids, engine.target.max_length)
+                check_prompt(ids, engine.target.max_length, engine.target.vocab)
         except NgspecError as exc:
             _fail(asked, i, str(exc), failed, drafter, json_out)
             continue
@@ -304,7 +306,7 @@ def generate_command(
     if len(units) > 1 and not json_out:
         _totals(records, len(units), len(failed), f"{drafter}: all {len(units)} prompts, one at a time, on {engine.loaded.name} ({engine.target.device})")
     if failed:
-        raise NgspecError(_failures(failed))
+        raise NgspecError(_failures(failed, len(units)))
 
 
 def _totals(records: list[dict], prompts: int, failed: int, title: str) -> None:

@@ -96,7 +96,7 @@ def tune_tree_command(
     engine = load_engine(model, device, dtype, trust_remote_code=trust_remote_code, target_graphs=target_graphs)
     # one prompt per turn asked; a later turn is built once the large tree's run has answered the
     # turn before it (lossless: plain greedy's answer), and every prompt must fit the context window
-    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length)
+    asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length, engine.target.vocab)
     units = asked.units
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, max_draft_nodes=nodes)
     head = load_head(eagle_head, engine.loaded.model)  # read once; every candidate tree reuses it
