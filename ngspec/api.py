@@ -298,6 +298,10 @@ class Speculator:
         if name is None:
             size = sum(p.numel() for p in model.parameters())
             name = getattr(model, "name_or_path", "") or f"{model.config.model_type}-{size}"
+        if tokenizer is not None:
+            from ngspec.models import check_tokenizer_fits
+
+            check_tokenizer_fits(model, tokenizer, name)
         tune_cpu_kernels(model)  # under a bar on a terminal the first time (the Engine would tune silently)
         return cls(Engine(LoadedModel(model.eval(), tokenizer, name), target_graphs=target_graphs, bar=timing_bar), drafter, drafting)
 

@@ -190,6 +190,13 @@ def test_drafter_options_of_the_wrong_type_are_refused_by_name(tiny, kwargs, mes
         Speculator.load("no/such/model", **kwargs)  # before any model loads
 
 
+def test_a_tokenizer_of_another_model_is_refused_as_the_speculator_is_made(tiny):
+    from ngspec.models import load_tokenizer
+
+    with pytest.raises(NgspecError, match=r"has 49152 tokens but the model has embeddings for 96: they belong to different models"):
+        Speculator.from_model(tiny, load_tokenizer())
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
