@@ -148,8 +148,17 @@ CONFIG_ERRORS = (TypeError, ValueError, AttributeError, _ConfigValidationError) 
 
 def config_error_message(exc: Exception) -> str:
     """The last line of a config's validation error ("The hidden size (512) is not a multiple of
-    the number of attention heads (9)."), without the validator's class name and indentation."""
+    the number of attention heads (9)."), without the validator's class name and indentation; for
+    a type transformers has no causal model of (T5, BERT-style encoders' configs), that, in short."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    unknown = re.match(r"Unrecognized configuration class <class '[\w.]*?(\w+)'> for this kind of AutoModel", lines[0] if lines else "")
+    if unknown:  # an encoder or encoder-decoder: the rest lists every causal type transformers knows
+        kind = unknown.group(1)
+        family = kind.removesuffix("Config").lower()
+        return (
+            f"transformers has no causal language model for its type, {family} ({kind}): "
+            "ngspec drafts for decoder-only models (Llama, Qwen, Mistral, Gemma, Phi, GPT-2, ...)"
+        )
     last = lines[-1] if lines else type(exc).__name__
     return last.split(": ", 1)[1] if last.startswith("ValueError: ") else last
 

@@ -148,3 +148,15 @@ def test_a_model_given_another_models_tokenizer_is_refused_as_it_loads(tmp_path)
     models.load_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(NgspecError, match=r"^the tokenizer of '.*' has 49152 tokens but the model has embeddings for 96: they belong to different models"):
         models.load_model(str(tmp_path))
+
+
+def test_a_model_transformers_cannot_load_for_generation_says_so_without_listing_every_type(tmp_path):
+    """A T5 (encoder-decoder) directory: transformers' message lists every causal type it knows,
+    3,000 characters on one line."""
+    (tmp_path / "config.json").write_text('{"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}')
+    with pytest.raises(NgspecError) as err:
+        models.load_model(str(tmp_path))
+    assert str(err.value) == (
+        f"could not load model {str(tmp_path)!r}: transformers has no causal language model for its type, t5 (T5Config): "
+        "ngspec drafts for decoder-only models (Llama, Qwen, Mistral, Gemma, Phi, GPT-2, ...)"
+    )
