@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
@@ -163,6 +165,15 @@ def config_error_message(exc: Exception) -> str:
     return last.split(": ", 1)[1] if last.startswith("ValueError: ") else last
 
 
+# what reading weights cut short raises: safetensors' own error, the GGUF reader's struct.error
+DAMAGED_WEIGHTS = (SafetensorError, struct.error, EOFError)
+
+
+def _damaged(spec: str, exc: Exception) -> NgspecError:
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    return NgspecError(f"could not load model {spec!r}: its weights are damaged or cut short ({detail}); download or copy them again")
+
+
 def _offline_hint(exc: OSError) -> str:
     """For a hub id that could not be fetched: what to do without a network."""
     if "connect" not in str(exc).lower():
@@ -198,6 +209,8 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
+    except DAMAGED_WEIGHTS as exc:  # an interrupted download or copy
+        raise _damaged(spec, exc) from exc
     except OSError as exc:
         raise NgspecError(f"could not load model {spec!r}: {exc}{_offline_hint(exc)}") from exc
     except CONFIG_ERRORS as exc:  # a config.json that transformers refuses
@@ -237,6 +250,8 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
         )
     try:
         return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
+    except DAMAGED_WEIGHTS as exc:  # a .gguf file cut short (its tokenizer is read from it)
+        raise _damaged(spec, exc) from exc
     except OSError as exc:
         raise NgspecError(f"could not load the tokenizer of {spec!r}: {exc}{_offline_hint(exc)}") from exc
     except ValueError as exc:

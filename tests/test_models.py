@@ -160,3 +160,27 @@ def test_a_model_transformers_cannot_load_for_generation_says_so_without_listing
         f"could not load model {str(tmp_path)!r}: transformers has no causal language model for its type, t5 (T5Config): "
         "ngspec drafts for decoder-only models (Llama, Qwen, Mistral, Gemma, Phi, GPT-2, ...)"
     )
+
+
+DAMAGED = r"^could not load model '.*': its weights are damaged or cut short \(.+\); download or copy them again$"
+
+
+@pytest.mark.parametrize("keep", [1000, 0.9])
+def test_a_model_whose_weights_were_cut_short_says_so_in_one_line(tmp_path, keep):
+    """An interrupted download: safetensors' "invalid header length" or "incomplete metadata, file
+    not fully covered" came as an unexpected SafetensorError."""
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    with pytest.raises(NgspecError, match=DAMAGED):
+        models.load_model(str(tmp_path))
+
+
+def test_a_gguf_file_cut_short_says_so_in_one_line(tmp_path):
+    """The start of the bundled model's GGUF: `struct.error: unpack_from requires a buffer ...`."""
+    with models.embedded_gguf().open("rb") as whole:
+        (tmp_path / "cut.gguf").write_bytes(whole.read(5000))
+    with pytest.raises(NgspecError, match=DAMAGED):
+        models.load_model(str(tmp_path / "cut.gguf"))
