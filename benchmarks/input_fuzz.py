@@ -1,6 +1,7 @@
 """A random search over the files ngspec's commands read: corpora, prompt and question files,
-datastores, EAGLE heads, tree shapes and n-gram tables, whole or damaged, named plainly or with
-characters that mean something to a glob, a shell or Rich ("corpus[v2].jsonl", "[/x]").
+datastores, EAGLE heads, tree shapes, n-gram tables and model directories, whole or damaged, named
+plainly or with characters that mean something to a glob, a shell or Rich ("corpus[v2].jsonl",
+"[/x]").
 
 Each run writes one input into a folder of its own, draws a command that reads it (with a few of
 that command's options) and runs it in process on a tiny random Llama saved with the default
@@ -39,8 +40,10 @@ VALUES = [None, True, 0, -1, 2**63, 1.5, float("nan"), "", " ", "text", "[/x]", 
 # an exception ngspec did not expect, as its CLI reports one ("error: TypeError: ... (set
 # NGSPEC_DEBUG=1 ...)"); an OSError's line ("error: Is a directory: PATH (set ...)") is the clear
 # message for a path that cannot be read
-UNEXPECTED = re.compile(r"^error: [A-Za-z_][\w.]*: .*NGSPEC_DEBUG")
-KINDS = ["corpus", "prompts", "datastore", "head", "shape", "table"]
+UNEXPECTED = re.compile(r"^error: [A-Za-z_][\w.]*: .*NGSPEC_DEBUG", re.DOTALL)
+KINDS = ["corpus", "prompts", "datastore", "head", "shape", "table", "model"]
+# what a saved tokenizer leaves beside a model (removed together: a checkpoint saved without it)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 def odd(rng: random.Random):
@@ -139,10 +142,10 @@ def damage_json(rng: random.Random, path: Path) -> str:
     return f"{path.name} {key}={data[key]!r}"
 
 
-def damaged_copy(rng: random.Random, source: Path, path: Path) -> str:
-    """A copy of the directory ``source`` at ``path`` with one of its files damaged (now and then
-    none); what was done."""
-    shutil.copytree(source, path)
+def damaged_copy(rng: random.Random, source: Path, path: Path, leave_out: tuple[str, ...] = ()) -> str:
+    """A copy of the directory ``source`` at ``path`` (but ``leave_out``) with one of its files
+    damaged (now and then none); what was done."""
+    shutil.copytree(source, path, ignore=shutil.ignore_patterns(*leave_out))
     target = path / rng.choice(sorted(p.name for p in path.iterdir()))
     if target.suffix == ".json" and rng.random() < 0.7:
         return damage_json(rng, target)
@@ -261,6 +264,28 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
         store = ["--datastore", str(fx.datastore)] if drafter == "eagle+search" else []
         return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", drafter, "--eagle-head", str(path),
                 *store, *rng.choice([[], ["--head-float32"], ["-b", "2"]])], None, note
+    if kind == "model":
+        path = place(run_dir, name)
+        if rng.random() < 0.15:  # a checkpoint saved without its tokenizer
+            shutil.copytree(fx.model, path, ignore=shutil.ignore_patterns("head", *TOKENIZER_FILES))
+            note = "no tokenizer files"
+        else:
+            note = damaged_copy(rng, fx.model, path, leave_out=("head",))
+        model = ["--model", str(path)]
+        command = rng.choice(["generate", "generate", "bench", "build-datastore", "train-eagle", "synth-corpus", "build-bigram"])
+        if command == "generate":
+            return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", rng.choice(["trie", "vanilla", "context-ngram"]),
+                    *rng.choice([[], ["--json"], ["-b", "2"]])], None, note
+        if command == "bench":
+            return ["bench", "-q", "examples/prompts.jsonl", "--limit", "2", *model, "-n", "4", "-d", "trie", "--json"], None, note
+        if command == "build-datastore":
+            return ["build-datastore", "-c", str(fx.corpus), "-o", str(out), *model], out, note
+        if command == "train-eagle":
+            return ["train-eagle", "-c", str(fx.corpus), "-o", str(out), *model, "--epochs", "1", "--holdout", "1", "--eval-tokens", "4",
+                    "--batch-tokens", "256", "--max-len", "64"], out, note
+        if command == "synth-corpus":
+            return ["synth-corpus", "-o", str(out.with_suffix(".jsonl")), *model, "--n", "2", "-n", "4"], out.with_suffix(".jsonl"), note
+        return ["build-bigram", "--out", str(out.with_suffix(".npz")), *model], out.with_suffix(".npz"), note
     if kind == "shape":
         path = place(run_dir, name).with_suffix(".json")
         value = shape(rng)
@@ -279,7 +304,8 @@ def judge(code: int, output: str, exc: BaseException | None, left: list[str]) ->
     last = lines[-1] if lines else ""
     if exc is not None and not isinstance(exc, SystemExit):
         return "FINDING", f"{type(exc).__name__}: {exc}"
-    if "Traceback" in output or any(UNEXPECTED.match(line) for line in lines):
+    # the error runs from its line to the end: an exception's message may take several lines
+    if "Traceback" in output or any(UNEXPECTED.match("\n".join(lines[i:])) for i, line in enumerate(lines) if line.startswith("error: ")):
         return "FINDING", last
     if left:
         return "FINDING", f"left behind: {left}"

@@ -254,10 +254,11 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
         raise _damaged(spec, exc) from exc
     except OSError as exc:
         raise NgspecError(f"could not load the tokenizer of {spec!r}: {exc}{_offline_hint(exc)}") from exc
-    except ValueError as exc:
+    except CONFIG_ERRORS as exc:  # the tokenizer's own refusal, or the model's config.json it reads
         if _needs_trust(exc):
             raise _untrusted(spec, "the tokenizer of") from exc
-        raise NgspecError(f"could not load the tokenizer of {spec!r}: {' '.join(str(exc).split())}") from exc
+        detail = " ".join(str(exc).split()) if type(exc) is ValueError else config_error_message(exc)
+        raise NgspecError(f"could not load the tokenizer of {spec!r}: {detail}") from exc
 
 
 def display_name(spec: str) -> str:

@@ -23,6 +23,9 @@ input_fuzz = benchmark_script("input_fuzz")
         (2, "Usage: ngspec generate\nError: Invalid value for '--k'\n", [], "refused"),
         (1, "error: AttributeError: 'str' object has no attribute 'items' (set NGSPEC_DEBUG=1 for the traceback)\n", [], "FINDING"),
         (1, "error: rich.errors.MarkupError: closing tag (set NGSPEC_DEBUG=1 for the traceback)\n", [], "FINDING"),
+        # an exception whose message takes several lines (it passed for a refusal until 2026-12-04)
+        (1, "error: StrictDataclassFieldValidationError: Validation error for field 'bos_token_id':\n    TypeError: Field x (set NGSPEC_DEBUG=1 for the traceback)\n", [], "FINDING"),
+        (1, "error: a clear message\nover two lines\n", [], "refused"),
         (1, "Traceback (most recent call last):\n  x\n", [], "FINDING"),
         (1, "error: cannot read corpus\n", [".ds-tmp-1"], "FINDING"),  # a refusal that leaves a temporary behind
         (1, "", [], "FINDING"),  # exit 1 without ngspec's error line
@@ -42,6 +45,9 @@ def stand_ins(tmp_path):
     """Files shaped like the fixtures, for draws that only write inputs."""
     head = tmp_path / "tiny" / "head"
     head.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "tiny" / name).write_text(json.dumps({"vocab_size": 8}))
+    (tmp_path / "tiny" / "model.safetensors").write_bytes(b"weights")
     (head / "config.json").write_text(json.dumps({"hidden_size": 8}))
     (head / "model.safetensors").write_bytes(b"weights")
     store = tmp_path / "datastore"
@@ -55,6 +61,7 @@ def stand_ins(tmp_path):
 
 def test_draws_reach_every_input_kind_and_command(tmp_path):
     fx = stand_ins(tmp_path)
+    models = set()
     commands, notes = set(), []
     for n in range(400):
         run_dir = tmp_path / f"run{n}"
@@ -62,10 +69,13 @@ def test_draws_reach_every_input_kind_and_command(tmp_path):
         args, output, note = input_fuzz.draw(random.Random(n), fx, run_dir)
         commands.add(args[0])
         notes.append(note)
+        if "--model" in args:
+            models.add(args[args.index("--model") + 1])
         assert all(isinstance(a, str) for a in args) and (output is None or run_dir in output.parents)
-    assert commands == {"build-datastore", "self-repetition", "train-eagle", "generate", "bench", "tune-tree", "synth-corpus", "datastore-info"}
-    for damage in ("truncate", "garbage", "empty", "remove", "directory", "without", "not an object", "files", "missing"):
+    assert commands == {"build-datastore", "self-repetition", "train-eagle", "generate", "bench", "tune-tree", "synth-corpus", "datastore-info", "build-bigram"}
+    for damage in ("truncate", "garbage", "empty", "remove", "directory", "without", "not an object", "files", "missing", "no tokenizer files"):
         assert any(damage in note for note in notes), damage
+    assert len(models) > 50  # the fixture's model, and damaged copies of it
     names = {p.name for p in tmp_path.rglob("*")}
     assert any("[v2]" in n for n in names) and any("猫" in n for n in names) and any(n.startswith("x]") for n in names)
 

@@ -184,3 +184,13 @@ def test_a_gguf_file_cut_short_says_so_in_one_line(tmp_path):
         (tmp_path / "cut.gguf").write_bytes(whole.read(5000))
     with pytest.raises(NgspecError, match=DAMAGED):
         models.load_model(str(tmp_path / "cut.gguf"))
+
+
+def test_a_config_the_tokenizer_cannot_read_is_one_line_naming_the_model(tmp_path):
+    """`build-datastore` and `self-repetition` load the tokenizer alone, which reads config.json:
+    a field of the wrong type ended in an unexpected StrictDataclassFieldValidationError."""
+    models.load_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "bos_token_id": ["a", 3]}')
+    with pytest.raises(NgspecError, match=r"^could not load the tokenizer of '.*': .*'bos_token_id'") as err:
+        models.load_tokenizer(str(tmp_path))
+    assert "\n" not in str(err.value)
