@@ -73,3 +73,24 @@ def test_bench_reports_where_an_arm_split_from_hf_greedy_with_the_margin(tiny):
     )
     run = to_json(records, [greedy, trie], {})["prompts"][0]["runs"]
     assert run["trie"]["first_mismatch"] == 3 and "first_mismatch" not in run["hf-greedy"]
+
+
+def test_transformers_baseline_is_plain_decoding_whatever_the_models_generation_defaults():
+    """A model's generation_config.json may ask for sampling, a repetition penalty or banned
+    n-grams (Qwen2.5's instruct models ask for `repetition_penalty` 1.05): `bench`'s hf-greedy arm
+    and batched reference then decoded something other than plain greedy, and every row of every
+    drafter read as a mismatch. Its greedy and sampled runs are now what they are for a model
+    without such defaults, stopping at the model's EOS as before."""
+    from ngspec.models import tiny_model
+    from ngspec.verify import SamplingConfig
+
+    model = tiny_model("llama", seed=3)
+    prompt = [4, 8, 15, 16, 23, 42, 4, 8, 15]
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
+    hot = SamplingConfig(0.8, seed=5)
+    plain = engine.run(prompt, make_drafter("vanilla"), DecodeConfig(max_new_tokens=24)).token_ids
+    before = engine.hf_generate(prompt, 24)[0], engine.hf_generate(prompt, 24, sampling=hot)[0]
+    model.generation_config.update(do_sample=True, temperature=0.3, top_k=3, repetition_penalty=1.5, no_repeat_ngram_size=2,
+                                   min_new_tokens=30, output_hidden_states="odd")
+    after = engine.hf_generate(prompt, 24)[0], engine.hf_generate(prompt, 24, sampling=hot)[0]
+    assert before[0] == plain and after == before and len(set(plain)) < len(plain)  # plain greedy repeats: a penalty would change it
