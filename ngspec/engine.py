@@ -18,7 +18,7 @@ from ngspec.batch import BatchConfig, generate_batch
 from ngspec.contracts import Drafter
 from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_anchor
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate, special_stop_ids
-from ngspec.models import LoadedModel
+from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.cpu_linear import stock_linears
 from ngspec.perf.costs import TimingBar, cached_verify_costs
 from ngspec.perf.device_profile import DeviceProfile
@@ -150,13 +150,8 @@ class Engine:
         or with ``sampling`` that samples, transformers' sampling at the same temperature, top-p
         and top-k (seeded through torch's global generator when the sampling has a seed). Runs
         on the stock linear layers (not the engine's tuned CPU kernels), as transformers would:
-        the baseline a user would otherwise run. The model's own generation defaults (its
-        generation_config.json: sampling, a repetition penalty, banned n-grams, a least length)
-        are set aside: transformers fills every setting not given from them, and they would make
-        this something other than plain decoding (Qwen2.5's instruct models ask for a repetition
-        penalty of 1.05)."""
-        from transformers import GenerationConfig
-
+        the baseline a user would otherwise run, but with the model's own generation defaults
+        set aside (`generation_defaults_aside`), so that it decodes plainly."""
         ids = torch.tensor([prompt_ids], device=self.target.device)
         kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}
         sample = sampling is not None and not sampling.greedy
@@ -164,22 +159,17 @@ class Engine:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)  # top_k 0 is off in both
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
-        own = self.loaded.model.generation_config
-        self.loaded.model.generation_config = GenerationConfig()  # transformers' global defaults alone
-        try:
-            with stock_linears(self.loaded.model) as model:
-                start = time.perf_counter()
-                out = model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=sample,
-                    eos_token_id=sorted(self.eos) or None,
-                    pad_token_id=min(self.eos) if self.eos else None,
-                    **kwargs,
-                )
-                tokens = out[0, len(prompt_ids) :].tolist()  # waits for the GPU, if any
-                seconds = time.perf_counter() - start
-        finally:
-            self.loaded.model.generation_config = own
+        with stock_linears(self.loaded.model) as model, generation_defaults_aside(model):
+            start = time.perf_counter()
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=sample,
+                eos_token_id=sorted(self.eos) or None,
+                pad_token_id=min(self.eos) if self.eos else None,
+                **kwargs,
+            )
+            tokens = out[0, len(prompt_ids) :].tolist()  # waits for the GPU, if any
+            seconds = time.perf_counter() - start
         return tokens, seconds

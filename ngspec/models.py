@@ -11,12 +11,14 @@ import importlib.util
 import os
 import re
 import struct
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from ngspec import staging
@@ -220,6 +222,21 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     tokenizer = load_tokenizer(spec, trust_remote_code)
     check_tokenizer_fits(model, tokenizer, spec)
     return LoadedModel(model.to(dev).eval(), tokenizer, display_name(spec))
+
+
+@contextmanager
+def generation_defaults_aside(model: PreTrainedModel) -> Iterator[None]:
+    """For transformers' `generate` on ``model``: its own generation defaults (its
+    generation_config.json: sampling, a repetition penalty, banned n-grams, a least length) set
+    aside for transformers' global ones. `generate` fills every setting it is not given from them,
+    and they would make it something other than plain decoding (Qwen2.5's instruct models ask for
+    a repetition penalty of 1.05). Callers give the EOS and pad tokens themselves."""
+    own = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = own
 
 
 def check_tokenizer_fits(model: PreTrainedModel, tokenizer, spec: str) -> None:

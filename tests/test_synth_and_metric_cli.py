@@ -37,13 +37,16 @@ def test_synthesize_writes_magpie_records_that_build_a_datastore(default_model, 
 
 
 @pytest.mark.slow
-def test_synthesize_answers_given_instructions_in_order_as_greedy_decoding_would(default_model):
+def test_synthesize_answers_given_instructions_in_order_as_greedy_decoding_would(default_model, monkeypatch):
+    """Whatever the model's generation_config.json asks (here: never repeat a token, which every
+    answer would break): transformers would apply it to the answers."""
     from ngspec.decode import DecodeConfig
     from ngspec.drafters import make_drafter
     from ngspec.engine import Engine
     from ngspec.prompts import encode
 
     given = ["Name a primary colour.", "Say hello in French.", "What is 2 + 2?"]
+    monkeypatch.setattr(default_model.model.generation_config, "no_repeat_ngram_size", 1)
     records = list(synthesize(default_model, SynthOptions(n=2, max_new_tokens=10, batch_size=1), given=given))
     assert [r["instruction"] for r in records] == given[:2]  # --n caps the given list, order kept
     assert records[0]["gen_input_configs"] == {"source": "given"}

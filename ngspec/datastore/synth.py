@@ -21,7 +21,7 @@ import torch
 
 from ngspec.errors import NgspecError
 from ngspec.staging import staged_file
-from ngspec.models import LoadedModel
+from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.cpu_linear import tune_linears
 
 MARKER = "\u2063NGSPEC_QUERY\u2063"
@@ -59,7 +59,8 @@ def _generate(loaded: LoadedModel, prompts: list[str], max_new: int, temperature
         tok.pad_token = tok.eos_token
     batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(loaded.device)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
-    out = loaded.model.generate(**batch, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=tok.pad_token_id, **sampling)
+    with generation_defaults_aside(loaded.model):  # greedy answers are the model's plain greedy ones
+        out = loaded.model.generate(**batch, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=tok.pad_token_id, **sampling)
     return [t.strip() for t in tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)]
 
 
