@@ -215,6 +215,10 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
         raise _damaged(spec, exc) from exc
     except OSError as exc:
         raise NgspecError(f"could not load model {spec!r}: {exc}{_offline_hint(exc)}") from exc
+    except RuntimeError as exc:
+        if "ignore_mismatched_sizes" not in str(exc):
+            raise
+        raise NgspecError(f"could not load model {spec!r}: its weights' shapes differ from those its config.json gives (an edited or another model's config.json?)") from exc
     except CONFIG_ERRORS as exc:  # a config.json that transformers refuses
         if _needs_trust(exc):
             raise _untrusted(spec, "model") from exc
@@ -276,6 +280,8 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
             raise _untrusted(spec, "the tokenizer of") from exc
         detail = " ".join(str(exc).split()) if type(exc) is ValueError else config_error_message(exc)
         raise NgspecError(f"could not load the tokenizer of {spec!r}: {detail}") from exc
+    except Exception as exc:  # the tokenizers library refuses a tokenizer.json with a bare Exception
+        raise NgspecError(f"could not load the tokenizer of {spec!r}: {' '.join(str(exc).split()) or type(exc).__name__}") from exc
 
 
 def display_name(spec: str) -> str:

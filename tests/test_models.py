@@ -194,3 +194,31 @@ def test_a_config_the_tokenizer_cannot_read_is_one_line_naming_the_model(tmp_pat
     with pytest.raises(NgspecError, match=r"^could not load the tokenizer of '.*': .*'bos_token_id'") as err:
         models.load_tokenizer(str(tmp_path))
     assert "\n" not in str(err.value)
+
+
+def test_a_tokenizer_file_the_tokenizers_library_refuses_is_one_line_naming_the_model(tmp_path):
+    """tokenizers raises a bare Exception ("invalid type: string ..., expected struct
+    TruncationParams"): it came through as an unexpected exception."""
+    import json
+
+    models.load_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    data = json.loads((tmp_path / "tokenizer.json").read_text())
+    data["truncation"] = "猫猫猫"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(NgspecError, match=r"^could not load the tokenizer of '.*': invalid type: string \"猫猫猫\", expected struct TruncationParams"):
+        models.load_tokenizer(str(tmp_path))
+
+
+def test_weights_of_other_shapes_than_the_config_gives_are_one_line(tmp_path):
+    """A config.json edited or swapped (here: without its vocab_size): transformers' RuntimeError
+    pointed at a report it had not shown."""
+    import json
+
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["vocab_size"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(NgspecError, match=r"^could not load model '.*': its weights' shapes differ from those its config.json gives \(.+\)$"):
+        models.load_model(str(tmp_path))
