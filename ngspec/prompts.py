@@ -190,10 +190,21 @@ def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise NgspecError("chat messages need a tokenizer with a chat template; give text or token ids instead")
     check_messages(messages)
-    try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    except Exception as exc:  # the template's own checks (e.g. roles that must alternate) raise anything
-        raise NgspecError(f"the chat template refused these messages: {exc}") from exc
+    ids = apply_template(tokenizer, messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+def apply_template(tokenizer, messages: list[dict], **kwargs):
+    """``tokenizer.apply_chat_template(messages, **kwargs)``, its failures in one line: a template
+    jinja cannot read (a file cut short, a typo) named as the model's, and the template's own
+    refusals (roles that must alternate, ...) as a refusal of these messages."""
+    from jinja2 import TemplateSyntaxError  # transformers renders chat templates with jinja2
+
+    try:
+        return tokenizer.apply_chat_template(messages, **kwargs)
+    except TemplateSyntaxError as exc:
+        raise NgspecError(f"the model's chat template cannot be read (jinja: {exc}): check its chat_template.jinja or tokenizer_config.json") from exc
+    except Exception as exc:  # the template's own checks (raise_exception) raise anything
+        raise NgspecError(f"the chat template refused these messages: {exc}") from exc

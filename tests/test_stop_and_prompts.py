@@ -146,3 +146,30 @@ def test_per_category_keeps_the_first_of_each(tmp_path):
     path.write_text("\n".join(_json.dumps(r) for r in rows))
     assert [p.id for p in _load(path, per_category=1)] == ["0", "2", "5"]
     assert [p.id for p in _load(path, per_category=2, limit=3)] == ["0", "1", "2"]
+
+
+BROKEN_TEMPLATE = "{% for message in messages %}{{ message['content'] }"  # cut short: jinja cannot read it
+
+
+@pytest.mark.parametrize("use", ["prompt", "synth"])
+def test_a_chat_template_jinja_cannot_read_is_named_as_the_model_s_in_one_line(use):
+    """A chat_template.jinja cut short: `synth-corpus` ended in an unexpected TemplateSyntaxError,
+    and a prompt said the template had refused its messages."""
+    from ngspec.datastore.synth import pre_query_template
+    from ngspec.models import load_tokenizer
+    from ngspec.prompts import encode
+
+    tok = load_tokenizer()
+    tok.chat_template = BROKEN_TEMPLATE
+    with pytest.raises(NgspecError, match=r"^the model's chat template cannot be read \(jinja: .+\): check its chat_template\.jinja or tokenizer_config\.json$"):
+        encode(tok, "Hello") if use == "prompt" else pre_query_template(tok)
+
+
+def test_a_chat_template_that_refuses_messages_still_says_so():
+    from ngspec.models import load_tokenizer
+    from ngspec.prompts import encode_messages
+
+    tok = load_tokenizer()
+    tok.chat_template = "{{ raise_exception('roles must alternate') }}"
+    with pytest.raises(NgspecError, match=r"^the chat template refused these messages: roles must alternate$"):
+        encode_messages(tok, [{"role": "user", "content": "hi"}])

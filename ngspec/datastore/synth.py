@@ -22,6 +22,7 @@ import torch
 from ngspec.errors import NgspecError
 from ngspec.staging import staged_file
 from ngspec.models import LoadedModel, generation_defaults_aside
+from ngspec.prompts import apply_template
 from ngspec.cpu_linear import tune_linears
 
 MARKER = "\u2063NGSPEC_QUERY\u2063"
@@ -47,7 +48,7 @@ def pre_query_template(tokenizer) -> str:
     """The chat template's text before a user message's content."""
     if not getattr(tokenizer, "chat_template", None):
         raise NgspecError("self-synthesis needs an instruct model with a chat template")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": MARKER}], tokenize=False)
+    text = apply_template(tokenizer, [{"role": "user", "content": MARKER}], tokenize=False)
     return text[: text.index(MARKER)]
 
 
@@ -89,7 +90,7 @@ def synthesize(
             instructions = [i for i in instructions if len(i) >= 8]
         if not instructions:
             continue
-        prompts = [tok.apply_chat_template([{"role": "user", "content": i}], tokenize=False, add_generation_prompt=True) for i in instructions]
+        prompts = [apply_template(tok, [{"role": "user", "content": i}], tokenize=False, add_generation_prompt=True) for i in instructions]
         responses = _generate(loaded, prompts, opts.max_new_tokens, opts.response_temperature, 1.0, eos)
         for instruction, response in zip(instructions, responses):
             if made >= total:
