@@ -54,21 +54,15 @@ def shown(value: Any) -> str:
     return text if len(text) <= 40 else f"a {type(value).__name__}"
 
 
-def integer(name: str, value: Any, optional: bool = False) -> int | None:
-    """An int (numpy's too), never a bool or a float: ``2.5`` tokens is a mistake, not a request."""
+def number(name: str, value: Any, kind: type = int, optional: bool = False) -> int | float | None:
+    """``value`` as ``kind``: int takes integers (numpy's too), never a float (``2.5`` tokens is a
+    mistake, not a request); float takes any real number. Never a bool."""
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise NgspecError(f"{name} must be an integer{' or None' if optional else ''} (got {shown(value)})")
-    return int(value)
-
-
-def real(name: str, value: Any, optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise NgspecError(f"{name} must be a number{' or None' if optional else ''} (got {shown(value)})")
-    return float(value)
+    abc, what = (numbers.Integral, "an integer") if kind is int else (numbers.Real, "a number")
+    if isinstance(value, bool) or not isinstance(value, abc):
+        raise NgspecError(f"{name} must be {what}{' or None' if optional else ''} (got {shown(value)})")
+    return kind(value)
 
 
 def function(name: str, value: Any) -> Any:
@@ -218,7 +212,7 @@ def drafting_value(name: str, value: Any, hint: Any) -> Any:
     if kind is Path:
         return path(name, value, optional)
     if kind is int:
-        return integer(name, value, optional)
+        return number(name, value, int, optional)
     if kind is bool and not isinstance(value, bool):
         raise NgspecError(f"{name} must be True or False (got {shown(value)})")
     if name in ("k", "w") and value is not None:  # one number, or the text `--k` takes
@@ -418,8 +412,8 @@ class Speculator:
         return self.engine.loaded.tokenizer
 
     def _config(self, max_new_tokens, temperature, top_p, top_k, seed, stop, check) -> DecodeConfig:
-        max_new_tokens, stop = integer("max_new_tokens", max_new_tokens), stop_strings(stop)
-        sampling = sampling_config(real("temperature", temperature), real("top_p", top_p), integer("top_k", top_k), integer("seed", seed, optional=True))
+        max_new_tokens, stop = number("max_new_tokens", max_new_tokens), stop_strings(stop)
+        sampling = sampling_config(number("temperature", temperature, float), number("top_p", top_p, float), number("top_k", top_k), number("seed", seed, optional=True))
         if stop:
             self._tokenizer("stop strings")
         return decode_config(max_new_tokens, sampling, stop)
@@ -489,13 +483,13 @@ class Speculator:
         from ngspec.batch import BatchConfig
 
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, check)
-        rearrange_every, rearrange_min_share = integer("rearrange_every", rearrange_every, True), real("rearrange_min_share", rearrange_min_share, True)
+        rearrange_every, rearrange_min_share = number("rearrange_every", rearrange_every, optional=True), number("rearrange_min_share", rearrange_min_share, float, True)
         batch = BatchConfig(
-            integer("batch_size", batch_size),
+            number("batch_size", batch_size),
             BatchConfig.rearrange_every if rearrange_every is None else rearrange_every,
             BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share,
             layout=layout,
-            prefill_tokens=integer("prefill_tokens", prefill_tokens, True),
+            prefill_tokens=number("prefill_tokens", prefill_tokens, optional=True),
         )
         prompts, on_output = batch_prompts(prompts), function("on_output", on_output)
         if not prompts:
