@@ -149,7 +149,7 @@ def test_every_arm_warms_up_untimed_before_the_first_timed_run(monkeypatch):
     monkeypatch.setattr(runner, "run_arm", fake_run_arm)
     monkeypatch.setattr(runner, "divergence", lambda *a: None)
     monkeypatch.setattr(runner, "self_repetition", lambda *a: SimpleNamespace(value=1.0, steps=2, tokens=2))
-    engine = SimpleNamespace(loaded=SimpleNamespace(tokenizer=lambda text: {"input_ids": [ord(c) for c in text]}), target=SimpleNamespace(max_length=64))
+    engine = SimpleNamespace(loaded=SimpleNamespace(tokenizer=lambda text: {"input_ids": [ord(c) for c in text]}), target=SimpleNamespace(max_length=64, vocab=0x110000))  # every code point a token
     prompts = [Prompt("a", "xy"), Prompt("b", "zw")]
     arms = [Arm("hf-greedy", "hf-greedy"), Arm("trie", "trie")]
     records = runner.run_bench(engine, prompts, arms, DecodeConfig(max_new_tokens=64), rounds=1)

@@ -223,9 +223,10 @@ def test_generate_on_a_family_ngspec_cannot_verify_is_one_clear_line(tmp_path):
     from ngspec.cli.app import app
     from ngspec.models import load_tokenizer
 
-    bloom = AutoModelForCausalLM.from_config(AutoConfig.for_model("bloom", **{**SIZES, "n_embed": 64, "n_layer": 2, "n_head": 4}))
+    tok = load_tokenizer()
+    bloom = AutoModelForCausalLM.from_config(AutoConfig.for_model("bloom", **{**SIZES, "vocab_size": len(tok), "n_embed": 64, "n_layer": 2, "n_head": 4}))
     bloom.save_pretrained(tmp_path / "bloom")
-    load_tokenizer().save_pretrained(tmp_path / "bloom")
+    tok.save_pretrained(tmp_path / "bloom")
     (tmp_path / "p.txt").write_text("Say hello.")
     result = CliRunner().invoke(app, ["generate", "-p", str(tmp_path / "p.txt"), "-n", "4", "--model", str(tmp_path / "bloom")])
     assert result.exit_code == 1
