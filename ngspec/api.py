@@ -79,16 +79,6 @@ def path(name: str, value: Any, optional: bool = True) -> Path | None:
     return Path(value).expanduser()
 
 
-def stop_strings(stop: Any) -> tuple:
-    """One stop string or several (a string is one, not its characters); each is checked to be a
-    non-empty string where `--stop`'s are."""
-    if stop is None or isinstance(stop, str):
-        return (stop,) if stop else ()
-    if not isinstance(stop, Iterable) or isinstance(stop, Mapping):
-        raise NgspecError(f"stop must be a string or a list of strings (got {shown(stop)})")
-    return tuple(stop)
-
-
 def batch_prompts(prompts: Any) -> list:
     """``generate_batch``'s prompts as a list: any sequence or iterable of prompts. A tensor or
     array is refused: its rows would be read whole, padding included."""
@@ -412,11 +402,11 @@ class Speculator:
         return self.engine.loaded.tokenizer
 
     def _config(self, max_new_tokens, temperature, top_p, top_k, seed, stop, check) -> DecodeConfig:
-        max_new_tokens, stop = number("max_new_tokens", max_new_tokens), stop_strings(stop)
         sampling = sampling_config(number("temperature", temperature, float), number("top_p", top_p, float), number("top_k", top_k), number("seed", seed, optional=True))
-        if stop:
+        cfg = decode_config(number("max_new_tokens", max_new_tokens), sampling, stop)
+        if cfg.stop_strings:
             self._tokenizer("stop strings")
-        return decode_config(max_new_tokens, sampling, stop)
+        return cfg
 
     def checked(self, out: Output, ids: list[int], cfg: DecodeConfig) -> Output:
         """``out`` with its `greedy_check`: plain decoding of ``ids`` (greedy, or sampling with the

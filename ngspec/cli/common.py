@@ -28,9 +28,14 @@ def sampling_config(temperature: float, top_p: float, top_k: int, seed: int | No
 
 
 def decode_config(max_new_tokens: int, sampling: SamplingConfig, stop: str | Sequence[str] | None, verify: str = "tree") -> DecodeConfig:
-    """``stop``: one stop string or several (a string is one, not its characters)."""
+    """``stop``: one stop string or several (a string is one, not its characters); each is
+    checked to be a non-empty string by `DecodeConfig`."""
+    from collections.abc import Iterable, Mapping
+
     from ngspec.decode import DecodeConfig
 
+    if stop is not None and not isinstance(stop, str) and (not isinstance(stop, Iterable) or isinstance(stop, Mapping)):
+        raise NgspecError(f"stop must be a string or a list of strings (got {stop!r:.40})")
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     return DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling, stop_strings=stops, verify=verify)
 
