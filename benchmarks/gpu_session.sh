@@ -67,10 +67,16 @@ install_wheels() {  # the carried wheels (the GPU image lacks or has older ones)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl
 }
 
-wheels() {  # the wheels `start` installs there: this .venv's versions, for the image's Python 3.12
+# transformers for the GPU image: 5.25 needs huggingface_hub 2.4 or newer (which imports httpx2),
+# and the image's is 1.33 (device KINDS.md); 5.24 takes it, ran the seventh visit, and passes the
+# graphs', verification's, models' and reader_ab's tests here (BENCHMARKS.md 10zzk)
+GPU_TRANSFORMERS=${GPU_TRANSFORMERS:-5.24.0}
+
+wheels() {  # the wheels `start` installs there: this .venv's versions (transformers: GPU_TRANSFORMERS), for the image's Python 3.12
     local pins
     pins=$(.venv/bin/python -c "import importlib.metadata as m
-print(' '.join(f'{n}=={m.version(n)}' for n in ('transformers', 'datasets', 'gguf', 'pydivsufsort', 'dill', 'multiprocess')))") || exit 1
+print(' '.join(f'{n}=={m.version(n)}' for n in ('datasets', 'gguf', 'pydivsufsort', 'dill', 'multiprocess')))") || exit 1
+    pins="transformers==$GPU_TRANSFORMERS $pins"
     rm -rf .whl
     # shellcheck disable=SC2086
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
