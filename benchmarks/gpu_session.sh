@@ -68,7 +68,7 @@ install_wheels() {  # the carried wheels (the GPU image lacks or has older ones)
 }
 
 # transformers for the GPU image: 5.25 needs huggingface_hub 2.4 or newer (which imports httpx2),
-# and the image's is 1.33 (device KINDS.md); 5.24 takes it, ran the seventh visit, and passes the
+# and the image's was 1.33 when last listed (device KINDS.md); 5.24 takes it, ran the seventh visit, and passes the
 # graphs', verification's, models' and reader_ab's tests here (BENCHMARKS.md 10zzk)
 GPU_TRANSFORMERS=${GPU_TRANSFORMERS:-5.24.0}
 
