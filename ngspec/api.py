@@ -30,7 +30,7 @@ from ngspec.cli.common import decode_config, fit_rows, load_engine, rows_options
 from ngspec.cli.drafting import Drafting, single_value
 from ngspec.drafters import DrafterOptions, check_drafter, make_drafter
 from ngspec.drafters.eagle import head_graphs_report
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, shown
 
 if TYPE_CHECKING:
     from ngspec.batch import BatchConfig, BatchReport, BatchResult, Request
@@ -46,12 +46,6 @@ PROMPT_KINDS = "a prompt is a str, a list of chat messages ({'role': ..., 'conte
 
 # Arguments: Python values checked for their kind, as the CLI's parser checks its text. Ranges are
 # checked where the CLI's options are (`DecodeConfig`, `SamplingConfig`, `BatchConfig`, `Drafting`).
-
-
-def shown(value: Any) -> str:
-    """A value as a message shows it: as Python writes it when short, else by its type."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"a {type(value).__name__}"
 
 
 def number(name: str, value: Any, kind: type = int, optional: bool = False) -> int | float | None:

@@ -144,6 +144,7 @@ class Odd:
         (lambda s: s.generate([1, 2], temperature=1.0, seed="a"), r"seed must be an integer or None \(got 'a'\)"),
         (lambda s: s.generate([1, 2], temperature=1.0, seed=1.5), r"seed must be an integer or None \(got 1.5\)"),
         (lambda s: s.generate([1, 2], stop=5), r"stop must be a string or a list of strings \(got 5\)"),
+        (lambda s: s.generate([1, 2], stop={"a" * 50: 1}), r"stop must be a string or a list of strings \(got a dict\)"),
         (lambda s: s.generate([1, 2], on_text=5), r"on_text must be a function or None \(got 5\)"),
         (lambda s: s.generate(torch.ones(2, 2, dtype=torch.long)), r"token ids must be one row \(got a Tensor of shape \(2, 2\)\); for several prompts call generate_batch"),
         (lambda s: s.generate(torch.tensor([1.0, 2.0])), r"token ids must be integers \(got a tensor or array of torch.float32\)"),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ngspec.drafters import NEEDS_TABLES, ROW_DRAFTERS, DrafterOptions
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, shown
 
 if TYPE_CHECKING:  # torch and transformers load when a command runs, not for --help
     from ngspec.decode import DecodeConfig
@@ -35,7 +35,7 @@ def decode_config(max_new_tokens: int, sampling: SamplingConfig, stop: str | Seq
     from ngspec.decode import DecodeConfig
 
     if stop is not None and not isinstance(stop, str) and (not isinstance(stop, Iterable) or isinstance(stop, Mapping)):
-        raise NgspecError(f"stop must be a string or a list of strings (got {stop!r:.40})")
+        raise NgspecError(f"stop must be a string or a list of strings (got {shown(stop)})")
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     return DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling, stop_strings=stops, verify=verify)
 
