@@ -52,7 +52,11 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``vanilla tg``, ``trie tg``, ``whole tg``, ``whole graphs tg`` and ``whole graphs no deepen tg``:
   the arm with the target's verification at fixed shapes, replayed from captured CUDA graphs on a
   GPU (``--target-graphs``, `ngspec.static_verify`; its own engine, whose verify costs are
-  calibrated with it); the graphs made and replayed are printed after the arms.
+  calibrated with it); the graphs made and replayed are printed after the arms;
+* ``trie tg natural`` and ``whole graphs no deepen tg natural``: the ``tg`` arm with every block
+  at its own width bucket and its trees sized by those buckets' costs (`Engine.pad_wider` off;
+  its own engine), against the ``tg`` arms' blocks padded to a wider bucket where this device
+  replays that cheaper (`ngspec.static_verify.plan_widths`).
 
     python benchmarks/reader_ab.py --category rag --rounds 2 --eagle-head heads/amd-v9 \\
         --datastore datastores/shipped --tuned shapes/amd-v9-cpu-b1.json
@@ -316,6 +320,8 @@ def main() -> None:
         "whole graphs no deepen tg": lambda: search.EagleSearchDrafter(factory_graphs(), store, calibration=carried.get("whole graphs no deepen tg")),
         "whole graphs no deepen serial tg": lambda: Serial(factory_graphs(), store, calibration=carried.get("whole graphs no deepen serial tg")),
         "no head tg": lambda: NoHead(None, store, calibration=carried.get("no head tg")),
+        "trie tg natural": lambda: make_drafter("trie", calibration=carried.get("trie tg natural")),
+        "whole graphs no deepen tg natural": lambda: search.EagleSearchDrafter(factory_graphs(), store, calibration=carried.get("whole graphs no deepen tg natural")),
     }
 
     def gate_variant(name: str, graphs: bool, weight: str | None):
@@ -342,9 +348,12 @@ def main() -> None:
     # the '... tg' arms' engine: the target's verification at fixed shapes, replayed from CUDA
     # graphs on a GPU (`--target-graphs`); its verify costs calibrated as it runs
     engine_tg = Engine(loaded, target_graphs=True) if any(a.endswith(" tg") for a in args.arms.split(",")) else None
+    # the '... tg natural' arms' engine: the same, each block at its own width bucket
+    natural = any(a.endswith(" tg natural") for a in args.arms.split(","))
+    engine_natural = Engine(loaded, target_graphs=True, pad_wider=False) if natural else None
 
     def engine_of(a: str) -> Engine:
-        return engine_tg if a.endswith(" tg") else engine
+        return engine_natural if a.endswith(" tg natural") else engine_tg if a.endswith(" tg") else engine
     head_dir = Path(args.eagle_head)
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
     alt = Datastore.open(args.alt_datastore, loaded.tokenizer) if args.alt_datastore else None

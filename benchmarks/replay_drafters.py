@@ -11,6 +11,12 @@ instead of minutes; `ngspec bench` then confirms the best ones with real runs.
 `--datastore DIR` gives the search drafters (`search`) a datastore, `--tables` the model-derived
 drafters (unigram, bigram, mixed) their n-gram tables; EAGLE heads need the model's features and
 cannot be replayed.
+
+`--bucket-ms` takes a device's replayed verification by width bucket instead of this machine's
+table (`profile-bound --target-graphs`, e.g. an H200's "1:4.43,2:5.25,4:5.44,8:8.43,16:9.52,32:6.70,
+64:7.46"), and replays each configuration twice, with every block at its own bucket ("natural")
+and padded to the cheapest bucket at least as wide (`--target-graphs` since BENCHMARKS.md 10zzl),
+each sizing its trees by its own table (`ngspec.perf.costs.replayed_table`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ngspec.drafters import DrafterOptions, make_drafter
 from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.models import load_model
+from ngspec.perf.costs import replayed_table
 from ngspec.prompts import encode, load_prompts
 
 
@@ -44,8 +51,9 @@ def references(engine: Engine, args) -> list[dict]:
     return out
 
 
-def replay(ref: dict, drafter, cost: tuple[float, ...]) -> tuple[int, int, float]:
-    """(tokens, calls, relative cost) of one reference output under ``drafter``."""
+def replay(ref: dict, drafter, cost: tuple[float, ...], sizes: list[int] | None = None) -> tuple[int, int, float]:
+    """(tokens, calls, relative cost) of one reference output under ``drafter`` (each tree's
+    size appended to ``sizes`` if given)."""
     prompt, out = ref["prompt"], ref["output"]
     drafter.start(prompt)
     drafter.observe(out[:1])
@@ -65,6 +73,8 @@ def replay(ref: dict, drafter, cost: tuple[float, ...]) -> tuple[int, int, float
         k += len(new)
         calls += 1
         total_cost += ctx.cost(tree.size)
+        if sizes is not None:
+            sizes.append(tree.size)
     return len(out), calls, total_cost
 
 
@@ -79,28 +89,39 @@ def main() -> None:
     ap.add_argument("--datastore", help="Datastore directory for the search drafters")
     ap.add_argument("--tables", action="store_true", help="Load (or build once and cache) the model's n-gram tables, for the unigram/bigram/mixed drafters")
     ap.add_argument("--flat-cost", action="store_true", help="Let drafters assume verification is free (GPU-like): shows what the drafter can find; speedups then assume that cost")
+    ap.add_argument("--bucket-ms", help="a device's replay milliseconds by width bucket, e.g. 1:4.4,2:5.3,4:5.4,8:8.4,16:9.5,32:6.7,64:7.5: "
+                    "replay each configuration with blocks at their own bucket and padded wider where cheaper")
     ap.add_argument("--no-carry", action="store_true", help="Calibrate each prompt's drafter from scratch (default: carried from prompt to prompt, as generate and bench do)")
     args = ap.parse_args()
-    engine = Engine(load_model(), calibrate=not args.flat_cost, max_draft_nodes=64)
+    engine = Engine(load_model(), calibrate=not (args.flat_cost or args.bucket_ms), max_draft_nodes=64)
     refs = references(engine, args)
     store = None
     if args.datastore:
         from ngspec.datastore.index import Datastore
 
         store = Datastore.open(args.datastore, engine.loaded.tokenizer)
-    cost = (1.0,) * 65 if args.flat_cost else engine.target.verify_cost(512)
-    print("relative verify cost by tree size:", [round(c, 2) for c in cost])
+    if args.bucket_ms:
+        ms = {int(w): float(t) for w, t in (pair.split(":") for pair in args.bucket_ms.split(","))}
+        relative = {w: t / ms[1] for w, t in ms.items()}
+        costs = {"natural": replayed_table(relative, 63, pad_wider=False), "padded wider": replayed_table(relative, 63)}
+    else:
+        costs = {"": (1.0,) * 65 if args.flat_cost else engine.target.verify_cost(512)}
+    for label, cost in costs.items():
+        print(f"relative verify cost by tree size{' (' + label + ')' if label else ''}:", [round(c, 2) for c in cost])
     tables = engine.ngram_tables() if args.tables else None
     for spec in args.configs.split(";"):
         name, *kv = spec.split(",")
         opts = DrafterOptions(**{k: (v == "True") if v in ("True", "False") else int(v) for k, v in (x.split("=") for x in kv)})
-        speedups, tpcs = [], []
-        carried = None if args.no_carry else Calibration()
-        for ref in refs:
-            tokens, calls, total = replay(ref, make_drafter(name, opts, tables, datastore=store, calibration=carried), cost)
-            speedups.append(tokens / total)
-            tpcs.append(tokens / calls)
-        print(f"{spec:60s} tokens/call median {statistics.median(tpcs):.2f}  predicted speedup median {statistics.median(speedups):.2f}x mean {statistics.fmean(speedups):.2f}x")
+        for label, cost in costs.items():
+            speedups, tpcs, sizes = [], [], []
+            carried = None if args.no_carry else Calibration()
+            for ref in refs:
+                tokens, calls, total = replay(ref, make_drafter(name, opts, tables, datastore=store, calibration=carried), cost, sizes)
+                speedups.append(tokens / total)
+                tpcs.append(tokens / calls)
+            shown = f"{spec} {label}".strip()
+            print(f"{shown:60s} tokens/call median {statistics.median(tpcs):.2f}  mean tree {statistics.fmean(sizes):.1f} nodes  "
+                  f"predicted speedup median {statistics.median(speedups):.2f}x mean {statistics.fmean(speedups):.2f}x")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
@@ -22,6 +22,7 @@ from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.cpu_linear import stock_linears
 from ngspec.perf.costs import TimingBar, cached_verify_costs
 from ngspec.perf.device_profile import DeviceProfile
+from ngspec.static_verify import unpadded
 from ngspec.target import TargetModel
 from ngspec.verify import SamplingConfig
 
@@ -69,7 +70,9 @@ class Engine:
     model; its runs never rescale it by this machine's own step times: ``learn_costs`` is off).
     ``target_graphs``: verify at fixed shapes, replayed from captured CUDA graphs on a GPU
     (`ngspec.static_verify`), one prompt at a time and in batches; set before calibrating, so
-    the costs measured are those of the replays. ``bar``: shows the rounds of a calibration
+    the costs measured are those of the replays, and a block is padded to a wider bucket where
+    that replays cheaper on this device (`ngspec.static_verify.plan_widths`) unless not
+    ``pad_wider`` (a run to compare against that). ``bar``: shows the rounds of a calibration
     while it is measured (`ngspec.perf.costs.cached_verify_costs`)."""
 
     loaded: LoadedModel
@@ -79,6 +82,7 @@ class Engine:
     cost_slope: float | None = None
     target_graphs: bool = False
     bar: TimingBar | None = None
+    pad_wider: bool = True
 
     def __post_init__(self) -> None:
         self.target = TargetModel(self.loaded.model)
@@ -91,7 +95,7 @@ class Engine:
         elif self.profile is not None:
             self.target.cost_tables = self.profile.cost_tables(self.max_draft_nodes)
         elif self.calibrate:
-            self.target.cost_tables = {0: cached_verify_costs(self.target, self.max_draft_nodes, bar=self.bar)}
+            self.target.cost_tables = {0: cached_verify_costs(self.target, self.max_draft_nodes, bar=self.bar, pad_wider=self.pad_wider)}
 
     def ngram_tables(self, path=None, progress=None, notify=None) -> NgramTables:
         """The model-derived unigram/bigram tables (built once per model and cached on disk;
@@ -117,8 +121,12 @@ class Engine:
         cfg: DecodeConfig,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> Generation:
-        with collector_spared():
+        with collector_spared(), self._padding():
             return generate(self.target, drafter, prompt_ids, self._config(cfg), self.stopper(cfg), on_tokens)
+
+    def _padding(self):
+        """Blocks padded as the model's width plans say, or (not ``pad_wider``) at their own buckets."""
+        return nullcontext() if self.pad_wider else unpadded(self.loaded.model)
 
     def _config(self, cfg: DecodeConfig) -> DecodeConfig:
         """An assumed cost (``cost_slope``) stands as given: not rescaled by the run's step times."""
@@ -130,7 +138,7 @@ class Engine:
         otherwise)."""
         if batch == 1 or not self.calibrate or self.profile is not None or self.cost_slope is not None:
             return self.target.verify_cost
-        table = cached_verify_costs(self.target, self.max_draft_nodes, batch, self.bar)
+        table = cached_verify_costs(self.target, self.max_draft_nodes, batch, self.bar, self.pad_wider)
         return lambda context: table
 
     def run_batch(self, prompts: list[list[int]], new_drafter: Callable[[], Drafter], cfg: DecodeConfig, batch: BatchConfig, on_finish=None, feed=None):
@@ -141,7 +149,7 @@ class Engine:
         costs = self.batch_costs(max(rows, 1))
         if self.target_graphs:
             batch = replace(batch, target_graphs=True)
-        with collector_spared():
+        with collector_spared(), self._padding():
             return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, lambda: self.stopper(cfg), costs, on_finish, feed)
 
     @torch.inference_mode()

@@ -26,11 +26,20 @@ again: a batch compacts rather than grows where that makes room (`BatchTarget.ou
 `TargetModel` keeps its buffers from prompt to prompt. Off a GPU, or with capture off, the same
 fixed-shape forward runs as ordinary operations: that is how the tests check it against the
 plain forward. Blocks wider than `MOST_WIDTH` run as the plain forward does.
+
+A wider block is not always the dearer replay: on two GPU visits (H200s) blocks padded to 8 or 16
+replayed in 7.7-9.5 ms and blocks padded to 32 or 64 in 5.1-7.5 (BENCHMARKS.md 10zs, 10zzk),
+the kernels chosen differing by width. So a block may run padded wider than its own bucket:
+`plan_widths` takes each bucket's replay cost as the run's calibration measured it on this device
+(`ngspec.perf.costs`) and sends a bucket's blocks to the cheapest bucket at least as wide, where
+that is at least `WIDER_MARGIN` cheaper (`wider_widths`). Padding changes no real query's
+inputs, so the outputs are those of the block's own bucket.
 """
 
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -45,6 +54,48 @@ from ngspec.tree import additive_mask
 
 MOST_WIDTH = 64  # wider blocks (root and nodes) run uncaptured, as the plain forward does
 LEAST_SPAN = 256
+WIDER_MARGIN = 0.05  # a block is padded to a wider bucket only if that replays at least this much cheaper
+WIDTHS = tuple(1 << i for i in range(MOST_WIDTH.bit_length()))  # the block widths a shape may have: 1, 2, ..., 64
+
+
+def wider_widths(costs: dict[int, float], margin: float = WIDER_MARGIN) -> dict[int, int]:
+    """For each width bucket in ``costs`` (its replay's cost, in any unit), the bucket its blocks
+    run at: the cheapest one in ``costs`` at least as wide, where that costs at least ``margin``
+    less than its own, else its own."""
+    plan = {}
+    for width in sorted(costs):
+        best = min((w for w in costs if w >= width), key=lambda w: (costs[w], w))
+        plan[width] = best if costs[best] <= (1.0 - margin) * costs[width] else width
+    return plan
+
+
+_WIDTHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {rows: `wider_widths` plan}
+
+
+def plan_widths(model: PreTrainedModel, rows: int, costs: dict[int, float]) -> dict[int, int]:
+    """From now on, pad the blocks of ``model``'s fixed-shape verifications of ``rows`` rows (1: one
+    sequence, else a batch's size; also fewer rows that no plan of their own covers) as
+    `wider_widths` plans from the buckets' replay ``costs`` measured at that many rows; the plan."""
+    plan = wider_widths(costs)
+    _WIDTHS.setdefault(model, {})[rows] = plan
+    return plan
+
+
+def planned_widths(model: PreTrainedModel) -> dict[int, dict[int, int]]:
+    """The width plans in force for ``model``, by rows (`plan_widths`)."""
+    return _WIDTHS.get(model, {})
+
+
+@contextmanager
+def unpadded(model: PreTrainedModel):
+    """Inside: ``model``'s blocks run at their own buckets (its width plans set aside; a run to
+    compare against them)."""
+    plans = _WIDTHS.pop(model, None)
+    try:
+        yield
+    finally:
+        if plans is not None:
+            _WIDTHS[model] = plans
 
 
 @dataclass(frozen=True)
@@ -181,9 +232,11 @@ class StaticVerify:
     def report(self) -> str:
         """One line: shapes, captures and replays, forwards too wide for a shape, the outputs' memory."""
         once = met_once(inputs.graph for inputs in self._shapes.values())
+        wider = "; ".join(f"{rows} row{'s' if rows > 1 else ''}: " + ", ".join(f"{w} as {to}" for w, to in plan.items() if to != w)
+                          for rows, plan in sorted(planned_widths(self.model).items()) if any(to != w for w, to in plan.items()))
         return (f"{self.graphs.report()}; {self.made} shapes made ({once} of the present buffers' met once), "
                 f"{self.unbucketed} forwards too wide for one; "
-                f"outputs {self.output_bytes() / 2**20:.0f} MiB")
+                f"outputs {self.output_bytes() / 2**20:.0f} MiB; blocks padded wider: {wider or 'none'}")
 
     def output_bytes(self) -> int:
         """The bytes of the output buffers the shapes share."""
@@ -228,7 +281,8 @@ class StaticVerify:
         ``least_rows`` (a batch's size: its last rows, draining, need no shapes of their own)."""
         rows, width = ids.shape
         held = rows if at is None else max(at) + 1  # the buffer rows the entries span
-        r, w = bucket(held, least_rows), bucket(width, 1)
+        r = bucket(held, least_rows)
+        w = self._width(cache, start, width, r)
         self.cache = cache
         layers = cache.layers
         for layer in layers:
@@ -253,6 +307,17 @@ class StaticVerify:
             rows_at = inputs.at[:rows]
             return logits.index_select(0, rows_at)[:, :width], None if kept is None else kept.index_select(0, rows_at)[:, :width]
         return logits[:rows, :width].clone(), None if kept is None else kept[:rows, :width].clone()
+
+    def _width(self, cache, start: int, width: int, rows: int) -> int:
+        """The width a block ``width`` wide at slot ``start`` runs at, ``rows`` rows padded: its
+        bucket, or a wider one as planned for that many rows (else for the fewest planned rows
+        above: padding costs more at more rows; `plan_widths`), where the buffers have room for it
+        (growing them would drop every graph)."""
+        own = bucket(width, 1)
+        plans = planned_widths(self.model)
+        at = rows if rows in plans else min((n for n in plans if n > rows), default=None)
+        wide = own if at is None else plans[at].get(own, own)
+        return wide if wide == own or start + wide <= cache.layers[0]._keys.shape[-2] else own
 
     def _forward(self, cache, inputs: _Inputs, shape: Shape) -> tuple[torch.Tensor, torch.Tensor | None]:
         from ngspec.target import forward_with_features  # ngspec.target builds on this module

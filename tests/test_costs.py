@@ -97,20 +97,67 @@ def test_every_call_records_its_cost_by_the_table(tiny):
 
 
 def test_verification_replayed_from_graphs_is_calibrated_apart(tiny, tmp_path, monkeypatch, quiet_machine):
-    """`--target-graphs` changes what a step costs (a replay, whatever its size), so its table is
-    not the plain one read from the cache, and a batch's is measured with the graphs on."""
+    """`--target-graphs` changes what a step costs (its block's bucket's replay), so its table is
+    not the plain one read from the cache: each bucket is timed (one row on the target itself, a
+    batch's rows on the batch's fixed shapes), blocks are then padded to the cheapest bucket at
+    least as wide for that many rows, and both the table and that plan come back from the cache."""
+    from ngspec import static_verify
     from ngspec.perf import costs as costs_module
 
     monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(static_verify, "_WIDTHS", type(static_verify._WIDTHS)())
     plain, fixed = TargetModel(tiny), TargetModel(tiny)
     fixed.use_graphs(capture=False)
     costs_module.cached_verify_costs(plain, 6)
     asked = []
-    monkeypatch.setattr(costs_module, "measure_verify_costs", lambda target, n, progress: asked.append(target) or (1.0,) * 7)
-    assert costs_module.cached_verify_costs(fixed, 6) == (1.0,) * 7 and asked == [fixed]
-    monkeypatch.setattr(costs_module, "measure_batch_costs", lambda model, batch, n, graphs, progress: asked.append(graphs) or (1.5,) * 7)
-    assert costs_module.cached_verify_costs(fixed, 6, batch=2) == (1.5,) * 7 and asked[-1] is True
+    by_width = {1: 1.0, 2: 1.2, 4: 1.5, 8: 1.1}  # trees of 6 nodes (7 tokens) reach the bucket of 8
+
+    def measured(target, n, batch, progress):
+        asked.append((target, batch))
+        return dict(by_width)
+
+    monkeypatch.setattr(costs_module, "measure_replay_costs", measured)
+    table = costs_module.cached_verify_costs(fixed, 6)
+    assert asked == [(fixed, 1)] and table == (1.0, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1)  # 2 and 4 run as 8, cheaper
+    assert static_verify.planned_widths(tiny) == {1: {1: 1, 2: 8, 4: 8, 8: 8}}
+    table = costs_module.cached_verify_costs(fixed, 6, batch=2)
+    assert asked[-1] == (fixed, 2) and static_verify.planned_widths(tiny)[2] == {1: 1, 2: 8, 4: 8, 8: 8}
     assert len(list((tmp_path / "costs").glob("*.json"))) == 3
+    monkeypatch.setattr(costs_module, "measure_replay_costs", lambda *a, **k: pytest.fail("measured again despite the cache"))
+    next_run()  # read back from the cache
+    monkeypatch.setattr(static_verify, "_WIDTHS", type(static_verify._WIDTHS)())
+    assert costs_module.cached_verify_costs(fixed, 6) == (1.0, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1)
+    assert static_verify.planned_widths(tiny) == {1: {1: 1, 2: 8, 4: 8, 8: 8}}
+
+
+def test_replayed_trees_cost_their_buckets_replay_a_step_per_bucket():
+    """Oracle by hand: which tree sizes are timed (each bucket's widest, and a tree too wide for
+    any bucket), and the table they make: flat inside a bucket, the cheaper wider bucket's cost
+    where the plan pads to it, linear towards a block too wide for any."""
+    from ngspec.perf.costs import _by_width, replay_sizes, replayed_table
+
+    assert replay_sizes(6) == [0, 1, 3, 6] and _by_width({0: 1.0, 1: 1.0, 3: 1.0, 6: 1.0}) == {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}
+    assert replay_sizes(32) == [0, 1, 3, 7, 15, 31, 32]
+    assert replay_sizes(70) == [0, 1, 3, 7, 15, 31, 63, 70] and set(_by_width(dict.fromkeys(replay_sizes(70), 1.0))) == {1, 2, 4, 8, 16, 32, 64, 71}
+    costs = {1: 1.0, 2: 1.1, 4: 1.3, 8: 2.5, 16: 2.7, 32: 1.8, 64: 2.0, 71: 6.0}
+    table = replayed_table(costs, 70)
+    assert table[:4] == (1.0, 1.1, 1.3, 1.3)
+    assert set(table[4:32]) == {1.8}  # 8 and 16 run as 32
+    assert set(table[32:64]) == {2.0} and table[70] == 6.0 and 2.0 < table[67] < 6.0
+    assert replayed_table({1: 1.0, 2: 1.1, 4: 1.3, 8: 2.5}, 5) == (1.0, 1.1, 1.3, 1.3, 2.5, 2.5)
+
+
+def test_replay_costs_are_measured_by_width_on_fixed_shapes(tiny):
+    """`measure_replay_costs` times one tree per bucket, one row on the target's own fixed shapes
+    (which the run then reuses) and a batch's rows on theirs."""
+    from ngspec.perf.costs import measure_replay_costs
+
+    target = TargetModel(tiny)
+    static = target.use_graphs(capture=False)
+    costs = measure_replay_costs(target, 10, context=16, repeats=1)
+    assert set(costs) == {1, 2, 4, 8, 16} and costs[1] == 1.0 and all(c > 0 for c in costs.values())
+    assert {shape.width for shape in static._shapes} == {1, 2, 4, 8, 16}
+    assert set(measure_replay_costs(target, 10, batch=3, context=16, repeats=1)) == {1, 2, 4, 8, 16}
 
 
 def test_cost_tables_are_keyed_by_the_models_shape_not_its_name(tiny, tmp_path, monkeypatch, quiet_machine):

@@ -130,6 +130,107 @@ def test_a_batch_at_fixed_shapes_equals_the_plain_forward(family):
     assert static.made > 2 and static.unbucketed == 3
 
 
+@pytest.fixture
+def fresh_plans(monkeypatch):
+    """Width plans (`static_verify.plan_widths`) made in a test stay in it."""
+    monkeypatch.setattr(static_verify, "_WIDTHS", type(static_verify._WIDTHS)())
+
+
+# replay costs by block width that send every bucket to 64 (all cheaper the wider), or only 8 and
+# 16 to 32 (the two GPU visits' shape: 8 and 16 dearer than 32 and 64)
+ALL_TO_64 = {w: 8.0 - i for i, w in enumerate(static_verify.WIDTHS)}
+MIDDLE_TO_32 = {1: 1.0, 2: 1.1, 4: 1.3, 8: 2.5, 16: 2.7, 32: 1.8, 64: 2.0}
+
+
+def test_each_bucket_runs_at_the_cheapest_bucket_at_least_as_wide():
+    assert static_verify.wider_widths(MIDDLE_TO_32) == {1: 1, 2: 2, 4: 4, 8: 32, 16: 32, 32: 32, 64: 64}
+    assert static_verify.wider_widths(ALL_TO_64) == {w: 64 for w in static_verify.WIDTHS}
+    assert static_verify.wider_widths({8: 1.0, 16: 0.97}) == {8: 8, 16: 16}  # within the margin: its own
+    assert static_verify.wider_widths({8: 1.0, 16: 0.9, 32: 0.9}) == {8: 16, 16: 16, 32: 32}  # a tie: the narrower
+    assert static_verify.wider_widths({}) == {}
+
+
+@pytest.mark.parametrize("costs", [ALL_TO_64, MIDDLE_TO_32], ids=["all-to-64", "middle-to-32"])
+def test_blocks_padded_wider_equal_the_plain_forward(costs, fresh_plans):
+    """Oracle: as `test_one_sequence_at_fixed_shapes_equals_the_plain_forward` and
+    `test_a_batch_at_fixed_shapes_equals_the_plain_forward`, with each block padded to the bucket
+    a width plan names (where the buffers have room): every logit, feature and cache entry."""
+    model = tiny_model("llama", seed=2)
+    plan = static_verify.plan_widths(model, 1, costs)
+    plain, fixed = TargetModel(model), TargetModel(model)
+    static = fixed.use_graphs(capture=False)
+    for target in (plain, fixed):
+        target.keep_features = True
+    rng_prompts = random.Random(0)
+    for length in (40, 230):
+        prompt = repetitive_prompt(rng_prompts, VOCAB, length)
+        torch.testing.assert_close(fixed.prefill(prompt), plain.prefill(prompt))
+        rng = random.Random(length)
+        for i, size in enumerate(SIZES):
+            layout = "rows" if size == "rows" else "tree"
+            tree, root = _tree(rng, 8 if size == "rows" else size), rng.randrange(VOCAB)
+            torch.testing.assert_close(fixed.verify(root, tree, layout), plain.verify(root, tree, layout), rtol=1e-5, atol=1e-5)
+            path = [] if SIZES[(i + 1) % len(SIZES)] in (70, "rows") else _path(rng, tree)
+            for target in (plain, fixed):
+                target.commit(path)
+            torch.testing.assert_close(fixed.take_features(), plain.take_features(), rtol=1e-5, atol=1e-5)
+            for f, p in zip(_entries(fixed.cache, fixed.length), _entries(plain.cache, plain.length)):
+                torch.testing.assert_close(f, p, rtol=1e-5, atol=1e-6)
+    widths = {shape.width for shape in static._shapes}
+    assert widths and widths <= set(plan.values())  # only the buckets the plan runs at
+    assert ("8 as 32" in static.report()) == (plan[8] == 32)
+    static_verify.plan_widths(model, 4, costs)  # a batch of up to 4 rows (`_drive` pads its rows to powers of two)
+    expected = _drive(BatchTarget(model), 3)
+    batched = BatchTarget(model)
+    shared = batched.use_graphs(capture=False)
+    got = _drive(batched, 3)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    assert {shape.width for shape in shared._shapes} <= set(plan.values())
+
+
+def test_a_plan_pads_no_block_past_the_buffers_and_serves_fewer_rows_not_more(fresh_plans):
+    """A block is padded wider only where the cache's buffers hold it (else its own bucket: growing
+    them would drop every graph); rows with no plan of their own take the plan of the fewest rows
+    above them, and more rows than any plan covers are not padded."""
+    model = tiny_model("llama", seed=2)
+    static_verify.plan_widths(model, 4, ALL_TO_64)
+    target = TargetModel(model)
+    static = target.use_graphs(capture=False)
+    target.prefill(list(range(1, 30)))
+    capacity = target.cache.layers[0]._keys.shape[-2]
+    assert static._width(target.cache, 10, 5, 1) == 64 and static._width(target.cache, 10, 5, 4) == 64
+    assert static._width(target.cache, capacity - 20, 5, 1) == 8  # no room for 64 slots
+    assert static._width(target.cache, 10, 5, 8) == 8  # more rows than the plan was measured at
+
+
+@pytest.mark.parametrize("drafter", ["trie", "eagle+search"])
+def test_an_engine_pads_blocks_as_its_replayed_calibration_planned(tiny, tiny_eagle, tiny_datastore, prompts_and_expected, drafter,  # noqa: F811
+                                                                   tmp_path, monkeypatch, fresh_plans):
+    """`Engine(target_graphs=True)` times each bucket's replay (here: stood in, every bucket
+    cheaper the wider), and its verifications, one sequence and a batch of 4, then run padded to
+    64 wide: every row equal to plain greedy, and no shape of another width."""
+    from ngspec.engine import Engine
+    from ngspec.models import LoadedModel
+    from ngspec.perf import costs
+
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(static_verify, "_BATCHES", type(static_verify._BATCHES)())
+    monkeypatch.setattr(costs, "measure_replay_costs", lambda target, n, batch, progress: dict(ALL_TO_64))
+    engine = Engine(LoadedModel(tiny, None, "tiny"), target_graphs=True)
+    engine.eos = frozenset()  # as `hf_greedy`: no end of sequence
+    prompts, expected = prompts_and_expected
+    opts = DrafterOptions(k=3, w=3, search_depth=6, deepen=True)
+    new = lambda: make_drafter(drafter, opts, None, tiny_eagle, tiny_datastore)  # noqa: E731
+    assert [engine.run(p, new(), DecodeConfig(max_new_tokens=30)).token_ids for p in prompts[:3]] == expected[:3]
+    results, _ = engine.run_batch(prompts, new, DecodeConfig(max_new_tokens=30), BatchConfig(4, 3))
+    assert [r.generation.token_ids for r in results] == expected
+    assert static_verify.planned_widths(tiny) == {1: dict.fromkeys(static_verify.WIDTHS, 64), 4: dict.fromkeys(static_verify.WIDTHS, 64)}
+    for static in (engine.target.static, static_verify.batches_static(tiny)):
+        assert {shape.width for shape in static._shapes} == {64}
+        assert "blocks padded wider: 1 row: 1 as 64" in static.report()
+
+
 def _plain_and_fixed(model) -> list[tuple[str, BatchTarget]]:
     """A plain `BatchTarget` and one at fixed shapes (uncaptured), by name."""
     fixed = BatchTarget(model)

@@ -11,6 +11,13 @@ fine-tune of the same architecture reads one table; two models at one relative p
 device, dtype, thread count, torch version and the CPU kernel plan (`ngspec.cpu_linear`), per
 batch size for batched decoding and apart for verification replayed from CUDA graphs
 (`--target-graphs`) (set ``NGSPEC_RECALIBRATE=1`` to measure again).
+
+Replayed, a tree of n nodes costs what its block's width bucket costs (1 + n tokens padded to a
+power of two: `ngspec.static_verify`), and a wider bucket can replay faster than a narrower one
+(BENCHMARKS.md 10zzk). So with `--target-graphs` one size per bucket is timed
+(`measure_replay_costs`), blocks are sent to the cheapest bucket at least as wide
+(`ngspec.static_verify.plan_widths`), and the table is those buckets' costs, a step per bucket
+(`replayed_table`).
 """
 
 from __future__ import annotations
@@ -23,22 +30,23 @@ import torch
 
 from ngspec.contracts import DraftTree
 from ngspec.cpu_linear import cpu_name, current_plan
+from ngspec.cuda_graphs import bucket
 from ngspec.perf.measured import measured_once
+from ngspec.static_verify import MOST_WIDTH, WIDTHS, plan_widths, wider_widths
 from ngspec.target import TargetModel
 
 
-def _relative_costs(
-    verify: Callable[[int], None], device: torch.device, max_nodes: int, repeats: int, clock: Callable[[], float] = time.perf_counter,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[float, ...]:
+def _fastest(
+    verify: Callable[[int], None], device: torch.device, sizes: list[int], repeats: int, clock: Callable[[], float],
+    progress: Callable[[int, int], None] | None,
+) -> dict[int, float]:
     """Fastest time of ``verify(size)`` (one verification of ``size`` draft nodes, then undone) at
-    the measured sizes, relative to size 0, as a table over 0..max_nodes (see `cost_table`).
+    each of ``sizes`` (0 among them), relative to size 0.
 
     The fastest of ``repeats`` rather than their median: other work on the machine only ever adds
     time, and a table is cached for good. On the AMD VM, tables from the median of 5 read 1.35 to
     1.70 for 4 nodes minutes apart; the fastest of 15, 1.43 to 1.45 (BENCHMARKS.md, section 1).
     ``progress(done, repeats)`` hears of the start and of each finished round."""
-    sizes = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_nodes} & set(range(max_nodes + 1)))
     samples: dict[int, list[float]] = {size: [] for size in sizes}
     if progress is not None:
         progress(0, repeats)
@@ -55,14 +63,52 @@ def _relative_costs(
         if progress is not None:
             progress(round_ + 1, repeats)
     fastest = {size: min(times) for size, times in samples.items()}
-    return cost_table({s: t / fastest[0] for s, t in fastest.items()}, max_nodes)
+    return {size: t / fastest[0] for size, t in fastest.items()}
 
 
-def measure_verify_costs(
-    target: TargetModel, max_nodes: int, context: int = 512, repeats: int = 9, progress: Callable[[int, int], None] | None = None,
+def _relative_costs(
+    verify: Callable[[int], None], device: torch.device, max_nodes: int, repeats: int, clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[float, ...]:
-    """Relative cost of verifying 0..max_nodes nodes (index = tree size), interpolated between
-    measured sizes and made non-decreasing (about 9 s for the default model on two cores)."""
+    """`_fastest` at sizes spread over 0..max_nodes, as a table over 0..max_nodes (`cost_table`)."""
+    sizes = sorted({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, max_nodes} & set(range(max_nodes + 1)))
+    return cost_table(_fastest(verify, device, sizes, repeats, clock, progress), max_nodes)
+
+
+def replay_sizes(max_nodes: int) -> list[int]:
+    """The tree sizes `measure_replay_costs` times: for each width bucket that trees of up to
+    ``max_nodes`` nodes reach, its widest tree (a bucket costs one replay whatever it holds), and
+    ``max_nodes`` where its block is too wide for any (it runs as the plain forward does)."""
+    sizes = {n for w in WIDTHS if bucket((n := min(w - 1, max_nodes)) + 1, 1) == w}
+    if max_nodes + 1 > MOST_WIDTH:
+        sizes.add(max_nodes)
+    return sorted(sizes)
+
+
+def _by_width(relative: dict[int, float]) -> dict[int, float]:
+    """Costs by tree size (`replay_sizes`) as costs by block width: a bucket's, or a block too wide for one."""
+    return {n + 1 if n + 1 > MOST_WIDTH else bucket(n + 1, 1): cost for n, cost in relative.items()}
+
+
+def replayed_table(costs: dict[int, float], max_nodes: int, pad_wider: bool = True) -> tuple[float, ...]:
+    """The cost table over 0..max_nodes nodes from a block width's cost (`measure_replay_costs`):
+    a tree costs the bucket its block runs at (``pad_wider``: `wider_widths`'s, its own or a
+    wider one that replays cheaper; else its own), a step per bucket; a block too wide for any
+    costs as measured, linear up to it."""
+    buckets = {w: c for w, c in costs.items() if w <= MOST_WIDTH}
+    plan = wider_widths(buckets) if pad_wider else {w: w for w in buckets}
+    points: dict[int, float] = {}
+    for width, to in plan.items():
+        low, high = width // 2, min(width - 1, max_nodes)  # the trees whose block (root and nodes) pads to ``width``
+        if low <= high:
+            points[low] = points[high] = costs[to]
+    points.update({w - 1: c for w, c in costs.items() if w > MOST_WIDTH})
+    return cost_table(points, max_nodes)
+
+
+def _one_row(target: TargetModel, max_nodes: int, context: int) -> Callable[[int], None]:
+    """``verify(size)`` on ``target``: a random chain of ``size`` nodes after ``context`` random
+    tokens, verified and undone."""
     context = max(1, min(context, target.max_length - max_nodes - 2))
     vocab = int(target.model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
@@ -73,18 +119,14 @@ def measure_verify_costs(
         target.verify(prompt[-1], DraftTree.chain(torch.randint(1, vocab, (size,), generator=gen).tolist()))
         target.discard()  # the context stays at ``context`` tokens for every measurement
 
-    return _relative_costs(verify, target.device, max_nodes, repeats, progress=progress)
+    return verify
 
 
-def measure_batch_costs(
-    model, batch: int, max_nodes: int, context: int = 512, repeats: int = 9, graphs: bool = False, progress: Callable[[int, int], None] | None = None,
-) -> tuple[float, ...]:
-    """`measure_verify_costs` for ``batch`` rows verified together: the cost of every row
-    verifying n nodes, relative to every row verifying none (a batched plain step). A batch
-    turns compute-bound sooner, so each draft node costs more than alone. ``graphs``: verified
-    as `--target-graphs` verifies them (each shape run eagerly in the first round and captured in
-    the second, whose times the fastest of the rounds leaves out). About 34 s for the default
-    model at batch 8 on two cores."""
+def _rows(model, batch: int, max_nodes: int, context: int, graphs: bool) -> Callable[[int], None]:
+    """``verify(size)`` on a `BatchTarget` of ``batch`` rows of ``context`` random tokens: every
+    row a random chain of ``size`` nodes, verified and undone. ``graphs``: at fixed shapes, as
+    `--target-graphs` verifies them (each shape run eagerly at its first use and captured at its
+    second, whose times the fastest of the rounds leaves out)."""
     from ngspec.batch_target import BatchTarget
 
     target = BatchTarget(model)
@@ -100,7 +142,38 @@ def measure_batch_costs(
         target.verify([1] * batch, [DraftTree.chain(torch.randint(1, vocab, (size,), generator=gen).tolist()) for _ in range(batch)])
         target.discard()
 
-    return _relative_costs(verify, target.device, max_nodes, repeats, progress=progress)
+    return verify
+
+
+def measure_verify_costs(
+    target: TargetModel, max_nodes: int, context: int = 512, repeats: int = 9, progress: Callable[[int, int], None] | None = None,
+) -> tuple[float, ...]:
+    """Relative cost of verifying 0..max_nodes nodes (index = tree size), interpolated between
+    measured sizes and made non-decreasing (about 9 s for the default model on two cores)."""
+    return _relative_costs(_one_row(target, max_nodes, context), target.device, max_nodes, repeats, progress=progress)
+
+
+def measure_batch_costs(
+    model, batch: int, max_nodes: int, context: int = 512, repeats: int = 9, progress: Callable[[int, int], None] | None = None,
+) -> tuple[float, ...]:
+    """`measure_verify_costs` for ``batch`` rows verified together: the cost of every row
+    verifying n nodes, relative to every row verifying none (a batched plain step). A batch
+    turns compute-bound sooner, so each draft node costs more than alone. About 34 s for the
+    default model at batch 8 on two cores."""
+    return _relative_costs(_rows(model, batch, max_nodes, context, graphs=False), next(model.parameters()).device, max_nodes, repeats, progress=progress)
+
+
+def measure_replay_costs(
+    target: TargetModel, max_nodes: int, batch: int = 1, context: int = 512, repeats: int = 9, clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[int, float]:
+    """With `--target-graphs` (``target.static`` set): the cost of verifying a block of each width
+    bucket (1, 2, 4, ... up to the widest that trees of ``max_nodes`` nodes reach; and 1 +
+    ``max_nodes`` tokens where that is too wide for any), for ``batch`` rows, relative to one token
+    a row (`replay_sizes`). One row verifies on ``target`` itself, so the shapes it captures are
+    the run's own."""
+    verify = _one_row(target, max_nodes, context) if batch == 1 else _rows(target.model, batch, max_nodes, context, graphs=True)
+    return _by_width(_fastest(verify, target.device, replay_sizes(max_nodes), repeats, clock, progress))
 
 
 def cost_table(points: dict[int, float], max_nodes: int) -> tuple[float, ...]:
@@ -144,10 +217,11 @@ def _no_bar(what: str) -> AbstractContextManager:
     return nullcontext(None)
 
 
-def cached_verify_costs(target: TargetModel, max_nodes: int, batch: int = 1, bar: TimingBar | None = None) -> tuple[float, ...]:
-    """`measure_verify_costs` (or `measure_batch_costs` for ``batch`` > 1), measured once per
-    model shape, machine setting and batch size and then read from the cache; ``bar`` shows the
-    measurement's rounds (the CLI's `progress_when_called`)."""
+def cached_verify_costs(target: TargetModel, max_nodes: int, batch: int = 1, bar: TimingBar | None = None, pad_wider: bool = True) -> tuple[float, ...]:
+    """`measure_verify_costs` (or `measure_batch_costs` for ``batch`` > 1; with `--target-graphs`
+    `measure_replay_costs`, and blocks padded wider where that replays cheaper unless not
+    ``pad_wider``), measured once per model shape, machine setting and batch size and then read
+    from the cache; ``bar`` shows the measurement's rounds (the CLI's `progress_when_called`)."""
     plan = current_plan(target.model)
     # "fastest": the fastest of interleaved rounds; older entries (medians, or one size after
     # another) are measured again
@@ -155,8 +229,8 @@ def cached_verify_costs(target: TargetModel, max_nodes: int, batch: int = 1, bar
     setting += f"|kernels={','.join(plan.kernels)}" if plan is not None else ""
     if batch > 1:
         setting += f"|batch={batch}"
-    graphs = target.static is not None  # `--target-graphs`: a step costs a replay, whatever its size
-    setting += "|target-graphs" if graphs else ""
+    if target.static is not None:  # `--target-graphs`: a step costs its block's bucket's replay
+        return _replayed_costs(target, max_nodes, batch, setting + "|target-graphs|widths", bar, pad_wider)
 
     def read(entry: dict) -> tuple[float, ...] | None:
         costs = tuple(float(c) for c in entry["relative_cost"])
@@ -168,7 +242,29 @@ def cached_verify_costs(target: TargetModel, max_nodes: int, batch: int = 1, bar
             if batch == 1:
                 costs = measure_verify_costs(target, max_nodes, progress=rounds)
             else:
-                costs = measure_batch_costs(target.model, batch, max_nodes, graphs=graphs, progress=rounds)
+                costs = measure_batch_costs(target.model, batch, max_nodes, progress=rounds)
         return costs, {"relative_cost": costs}
 
     return measured_once("costs", setting, read, measure)
+
+
+def _replayed_costs(target: TargetModel, max_nodes: int, batch: int, setting: str, bar: TimingBar | None, pad_wider: bool) -> tuple[float, ...]:
+    """`cached_verify_costs` with `--target-graphs`: each width bucket's replay measured once per
+    setting (`measure_replay_costs`), the blocks of ``batch`` rows sent to the cheapest bucket at
+    least as wide from now on (`plan_widths`; unless not ``pad_wider``), and the table of what
+    trees then cost (`replayed_table`)."""
+
+    def read(entry: dict) -> dict[int, float] | None:
+        costs = {int(w): float(c) for w, c in entry["width_cost"].items()}
+        return costs if set(costs) == set(_by_width({n: 1.0 for n in replay_sizes(max_nodes)})) else None
+
+    def measure() -> tuple[dict[int, float], dict]:
+        what = "timing replayed verification by width (rounds)" + (f" at batch {batch}" if batch > 1 else "")
+        with (bar or _no_bar)(what) as rounds:
+            costs = measure_replay_costs(target, max_nodes, batch, progress=rounds)
+        return costs, {"width_cost": {str(w): c for w, c in costs.items()}}
+
+    costs = measured_once("costs", setting, read, measure)
+    if pad_wider:
+        plan_widths(target.model, batch, {w: c for w, c in costs.items() if w <= MOST_WIDTH})
+    return replayed_table(costs, max_nodes, pad_wider)
