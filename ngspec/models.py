@@ -169,6 +169,7 @@ def config_error_message(exc: Exception) -> str:
 
 # what reading weights cut short raises: safetensors' own error, the GGUF reader's struct.error
 DAMAGED_WEIGHTS = (SafetensorError, struct.error, EOFError)
+TORCH_ZIP_DAMAGED = "PytorchStreamReader failed"  # torch's reader of a pytorch_model.bin cut short (a RuntimeError)
 
 
 def _damaged(spec: str, exc: Exception) -> NgspecError:
@@ -216,6 +217,8 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     except OSError as exc:
         raise NgspecError(f"could not load model {spec!r}: {exc}{_offline_hint(exc)}") from exc
     except RuntimeError as exc:
+        if str(exc).startswith(TORCH_ZIP_DAMAGED):  # a pytorch_model.bin cut short (older checkpoints)
+            raise _damaged(spec, RuntimeError(str(exc).split(". ")[0])) from exc
         if "ignore_mismatched_sizes" not in str(exc):
             raise
         raise NgspecError(f"could not load model {spec!r}: its weights' shapes differ from those its config.json gives (an edited or another model's config.json?)") from exc

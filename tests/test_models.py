@@ -3,6 +3,7 @@
 import re
 
 import pytest
+import torch
 
 from ngspec import models
 from ngspec.errors import NgspecError
@@ -176,6 +177,24 @@ def test_a_model_whose_weights_were_cut_short_says_so_in_one_line(tmp_path, keep
     weights.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
     with pytest.raises(NgspecError, match=DAMAGED):
         models.load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("keep", [10, 0.9])
+def test_an_older_checkpoints_pytorch_model_bin_cut_short_says_so_in_one_line(tmp_path, keep):
+    """torch's zip reader raises a RuntimeError of several sentences ("PytorchStreamReader failed
+    reading zip archive: failed finding central directory. This is an internal miniz error. ..."),
+    which came as an unexpected exception."""
+    model = models.tiny_model("llama")
+    model.save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    weights = tmp_path / "pytorch_model.bin"
+    torch.save(model.state_dict(), weights)
+    data = weights.read_bytes()
+    weights.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    with pytest.raises(NgspecError, match=DAMAGED) as err:
+        models.load_model(str(tmp_path))
+    assert "(PytorchStreamReader failed reading zip archive: " in str(err.value) and "miniz" not in str(err.value)
 
 
 def test_a_gguf_file_cut_short_says_so_in_one_line(tmp_path):
