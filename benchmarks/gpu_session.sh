@@ -14,7 +14,7 @@
 #    DATASTORE SHAPES`, SHAPES a folder with an earlier visit's shape-b1.json and shape-b8.json, e.g.
 #    benchmarks/shapes-h100-amd-v34-q25 (tuned on the fifth visit for heads/amd-v34-q25); then
 #    `bash benchmarks/gpu_session.sh versus_more` on the warm machine with no carry, then
-#    `overlap_more`, `gate_more`, `versus_summarization`, `sampled_more`, `trace_more` and `widths_more` likewise while
+#    `widths_ab`, `overlap_more`, `gate_more`, `versus_summarization`, `sampled_more`, `trace_more` and `widths_more` likewise while
 #    100-200 s of device time are left)
 #
 # `start` installs the carried wheels (transformers, datasets, gguf, pydivsufsort: the GPU image
@@ -284,6 +284,20 @@ widths_more() {
     bound_cells $RES/bound-tg-widths-1 $RES/bound-tg-widths-2
 }
 
+# after versus_more, on the warm machine (no carry), with 140 s of device time to spare: blocks
+# padded to a wider width bucket where this device replays that cheaper (`Engine.pad_wider`,
+# BENCHMARKS.md 10zzl) against every block at its own bucket ("... natural"), for the trie and the
+# whole method without deepening, at batch 1 on rag: on the seventh and eighth visits blocks of
+# 5-15 tokens (buckets 8 and 16) replayed 30-40% slower than blocks of 25-57 (32 and 64). The
+# target graphs' line says which buckets the calibration sent where
+widths_ab() {
+    cd "$REPO" || exit 1
+    ab widths-b1-rag 130 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 --reference-cache $RES/reference-rag-96.json \
+        --arms "trie tg,trie tg natural,whole graphs no deepen tg,whole graphs no deepen tg natural"
+    pack widths-ab.tgz
+    grep -h "tokens/call\|graphs:" $RES/widths-b1-rag.log
+}
+
 # after versus_more, on the warm machine (no carry), with 140 s of device time to spare: batch 32
 # with both verifications replayed, where the whole method ran 0.73-0.82x the trie on the seventh
 # visit (10zs): the rows that skip their head assembling their trees while the others' head
@@ -465,7 +479,7 @@ toy_lanes() {  # what `rehearse` runs, in the rewritten copy: the smoke test and
     {
         stage smoke 150 "${NG[@]}" generate -p examples/prompts.jsonl -d trie -n 64 --check --json
         for lane in ${LANES:-bench single batched short versus fix}; do "lane_$lane"; done
-        case " ${LANES:-versus} " in *" versus "*) versus_more; overlap_more; gate_more; versus_summarization; sampled_more; trace_more; widths_more ;; esac
+        case " ${LANES:-versus} " in *" versus "*) versus_more; widths_ab; overlap_more; gate_more; versus_summarization; sampled_more; trace_more; widths_more ;; esac
     } 2>&1 | tee $RES/stages.log
 }
 
