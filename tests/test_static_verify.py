@@ -58,7 +58,15 @@ def test_one_sequence_at_fixed_shapes_equals_the_plain_forward(family, layers):
     """Oracle: a plain `TargetModel` verifying and keeping the same trees and paths: every step's
     logits and features (the last hidden state, or EAGLE-3's layers), and the cache, over two
     prompts (the second reuses the first's buffers) and contexts past the first span (256 slots)."""
-    model = tiny_model(family, seed=2)
+    plain, static = _one_sequence_side_by_side(tiny_model(family, seed=2), layers)
+    assert plain.length > 256  # the second prompt's steps attended a wider span
+    assert static.unbucketed == 2 and static.made > 4  # the rows layout never asks for a shape
+
+
+def _one_sequence_side_by_side(model, layers: tuple[int, ...] | None = None) -> tuple[TargetModel, static_verify.StaticVerify]:
+    """A plain `TargetModel` and one at fixed shapes (uncaptured) verifying and keeping the same
+    trees (`SIZES`) and paths over two prompts, every step's logits, features and cache entries
+    checked equal; the plain one and the fixed one's `StaticVerify`."""
     plain, fixed = TargetModel(model), TargetModel(model)
     static = fixed.use_graphs(capture=False)
     for target in (plain, fixed):
@@ -80,8 +88,7 @@ def test_one_sequence_at_fixed_shapes_equals_the_plain_forward(family, layers):
             assert fixed.length == plain.length
             for f, p in zip(_entries(fixed.cache, fixed.length), _entries(plain.cache, plain.length)):
                 torch.testing.assert_close(f, p, rtol=1e-5, atol=1e-6)
-    assert plain.length > 256  # the second prompt's steps attended a wider span
-    assert static.unbucketed == 2 and static.made > 4  # the rows layout never asks for a shape
+    return plain, static
 
 
 def _drive(target: BatchTarget, seed: int) -> list[torch.Tensor]:
@@ -157,25 +164,7 @@ def test_blocks_padded_wider_equal_the_plain_forward(costs, fresh_plans):
     a width plan names (where the buffers have room): every logit, feature and cache entry."""
     model = tiny_model("llama", seed=2)
     plan = static_verify.plan_widths(model, 1, costs)
-    plain, fixed = TargetModel(model), TargetModel(model)
-    static = fixed.use_graphs(capture=False)
-    for target in (plain, fixed):
-        target.keep_features = True
-    rng_prompts = random.Random(0)
-    for length in (40, 230):
-        prompt = repetitive_prompt(rng_prompts, VOCAB, length)
-        torch.testing.assert_close(fixed.prefill(prompt), plain.prefill(prompt))
-        rng = random.Random(length)
-        for i, size in enumerate(SIZES):
-            layout = "rows" if size == "rows" else "tree"
-            tree, root = _tree(rng, 8 if size == "rows" else size), rng.randrange(VOCAB)
-            torch.testing.assert_close(fixed.verify(root, tree, layout), plain.verify(root, tree, layout), rtol=1e-5, atol=1e-5)
-            path = [] if SIZES[(i + 1) % len(SIZES)] in (70, "rows") else _path(rng, tree)
-            for target in (plain, fixed):
-                target.commit(path)
-            torch.testing.assert_close(fixed.take_features(), plain.take_features(), rtol=1e-5, atol=1e-5)
-            for f, p in zip(_entries(fixed.cache, fixed.length), _entries(plain.cache, plain.length)):
-                torch.testing.assert_close(f, p, rtol=1e-5, atol=1e-6)
+    _, static = _one_sequence_side_by_side(model)
     widths = {shape.width for shape in static._shapes}
     assert widths and widths <= set(plan.values())  # only the buckets the plan runs at
     assert ("8 as 32" in static.report()) == (plan[8] == 32)
