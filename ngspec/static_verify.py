@@ -28,7 +28,7 @@ fixed-shape forward runs as ordinary operations: that is how the tests check it 
 plain forward. Blocks wider than `MOST_WIDTH` run as the plain forward does.
 
 A wider block is not always the dearer replay: on two GPU visits (H200s) blocks padded to 8 or 16
-replayed in 7.7-9.5 ms and blocks padded to 32 or 64 in 5.1-7.5 (BENCHMARKS.md 10zs, 10zzk),
+replayed in 7.6-9.7 ms and blocks padded to 32 or 64 in 5.1-7.7 (BENCHMARKS.md 10zs, 10zzk),
 the kernels chosen differing by width. So a block may run padded wider than its own bucket:
 `plan_widths` takes each bucket's replay cost as the run's calibration measured it on this device
 (`ngspec.perf.costs`) and sends a bucket's blocks to the cheapest bucket at least as wide, where
