@@ -317,7 +317,7 @@ class StaticVerify:
         plans = planned_widths(self.model)
         at = rows if rows in plans else min((n for n in plans if n > rows), default=None)
         wide = own if at is None else plans[at].get(own, own)
-        return wide if wide == own or start + wide <= cache.layers[0]._keys.shape[-2] else own
+        return wide if wide == own or has_room(cache, start, wide) else own
 
     def _forward(self, cache, inputs: _Inputs, shape: Shape) -> tuple[torch.Tensor, torch.Tensor | None]:
         from ngspec.target import forward_with_features  # ngspec.target builds on this module
