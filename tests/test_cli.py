@@ -728,3 +728,16 @@ def test_a_model_given_another_models_tokenizer_is_refused_before_any_work(tiny_
         assert result.exit_code == 1 and "Traceback" not in result.output + result.stderr, command
         assert "has 49152 tokens but the model has embeddings for 96: they belong to different models" in result.stderr, command
     assert not (tmp_path / "s.jsonl").exists()
+
+
+def test_help_shows_a_type_only_for_options_that_take_a_value():
+    """A flag takes no value, so its help row names no type: `--json <bool>` (typer 0.29's rendering)
+    reads as if it wanted `--json true`, which fails as an unexpected extra argument. Options with
+    a value keep theirs."""
+    for command in (["--help"], ["generate", "--help"], ["bench", "--help"], ["build-datastore", "--help"]):
+        result = runner.invoke(app, command, env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert "<bool>" not in result.output, command
+    generate = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"--json\s+Machine-readable", generate), generate
+    assert re.search(r"--max-new-tokens\s+-n\s+<int>", generate), generate

@@ -14,12 +14,34 @@ import warnings
 from typing import Callable
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from ngspec.cli import render
 from ngspec.errors import NgspecError
 from ngspec.staging import os_error_message
 
+class _FlagsNameNoType:
+    """Help rows name a type only for options that take a value: typer 0.29 prints `<bool>` beside
+    every flag (`--json <bool>`), which reads as if `--json true` were wanted."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class _Command(_FlagsNameNoType, TyperCommand):
+    pass
+
+
+class _Group(_FlagsNameNoType, TyperGroup):
+    pass
+
+
 app = typer.Typer(
+    cls=_Group,
     name="ngspec",
     help="Lossless speculative decoding with cheap drafters: faster generation, output identical to plain decoding.",
     no_args_is_help=True,
@@ -95,7 +117,7 @@ def _register() -> None:
         ("profile-bound", profile_bound_command, "Time verification over (k rows, w tokens, context) next to a roofline prediction."),
     ]
     for name, command, short in commands:
-        app.command(name, short_help=short)(friendly(command))
+        app.command(name, short_help=short, cls=_Command)(friendly(command))
 
 
 _register()
