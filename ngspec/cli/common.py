@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -30,8 +31,6 @@ def sampling_config(temperature: float, top_p: float, top_k: int, seed: int | No
 def decode_config(max_new_tokens: int, sampling: SamplingConfig, stop: str | Sequence[str] | None, verify: str = "tree") -> DecodeConfig:
     """``stop``: one stop string or several (a string is one, not its characters); each is
     checked to be a non-empty string by `DecodeConfig`."""
-    from collections.abc import Iterable, Mapping
-
     from ngspec.decode import DecodeConfig
 
     if stop is not None and not isinstance(stop, str) and (not isinstance(stop, Iterable) or isinstance(stop, Mapping)):
