@@ -25,6 +25,12 @@ From those records it prints, per category:
     python benchmarks/head_worth.py --category summarization --eagle-head heads/amd-v23-all-e8lr1 \\
         --datastore datastores/shipped --tuned shapes/amd-v23-cpu-b1.json --json bench-out/v30/worth-summ.json
 
+`--bucket-ms` sizes the trees as another device's replayed verification would (a GPU's
+`--target-graphs` milliseconds by width bucket, blocks padded wider where cheaper, as
+`replay_drafters.py --bucket-ms` takes them) and `--head-cost` gives the head's run in that
+device's plain steps; the model still runs here, so the outputs, and what each tree would accept,
+are this machine's.
+
 Batch size 1 only (a batch sizes its rows' trees together).
 """
 
@@ -45,6 +51,7 @@ from ngspec.drafters.trie import Calibration
 from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.engine import Engine
 from ngspec.models import load_model
+from ngspec.perf.costs import replayed_table
 from ngspec.prompts import encode, load_prompts
 from ngspec.tree import accepted_path
 
@@ -52,21 +59,29 @@ from ngspec.tree import accepted_path
 class Witness(search.EagleSearchDrafter):
     """The whole method with its head run at every step, recording both trees' outcomes."""
 
-    def __init__(self, *args, reference: list[int], rows: list[dict], prompt_index: int = 0, **kwargs) -> None:
+    def __init__(self, *args, reference: list[int], rows: list[dict], prompt_index: int = 0, head_cost: float | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.reference, self.rows, self.prompt_index = reference, rows, prompt_index
+        self.device_head_cost = head_cost  # another device's head run, in its plain steps (None: as timed here)
         self._row: dict | None = None
+
+    def _head_cost(self, ctx: DraftContext) -> float:
+        return super()._head_cost(ctx) if self.device_head_cost is None else self.device_head_cost
 
     def _credited_gain(self, reach, n: int) -> float:
         self._credited = super()._credited_gain(reach, n)
         self._reach0 = reach[0] if n else 0.0  # the branch's first-node chance, as the gate sized it
+        self._branch = (1.0 + sum(reach[:n]), n)  # the tokens the branch alone is expected to give, its nodes
         return self._credited
 
     def _head_pays(self, conditionals, key, ctx: DraftContext) -> bool:
         gate = super()._head_pays(conditionals, key, ctx)  # sets ``_credited`` and ``_reach0``
         node = self.search.trie.match(ctx.tokens)
+        expected, n = self._branch
         self._row = {
             "gate": gate, "credited": self._credited, "head_cost": self._head_cost(ctx),
+            # what the gate weighs: its credit against the branch alone (`EagleSearchDrafter._head_pays`)
+            "expected": expected, "cost_n": ctx.cost(n), "cost_n1": ctx.cost(n + 1),
             # what is known before the head runs (`benchmarks/head_signals.py` tries them as gates)
             "prompt": self.prompt_index, "source": key[0], "match": key[1], "reach0": self._reach0,
             "local_depth": self.search.trie.depth(node) if node is not None else 0,
@@ -83,9 +98,12 @@ class Witness(search.EagleSearchDrafter):
         self.search.found.update(counts)  # the counterfactual is not part of the run's statistics
         self.deepened = deepened
         truth = self.reference[len(ctx.tokens) - ctx.prompt_len :]
-        with_head = out[0]
+        with_head, only = out[0], out[3]
+        path = accepted_path(with_head, truth)
         row.update(
-            accepted_with=len(accepted_path(with_head, truth)),
+            # what the drafter itself can see after the step: a node only the head's first level offered was accepted
+            first_level_only=any(only[i] == 1 for i in path),
+            accepted_with=len(path),
             accepted_without=len(accepted_path(alone, truth)),
             cost_with=ctx.cost(with_head.size),
             cost_without=ctx.cost(alone.size),
@@ -116,6 +134,27 @@ def summarise(rows: list[dict]) -> dict:
         cost = sum(r["cost_with"] + r["head_cost"] if pick(r) else r["cost_without"] for r in rows)
         return tokens / cost
 
+    def calibrated() -> list[bool]:
+        """The gate with its credit scaled by what the head's first level has shown so far, as a
+        drafter can see it (a node only that level offered accepted, against the credit, over the
+        steps the head ran; carried to the next prompt at ``Calibration.CARRY``; probes as the
+        gate's): the head's run on each step."""
+        accepted = credited = 0.0
+        since, prompt, runs = 0, None, []
+        for r in rows:
+            if r["prompt"] != prompt:
+                prompt, since = r["prompt"], 0
+                accepted, credited = accepted * Calibration.CARRY, credited * Calibration.CARRY
+            gain = min(Calibration.MAX_SCALE, (accepted + 1.0) / (credited + 1.0)) * r["credited"]
+            run = since >= search.PROBE_EVERY or (r["expected"] + gain) / (r["cost_n1"] + search.HEAD_COST_WEIGHT * r["head_cost"]) > r["expected"] / r["cost_n"]
+            since = 0 if run else since + 1
+            if run:
+                accepted, credited = accepted + r["first_level_only"], credited + r["credited"]
+            runs.append(run)
+        return runs
+
+    picks = dict(zip(map(id, rows), calibrated())) if rows and "expected" in rows[0] else {}
+
     def oracle(r: dict) -> bool:
         return (1 + r["accepted_with"]) / (r["cost_with"] + r["head_cost"]) > (1 + r["accepted_without"]) / r["cost_without"]
 
@@ -129,10 +168,14 @@ def summarise(rows: list[dict]) -> dict:
         "head wrong, branch wrong": gain([r for r in rows if not r["head_right"] and not r["branch_right"]]),
         "head wrong, branch right": gain([r for r in rows if not r["head_right"] and r["branch_right"]]),
         "head cost": statistics.fmean(r["head_cost"] for r in rows),
+        **({"calibrated gate runs": gain([r for r in rows if picks[id(r)]]),
+            "first level only accepted, gate runs": statistics.fmean(r["first_level_only"] for r in rows if r["gate"]) if any(r["gate"] for r in rows) else 0.0}
+           if picks else {}),
         "tokens per cost": {
             "never": rate(lambda r: False),
             "always": rate(lambda r: True),
             "gate": rate(lambda r: r["gate"]),
+            **({"calibrated gate": rate(lambda r: picks[id(r)])} if picks else {}),
             "per-step best": rate(oracle),
         },
     }
@@ -148,20 +191,29 @@ def main() -> None:
     ap.add_argument("--datastore")
     ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
     ap.add_argument("--json", help="write the per-step records and the summary here")
+    ap.add_argument("--bucket-ms", help="size the trees by a device's replayed verification, milliseconds by width bucket, "
+                    "e.g. 1:4.43,2:5.25,4:5.44,8:8.9,16:8.9,32:6.70,64:7.46 (blocks padded wider where cheaper)")
+    ap.add_argument("--head-cost", type=float, help="the head's run in that device's plain steps (default: as timed here)")
     args = ap.parse_args()
 
     loaded = load_model()
-    engine = Engine(loaded)
+    nodes = 63 if args.bucket_ms else 96
+    engine = Engine(loaded, calibrate=not args.bucket_ms)
+    if args.bucket_ms:
+        ms = {int(w): float(t) for w, t in (pair.split(":") for pair in args.bucket_ms.split(","))}
+        engine.target.cost_tables = {0: replayed_table({w: t / ms[1] for w, t in ms.items()}, nodes)}
     head_dir = Path(args.eagle_head)
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
     tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192)
     factory = eagle_factory(loaded.model, load_head(head_dir, loaded.model), tuned, load_draft_vocab(head_dir))
     ids = [encode(loaded.tokenizer, p.text) for p in load_prompts(Path(args.questions), args.category, args.limit)]
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=96)
+    # another device's table stands as given: not rescaled by this machine's step times
+    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, max_draft_nodes=nodes, learn_costs=not args.bucket_ms)
     calibration, rows, exact = Calibration(), [], 0  # carried from prompt to prompt, as in `generate`
     for i, x in enumerate(ids):
         reference = engine.run(x, make_drafter("vanilla"), cfg).token_ids
-        drafter = Witness(factory(), store, deepen=True, calibration=calibration, reference=reference, rows=rows, prompt_index=i)
+        drafter = Witness(factory(), store, deepen=True, calibration=calibration, reference=reference, rows=rows,
+                           prompt_index=i, head_cost=args.head_cost)
         exact += engine.run(x, drafter, cfg).token_ids == reference
     summary = summarise(rows)
     print(f"{args.category}: {len(rows)} steps, exact {exact}/{len(ids)}")

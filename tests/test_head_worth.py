@@ -66,3 +66,37 @@ def test_what_was_known_before_the_head_ran_is_recorded():
     row, *_ = witness_step([9, 4, 5])
     assert row["prompt"] == 0 and row["source"] == "local" and row["match"] == 2 == row["local_depth"]
     assert 0 < row["reach0"] <= 1  # "1 2" went on as "3" two times in three
+
+
+def test_another_devices_head_cost_stands_in_for_the_timed_one():
+    """`--head-cost`: the gate and the records weigh the head as that device's run, not as timed here."""
+    eagle = ScoredEagle(DraftTree((9,), (-1,)), [math.log(0.6)], head_cost=0.2)
+    rows: list[dict] = []
+    d = worth.Witness(eagle, None, depth=4, prefix_len=2, reference=[1, 2, 9], rows=rows, head_cost=0.05)
+    d.start(HISTORY)
+    d._head_seconds = 3.0  # timed here: 3 plain steps a run
+    ctx = DraftContext(HISTORY + [1, 2], len(HISTORY), 20, COST, step_seconds=1.0)
+    d.propose(ctx)
+    assert rows[0]["head_cost"] == 0.05
+    d.device_head_cost = None
+    assert d._head_cost(ctx) == 3.0
+
+
+def test_the_calibrated_gate_scales_the_credit_by_what_the_first_level_showed():
+    """Replayed: a credit of 0.5 a step, a run weighed at 0.1 steps and a node at 0.1, so a run
+    pays while the scaled credit is above 0.2. The head's first level never adds a node, so the
+    scale falls from 1 as (0 + 1) / (credited + 1): runs at 1, 2/3 and 1/2, then 0.4 stops it."""
+    step = {"gate": True, "credited": 0.5, "head_cost": 0.2, "expected": 1.0, "cost_n": 1.0, "cost_n1": 1.1,
+            "first_level_only": False, "accepted_with": 1, "accepted_without": 1, "cost_with": 1.1, "cost_without": 1.0,
+            "head_right": False, "branch_right": True, "prompt": 0}
+    s = worth.summarise([dict(step) for _ in range(4)])
+    assert s["calibrated gate runs"]["steps"] == 3 and s["gate runs"]["steps"] == 4
+    assert s["tokens per cost"]["calibrated gate"] == pytest.approx(8 / (3 * 1.3 + 1.0))
+    assert s["first level only accepted, gate runs"] == 0.0
+
+
+def test_the_first_levels_own_accepted_node_is_recorded():
+    row, *_ = witness_step([9, 4, 5])  # the head's 9 is no branch's
+    assert row["first_level_only"] and row["expected"] >= 1.0 and row["cost_n1"] >= row["cost_n"]
+    row, *_ = witness_step([3, 4, 1])
+    assert not row["first_level_only"]
