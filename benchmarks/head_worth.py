@@ -135,21 +135,19 @@ def summarise(rows: list[dict]) -> dict:
         return tokens / cost
 
     def calibrated() -> list[bool]:
-        """The gate with its credit scaled by what the head's first level has shown so far, as a
-        drafter can see it (a node only that level offered accepted, against the credit, over the
-        steps the head ran; carried to the next prompt at ``Calibration.CARRY``; probes as the
-        gate's): the head's run on each step."""
-        accepted = credited = 0.0
-        since, prompt, runs = 0, None, []
+        """The gate with its credit scaled by what the head's first level has added where it ran
+        (`reader_ab.py`'s ``whole cal``: `search.HEAD_CREDIT` in a calibration carried from prompt
+        to prompt; probes as the gate's): the head's run on each step."""
+        calibration, since, prompt, runs = Calibration(), 0, None, []
         for r in rows:
             if r["prompt"] != prompt:
                 prompt, since = r["prompt"], 0
-                accepted, credited = accepted * Calibration.CARRY, credited * Calibration.CARRY
-            gain = min(Calibration.MAX_SCALE, (accepted + 1.0) / (credited + 1.0)) * r["credited"]
+                calibration.next_prompt()
+            gain = calibration.scaled(search.HEAD_CREDIT, [r["credited"]])[0]
             run = since >= search.PROBE_EVERY or (r["expected"] + gain) / (r["cost_n1"] + search.HEAD_COST_WEIGHT * r["head_cost"]) > r["expected"] / r["cost_n"]
             since = 0 if run else since + 1
             if run:
-                accepted, credited = accepted + r["first_level_only"], credited + r["credited"]
+                calibration.record(search.HEAD_CREDIT, r["first_level_only"], r["credited"])
             runs.append(run)
         return runs
 

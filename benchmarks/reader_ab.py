@@ -49,6 +49,9 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
 * ``whole cover``: ``whole`` with the gate weighing the head against the draft it would make
   without it (branch and local tree, sized), crediting its top guess only with the chance that
   none of that draft's first nodes is right (`CoverGate`);
+* ``whole cal``: ``whole`` with the gate's credit scaled by what the head's first level added
+  where it ran (`CalibratedCredit`); these gate arms also come with `` graphs``, `` no deepen``
+  and `` tg``, e.g. ``whole graphs no deepen cal tg``;
 * ``vanilla tg``, ``trie tg``, ``whole tg``, ``whole graphs tg`` and ``whole graphs no deepen tg``:
   the arm with the target's verification at fixed shapes, replayed from captured CUDA graphs on a
   GPU (``--target-graphs``, `ngspec.static_verify`; its own engine, whose verify costs are
@@ -85,8 +88,9 @@ Prints per arm: tokens per verify call (prefill excluded), speed against the fir
 and in total, at batch size 1 (and with --interleave-batches) the 95% interval of that total
 (`ngspec.bench.interval`: each prompt's runs in one round are a pair, and prompts are resampled
 with all their rounds' pairs together), drafting share, exact match against plain greedy, steps
-without the head and the head's top guesses right / scored. ``--json-out`` keeps every arm's
-paired runs with their prompts (``runs``, ``keys``); `benchmarks/ab_pool.py` pools such files.
+without the head, the head's top guesses right / scored, and the nodes only its first level offered
+that were accepted / the gate's credit for those runs. ``--json-out`` keeps every arm's paired
+runs with their prompts (``runs``, ``keys``); `benchmarks/ab_pool.py` pools such files.
 Each prompt's reference (plain greedy decoding, one prompt at a time, untimed) is decoded before
 the arms; ``--reference-cache PATH`` keeps those answers in a JSON file for the next stage that
 asks the same prompts at the same length, dtype and device (on a GPU visit the batch-16 and -32
@@ -210,6 +214,16 @@ class CoverGate(search.EagleSearchDrafter):
         return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
 
 
+class CalibratedCredit(search.EagleSearchDrafter):
+    """``whole cal``: the gate weighs the head's credit scaled by what the head's first level added
+    where it ran (a node only that level offered, accepted: `search.HEAD_CREDIT`'s record in the
+    run's calibration, carried from prompt to prompt), as the drafter's other estimates are
+    scaled by their records; ``whole`` weighs it as credited."""
+
+    def _weighed_credit(self, credit: float) -> float:
+        return self.calibration.scaled(search.HEAD_CREDIT, [credit])[0]
+
+
 class _Headless:
     """Stands in for the EAGLE drafter: drafts nothing and runs nothing."""
 
@@ -324,19 +338,22 @@ def main() -> None:
         "whole graphs no deepen tg natural": lambda: search.EagleSearchDrafter(factory_graphs(), store, calibration=carried.get("whole graphs no deepen tg natural")),
     }
 
-    def gate_variant(name: str, graphs: bool, weight: str | None):
+    def gate_variant(name: str, graphs: bool, deepen: bool, gate: str):
         head = factory_graphs() if graphs else factory()
-        if weight is None:
-            return CoverGate(head, store, deepen=True, calibration=carried.get(name))
-        return HeadCostAt(head, store, deepen=True, calibration=carried.get(name), weight=float(weight))
+        if gate == "cover":
+            return CoverGate(head, store, deepen=deepen, calibration=carried.get(name))
+        if gate == "cal":
+            return CalibratedCredit(head, store, deepen=deepen, calibration=carried.get(name))
+        return HeadCostAt(head, store, deepen=deepen, calibration=carried.get(name), weight=float(gate.removeprefix("hc")))
 
     for name in args.arms.split(","):
         # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times; "whole
-        # graphs hc1 tg", "whole graphs cover tg": that gate (or the cover gate) with the head's runs
-        # and the target's verification replayed from graphs, as on a GPU the trie's "tg" arm verifies
-        variant = re.fullmatch(r"whole( graphs)? (?:hc([0-9]+(?:\.[0-9]+)?)|cover)( tg)?", name)
+        # cover", "whole cal": those gates; "whole graphs hc1 tg", "whole graphs no deepen cal tg":
+        # that gate with the head's runs (and the target's verification) replayed from graphs, as
+        # on a GPU the trie's "tg" arm verifies, with or without deepening
+        variant = re.fullmatch(r"whole( graphs)?( no deepen)? (hc[0-9]+(?:\.[0-9]+)?|cover|cal)( tg)?", name)
         if variant and name not in every:
-            every[name] = partial(gate_variant, name, bool(variant.group(1)), variant.group(2))
+            every[name] = partial(gate_variant, name, bool(variant.group(1)), not variant.group(2), variant.group(3))
 
     unknown = [a for a in args.arms.split(",") if a not in every]
     if unknown:
@@ -418,7 +435,7 @@ def main() -> None:
         if args.batch_size > 1:
             folding(a)
             engine_of(a).run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), batches[a])
-    res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0], "runs": [], "keys": [],
+    res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0], "first_level": [0, 0.0], "runs": [], "keys": [],
                "capture_seconds": 0.0, "cold_runs": 0, "cold_seconds": 0.0} for a in arms}
 
     def capturing() -> dict[str, float]:
@@ -449,6 +466,7 @@ def main() -> None:
         stats = gen.drafter_stats or {}
         s["skipped"] += stats.get("head_skipped", 0)
         s["top_guess"] = [a_ + b_ for a_, b_ in zip(s["top_guess"], stats.get("head_top_guess", (0, 0)))]
+        s["first_level"] = [a_ + b_ for a_, b_ in zip(s["first_level"], stats.get("head_first_level", (0, 0.0)))]
         if seconds:  # batch size 1: each prompt's run, paired with the other arms' runs of it
             s["runs"].append((len(gen.token_ids), seconds))
             s["keys"].append(key)
@@ -493,7 +511,7 @@ def main() -> None:
             f"{[round(b / t, 3) for b, t in zip(base, s['seconds'])]}  total {sum(base) / sum(s['seconds']):.3f}x  "
             f"95% interval {'-' if interval is None else f'{interval[0]:.3f}-{interval[1]:.3f}'}  "
             f"drafting {s['draft'] / sum(s['seconds']):.3f}  exact {s['exact']}/{len(ids) * args.rounds}  "
-            f"head skipped {s['skipped']}  top guess {s['top_guess']}"
+            f"head skipped {s['skipped']}  top guess {s['top_guess']}  first level added/credited {s['first_level'][0]}/{s['first_level'][1]:.1f}"
             + (f"  captures {s['capture_seconds']:.2f} s, {s['cold_runs']} runs at new shapes {s['cold_seconds']:.2f} s "
                f"({s['cold_seconds'] / sum(s['seconds']):.3f} of the arm's time)" if s["cold_runs"] else ""),
             flush=True,

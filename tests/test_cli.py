@@ -418,6 +418,10 @@ def test_generate_summarises_the_search_branch_and_the_head():
     assert rows["steps without the head"] == "4" and rows["head's top guess right (drafted + caught up)"] == "2 / 8 (25%)"
     assert dict(_search_summary({"head_skipped": 0, "head_top_guess": [0, 0]}))["head's top guess right (drafted + caught up)"] == "0 / 0"
     assert _search_summary(None) == [] and _search_summary({"rows_allocated": {}}) == []
+    # where the gate weighed the head: its first level's own accepted nodes against the gate's credit
+    rows = dict(_search_summary({"head_skipped": 4, "head_top_guess": [2, 8], "head_first_level": [3, 7.25]}))
+    assert rows["head's first level: nodes added / credited by the gate"] == "3 / 7.2"
+    assert "head's first level: nodes added / credited by the gate" not in dict(_search_summary({"head_skipped": 0, "head_top_guess": [0, 0], "head_first_level": [0, 0.0]}))
 
 
 @pytest.mark.slow

@@ -85,13 +85,14 @@ def test_another_devices_head_cost_stands_in_for_the_timed_one():
 def test_the_calibrated_gate_scales_the_credit_by_what_the_first_level_showed():
     """Replayed: a credit of 0.5 a step, a run weighed at 0.1 steps and a node at 0.1, so a run
     pays while the scaled credit is above 0.2. The head's first level never adds a node, so the
-    scale falls from 1 as (0 + 1) / (credited + 1): runs at 1, 2/3 and 1/2, then 0.4 stops it."""
+    scale falls from 1 as the calibration's (0 + prior) / (credited + 1), its prior the same record's
+    1 / (credited + 1): runs at 1 and 1 / 2.25, then 1 / 4 stops it."""
     step = {"gate": True, "credited": 0.5, "head_cost": 0.2, "expected": 1.0, "cost_n": 1.0, "cost_n1": 1.1,
             "first_level_only": False, "accepted_with": 1, "accepted_without": 1, "cost_with": 1.1, "cost_without": 1.0,
             "head_right": False, "branch_right": True, "prompt": 0}
     s = worth.summarise([dict(step) for _ in range(4)])
-    assert s["calibrated gate runs"]["steps"] == 3 and s["gate runs"]["steps"] == 4
-    assert s["tokens per cost"]["calibrated gate"] == pytest.approx(8 / (3 * 1.3 + 1.0))
+    assert s["calibrated gate runs"]["steps"] == 2 and s["gate runs"]["steps"] == 4
+    assert s["tokens per cost"]["calibrated gate"] == pytest.approx(8 / (2 * 1.3 + 2 * 1.0))
     assert s["first level only accepted, gate runs"] == 0.0
 
 

@@ -9,6 +9,7 @@ from conftest import benchmark_script
 from test_search import ScoredEagle
 
 from ngspec.contracts import DraftContext, DraftTree
+from ngspec.drafters.trie import Calibration
 
 ab = benchmark_script("reader_ab")
 HISTORY = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 7, 8]  # "1 2" went on as "3 4" twice, as "7 8" once
@@ -95,12 +96,14 @@ def test_an_unknown_arm_is_a_usage_error_before_anything_loads():
 
     run = subprocess.run(
         [sys.executable, str(BENCHMARKS / "reader_ab.py"), "--category", "rag", "--eagle-head", "none", "--tuned", "none.json",
-         "--arms", "trie,whole hc1,whole hc..,wholly,whole graphs hc1 tg,whole graphs cover tg,whole graphs cover hc1"],
+         "--arms", "trie,whole hc1,whole hc..,wholly,whole graphs hc1 tg,whole graphs cover tg,whole graphs cover hc1,"
+                   "whole cal,whole graphs no deepen cal tg,whole no deepen graphs cal"],
         capture_output=True, text=True,
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    # "whole hc1" is known (the cost weighed once), and so are its and the cover gate's graphs and tg variants
-    assert "unknown arms: ['whole hc..', 'wholly', 'whole graphs cover hc1']" in run.stderr
+    # "whole hc1" is known (the cost weighed once), and so are its, the cover gate's and the
+    # calibrated credit's graphs, no deepen and tg variants, in that order
+    assert "unknown arms: ['whole hc..', 'wholly', 'whole graphs cover hc1', 'whole no deepen graphs cal']" in run.stderr
 
 
 def gate_opens(d, cost: tuple[float, ...]) -> bool:
@@ -136,6 +139,25 @@ def test_the_cover_gate_credits_the_head_less_where_the_local_tree_offers_first_
     assert all(b or not c for b, c in zip(built, cover))
     assert sum(cover) < sum(built)
     assert cover[0]  # a free head always pays
+
+
+def test_the_calibrated_credit_scales_the_gates_credit_by_the_first_levels_record():
+    """``whole cal``: as in `test_search.test_the_gate_weighs_half_the_heads_cost`, a run pays
+    while its credit is above 0.4 and the prior rate credits 0.5. Where the head's first level
+    added nothing in 9 credited (halved at the new prompt: a scale of 1 / 5.5) the calibrated gate
+    keeps the head off, where it always did it runs; the gate as built runs it either way."""
+    cost = (1.0, 1.1) + (2.0,) * 20
+    opens = {}
+    for cls in (ab.search.EagleSearchDrafter, ab.CalibratedCredit):
+        for added in (0.0, 9.0):
+            calibration = Calibration()
+            calibration.record(ab.search.HEAD_CREDIT, added, 9.0)
+            d = cls(ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)], head_cost=0.6), None, depth=0, calibration=calibration)
+            d.start(HISTORY)
+            d.propose(DraftContext(HISTORY + [50], len(HISTORY), 20, cost))
+            opens[cls.__name__, added] = bool(d.eagle.caps)
+    assert opens == {("EagleSearchDrafter", 0.0): True, ("EagleSearchDrafter", 9.0): True,
+                     ("CalibratedCredit", 0.0): False, ("CalibratedCredit", 9.0): True}
 
 
 def test_serial_assembles_a_skipped_step_at_once_into_the_same_tree():

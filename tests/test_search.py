@@ -13,7 +13,7 @@ from ngspec.contracts import DraftContext, DraftTree
 from ngspec.datastore import index
 from ngspec.datastore.index import Datastore
 from ngspec.drafters import search as search_module
-from ngspec.drafters.search import PROBE_EVERY, SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, path_probs
+from ngspec.drafters.search import HEAD_CREDIT, PROBE_EVERY, SMOOTHING, EagleSearchDrafter, SearchBranch, SearchDrafter, first_branch, path_probs
 from ngspec.tree import accepted_path
 from ngspec.drafters.trie import NGramTrie, TrieDrafter
 from ngspec.verify import accept_greedy
@@ -445,7 +445,8 @@ def test_eagle_alone_is_sized_like_eagle_search_without_a_branch():
     assert tree.tokens == (3, 4) and tree.parents == (-1, 0)  # the two most likely, still a tree
     steep.observe([3, 4, 8])
     assert steep.calibration._totals["eagle"] == (2, pytest.approx(0.9 + 0.5))
-    assert steep.stats() == {"head_skipped": 0, "head_top_guess": [1, 1]}  # its top guess, 3, was right
+    # its top guess, 3, was right; its first level added that node, credited the prior rate, a half
+    assert steep.stats() == {"head_skipped": 0, "head_top_guess": [1, 1], "head_first_level": [1, 0.5]}
 
 
 def costly_head_alone():
@@ -484,6 +485,46 @@ def test_the_gate_weighs_half_the_heads_cost(monkeypatch):
         drafter.start(HISTORY)
         drafter.propose(DraftContext(HISTORY + [50], len(HISTORY), 20, cost))
         assert len(eagle.caps) == runs
+
+
+def test_a_head_run_records_whether_a_node_only_its_first_level_offered_was_accepted():
+    """What the gate credited a head run with, against what its first level added: the calibration
+    keeps it (`HEAD_CREDIT`) and `stats` counts it ("head_first_level": added, credited)."""
+    cost = (1.0,) * 8 + (2.0,) * 20
+    alone = EagleSearchDrafter.alone(ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)]))
+    alone.start(HISTORY)
+    alone.propose(DraftContext(HISTORY + [50], len(HISTORY), 20, cost))
+    alone.observe([3, 99])  # its own node, accepted: credited the prior rate, a half
+    assert alone.calibration._totals[HEAD_CREDIT] == (1, pytest.approx(0.5))
+    alone.propose(DraftContext(HISTORY + [50, 3, 99], len(HISTORY), 20, cost))
+    alone.observe([7])  # not accepted; credited 2/3, the rate after one right guess
+    assert alone.calibration._totals[HEAD_CREDIT] == (1, pytest.approx(0.5 + 2 / 3))
+    assert alone.stats()["head_first_level"] == [1, pytest.approx(0.5 + 2 / 3, abs=1e-3)]
+    # the head's 3 is also the search branch's first token ("1 2" went on as "3 4 5"): the node
+    # accepted is not the head's alone
+    both = EagleSearchDrafter(ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)]), None, depth=3, prefix_len=2)
+    both.start(HISTORY)
+    both.propose(DraftContext(HISTORY + [1, 2], len(HISTORY), 20, cost))
+    both.observe([3, 4, 5, 6])
+    added, credited = both.calibration._totals[HEAD_CREDIT]
+    assert added == 0 and 0 < credited < 0.5
+    # a step the batch verified none of records nothing; nor does a step without the head, nor one
+    # where verification is free (no gate weighed the head)
+    cut = EagleSearchDrafter.alone(ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)]))
+    cut.start(HISTORY)
+    cut.propose(DraftContext(HISTORY + [50], len(HISTORY), 20, cost, engine_sizes=True))
+    cut.keep(0)
+    cut.observe([3])
+    eagle, closed, steep = costly_head_alone()
+    closed.propose(DraftContext(HISTORY + [50], len(HISTORY), 20, (1.0, 5.0) + (9.0,) * 20))
+    closed.observe([50])
+    free = EagleSearchDrafter.alone(ScoredEagle(DraftTree((3,), (-1,)), [math.log(0.9)]))
+    free.start(HISTORY)
+    free.propose(DraftContext(HISTORY + [50], len(HISTORY), 20))
+    free.observe([3, 99])
+    assert not eagle.caps
+    for drafter in (cut, closed, free):
+        assert HEAD_CREDIT not in drafter.calibration._totals and drafter.stats()["head_first_level"] == [0, 0.0]
 
 
 def test_a_closed_head_gate_still_probes_and_reopens_on_caught_up_guesses():

@@ -75,6 +75,9 @@ def _search_summary(stats: dict | None) -> list[tuple[str, str]]:
         right, scored = stats["head_top_guess"]
         rows.append(("steps without the head", str(stats["head_skipped"])))
         rows.append(("head's top guess right (drafted + caught up)", f"{right} / {scored}" + (f" ({right / scored:.0%})" if scored else "")))
+        added, credited = stats.get("head_first_level", (0, 0.0))
+        if credited:  # where the gate weighed the head and it ran: what its own first-level nodes added
+            rows.append(("head's first level: nodes added / credited by the gate", f"{added} / {credited:.1f}"))
     return rows
 
 

@@ -62,6 +62,10 @@ HEAD_SMOOTHING = 0.2  # weight of the newest head run in the running estimate of
 # 10l), yet running the head on every step loses to this gate in replay; what the gate gets wrong
 # is which steps it picks, and no signal known before the head runs picks them better (10l)
 HEAD_COST_WEIGHT = 0.5
+# the calibration's kind for what the head's first level added where the gate weighed it and it ran
+# (a node only that level offered, accepted) against the gate's credit for those runs; apart from
+# the levels below it (`EagleSearchDrafter._record_levels`), which the credit does not cover
+HEAD_CREDIT = ("head", 1)
 
 
 class SearchBranch:
@@ -275,6 +279,9 @@ class EagleSearchDrafter:
         self._unverified = False  # in a batch: none of the last nodes offered was verified (`keep`)
         self._level_predicted: dict[int, float] = {}  # this step's head levels below the root: depth -> chain predicted there
         self._since_level = 0  # head runs since one ran a level below the root's children
+        self._credit: float | None = None  # this step's credit for a head run (`_head_pays`)
+        self._credit_due: float | None = None  # that of the step's head run, recorded once it is verified
+        self._first_level = [0, 0.0]  # where the gate weighed the head and it ran: first-level nodes added, credited
 
     def _head_cost(self, ctx: DraftContext) -> float:
         """One head run's cost (a level of its tree: the forward and its top-k) relative to a plain
@@ -316,11 +323,19 @@ class EagleSearchDrafter:
         return self._top1_rate() * (1.0 - (reach[0] if n else 0.0))
 
     def _head_pays(self, conditionals: list[float], key: tuple[str, int], ctx: DraftContext) -> bool:
+        """Whether a head run beside the search branch pays for itself and its node, by its credit
+        (`_credited_gain`, kept for `observe` to set against what the run's first level added)."""
         reach, n = sized_branch(self.calibration, key, conditionals, ctx)  # what the branch alone would draft
         expected = 1.0 + sum(reach[:n])
-        gain = self._credited_gain(reach, n)
+        self._credit = self._credited_gain(reach, n)
+        gain = self._weighed_credit(self._credit)
         head = HEAD_COST_WEIGHT * self._head_cost(ctx)
         return (expected + gain) / (ctx.cost(n + 1) + head) > expected / ctx.cost(n)
+
+    def _weighed_credit(self, credit: float) -> float:
+        """The credit the gate weighs: as credited. (`benchmarks/reader_ab.py`'s ``cal`` arms scale
+        it by what the head's first level added where it ran, `HEAD_CREDIT`'s record.)"""
+        return credit
 
     def _deeper(self, found: tuple[str, list[int], list[float]], key: tuple[str, int], ctx: DraftContext) -> "Deeper":
         """Where nodes cost: whether the head's next level is worth its run. It is when the chain
@@ -377,8 +392,10 @@ class EagleSearchDrafter:
         root_key, root_node = self.search.last_key, self.search.last_node
         self._eagle_top = None
         self._level_predicted = {}
+        self._credit = None
         probe = self._since_head >= PROBE_EVERY and not self._unverified
-        if costly and not probe and not self._head_pays(found[2], root_key, ctx):
+        pays = self._head_pays(found[2], root_key, ctx) if costly else True  # a probe's run is credited too
+        if not probe and not pays:
             self.eagle.defer(ctx)
             self.skipped += 1
             self._since_head += 1
@@ -393,6 +410,7 @@ class EagleSearchDrafter:
             self._since_level = 0 if self._level_predicted else self._since_level + 1
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
+            self._credit_due = self._credit
         self._last = self._assemble(ctx, found, root_key, root_node, tree, scores)
         tree = self._last[0]
         if tree.size:  # verified unless the batch cuts it (`keep`); an empty tree says nothing new
@@ -473,7 +491,13 @@ class EagleSearchDrafter:
             for node, (key, p) in enumerate(zip(keys, raw)):
                 self.calibration.record(key, node in accepted, p)
             self._record_levels(accepted, only)
+            if self._credit_due is not None and not self._unverified:
+                added = any(only[i] == 1 for i in accepted)
+                self.calibration.record(HEAD_CREDIT, added, self._credit_due)
+                self._first_level[0] += added
+                self._first_level[1] += self._credit_due
             self._last = None
+        self._credit_due = None
 
     def _top_guesses(self) -> tuple[int, int]:
         """EAGLE's top guesses so far, drafted and caught up on: (right, scored)."""
@@ -481,7 +505,7 @@ class EagleSearchDrafter:
         return self._top1[0] + right, self._top1[1] + scored
 
     def stats(self) -> dict:
-        head = {"head_skipped": self.skipped, "head_top_guess": list(self._top_guesses())}
+        head = {"head_skipped": self.skipped, "head_top_guess": list(self._top_guesses()), "head_first_level": [self._first_level[0], round(self._first_level[1], 3)]}
         if self.search.depth == 0:  # `alone`
             return head
         return {"search_branch_from": dict(self.search.found), "deepened": self.deepened, **head}
