@@ -299,29 +299,29 @@ widths_ab() {
 }
 
 # after versus_more, on the warm machine (no carry), with 140 s of device time to spare: batch 32
-# with both verifications replayed, where the whole method ran 0.73-0.82x the trie on the seventh
-# visit (10zs): the rows that skip their head assembling their trees while the others' head
-# forwards run (`HOST_WORK`, BENCHMARKS.md 10zv) against the same arm assembling them at once
-# ("serial"; 60% of that visit's 32-row row-steps skipped the head), and the method without its
-# head ("no head tg": the search branch and the local tree alone)
+# with both verifications replayed, where the whole method ran 0.79x the trie on the eighth visit
+# while the method without its head ("no head tg": the search branch and the local tree alone) was
+# level (10zzk): the gate with its credit scaled by what the head's first level added where it ran
+# ("cal", BENCHMARKS.md 10zzm), in the place of the eighth visit's "serial" arm (the overlap, measured there)
 overlap_more() {
     cd "$REPO" || exit 1
     ab overlap-b32-rag 130 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
-        --reference-cache $RES/reference-rag-64.json --arms "trie tg,whole graphs no deepen tg,whole graphs no deepen serial tg,no head tg"
+        --reference-cache $RES/reference-rag-64.json --arms "trie tg,whole graphs no deepen tg,whole graphs no deepen cal tg,no head tg"
     pack overlap.tgz
     grep -h "tokens/call\|graphs:" $RES/overlap-b32-rag.log
 }
 
 # after versus_more, on the warm machine (no carry), with 100 s of device time to spare: the head's
-# gate at batch 1 with both verifications replayed. On the seventh visit `whole graphs tg` ran
-# 0.910x `trie tg`, its head on 39% of the steps for 1.4% more tokens a call (10zs): the gate
-# weighs half the head's measured cost (tuned on two CPU cores); "hc1" weighs all of it, "cover"
-# credits the head only where the search's draft offers no likely first token, and "no head tg"
-# never runs it (BENCHMARKS.md 10zv); the plain greedy references come from versus-b1-rag's file
+# gate at batch 1 with both verifications replayed. On the eighth visit `whole graphs tg` ran
+# 0.94-0.97x `trie tg` and "no head tg" (never running it) 1.000x; weighing all the head's cost
+# ("hc1", 0.973x) or crediting it only where the search's draft offers no likely first token
+# ("cover", 0.935x) changed nothing worth having (10zzk). "cal" scales the gate's credit by what
+# the head's first level added where it ran (BENCHMARKS.md 10zzm); the plain greedy references
+# come from versus-b1-rag's file
 gate_more() {
     cd "$REPO" || exit 1
     ab gate-b1-rag 120 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 --reference-cache $RES/reference-rag-96.json \
-        --arms "trie tg,whole graphs tg,whole graphs hc1 tg,whole graphs cover tg,no head tg"
+        --arms "trie tg,whole graphs tg,whole graphs cal tg,no head tg"
     pack gate.tgz
     grep -h "tokens/call\|graphs:" $RES/gate-b1-rag.log
 }
