@@ -51,7 +51,7 @@ from ngspec.drafters.trie import Calibration
 from ngspec.eagle.head import load_draft_vocab, load_head
 from ngspec.engine import Engine
 from ngspec.models import load_model
-from ngspec.perf.costs import replayed_table
+from ngspec.perf.costs import bucket_costs, replayed_table
 from ngspec.prompts import encode, load_prompts
 from ngspec.tree import accepted_path
 
@@ -198,8 +198,7 @@ def main() -> None:
     nodes = 63 if args.bucket_ms else 96
     engine = Engine(loaded, calibrate=not args.bucket_ms)
     if args.bucket_ms:
-        ms = {int(w): float(t) for w, t in (pair.split(":") for pair in args.bucket_ms.split(","))}
-        engine.target.cost_tables = {0: replayed_table({w: t / ms[1] for w, t in ms.items()}, nodes)}
+        engine.target.cost_tables = {0: replayed_table(bucket_costs(args.bucket_ms), nodes)}
     head_dir = Path(args.eagle_head)
     store = Datastore.open(args.datastore, loaded.tokenizer) if args.datastore else None
     tuned = EagleOptions("static", choices=read_choices(Path(args.tuned)), draft_vocab=8192)

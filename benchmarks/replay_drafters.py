@@ -32,7 +32,7 @@ from ngspec.drafters import DrafterOptions, make_drafter
 from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.models import load_model
-from ngspec.perf.costs import replayed_table
+from ngspec.perf.costs import bucket_costs, replayed_table
 from ngspec.prompts import encode, load_prompts
 
 
@@ -101,8 +101,7 @@ def main() -> None:
 
         store = Datastore.open(args.datastore, engine.loaded.tokenizer)
     if args.bucket_ms:
-        ms = {int(w): float(t) for w, t in (pair.split(":") for pair in args.bucket_ms.split(","))}
-        relative = {w: t / ms[1] for w, t in ms.items()}
+        relative = bucket_costs(args.bucket_ms)
         costs = {"natural": replayed_table(relative, 63, pad_wider=False), "padded wider": replayed_table(relative, 63)}
     else:
         costs = {"": (1.0,) * 65 if args.flat_cost else engine.target.verify_cost(512)}

@@ -147,6 +147,12 @@ def test_replayed_trees_cost_their_buckets_replay_a_step_per_bucket():
     assert replayed_table({1: 1.0, 2: 1.1, 4: 1.3, 8: 2.5}, 5) == (1.0, 1.1, 1.3, 1.3, 2.5, 2.5)
 
 
+def test_a_devices_bucket_milliseconds_read_relative_to_one_token():
+    from ngspec.perf.costs import bucket_costs
+
+    assert bucket_costs("1:4.0,2:5.0,8:8.0,32:6.0") == {1: 1.0, 2: 1.25, 8: 2.0, 32: 1.5}
+
+
 def test_replay_costs_are_measured_by_width_on_fixed_shapes(tiny):
     """`measure_replay_costs` times one tree per bucket, one row on the target's own fixed shapes
     (which the run then reuses) and a batch's rows on theirs."""

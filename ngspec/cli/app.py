@@ -20,6 +20,7 @@ from ngspec.cli import render
 from ngspec.errors import NgspecError
 from ngspec.staging import os_error_message
 
+
 class _FlagsNameNoType:
     """Help rows name a type only for options that take a value: typer 0.29 prints `<bool>` beside
     every flag (`--json <bool>`), which reads as if `--json true` were wanted."""

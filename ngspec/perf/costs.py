@@ -106,6 +106,14 @@ def replayed_table(costs: dict[int, float], max_nodes: int, pad_wider: bool = Tr
     return cost_table(points, max_nodes)
 
 
+def bucket_costs(spec: str) -> dict[int, float]:
+    """A device's replay milliseconds by width bucket, written "1:4.43,2:5.25,...,64:7.46" (as
+    `profile-bound --target-graphs` times them), relative to the one-token bucket's: what
+    `replayed_table` takes, for replaying drafters at another device's sizing."""
+    ms = {int(width): float(t) for width, t in (pair.split(":") for pair in spec.split(","))}
+    return {width: t / ms[1] for width, t in ms.items()}
+
+
 def _one_row(target: TargetModel, max_nodes: int, context: int) -> Callable[[int], None]:
     """``verify(size)`` on ``target``: a random chain of ``size`` nodes after ``context`` random
     tokens, verified and undone."""
