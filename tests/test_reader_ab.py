@@ -144,8 +144,9 @@ def test_the_cover_gate_credits_the_head_less_where_the_local_tree_offers_first_
 def test_the_calibrated_credit_scales_the_gates_credit_by_the_first_levels_record():
     """``whole cal``: as in `test_search.test_the_gate_weighs_half_the_heads_cost`, a run pays
     while its credit is above 0.4 and the prior rate credits 0.5. Where the head's first level
-    added nothing in 9 credited (halved at the new prompt: a scale of 1 / 5.5) the calibrated gate
-    keeps the head off, where it always did it runs; the gate as built runs it either way."""
+    added nothing in 9 credited (halved at the new prompt: a rate of 1 / 5.5, which is also the
+    record's prior, so a scale of 1 / 30) the calibrated gate keeps the head off, where it always
+    did it runs; the gate as built runs it either way."""
     cost = (1.0, 1.1) + (2.0,) * 20
     opens = {}
     for cls in (ab.search.EagleSearchDrafter, ab.CalibratedCredit):
