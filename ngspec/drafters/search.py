@@ -279,8 +279,7 @@ class EagleSearchDrafter:
         self._unverified = False  # in a batch: none of the last nodes offered was verified (`keep`)
         self._level_predicted: dict[int, float] = {}  # this step's head levels below the root: depth -> chain predicted there
         self._since_level = 0  # head runs since one ran a level below the root's children
-        self._credit: float | None = None  # this step's credit for a head run (`_head_pays`)
-        self._credit_due: float | None = None  # that of the step's head run, recorded once it is verified
+        self._credit: float | None = None  # the credit of this step's head run (`_head_pays`), recorded once it is verified
         self._first_level = [0, 0.0]  # where the gate weighed the head and it ran: first-level nodes added, credited
 
     def _head_cost(self, ctx: DraftContext) -> float:
@@ -397,6 +396,7 @@ class EagleSearchDrafter:
         pays = self._head_pays(found[2], root_key, ctx) if costly else True  # a probe's run is credited too
         if not probe and not pays:
             self.eagle.defer(ctx)
+            self._credit = None  # no run to record
             self.skipped += 1
             self._since_head += 1
             tree, scores = DraftTree(), []
@@ -410,7 +410,6 @@ class EagleSearchDrafter:
             self._since_level = 0 if self._level_predicted else self._since_level + 1
             scores = getattr(self.eagle, "last_scores", [0.0] * tree.size)[: tree.size]
             self._eagle_top = tree.tokens[0] if tree.size else None  # nodes come by depth, then rank
-            self._credit_due = self._credit
         self._last = self._assemble(ctx, found, root_key, root_node, tree, scores)
         tree = self._last[0]
         if tree.size:  # verified unless the batch cuts it (`keep`); an empty tree says nothing new
@@ -491,13 +490,13 @@ class EagleSearchDrafter:
             for node, (key, p) in enumerate(zip(keys, raw)):
                 self.calibration.record(key, node in accepted, p)
             self._record_levels(accepted, only)
-            if self._credit_due is not None and not self._unverified:
+            if self._credit is not None and not self._unverified:
                 added = any(only[i] == 1 for i in accepted)
-                self.calibration.record(HEAD_CREDIT, added, self._credit_due)
+                self.calibration.record(HEAD_CREDIT, added, self._credit)
                 self._first_level[0] += added
-                self._first_level[1] += self._credit_due
+                self._first_level[1] += self._credit
             self._last = None
-        self._credit_due = None
+        self._credit = None
 
     def _top_guesses(self) -> tuple[int, int]:
         """EAGLE's top guesses so far, drafted and caught up on: (right, scored)."""
