@@ -15,7 +15,7 @@ from ngspec.decode import DecodeConfig, Stopper, generate
 from ngspec.drafters import REGISTRY, DrafterOptions, make_drafter
 from ngspec.target import TargetModel
 from ngspec.verify import SamplingConfig
-from test_lossless import STEEP_COST, VOCAB, tiny_datastore, tiny_eagle, tiny_tables  # noqa: F401 (fixtures)
+from test_lossless import COST_LAYOUTS, VOCAB, tiny_datastore, tiny_eagle, tiny_tables  # noqa: F401 (fixtures)
 
 # peaked enough that drafts are accepted, varied enough that other seeds draw other tokens
 SAMPLINGS = [
@@ -50,8 +50,7 @@ def test_plain_sampling_depends_on_the_seed(tiny, cases):
     assert plain_sampling(tiny, prompt, cfg) == want
 
 
-@pytest.mark.parametrize("layout", ["tree", "rows"])
-@pytest.mark.parametrize("cost", [(), STEEP_COST], ids=["flat-cost", "steep-cost"])
+@COST_LAYOUTS
 @pytest.mark.parametrize("drafter", [d for d in REGISTRY if d != "vanilla"])
 def test_every_drafter_samples_plain_samplings_tokens(tiny, tiny_tables, tiny_eagle, tiny_datastore, cases, drafter, cost, layout):
     target = TargetModel(tiny)
@@ -69,8 +68,7 @@ def test_every_drafter_samples_plain_samplings_tokens(tiny, tiny_tables, tiny_ea
         assert tokens > 1.05 * calls  # drafts were accepted: the tree really was walked by samples
 
 
-@pytest.mark.parametrize("layout", ["padded", "packed"])
-@pytest.mark.parametrize("batch_size", [4, 8])
+@pytest.mark.parametrize("batch_size, layout", [(4, "padded"), (8, "packed")])  # the fuzz test draws the others
 @pytest.mark.parametrize("drafter", list(REGISTRY))
 def test_every_row_of_a_batch_samples_its_own_plain_samplings_tokens(tiny, tiny_tables, tiny_eagle, tiny_datastore, cases, drafter, batch_size, layout):
     """Rows of one batch, each with its own seed and settings (fed as requests), sample what each
