@@ -38,6 +38,21 @@ def tiny(request):
     return tiny_model(request.param, seed=0)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files marked `tiny_llama_only` run their tests of the `tiny` fixture on the Llama model
+    alone: Qwen2 differs in its attention's biases, which the drafter matrices of test_lossless,
+    test_batch, test_static_verify, test_kv, test_rows and the random search of
+    test_fuzz_lossless still cross with every drafter (and test_families with other families).
+    Running every file on both doubled the tiny models' half of the suite, which a slow CI host
+    could not finish in its 90 minutes (BENCHMARKS.md 10zzn). pytest reports them as deselected."""
+    dropped = [item for item in items if item.get_closest_marker("tiny_llama_only")
+               and getattr(item, "callspec", None) is not None and item.callspec.params.get("tiny") == "qwen2"]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = {id(item) for item in dropped}
+        items[:] = [item for item in items if id(item) not in gone]
+
+
 @pytest.fixture(scope="session")
 def default_model():
     return load_model("default", device="cpu")

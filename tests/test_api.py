@@ -16,6 +16,8 @@ from conftest import hf_greedy, repetitive_prompt, started_head
 from ngspec import NgspecError, Output, Speculator
 from test_lossless import VOCAB
 
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
+
 
 @pytest.fixture(scope="module")
 def prompts_and_expected(tiny):

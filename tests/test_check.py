@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from ngspec.check import check_against_greedy
@@ -5,6 +6,8 @@ from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
 from ngspec.engine import Engine
 from ngspec.models import LoadedModel
+
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
 
 
 def test_check_reports_match_and_mismatch_with_margin(tiny):

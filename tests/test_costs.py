@@ -9,6 +9,8 @@ from ngspec.drafters.trie import TrieDrafter, best_size
 from ngspec.perf.costs import _relative_costs, measure_verify_costs
 from ngspec.target import TargetModel
 
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
+
 
 def test_measured_costs_shape(tiny):
     costs = measure_verify_costs(TargetModel(tiny), max_nodes=10, context=16, repeats=1)

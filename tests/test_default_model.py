@@ -131,10 +131,10 @@ def sampled_outputs(default_model, expected_outputs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", [d for d in REGISTRY if d != "vanilla"])
+@pytest.mark.parametrize("drafter", ["trie", "bigram", "search", "eagle+search"])  # every drafter samples on the tiny models
 def test_default_model_samples_plain_samplings_tokens(default_model, default_tables, default_eagle, default_datastore, sampled_outputs, drafter):
-    """Sampling with a seed, alone and in a batch of the real prompts: every drafter draws plain
-    sampling's tokens (`verify.Draws`: the seed, the prompt and the position fix each token)."""
+    """Sampling with a seed, alone and in a batch of the real prompts: a chain, n-gram rows, a
+    search and a head's tree draw plain sampling's tokens (`verify.Draws`: the seed, the prompt and the position fix each token)."""
     from ngspec.batch import BatchConfig, generate_batch
     from ngspec.decode import Stopper
 

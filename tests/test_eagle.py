@@ -19,6 +19,8 @@ from ngspec.errors import NgspecError
 from ngspec.models import tiny_model
 from ngspec.target import TargetModel, forward_with_features, select_features
 
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
+
 
 @pytest.fixture(scope="module")
 def llama():

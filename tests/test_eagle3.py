@@ -16,6 +16,8 @@ from ngspec.eagle.head3 import Eagle3Head, feature_layers, head3_config_for, sav
 from ngspec.errors import NgspecError
 from ngspec.target import TargetModel
 
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
+
 DRAFT_VOCAB = 40
 
 

@@ -24,6 +24,8 @@ from test_batch import prompts_and_expected  # noqa: F401 (fixture)
 from test_lossless import tiny_datastore  # noqa: F401 (fixture)
 from test_eagle_batched import STEEP_COST, _inputs, _Rows, head, llama  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
+
 
 def _script(llama, head, embed, run, pool, rows_wanted=3):
     """Runs as a batch makes them: prompts caught up (all but the last pair only cached), causal

@@ -12,6 +12,8 @@ from ngspec.drafters import make_drafter
 from ngspec.engine import Engine, collector_spared
 from ngspec.models import LoadedModel
 
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
+
 
 class Cycle:
     def __init__(self) -> None:

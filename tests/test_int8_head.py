@@ -18,7 +18,7 @@ from ngspec.eagle.vocab import SharedVocab, TopCall, top_children
 from ngspec.models import tiny_model
 from ngspec.target import TargetModel
 
-pytestmark = pytest.mark.skipif(not int8.available("cpu"), reason="this torch build has no int8 CPU kernels")
+pytestmark = [pytest.mark.skipif(not int8.available("cpu"), reason="this torch build has no int8 CPU kernels"), pytest.mark.tiny_llama_only]
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,8 @@ from ngspec.perf.shapes import SHAPES, parameter_count, shape_config
 from ngspec.perf.sweep import Cell, CellResult, ForwardTimer, grid, parse_values, run_sweep
 from ngspec.target import TargetModel
 
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
+
 TINY = dict(model_type="llama", hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=1, vocab_size=10, tie_word_embeddings=False, max_position_embeddings=64)
 

@@ -18,6 +18,8 @@ from ngspec.tree import accepted_path
 from ngspec.drafters.trie import NGramTrie, TrieDrafter
 from ngspec.verify import accept_greedy
 
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
+
 
 def brute_greedy(followers: list[list[int]], depth: int, smoothing: float = 0.0) -> tuple[list[int], list[float]]:
     """Token by token, the commonest next token among continuations agreeing so far (ties: the

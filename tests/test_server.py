@@ -23,7 +23,7 @@ from test_cli import invoke
 from test_lossless import VOCAB
 
 # the tests load their models on the main thread and serve from another (`ngspec serve` does both on one)
-pytestmark = pytest.mark.filterwarnings("ignore:ngspec. this Speculator runs on a thread other:RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:ngspec. this Speculator runs on a thread other:RuntimeWarning"), pytest.mark.tiny_llama_only]
 
 
 @contextmanager

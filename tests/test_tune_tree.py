@@ -16,6 +16,8 @@ from ngspec.eagle.tune import AcceptanceRecorder, acceptance_rates, expected_tok
 from ngspec.errors import NgspecError
 from test_lossless import VOCAB, tiny_eagle  # noqa: F401 (fixture)
 
+pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
+
 
 def test_large_tree_is_connected_and_bounded():
     tree = large_tree(width=4, depth=3, nodes=30)
