@@ -152,7 +152,7 @@ def test_default_model_samples_plain_samplings_tokens(default_model, default_tab
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["eagle", "eagle+search"])
+@pytest.mark.parametrize("drafter", ["eagle+search"])  # the head's tree, as `eagle` drafts it, and a search branch
 def test_default_model_lossless_with_a_float32_head(default_model, default_datastore, expected_outputs, drafter):
     """The tests above run the head as `generate` does by default (on a CPU its products in
     int8, `ngspec.eagle.int8`); here `--head-float32`: other drafts, the same outputs, the
@@ -247,7 +247,7 @@ def test_a_stop_string_ends_the_output_where_plain_decoding_ends_it(default_mode
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["vanilla", "trie", "eagle+search"])
+@pytest.mark.parametrize("drafter", ["trie", "eagle+search"])  # a chain and a tree (every drafter: test_static_verify)
 def test_default_model_lossless_with_captured_verification(default_model, default_tables, default_eagle, default_datastore, expected_outputs, drafter, monkeypatch):
     """`--target-graphs` on the real model, its forwards captured by the CPU stand-in for CUDA
     graphs (which refuses what a GPU's capture refuses): the shipped prompts one at a time and
