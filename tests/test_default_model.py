@@ -152,11 +152,11 @@ def test_default_model_samples_plain_samplings_tokens(default_model, default_tab
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["eagle+search"])  # the head's tree, as `eagle` drafts it, and a search branch
-def test_default_model_lossless_with_a_float32_head(default_model, default_datastore, expected_outputs, drafter):
+def test_default_model_lossless_with_a_float32_head(default_model, default_datastore, expected_outputs):
     """The tests above run the head as `generate` does by default (on a CPU its products in
     int8, `ngspec.eagle.int8`); here `--head-float32`: other drafts, the same outputs, the
-    shipped prompts alone and every prompt in a batch of 3."""
+    shipped prompts alone and every prompt in a batch of 3. `eagle+search` with deepening drafts
+    the head's tree, as `eagle` does, plus a search branch hung below it."""
     from ngspec.batch import BatchConfig, generate_batch
     from ngspec.decode import Stopper
     from ngspec.eagle import int8
@@ -169,7 +169,7 @@ def test_default_model_lossless_with_a_float32_head(default_model, default_datas
     assert not any(isinstance(m, int8.Int8Linear) for m in factory().head.modules())
     target = TargetModel(model)
     eos = eos_ids(default_model)
-    opts = DrafterOptions(search_depth=8, deepen=drafter == "eagle+search")
+    drafter, opts = "eagle+search", DrafterOptions(search_depth=8, deepen=True)
     cfg = DecodeConfig(max_new_tokens=NEW, eos_ids=eos)
     for ids, expected in expected_outputs[:SHIPPED]:  # every prompt in the batch below
         assert generate(target, make_drafter(drafter, opts, eagle=factory, datastore=default_datastore), ids, cfg).token_ids == expected[:NEW]
