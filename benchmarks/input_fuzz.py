@@ -11,7 +11,8 @@ model's tokenizer, so a run takes about a second. A run passes when it
 - exits 1 with ngspec's own one-line error, or 2 with a usage error, leaving no output and no
   temporary behind (rule 6: bad input gets a clear error and loses nothing),
 
-and prints no traceback. Anything else (an unexpected exception, named with "set NGSPEC_DEBUG=1",
+and prints no traceback; a run that exits non-zero must leave every file that was there before
+it as it was (an interrupted `synth-corpus` run's records, which a run may continue, among them). Anything else (an unexpected exception, named with "set NGSPEC_DEBUG=1",
 another exit code, a file left behind) is a finding, written with its command line.
 
     python benchmarks/input_fuzz.py --runs 300 --first 0 --out bench-out/input_fuzz
@@ -107,6 +108,27 @@ def write_records(rng: random.Random, path: Path, records: list) -> Path:
     data = b"\n".join(lines) + (b"\n" if rng.random() < 0.8 else b"")
     path.write_bytes((b"\xef\xbb\xbf" if rng.random() < 0.1 else b"") + data)
     return path
+
+
+def interrupted_run(rng: random.Random, path: Path, model: Path) -> str:
+    """What an interrupted `synth-corpus --prompts P -n 4 --model MODEL` leaves in ``path``:
+    records of its format, now and then with a field another run would have written or retyped,
+    or a damaged line."""
+    from ngspec.datastore.synth import record_uuid
+
+    records = []
+    for number in range(1, rng.randrange(1, 5)):
+        text = rng.choice(["The answer is 42.", "Hello there, how are you?", "猫は🐱です。"])
+        record = {"uuid": record_uuid(0, number), "instruction": text, "response": text, "gen_input_configs": {"source": "given"},
+                  "gen_response_configs": {"temperature": 0.0, "max_tokens": 4}, "model": str(model)}
+        if rng.random() < 0.3:
+            record[rng.choice(sorted(record) + ["[/x]"])] = odd(rng)
+        records.append(record)
+    lines = [json.dumps(r, ensure_ascii=False) for r in records]
+    if rng.random() < 0.2:
+        lines.insert(rng.randrange(len(lines) + 1), rng.choice(["{", '{"instruction": "cut', "[1, 2]", "null", ""]))
+    path.write_text("".join(line + "\n" for line in lines))
+    return f"{len(lines)}-line partial"
 
 
 def damage_file(rng: random.Random, path: Path) -> str:
@@ -237,6 +259,8 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
         if command == "bench":
             return ["bench", "-q", str(path), *model, "-n", "4", "-d", "trie", "--json"], None, note
         if command == "synth":
+            if rng.random() < 0.5:  # an interrupted run's records beside the output, which this run would continue
+                note += " " + interrupted_run(rng, out.with_suffix(".partial.jsonl"), fx.model)
             return ["synth-corpus", "--prompts", str(path), "-o", str(out.with_suffix(".jsonl")), *model, "-n", "4"], out.with_suffix(".jsonl"), note
         return ["tune-tree", "-q", str(path), "--eagle-head", str(fx.model / "head"), "-o", str(out.with_suffix(".json")), *model,
                 "-n", "4", "--nodes", "6", "--depth", "2", "--finalists", "1"], out.with_suffix(".json"), note
@@ -298,6 +322,16 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
     return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", rng.choice(["bigram", "unigram", "mixed"]), "--bigram-table", str(path)], None, note
 
 
+def snapshot(paths) -> dict[Path, bytes]:
+    """The contents of the files among ``paths``."""
+    return {p: p.read_bytes() for p in paths if p.is_file()}
+
+
+def changed(contents: dict[Path, bytes], run_dir: Path) -> list[str]:
+    """The files of a `snapshot` that are gone or hold something else now, named from ``run_dir``."""
+    return [f"changed {p.relative_to(run_dir)}" for p, data in contents.items() if not p.is_file() or p.read_bytes() != data]
+
+
 def judge(code: int, output: str, exc: BaseException | None, left: list[str]) -> tuple[str, str]:
     """(verdict, detail): ok, refused (ngspec's one-line error or a usage error), or a finding."""
     lines = output.strip().splitlines()
@@ -308,7 +342,7 @@ def judge(code: int, output: str, exc: BaseException | None, left: list[str]) ->
     if "Traceback" in output or any(UNEXPECTED.match("\n".join(lines[i:])) for i, line in enumerate(lines) if line.startswith("error: ")):
         return "FINDING", last
     if left:
-        return "FINDING", f"left behind: {left}"
+        return "FINDING", f"left behind or changed: {left}"
     if code == 0:
         return "ok", last[:100]
     if code == 1 and any(line.startswith("error: ") for line in lines):
@@ -342,11 +376,14 @@ def main() -> int:
             run_dir.mkdir()
             args, output, note = draw(random.Random(f"{ns.seed} {n}"), fx, run_dir)
             before = set(run_dir.rglob("*"))
+            contents = snapshot(before)
             start = time.perf_counter()
             result = runner.invoke(app, args)
             seconds = time.perf_counter() - start
             kept = output if result.exit_code == 0 else None
             left = sorted(str(p.relative_to(run_dir)) for p in set(run_dir.rglob("*")) - before if kept is None or not (p == kept or kept in p.parents))
+            if result.exit_code != 0:  # a refusal loses nothing: every file there before is there as it was
+                left += changed(contents, run_dir)
             verdict, detail = judge(result.exit_code, result.output, result.exception, left)
             counts[verdict] = counts.get(verdict, 0) + 1
             log.write(json.dumps({"run": n, "verdict": verdict, "detail": detail, "exit": result.exit_code, "seconds": round(seconds, 2),

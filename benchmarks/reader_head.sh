@@ -11,7 +11,8 @@
 #   datastores/shipped              the shipped self-written corpora as a datastore
 #   shapes/amd-v23-cpu-b1-3.json    the 3-node static tree [0], [1], [2] that tune-tree chose (section 10g)
 #
-#   bash benchmarks/reader_head.sh            # about 115 min on two CPU cores; resumes: a step whose output exists is skipped
+#   bash benchmarks/reader_head.sh            # about 115 min on two CPU cores; resumes: a step whose output exists is
+#                                             # skipped, and an interrupted synth-corpus or train-eagle continues where it stopped
 #   bash benchmarks/reader_head.sh amd-v34-q25   # only that head (the GPU visits'), the datastore and the shape: 50 min on the Intel VM, 79 on the AMD one
 #   bash benchmarks/reader_b8.sh rag 5           # then: batch 8, the whole method against the trie, pooled over runs
 #

@@ -28,6 +28,7 @@ input_fuzz = benchmark_script("input_fuzz")
         (1, "error: a clear message\nover two lines\n", [], "refused"),
         (1, "Traceback (most recent call last):\n  x\n", [], "FINDING"),
         (1, "error: cannot read corpus\n", [".ds-tmp-1"], "FINDING"),  # a refusal that leaves a temporary behind
+        (1, "error: cannot continue\n", ["changed out.partial.jsonl"], "FINDING"),  # a refusal that lost an input
         (1, "", [], "FINDING"),  # exit 1 without ngspec's error line
         (3, "error: x\n", [], "FINDING"),
     ],
@@ -39,6 +40,18 @@ def test_verdicts(code, output, left, verdict):
 def test_an_exception_that_escaped_the_command_is_a_finding():
     assert input_fuzz.judge(1, "", ValueError("boom"), [])[0] == "FINDING"
     assert input_fuzz.judge(1, "error: x\n", SystemExit(1), [])[0] == "refused"
+
+
+def test_a_file_gone_or_rewritten_is_changed(tmp_path):
+    kept, rewritten, gone = (tmp_path / name for name in ("kept", "rewritten", "gone"))
+    for path in (kept, rewritten, gone):
+        path.write_text("records\n")
+    (tmp_path / "dir").mkdir()
+    contents = input_fuzz.snapshot(tmp_path.iterdir())
+    assert sorted(p.name for p in contents) == ["gone", "kept", "rewritten"] and input_fuzz.changed(contents, tmp_path) == []
+    rewritten.write_text("records\nmore\n")
+    gone.unlink()
+    assert sorted(input_fuzz.changed(contents, tmp_path)) == ["changed gone", "changed rewritten"]
 
 
 def stand_ins(tmp_path):
@@ -73,7 +86,7 @@ def test_draws_reach_every_input_kind_and_command(tmp_path):
             models.add(args[args.index("--model") + 1])
         assert all(isinstance(a, str) for a in args) and (output is None or run_dir in output.parents)
     assert commands == {"build-datastore", "self-repetition", "train-eagle", "generate", "bench", "tune-tree", "synth-corpus", "datastore-info", "build-bigram"}
-    for damage in ("truncate", "garbage", "empty", "remove", "directory", "without", "not an object", "files", "missing", "no tokenizer files"):
+    for damage in ("truncate", "garbage", "empty", "remove", "directory", "without", "not an object", "files", "missing", "no tokenizer files", "partial"):
         assert any(damage in note for note in notes), damage
     assert len(models) > 50  # the fixture's model, and damaged copies of it
     names = {p.name for p in tmp_path.rglob("*")}

@@ -62,7 +62,7 @@ def test_synth_corpus_prompts_option_answers_every_prompt_by_default(tmp_path, m
 
     seen = {}
 
-    def answer(loaded, opts, on_record=None, given=None):
+    def answer(loaded, opts, on_record=None, given=None, start=0):
         seen["n"], seen["given"] = opts.n, given
         for g in given[: opts.n]:
             yield {"instruction": g, "response": "ok"}
@@ -80,6 +80,7 @@ def test_synth_corpus_prompts_option_answers_every_prompt_by_default(tmp_path, m
     assert result.exit_code == 0 and seen == {"n": 1, "given": ["first"]}
     report = json.loads(result.stdout)  # --json: one line saying what was written, from what, with which options
     assert report["out"] == str(tmp_path / "one.jsonl") and report["records"] == 1 and report["instructions"] == str(prompts)
+    assert report["resumed_after"] == 0
     assert report["n"] == 1 and report["max_new_tokens"] == 256 and report["seconds"] >= 0
     result = runner.invoke(app, ["synth-corpus", "--prompts", str(prompts), "--n", "0", "--out", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 1 and "--n" in result.output
@@ -207,7 +208,7 @@ def test_interrupted_synth_corpus_command_exits_1_and_says_where_the_records_are
     import ngspec.datastore.synth as synth_module
     import ngspec.models as models_module
 
-    def two_then_interrupt(loaded, opts, on_record=None, given=None):
+    def two_then_interrupt(loaded, opts, on_record=None, given=None, start=0):
         for i in range(2):
             yield {"instruction": f"q{i}", "response": f"a{i}"}
         raise KeyboardInterrupt
@@ -219,6 +220,86 @@ def test_interrupted_synth_corpus_command_exits_1_and_says_where_the_records_are
     assert result.exit_code == 1
     assert "interrupted after 2 records" in result.output and "c.partial.jsonl" in result.output
     assert not out.exists() and len((tmp_path / "c.partial.jsonl").read_text().splitlines()) == 2
+
+
+def _interrupting(monkeypatch, call):
+    """Make synth-corpus's `call`-th generation (counted from 1) raise KeyboardInterrupt, as Ctrl-C would."""
+    import ngspec.datastore.synth as synth_module
+
+    real, calls = synth_module._generate, []
+
+    def generate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(synth_module, "_generate", generate)
+
+
+def test_an_interrupted_synth_corpus_run_continues_where_it_stopped(tiny_saved, tmp_path, monkeypatch):
+    """Answering given prompts one at a time, a run stopped after two records and run again writes
+    the same file as a run never stopped, and leaves no partial file behind."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Question number {i}?"}) + "\n" for i in range(4)))
+    args = ["synth-corpus", "--model", str(tiny_saved), "--prompts", str(prompts), "--batch-size", "1", "-n", "5"]
+    whole, stopped = tmp_path / "whole.jsonl", tmp_path / "stopped.jsonl"
+    assert runner.invoke(app, [*args, "--out", str(whole)]).exit_code == 0
+    with monkeypatch.context() as patch:
+        _interrupting(patch, 3)
+        result = runner.invoke(app, [*args, "--out", str(stopped)])
+    assert result.exit_code == 1 and "interrupted after 2 records" in result.stderr and "Run the same command again" in result.stderr
+    assert "Traceback" not in result.output and not stopped.exists()
+    result = runner.invoke(app, [*args, "--out", str(stopped), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "continuing an interrupted run: 2 of 4 records" in result.stderr
+    assert json.loads(result.stdout)["resumed_after"] == 2 and json.loads(result.stdout)["records"] == 4
+    assert stopped.read_text() == whole.read_text() and len(whole.read_text().splitlines()) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "stopped.jsonl", "whole.jsonl"]
+
+
+def test_synth_corpus_refuses_to_continue_another_runs_records(tiny_saved, tmp_path, monkeypatch):
+    prompts, others = tmp_path / "p.jsonl", tmp_path / "o.txt"
+    prompts.write_text("".join(json.dumps({"prompt": f"Question number {i}?"}) + "\n" for i in range(4)))
+    others.write_text("Another question entirely?\n")
+    out = tmp_path / "c.jsonl"
+    args = ["synth-corpus", "--model", str(tiny_saved), "--batch-size", "1", "--out", str(out)]
+    with monkeypatch.context() as patch:
+        _interrupting(patch, 3)
+        assert runner.invoke(app, [*args, "--prompts", str(prompts), "-n", "5"]).exit_code == 1
+    kept = (tmp_path / "c.partial.jsonl").read_text()
+    result = runner.invoke(app, [*args, "--prompts", str(prompts), "-n", "6"])
+    assert result.exit_code == 1 and "c.partial.jsonl holds records of another run" in result.stderr
+    assert "record 1's gen_response_configs" in result.stderr and "'max_tokens': 5" in result.stderr and "--force" in result.stderr
+    result = runner.invoke(app, [*args, "--prompts", str(prompts), "-n", "5", "--seed", "7"])
+    assert result.exit_code == 1 and "record 1's uuid" in result.stderr
+    result = runner.invoke(app, [*args, "--prompts", str(others), "-n", "5"])
+    assert result.exit_code == 1 and "record 1 answers another instruction than prompt 1 of --prompts" in result.stderr
+    assert "Traceback" not in result.output and (tmp_path / "c.partial.jsonl").read_text() == kept and not out.exists()
+    (tmp_path / "c.partial.jsonl").write_text(kept + "{not json\n")
+    result = runner.invoke(app, [*args, "--prompts", str(prompts), "-n", "5"])
+    assert result.exit_code == 1 and "c.partial.jsonl:3: not a record synth-corpus writes" in result.stderr
+    result = runner.invoke(app, [*args, "--prompts", str(others), "-n", "5", "--force"])
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().splitlines()) == 1 and not (tmp_path / "c.partial.jsonl").exists()
+    result = runner.invoke(app, [*args, "--n", "2", "--seed", "-1"])
+    assert result.exit_code == 1 and "--seed must be from 0 to 2^64 - 1, not -1" in result.stderr
+
+
+def test_a_continued_self_written_corpus_does_not_repeat_its_first_instructions(tiny_saved, tmp_path, monkeypatch):
+    """A resumed run cannot replay the sampler's state, so it seeds from the seed and the count;
+    seeded from the seed alone it wrote the first run's first instruction again."""
+    out = tmp_path / "self.jsonl"
+    args = ["synth-corpus", "--model", str(tiny_saved), "--n", "3", "--batch-size", "1", "-n", "4", "--out", str(out)]
+    with monkeypatch.context() as patch:
+        _interrupting(patch, 3)  # an instruction and its answer per record: one record done
+        assert runner.invoke(app, args).exit_code == 1
+    first = json.loads((tmp_path / "self.partial.jsonl").read_text())
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[0] == first and len({r["instruction"] for r in records}) == 3
+    assert [r["uuid"][-3:] for r in records] == ["001", "002", "003"]
 
 
 def _generated(rid, turn, drafter, text, calls):

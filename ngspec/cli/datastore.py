@@ -140,17 +140,18 @@ def synth_corpus_command(
     batch_size: Annotated[int, typer.Option(help="Prompts generated together.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for sampling the instructions.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output file, and start afresh instead of continuing an interrupted run.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Magpie-style self-synthesis: the model writes instructions (from its chat template's
     pre-query part alone) and answers them greedily; the result feeds build-datastore and
-    train-eagle. With --prompts it answers your instructions instead.
+    train-eagle. With --prompts it answers your instructions instead. An interrupted run keeps
+    its finished records in NAME.partial.jsonl, and the same command run again continues there.
 
     Examples: ngspec synth-corpus --n 300 --out corpora/smollm2-self.jsonl
               ngspec synth-corpus --prompts my-prompts.jsonl --out corpora/my-answers.jsonl
     """
-    from ngspec.datastore.synth import SynthOptions, synthesize, write_jsonl
+    from ngspec.datastore.synth import SynthOptions, partial_path, resumable, synthesize, write_jsonl
     from ngspec.models import load_model
     from ngspec.prompts import load_prompts
 
@@ -167,15 +168,19 @@ def synth_corpus_command(
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     staging.output_directory(out)  # a path that cannot be written fails now, not after the answers
     loaded = load_model(model, device, trust_remote_code=trust_remote_code)
+    carried = [] if force or not partial_path(out).exists() else resumable(partial_path(out), loaded, opts, given)
+    if carried:
+        render.info(f"continuing an interrupted run: {len(carried)} of {opts.n} records are in {partial_path(out)}")
     started = time.perf_counter()
     with render.progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn()) as progress:
-        task = progress.add_task("synth", total=opts.n)
-        count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task), given), out, force)
+        task = progress.add_task("synth", total=opts.n, completed=len(carried))
+        count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task), given, start=len(carried)), out, force, carried)
     seconds = time.perf_counter() - started
     if json_out:
         render.json_line({
-            "out": str(out), "records": count, "instructions": str(prompts) if prompts is not None else "self-written", "model": model,
-            "seconds": round(seconds, 3), **asdict(opts),
+            "out": str(out), "records": count, "resumed_after": len(carried), "instructions": str(prompts) if prompts is not None else "self-written",
+            "model": model, "seconds": round(seconds, 3), **asdict(opts),
         })
     else:
-        render.info(f"wrote {count} records to {out} in {seconds:.0f} s")
+        resumed = f" ({len(carried)} carried from the interrupted run)" if carried else ""
+        render.info(f"wrote {count} records{resumed} to {out} in {seconds:.0f} s")

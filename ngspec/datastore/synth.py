@@ -11,6 +11,7 @@ with transformers' own `generate`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class SynthOptions:
     def __post_init__(self) -> None:
         if self.n < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
             raise NgspecError("--n, --batch-size and --max-new-tokens must be at least 1")
+        if not 0 <= self.seed < 2**64:  # it is the upper half of each record's uuid
+            raise NgspecError(f"--seed must be from 0 to 2^64 - 1, not {self.seed}")
 
 
 def pre_query_template(tokenizer) -> str:
@@ -65,22 +68,43 @@ def _generate(loaded: LoadedModel, prompts: list[str], max_new: int, temperature
     return [t.strip() for t in tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)]
 
 
+def record_uuid(seed: int, number: int) -> str:
+    """The ``uuid`` of a run's ``number``-th record (from 1): the seed and the count, so a resumed
+    run's records continue the numbering and two seeds' records never collide."""
+    return str(uuid.UUID(int=(seed << 64) + number))
+
+
+def input_configs(opts: SynthOptions, pre_query: str, given: Sequence[str] | None) -> dict:
+    """How the instructions came about, as each record's ``gen_input_configs`` says."""
+    if given is not None:
+        return {"source": "given"}
+    return {"temperature": opts.instruction_temperature, "top_p": opts.instruction_top_p, "pre_query_template": pre_query}
+
+
+def response_configs(opts: SynthOptions) -> dict:
+    """How the responses were generated, as each record's ``gen_response_configs`` says."""
+    return {"temperature": opts.response_temperature, "max_tokens": opts.max_new_tokens}
+
+
 def synthesize(
-    loaded: LoadedModel, opts: SynthOptions, on_record: Callable[[], None] | None = None, given: Sequence[str] | None = None
+    loaded: LoadedModel,
+    opts: SynthOptions,
+    on_record: Callable[[], None] | None = None,
+    given: Sequence[str] | None = None,
+    start: int = 0,
 ) -> Iterator[dict]:
     """Yield Magpie-format records (``instruction``, ``response``, generation settings). With
-    ``given`` instructions, answer the first ``opts.n`` of them instead of writing new ones."""
+    ``given`` instructions, answer the first ``opts.n`` of them instead of writing new ones.
+    ``start`` records are already written (an interrupted run's, `resumable`): the given
+    instructions continue after them, and self-written ones come from a seed of (``opts.seed``,
+    ``start``), so they do not repeat the instructions the first run wrote."""
     tok = loaded.tokenizer
     pre_query = pre_query_template(tok)
     tune_linears(loaded.model)  # a batch of rows per step: the fastest CPU product for it
     eos = sorted({i for i in (tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int) and i >= 0})
-    torch.manual_seed(opts.seed)
+    torch.manual_seed(opts.seed if start == 0 else hash((opts.seed, start)) & (2**63 - 1))  # ints hash the same in every process
     total = opts.n if given is None else min(opts.n, len(given))
-    input_configs = (
-        {"source": "given"} if given is not None
-        else {"temperature": opts.instruction_temperature, "top_p": opts.instruction_top_p, "pre_query_template": pre_query}
-    )
-    made = 0
+    made = start
     while made < total:
         size = min(opts.batch_size, total - made)
         if given is not None:
@@ -99,11 +123,11 @@ def synthesize(
             if on_record:
                 on_record()
             yield {
-                "uuid": str(uuid.UUID(int=(opts.seed << 64) + made)),
+                "uuid": record_uuid(opts.seed, made),
                 "instruction": instruction,
                 "response": response,
-                "gen_input_configs": input_configs,
-                "gen_response_configs": {"temperature": opts.response_temperature, "max_tokens": opts.max_new_tokens},
+                "gen_input_configs": input_configs(opts, pre_query, given),
+                "gen_response_configs": response_configs(opts),
                 "model": loaded.name,
             }
 
@@ -113,11 +137,45 @@ def partial_path(out: Path) -> Path:
     return out.with_name(f"{out.stem}.partial{out.suffix or '.jsonl'}")
 
 
-def write_jsonl(records: Iterator[dict], out: Path, force: bool) -> int:
-    """Write records to ``out`` through a temporary file of this call's own (`staging.staged_file`)
-    renamed at the end. When interrupted (Ctrl-C, SIGTERM) the finished records are not thrown
-    away: they go to `partial_path` (complete records only; ``out`` itself is never half-written)
-    and the error says so."""
+def resumable(path: Path, loaded: LoadedModel, opts: SynthOptions, given: Sequence[str] | None) -> list[dict]:
+    """The records an interrupted run left in ``path`` (`partial_path`), checked to be what this
+    run would have written first: the same model, generation settings and seed, and with
+    ``given`` instructions, the same instructions in the same order. More than this run asks
+    for are cut to its count. Anything else is an error that names the difference."""
+    again = "give the options that run had to continue it, or --force to start afresh (which replaces the file)"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NgspecError(f"cannot read {path}, an interrupted run's records: {exc}") from None
+    expected = {
+        "model": loaded.name,
+        "gen_input_configs": input_configs(opts, pre_query_template(loaded.tokenizer), given),
+        "gen_response_configs": response_configs(opts),
+    }
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("instruction"), str) or not isinstance(record.get("response"), str):
+            raise NgspecError(f"{path}:{number}: not a record synth-corpus writes; delete the file or use --force to start afresh")
+        for key, want in {**expected, "uuid": record_uuid(opts.seed, number)}.items():
+            if record.get(key) != want:
+                raise NgspecError(f"{path} holds records of another run (record {number}'s {key} is {record.get(key)!r}, this run's would be {want!r}): {again}")
+        if given is not None and number <= len(given) and record["instruction"] != given[number - 1]:
+            raise NgspecError(f"{path} record {number} answers another instruction than prompt {number} of --prompts: {again}")
+        records.append(record)
+    total = opts.n if given is None else min(opts.n, len(given))
+    return records[:total]
+
+
+def write_jsonl(records: Iterator[dict], out: Path, force: bool, carried: Sequence[dict] = ()) -> int:
+    """Write the ``carried`` records (an interrupted run's, `resumable`) and then ``records`` to
+    ``out``, through a temporary file of this call's own (`staging.staged_file`) renamed at the
+    end, which also removes `partial_path`. When interrupted (Ctrl-C, SIGTERM) the finished
+    records are not thrown away: they go to `partial_path` (complete records only; ``out`` itself
+    is never half-written), and the error says that the same command continues from there."""
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -125,7 +183,7 @@ def write_jsonl(records: Iterator[dict], out: Path, force: bool) -> int:
     with staged_file(out) as tmp:
         try:
             with tmp.open("w") as f:
-                for record in records:
+                for record in itertools.chain(carried, records):
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
                     f.flush()
                     count += 1
@@ -135,6 +193,7 @@ def write_jsonl(records: Iterator[dict], out: Path, force: bool) -> int:
             tmp.replace(partial_path(out))
             raise NgspecError(
                 f"interrupted after {count} records; they are in {partial_path(out)} (complete records only; "
-                f"{out} was not written). Generate more with another --seed and build from a directory holding both files."
+                f"{out} was not written). Run the same command again to continue from there."
             ) from None
+    partial_path(out).unlink(missing_ok=True)
     return count
