@@ -12,8 +12,9 @@ model's tokenizer, so a run takes about a second. A run passes when it
   temporary behind (rule 6: bad input gets a clear error and loses nothing),
 
 and prints no traceback; a run that exits non-zero must leave every file that was there before
-it as it was (an interrupted `synth-corpus` run's records, which a run may continue, among them). Anything else (an unexpected exception, named with "set NGSPEC_DEBUG=1",
-another exit code, a file left behind) is a finding, written with its command line.
+it as it was (an interrupted `synth-corpus` run's records, which a run may continue, among them).
+Anything else (an unexpected exception, named with "set NGSPEC_DEBUG=1", another exit code, a file
+left behind or changed) is a finding, written with its command line.
 
     python benchmarks/input_fuzz.py --runs 300 --first 0 --out bench-out/input_fuzz
 
