@@ -86,6 +86,11 @@ def response_configs(opts: SynthOptions) -> dict:
     return {"temperature": opts.response_temperature, "max_tokens": opts.max_new_tokens}
 
 
+def records_asked(opts: SynthOptions, given: Sequence[str] | None) -> int:
+    """How many records a run writes: ``opts.n``, or fewer when fewer instructions are given."""
+    return opts.n if given is None else min(opts.n, len(given))
+
+
 def synthesize(
     loaded: LoadedModel,
     opts: SynthOptions,
@@ -103,7 +108,8 @@ def synthesize(
     tune_linears(loaded.model)  # a batch of rows per step: the fastest CPU product for it
     eos = sorted({i for i in (tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int) and i >= 0})
     torch.manual_seed(opts.seed if start == 0 else hash((opts.seed, start)) & (2**63 - 1))  # ints hash the same in every process
-    total = opts.n if given is None else min(opts.n, len(given))
+    total = records_asked(opts, given)
+    configs = input_configs(opts, pre_query, given)
     made = start
     while made < total:
         size = min(opts.batch_size, total - made)
@@ -126,7 +132,7 @@ def synthesize(
                 "uuid": record_uuid(opts.seed, made),
                 "instruction": instruction,
                 "response": response,
-                "gen_input_configs": input_configs(opts, pre_query, given),
+                "gen_input_configs": configs,
                 "gen_response_configs": response_configs(opts),
                 "model": loaded.name,
             }
@@ -166,8 +172,7 @@ def resumable(path: Path, loaded: LoadedModel, opts: SynthOptions, given: Sequen
         if given is not None and number <= len(given) and record["instruction"] != given[number - 1]:
             raise NgspecError(f"{path} record {number} answers another instruction than prompt {number} of --prompts: {again}")
         records.append(record)
-    total = opts.n if given is None else min(opts.n, len(given))
-    return records[:total]
+    return records[: records_asked(opts, given)]
 
 
 def write_jsonl(records: Iterator[dict], out: Path, force: bool, carried: Sequence[dict] = ()) -> int:
