@@ -21,12 +21,12 @@ last rows drain with slots left empty, which a run over every prompt fills with 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from ngspec.batch import BatchConfig
 from ngspec.bench.interval import ratio_interval, rounds_interval
 from ngspec.bench.report import SAMPLED_NOTE, interval_text, setup_text, table_lines
-from ngspec.bench.runner import arm_drafter, warm_config
+from ngspec.bench.runner import Stopped, arm_drafter, warm_config
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import Resources
 from ngspec.drafters.trie import Calibration
@@ -119,10 +119,24 @@ def run_batched(
     ``groups`` (K), every arm in turn on each group of K batches' worth of prompts instead (order
     reversed every other group), a round's groups summed into its `BatchRound`. First, untimed,
     every arm decodes a few tokens of one batch of the first prompts (as `warm_up` does for one
-    row)."""
+    row). Interrupted (Ctrl-C, SIGTERM) after a whole round, it raises `Stopped` with the rounds
+    every arm finished."""
     out: dict[str, list[BatchRound]] = {a.label: [] for a in arms}
     for arm in arms:
         engine.run_batch(ids[: batch.batch_size], lambda arm=arm: arm_drafter(arm, res), warm_config(cfg), batch)
+    try:
+        for whole in _timed_rounds(engine, ids, arms, cfg, res, batch, rounds, on_progress, groups):
+            for label, run in whole.items():
+                out[label].append(run)
+    except KeyboardInterrupt:
+        if out[arms[0].label]:  # whole rounds: one pair per arm each
+            raise Stopped(out) from None
+        raise
+    return out
+
+
+def _timed_rounds(engine, ids, arms, cfg, res, batch, rounds, on_progress, groups) -> Iterator[dict[str, BatchRound]]:
+    """`run_batched`'s timed rounds, each yielded once every arm has run it whole."""
     for r in range(rounds):
         carried = {arm.label: Calibration() for arm in arms}
         parts: dict[str, list[BatchRound]] = {arm.label: [] for arm in arms}
@@ -147,9 +161,7 @@ def run_batched(
                 if on_progress:
                     on_progress(arm.label)
             start += len(group)
-        for arm in arms:
-            out[arm.label].append(_joined(parts[arm.label]))
-    return out
+        yield {arm.label: _joined(parts[arm.label]) for arm in arms}
 
 
 def _joined(parts: list[BatchRound]) -> BatchRound:

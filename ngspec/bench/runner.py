@@ -27,6 +27,16 @@ HF_ARMS = ("hf-greedy", "hf-sample", "hf-prompt-lookup")
 WARM_UP_TOKENS = 16
 
 
+class Stopped(Exception):
+    """Ctrl-C (or SIGTERM) during a timed bench run that had measured something whole: ``measured``,
+    `run_bench`'s records of the prompts every arm finished, or `run_batched`'s whole rounds, for
+    the command to report before it exits."""
+
+    def __init__(self, measured):
+        super().__init__("interrupted")
+        self.measured = measured
+
+
 @dataclass(frozen=True)
 class Arm:
     """One configuration to compare: a drafter with its options and verification layout."""
@@ -164,26 +174,33 @@ def run_bench(
     arm is checked against it when greedy, and its answers make the later turns' prompts.
     ``every_turn``: a multi-turn question's later turns are prompts too, each after the
     conversation so far (`ngspec.turns`). Sampling (``cfg.sampling``, one seed), every arm samples,
-    and the engine's arms are checked against `vanilla`'s plain sampling (`check_runs`)."""
+    and the engine's arms are checked against `vanilla`'s plain sampling (`check_runs`).
+    Interrupted (Ctrl-C, SIGTERM) after a prompt's arms all finished, it raises `Stopped` with the
+    records so far."""
     records = []
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length, engine.target.vocab)
     warm_up(engine, arms, asked.ids(0), cfg, res)
     ceilings: dict[int, tuple[SelfRepetition, SelfRepetition | None]] = {}  # the same outputs every round
-    for r in range(rounds):
-        carried = {arm.label: Calibration() for arm in arms}  # each arm's estimates, from prompt to prompt
-        for i, prompt in enumerate(asked.units):
-            ids = asked.ids(i)
-            runs = {}
-            for arm in arms if r % 2 == 0 else arms[::-1]:
-                runs[arm.label] = run_arm(engine, arm, ids, cfg, res, prompt.label, carried[arm.label])
-                if on_progress:
-                    on_progress(arm.label)
-            runs = {arm.label: runs[arm.label] for arm in arms}
-            reference = runs[arms[0].label].token_ids
-            asked.answered(i, reference)
-            check_runs(engine, ids, arms, runs, cfg)
-            if i not in ceilings:
-                store = self_repetition(ids, reference, res.datastore) if res.datastore is not None else None
-                ceilings[i] = (self_repetition(ids, reference), store)
-            records.append(BenchRecord(prompt, len(ids), runs, *ceilings[i], round=r))
+    try:
+        for r in range(rounds):
+            carried = {arm.label: Calibration() for arm in arms}  # each arm's estimates, from prompt to prompt
+            for i, prompt in enumerate(asked.units):
+                ids = asked.ids(i)
+                runs = {}
+                for arm in arms if r % 2 == 0 else arms[::-1]:
+                    runs[arm.label] = run_arm(engine, arm, ids, cfg, res, prompt.label, carried[arm.label])
+                    if on_progress:
+                        on_progress(arm.label)
+                runs = {arm.label: runs[arm.label] for arm in arms}
+                reference = runs[arms[0].label].token_ids
+                asked.answered(i, reference)
+                check_runs(engine, ids, arms, runs, cfg)
+                if i not in ceilings:
+                    store = self_repetition(ids, reference, res.datastore) if res.datastore is not None else None
+                    ceilings[i] = (self_repetition(ids, reference), store)
+                records.append(BenchRecord(prompt, len(ids), runs, *ceilings[i], round=r))
+    except KeyboardInterrupt:
+        if records:  # the prompts every arm finished, each a paired comparison
+            raise Stopped(records) from None
+        raise
     return records

@@ -63,7 +63,8 @@ def bench_command(
     On a GPU, add --interleave-batches 1 to batches: whole rounds there differ by 20-60%.
     With --temperature above 0 every arm samples with one seed (drawn when --seed is not given),
     against transformers' sampling (hf-sample); the engine's arms sample plain sampling's tokens,
-    so their exact match is against vanilla.
+    so their exact match is against vanilla. Ctrl-C during the timed runs still reports (and
+    writes) the prompts every arm finished, or with --batch-size the whole rounds, then exits 1.
 
     Example: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 20
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
@@ -71,7 +72,7 @@ def bench_command(
     """
     from ngspec.bench.grid import ablation, heatmaps, sweeps
     from ngspec.bench.report import COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
-    from ngspec.bench.runner import HF_ARMS, baseline, make_arms, run_bench
+    from ngspec.bench.runner import HF_ARMS, Stopped, baseline, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
     from ngspec.prompts import load_prompts, prompt_input, source_name
     from ngspec.turns import split_turns
@@ -131,9 +132,14 @@ def bench_command(
                        versus_arm, markdown_out, json_path, json_out, interleave_batches)
         return
 
+    stopped = None
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
         task = progress.add_task("bench", total=asked * len(arms) * rounds)
-        records = run_bench(engine, prompts, arms, cfg, res, raw, lambda arm: progress.advance(task), rounds, every_turn)
+        try:
+            records = run_bench(engine, prompts, arms, cfg, res, raw, lambda arm: progress.advance(task), rounds, every_turn)
+        except Stopped as stop:
+            records = stop.measured
+            stopped = settings["interrupted"] = f"after {len(records)} of {asked * rounds} prompt runs{' (prompts x rounds)' if rounds > 1 else ''}"
 
     summaries = summarise(records, [a.label for a in arms])
     splits = split_tables(records, [a.label for a in arms])
@@ -165,7 +171,7 @@ def bench_command(
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
         render.json_line(report)
-        return
+        return _stop(stopped, markdown_out, json_path)
     render.table(f"bench: {counted(len(prompts), asked)}{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
                  COLUMNS, rows(summaries))
     for title, columns, cells, _ in splits:
@@ -204,6 +210,7 @@ def bench_command(
         render.info(notes.strip())
     if grids:
         render.info("heatmaps: " + ", ".join(report["plots"]))
+    _stop(stopped, markdown_out, json_path)
 
 
 def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool,
@@ -216,6 +223,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     from ngspec.batch import BatchConfig
     from ngspec.bench import batched
     from ngspec.bench.report import SAMPLED_NOTE, environment
+    from ngspec.bench.runner import Stopped
     from ngspec.turns import Conversations
 
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length, engine.target.vocab)
@@ -230,7 +238,12 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
             progress.advance(task)
         parts = len(batched.batch_groups(ids, batch_size, groups))
         task = progress.add_task(f"batches of {batch_size}" + (f", {parts} groups" if parts > 1 else ""), total=rounds * len(arms) * parts)
-        runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task), groups)
+        stopped = None
+        try:
+            runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task), groups)
+        except Stopped as stop:
+            runs = stop.measured
+            stopped = settings["interrupted"] = f"after {len(runs[arms[0].label])} of {rounds} rounds"
     summaries = batched.summarise_batched(runs, reference, sampled)
     env = environment(engine, settings, res.eagle)
     ceilings = (batched.ceiling(ids, reference), batched.ceiling(ids, reference, res.datastore) if res.datastore is not None else None)
@@ -243,7 +256,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
         render.json_line(report)
-        return
+        return _stop(stopped, markdown_out, json_path)
     render.table(f"bench: {counted(len(prompts), len(ids))} in batches of {batch_size}{f', {parts} interleaved groups' if parts > 1 else ''}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
     render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings, sampled)}")
@@ -258,6 +271,14 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     if wrong:
         against = "vanilla's sampled rows" if sampled else "transformers' greedy decoding"
         render.info(f"rows that differ from {against}: {', '.join(wrong)} (float32 on a CPU should give none; see --check in generate)")
+    _stop(stopped, markdown_out, json_path)
+
+
+def _stop(stopped: str | None, *paths: Path | None) -> None:
+    """After an interrupted run's report (``stopped``: how far it got), exit non-zero saying so."""
+    if stopped is not None:
+        written = [str(p) for p in paths if p is not None]
+        raise NgspecError(f"interrupted {stopped}; the report{' (and ' + ', '.join(written) + ')' if written else ''} covers only those, every arm on each")
 
 
 def split_names(values: list[str]) -> list[str]:
