@@ -51,7 +51,8 @@ def test_a_bench_stopped_on_its_second_prompt_reports_the_first(tiny_saved, tmp_
     # the tables, not JSON: the same report on the terminal, then the same one line
     timed.clear()
     result = runner.invoke(app, args)
-    assert result.exit_code == 1 and "trie" in result.stdout and "interrupted after 1 of 3 prompt runs; the report covers" in result.stderr
+    assert result.exit_code == 1 and "interrupted after 1 of 3 prompt runs; the report covers" in result.stderr
+    assert "bench (interrupted after 1 of 3 prompt runs): 3 prompts" in result.stdout and "trie" in result.stdout
 
 
 def test_a_bench_stopped_before_a_prompt_finished_writes_nothing(tiny_saved, tmp_path, monkeypatch):
@@ -85,3 +86,6 @@ def test_a_batched_bench_stopped_in_its_second_round_reports_the_first(tiny_save
     arms = {a["arm"]: a for a in report["arms"]}
     assert set(arms) == {"vanilla", "trie"} and all(len(a["round_speedups"]) == 1 and a["exact_match"] == 1.0 for a in arms.values())
     assert "interrupted: after 1 of 3 rounds" in md.read_text()
+    calls.clear()
+    result = runner.invoke(app, args[:-3])  # the tables
+    assert result.exit_code == 1 and "bench (interrupted after 1 of 3 rounds): 3 prompts in batches of 2" in result.stdout

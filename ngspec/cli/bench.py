@@ -172,7 +172,7 @@ def bench_command(
     if json_out:
         render.json_line(report)
         return _stop(stopped, markdown_out, json_path)
-    render.table(f"bench: {counted(len(prompts), asked)}{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
+    render.table(f"bench{f' (interrupted {stopped})' if stopped else ''}: {counted(len(prompts), asked)}{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
                  COLUMNS, rows(summaries))
     for title, columns, cells, _ in splits:
         render.table(f"{title}; ceiling: the group's self-repetition", columns, cells)
@@ -257,7 +257,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     if json_out:
         render.json_line(report)
         return _stop(stopped, markdown_out, json_path)
-    render.table(f"bench: {counted(len(prompts), len(ids))} in batches of {batch_size}{f', {parts} interleaved groups' if parts > 1 else ''}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
+    render.table(f"bench{f' (interrupted {stopped})' if stopped else ''}: {counted(len(prompts), len(ids))} in batches of {batch_size}{f', {parts} interleaved groups' if parts > 1 else ''}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
     render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings, sampled)}")
     if sampled:
