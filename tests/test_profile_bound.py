@@ -122,6 +122,31 @@ def test_out_of_memory_cells_are_recorded_and_the_sweep_continues(tmp_path):
     assert (trans.measured_tokens, trans.measured_kw) == (4, (1, 3))
 
 
+def test_an_interrupted_sweep_keeps_the_groups_it_timed_whole():
+    """Ctrl-C (KeyboardInterrupt) inside a (layout, context) group: the groups before it are kept
+    whole, the started one dropped (its slowdowns and largest free block would be of part of it);
+    before any group finished, the interrupt goes on as it came."""
+    from ngspec.errors import Stopped
+
+    cells = grid(["rows", "tree"], [4, 16], [1, 2], [0, 1])  # four groups of four cells
+
+    def stopping_at(n):
+        seen = []
+
+        def measure(cell):
+            seen.append(cell)
+            if len(seen) == n:
+                raise KeyboardInterrupt
+            return 0.01
+        return measure
+
+    with pytest.raises(Stopped) as stop:
+        run_sweep(cells, stopping_at(11))  # the third group's third cell
+    assert [r.cell for r in stop.value.measured] == cells[:8]
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cells, stopping_at(4))
+
+
 def test_other_errors_are_not_mistaken_for_out_of_memory():
     def broken(cell):
         raise RuntimeError("shape mismatch")
@@ -224,6 +249,36 @@ def test_command_end_to_end_on_a_config_file(tmp_path, tiny_shape):
 
     measured = random_model(shape_config(str(tiny_shape))[1], torch.device("cpu"), torch.float32)
     assert profile.model_shape == report["model_shape"] == model_shape(measured)  # what a model of this shape is checked by
+
+
+def test_an_interrupted_command_reports_and_writes_its_whole_groups_but_no_device_profile(tmp_path, tiny_shape, monkeypatch):
+    import ngspec.perf.sweep as sweep
+
+    real, calls = sweep.ForwardTimer.__call__, []
+
+    def timed(self, cell):
+        calls.append(cell)
+        if len(calls) == 6 + 2:  # grid: context 4's rows group (6 cells), then 2 of its tree group
+            raise KeyboardInterrupt
+        return real(self, cell)
+
+    monkeypatch.setattr(sweep.ForwardTimer, "__call__", timed)
+    out = tmp_path / "out"
+    args = ["profile-bound", "--shape", tiny_shape, "--k", "1,2", "--w", "0..2", "--context", "4,16", "--repeats", 1, "--out", out,
+            "--save-profile", out / "dev.json"]
+    result = invoke(*args, "--json")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"interrupted after 1 of 4 (layout, context) groups; the report and the files in {out} cover only those" in result.stderr
+    assert "dev.json was not written (a device profile needs every context)" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["interrupted"] == "after 1 of 4 (layout, context) groups"
+    assert {(c["layout"], c["context"]) for c in report["cells"]} == {("rows", 4)} and len(report["cells"]) == 6
+    assert sorted(p.name for p in out.iterdir()) == ["profile-tiny-rows.png", "profile-tiny.csv", "profile-tiny.json"]
+    assert json.loads((out / "profile-tiny.json").read_text())["interrupted"] == report["interrupted"]
+    calls.clear()
+    result = invoke(*args[:-2])  # the tables
+    assert result.exit_code == 1 and "(interrupted after 1 of 4 (layout, context) groups)" in result.stdout
+    assert "rows, context 4" in result.stdout and "tree, context 4" not in result.stdout
 
 
 @pytest.mark.parametrize(

@@ -26,12 +26,12 @@ from typing import Callable, Iterator
 from ngspec.batch import BatchConfig
 from ngspec.bench.interval import ratio_interval, rounds_interval
 from ngspec.bench.report import SAMPLED_NOTE, interval_text, setup_text, table_lines
-from ngspec.bench.runner import Stopped, arm_drafter, warm_config
+from ngspec.bench.runner import arm_drafter, warm_config
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import Resources
 from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, Stopped
 from ngspec.metrics.self_repetition import self_repetition
 
 BASE = "vanilla"

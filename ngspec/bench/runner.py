@@ -18,6 +18,7 @@ from ngspec.decode import DecodeConfig
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions, Resources, make_drafter
 from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
+from ngspec.errors import Stopped
 from ngspec.metrics.self_repetition import SelfRepetition, self_repetition
 from ngspec.prompts import Prompt
 from ngspec.turns import Conversations
@@ -25,16 +26,6 @@ from ngspec.verify import Draws
 
 HF_ARMS = ("hf-greedy", "hf-sample", "hf-prompt-lookup")
 WARM_UP_TOKENS = 16
-
-
-class Stopped(Exception):
-    """Ctrl-C (or SIGTERM) during a timed bench run that had measured something whole: ``measured``,
-    `run_bench`'s records of the prompts every arm finished, or `run_batched`'s whole rounds, for
-    the command to report before it exits."""
-
-    def __init__(self, measured):
-        super().__init__("interrupted")
-        self.measured = measured
 
 
 @dataclass(frozen=True)

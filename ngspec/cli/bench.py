@@ -19,7 +19,7 @@ from ngspec.cli.options import (
     asks_every_turn, counted,
 )
 from ngspec.drafters import check_drafter
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, Stopped
 
 
 @with_drafting_options
@@ -72,7 +72,7 @@ def bench_command(
     """
     from ngspec.bench.grid import ablation, heatmaps, sweeps
     from ngspec.bench.report import COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
-    from ngspec.bench.runner import HF_ARMS, Stopped, baseline, make_arms, run_bench
+    from ngspec.bench.runner import HF_ARMS, baseline, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
     from ngspec.prompts import load_prompts, prompt_input, source_name
     from ngspec.turns import split_turns
@@ -223,7 +223,6 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     from ngspec.batch import BatchConfig
     from ngspec.bench import batched
     from ngspec.bench.report import SAMPLED_NOTE, environment
-    from ngspec.bench.runner import Stopped
     from ngspec.turns import Conversations
 
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length, engine.target.vocab)

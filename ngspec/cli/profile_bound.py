@@ -12,7 +12,7 @@ from rich.text import Text
 from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, TrustRemoteCodeOpt
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, Stopped
 
 if TYPE_CHECKING:  # torch loads when the command runs, not for --help
     import torch
@@ -69,12 +69,12 @@ def profile_bound_command(
     """Time one verification forward over a grid of (k rows, w speculated tokens, context length),
     relative to (k, w) = (1, 0), next to a roofline prediction (FLOPs and bytes from the config,
     peak compute and bandwidth measured here). Widening a draft is free only while the forward pass
-    stays memory-bound; this shows where that ends on your device.
+    stays memory-bound; this shows where that ends on your device. On a GPU, --target-graphs times
+    the forwards replayed from CUDA graphs, as generate --target-graphs runs them: run it with and
+    without to see what a small model's host work costs. Ctrl-C reports and writes the (layout,
+    context) groups timed whole, saves no device profile, and exits 1.
 
     Example: ngspec profile-bound --shape llama-7b --dtype bfloat16 --save-profile llama7b.json
-
-    On a GPU, --target-graphs times the forwards replayed from CUDA graphs, as generate
-    --target-graphs runs them: run it with and without to see what a small model's host work costs.
     """
     import torch
 
@@ -146,7 +146,15 @@ def profile_bound_command(
             c = result.cell
             progress.update(task, advance=1, description=f"{c.layout} context {c.context} k={c.k} w={c.w}")
 
-        results = run_sweep(cells, timer, step)
+        try:
+            results = run_sweep(cells, timer, step)
+            stopped = None
+        except Stopped as stop:
+            results = stop.measured
+            groups = len({(r.cell.layout, r.cell.context) for r in results})
+            stopped = f"after {groups} of {len({(c.layout, c.context) for c in cells})} (layout, context) groups"
+            layouts = [lay for lay in layouts if any(r.cell.layout == lay for r in results)]
+            contexts = [ctx for ctx in contexts if any(r.cell.context == ctx for r in results)]
 
     bytes_per_element = torch.finfo(torch_dtype).bits // 8
     reports = analyse(results, net.config, peaks, bytes_per_element)
@@ -162,13 +170,14 @@ def profile_bound_command(
         "peak_bandwidth_gbs": peaks.bytes_per_s / 1e9,
         "target_graphs": target_graphs,
         **({"graphs": target.static.report()} if target.static is not None else {}),
+        **({"interrupted": stopped} if stopped else {}),
     }
     stem = f"profile-{name.replace('/', '_')}"
     files = write_outputs(out, stem, meta, reports, trans)
     for lay in layouts:
         title = f"{name}, {meta['dtype']}, layout {lay}{', CUDA graphs' if target_graphs else ''}\n{meta['device']}"
         files.append(heatmap(reports, lay, title, out / f"{stem}-{lay}.png"))
-    if save_profile is not None:
+    if save_profile is not None and not stopped:  # a profile sizes drafts at every context: not from part of them
         write_profile(save_profile, build_profile(meta, reports, max_slowdown))
         files.append(save_profile)
 
@@ -176,9 +185,9 @@ def profile_bound_command(
         from ngspec.perf.report import report_json
 
         render.json_line(report_json(meta, reports, trans) | {"files": [str(f) for f in files]})
-        return
+        return _stop(stopped, out, save_profile)
     render.summary_table(
-        f"{name} on {meta['device']}",
+        f"{name} on {meta['device']}{f' (interrupted {stopped})' if stopped else ''}",
         [("dtype", meta["dtype"]), ("measured peak compute", f"{meta['peak_tflops']:.3g} TFLOP/s"),
          ("measured peak bandwidth", f"{meta['peak_bandwidth_gbs']:.3g} GB/s"),
          *([("target graphs", meta["graphs"])] if "graphs" in meta else [])],
@@ -186,6 +195,8 @@ def profile_bound_command(
     for lay in layouts:
         for ctx in contexts:
             cells_here = {(r.k, r.w): r for r in reports if r.layout == lay and r.context == ctx}
+            if not cells_here:  # a group an interrupted sweep did not reach
+                continue
             row_ks = sorted({kk for kk, _ in cells_here})
             col_ws = sorted({ww for _, ww in cells_here})
             render.table(
@@ -200,6 +211,14 @@ def profile_bound_command(
           _transition_text(t.predicted_tokens, t.predicted_kw)] for t in trans],
     )
     render.info("wrote " + ", ".join(str(f) for f in files))
+    _stop(stopped, out, save_profile)
+
+
+def _stop(stopped: str | None, out: Path, save_profile: Path | None) -> None:
+    """After an interrupted sweep's report (``stopped``: how far it got), exit non-zero saying so."""
+    if stopped is not None:
+        unsaved = f"; {save_profile} was not written (a device profile needs every context)" if save_profile is not None else ""
+        raise NgspecError(f"interrupted {stopped}; the report and the files in {out} cover only those, each group whole{unsaved}")
 
 
 def _cell_text(r) -> str | Text:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
 
 from ngspec.contracts import DraftTree
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, Stopped
 from ngspec.target import TargetModel
 
 LAYOUTS = ("rows", "tree")
@@ -145,18 +146,28 @@ def run_sweep(
     measure: Callable[[Cell], float],
     on_cell: Callable[[CellResult], None] | None = None,
 ) -> list[CellResult]:
-    """Measure every cell; out-of-memory failures are recorded and the sweep continues."""
+    """Measure every cell; out-of-memory failures are recorded and the sweep continues.
+    Interrupted (Ctrl-C, SIGTERM) after a (layout, context) group of cells was measured whole, it
+    raises `Stopped` with the whole groups' results."""
     results = []
-    for cell in cells:
-        try:
-            result = CellResult(cell, measure(cell))
-        except (RuntimeError, torch.OutOfMemoryError) as exc:
-            if not is_out_of_memory(exc):
-                raise
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            result = CellResult(cell, None, "oom")
-        results.append(result)
-        if on_cell:
-            on_cell(result)
+    try:
+        for cell in cells:
+            try:
+                result = CellResult(cell, measure(cell))
+            except (RuntimeError, torch.OutOfMemoryError) as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                result = CellResult(cell, None, "oom")
+            results.append(result)
+            if on_cell:
+                on_cell(result)
+    except KeyboardInterrupt:
+        planned = Counter((c.layout, c.context) for c in cells)
+        timed = Counter((r.cell.layout, r.cell.context) for r in results)
+        whole = [r for r in results if timed[r.cell.layout, r.cell.context] == planned[r.cell.layout, r.cell.context]]
+        if whole:  # each group's slowdowns are relative to its own (1, 0) cell
+            raise Stopped(whole) from None
+        raise
     return results
