@@ -1,7 +1,7 @@
 """A random search over the files ngspec's commands read: corpora, prompt and question files,
-datastores, EAGLE heads, tree shapes, n-gram tables and model directories, whole or damaged, named
-plainly or with characters that mean something to a glob, a shell or Rich ("corpus[v2].jsonl",
-"[/x]").
+datastores, EAGLE heads, tree shapes, n-gram tables and model directories (their config.json also
+as `profile-bound --shape`), whole or damaged, named plainly or with characters that mean
+something to a glob, a shell or Rich ("corpus[v2].jsonl", "[/x]").
 
 Each run writes one input into a folder of its own, draws a command that reads it (with a few of
 that command's options) and runs it in process on a tiny random Llama saved with the default
@@ -297,7 +297,11 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
         else:
             note = damaged_copy(rng, fx.model, path, leave_out=("head",))
         model = ["--model", str(path)]
-        command = rng.choice(["generate", "generate", "bench", "build-datastore", "train-eagle", "synth-corpus", "build-bigram"])
+        command = rng.choice(["generate", "generate", "bench", "build-datastore", "train-eagle", "synth-corpus", "build-bigram", "profile-bound"])
+        if command == "profile-bound":  # its config.json as a shape of random weights, timed into a folder made for it
+            out.mkdir()
+            return ["profile-bound", "--shape", str(path / "config.json"), "--k", "1,2", "--w", "0,1", "--context", "4", "--repeats", "1",
+                    "--out", str(out), "--json"], out, note
         if command == "generate":
             return ["generate", "-p", "examples/rag_ngspec.txt", *model, "-n", "4", "-d", rng.choice(["trie", "vanilla", "context-ngram"]),
                     *rng.choice([[], ["--json"], ["-b", "2"]])], None, note

@@ -167,6 +167,22 @@ def config_error_message(exc: Exception) -> str:
     return last.split(": ", 1)[1] if last.startswith("ValueError: ") else last
 
 
+# the sizes a decoder's config gives its layers (Llama-style names and GPT-2's); transformers builds
+# a model from any integers, and one below 1 ended in "Trying to create tensor with negative dimension"
+# or a ZeroDivisionError, or built a model of no layers
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+         "head_dim", "max_position_embeddings", "n_embd", "n_inner", "n_layer", "n_head", "n_positions")
+
+
+def check_sizes(config, what: str) -> None:
+    """Refuse a config whose layer sizes (`SIZES`; a size left None is the family's default) are
+    not whole numbers of at least 1, naming each (an edited config.json, usually)."""
+    bad = [f"{key}={value!r}" for key in SIZES
+           if (value := getattr(config, key, None)) is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1)]
+    if bad:
+        raise NgspecError(f"could not load {what}: its config gives {', '.join(bad)}; a layer size must be a whole number of at least 1")
+
+
 # what reading weights cut short raises: safetensors' own error, the GGUF reader's struct.error
 DAMAGED_WEIGHTS = (SafetensorError, struct.error, EOFError)
 TORCH_ZIP_DAMAGED = "PytorchStreamReader failed"  # torch's reader of a pytorch_model.bin cut short (a RuntimeError)
@@ -211,7 +227,9 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     where, extra = _source(spec)
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
+        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
+        check_sizes(config, f"model {spec!r}")
+        model = AutoModelForCausalLM.from_pretrained(where, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
     except DAMAGED_WEIGHTS as exc:  # an interrupted download or copy
         raise _damaged(spec, exc) from exc
     except OSError as exc:

@@ -241,3 +241,25 @@ def test_weights_of_other_shapes_than_the_config_gives_are_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(NgspecError, match=r"^could not load model '.*': its weights' shapes differ from those its config.json gives \(.+\)$"):
         models.load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        ({"head_dim": -1}, "head_dim=-1"),  # transformers: "Trying to create tensor with negative dimension -4"
+        ({"hidden_size": -8, "intermediate_size": 0}, "hidden_size=-8, intermediate_size=0"),
+        ({"head_dim": 0}, "head_dim=0"),  # a ZeroDivisionError in the rotary embedding
+        ({"num_hidden_layers": -1}, "num_hidden_layers=-1"),  # built a model of no layers
+    ],
+)
+def test_layer_sizes_below_one_are_refused_naming_them(tmp_path, edit, named):
+    """A config.json edited to a size below 1 (found by benchmarks/input_fuzz.py, run 7759): one
+    line naming the sizes, before transformers builds anything."""
+    import json
+
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | edit))
+    with pytest.raises(NgspecError, match=rf"^could not load model '.*': its config gives {named}; a layer size must be a whole number of at least 1$"):
+        models.load_model(str(tmp_path))

@@ -67,6 +67,16 @@ def test_a_config_file_that_is_not_a_config_is_named_in_one_message(tmp_path, te
         shape_config(str(tmp_path / "config.json"))
 
 
+@pytest.mark.parametrize("edit, message", [
+    ({"head_dim": -1}, "its config gives head_dim=-1; a layer size must be a whole number of at least 1"),  # was a RuntimeError at build
+    ({"hidden_size": 8.5}, "cannot read a transformers config from .*: TypeError: Field 'hidden_size' expected int"),  # was the validator's own class
+])
+def test_a_shape_of_impossible_sizes_is_one_message(tmp_path, edit, message):
+    (tmp_path / "config.json").write_text(json.dumps(TINY | edit))
+    with pytest.raises(NgspecError, match=message):
+        shape_config(str(tmp_path / "config.json"))
+
+
 def test_roofline_prediction_is_the_slower_of_compute_and_memory():
     peaks = DevicePeaks(flops_per_s=100.0, bytes_per_s=10.0)
     from ngspec.perf.roofline import Cost

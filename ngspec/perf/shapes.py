@@ -14,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from ngspec.errors import NgspecError
+from ngspec.models import CONFIG_ERRORS, check_sizes, config_error_message
 
 # the published configs, reduced to what sets the cost of a forward pass
 SHAPES: dict[str, dict] = {
@@ -47,8 +48,13 @@ def shape_config(shape: str) -> tuple[str, PretrainedConfig]:
         values = json.loads(path.read_text())
         model_type = values.pop("model_type")
         config = AutoConfig.for_model(model_type, **values)
-    except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+    except json.JSONDecodeError as exc:
         raise NgspecError(f"cannot read a transformers config from {path}: {exc}") from exc
+    except KeyError as exc:
+        raise NgspecError(f"cannot read a transformers config from {path}: no {exc}") from exc
+    except CONFIG_ERRORS as exc:  # transformers' own validation: a size of another type, heads that do not divide
+        raise NgspecError(f"cannot read a transformers config from {path}: {config_error_message(exc)}") from exc
+    check_sizes(config, f"shape {str(path)!r}")
     return path.parent.name or path.stem, config
 
 
