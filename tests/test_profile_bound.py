@@ -430,3 +430,16 @@ def test_a_profile_from_another_device_or_dtype_warns_and_one_from_here_does_not
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             load_engine("default", "cpu", "float32", path, quiet=True)
+
+
+def test_a_heatmap_titled_in_characters_the_font_lacks_warns_nothing(tmp_path):
+    """A model directory named "模型" (input_fuzz: "ünïcode 猫"): matplotlib's bundled font has no
+    such glyphs and warned, with its source line, on the terminal; the boxes are drawn quietly."""
+    import warnings
+
+    from ngspec.perf.plots import heatmap
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = heatmap(_reports(), "rows", "模型 猫, float32\ncpu", tmp_path / "h.png")
+    assert path.stat().st_size > 0

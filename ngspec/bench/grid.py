@@ -71,6 +71,8 @@ def heatmaps(sweep: Sweep, title: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from ngspec.perf.plots import save_figure
+
     ks = sorted({k for k, _ in sweep.cells})
     ws = sorted({w for _, w in sweep.cells})
     fig, axes = plt.subplots(1, 2, figsize=(2.0 + 0.9 * len(ws) * 2, 1.6 + 0.45 * len(ks)), layout="constrained")
@@ -92,6 +94,4 @@ def heatmaps(sweep: Sweep, title: str, path: Path) -> Path:
                     ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7, color="white")
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

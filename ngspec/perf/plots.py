@@ -51,6 +51,19 @@ def heatmap(reports: list[CellReport], layout: str, title: str, path: Path) -> P
                             ax.text(j, i, "OOM", ha="center", va="center", fontsize=5, color="red")
     fig.suptitle(title, fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.8).set_label("slowdown vs (k, w) = (1, 0)", fontsize=8)
-    fig.savefig(path, dpi=90)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` and close it. A title naming a model directory in characters the
+    bundled font lacks ("模型") shows them as boxes, without matplotlib's warning and its source
+    line on the terminal."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
+        fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
