@@ -88,3 +88,44 @@ def test_profile_bound_marks_a_cell_that_ran_out_of_memory_in_red():
 
     cell = _cell_text(SimpleNamespace(status="oom"))
     assert cell.plain == "OOM" and str(cell.style) == "red"
+
+
+def test_off_a_terminal_a_long_task_prints_a_line_now_and_then(capsys, monkeypatch):
+    """In a log (nohup, a batch job) there is no bar; a task that has run a minute says how far it
+    is, at most once a minute, with the time left at its pace since it started (a continued
+    synth-corpus run starts at the records it carried), and once more when it completes. A task
+    done within the minute prints nothing."""
+    clock = [0.0]
+    bar = render.LoggedProgress(console=render.err_console, every=60, get_time=lambda: clock[0])
+    with bar:
+        quick = bar.add_task("quick", total=3)
+        for _ in range(3):
+            clock[0] += 1
+            bar.advance(quick)
+        task = bar.add_task("synth [v2]", total=100, completed=20)  # 20 carried from an interrupted run
+        for _ in range(80):
+            clock[0] += 2
+            bar.advance(task)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "synth [v2]: 50/100 (50%), 0:01:00 elapsed, about 0:01:40 left",  # 30 done in 60 s: 50 more take 100 s
+        "synth [v2]: 80/100 (80%), 0:02:00 elapsed, about 0:00:40 left",
+        "synth [v2]: 100/100 (100%), 0:02:40 elapsed",
+    ]
+    assert not any("quick" in line for line in lines)
+    # a task of unknown length, its description updated as it goes (train-eagle's steps)
+    bar = render.LoggedProgress(console=render.err_console, every=60, get_time=lambda: clock[0])
+    steps = bar.add_task("training", total=None)
+    clock[0] += 61
+    bar.update(steps, completed=7, description="training: loss 1.5")
+    assert capsys.readouterr().err.splitlines() == ["training: loss 1.5: 7, 0:01:01 elapsed"]
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(monkeypatch):
+    monkeypatch.setenv("NGSPEC_PROGRESS_EVERY", "5")
+    logged = render.progress()
+    assert isinstance(logged, render.LoggedProgress) and logged._every == 5.0  # pytest's stderr is no terminal
+    from rich.console import Console
+
+    monkeypatch.setattr(render, "err_console", Console(stderr=True, force_terminal=True))
+    assert not isinstance(render.progress(), render.LoggedProgress)

@@ -47,9 +47,78 @@ def info(message: str) -> None:
 
 
 def progress(*columns: ProgressColumn | str) -> Progress:
-    """A progress bar on stderr that clears itself when done; shown only on a terminal (in a log
-    it would print nothing useful, and it left a blank line before the next message)."""
-    return Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal)
+    """A progress bar on stderr that clears itself when done, on a terminal. Elsewhere (a log
+    file, nohup, a batch job's output) a bar would print nothing useful, so a task that runs long
+    prints a line now and then instead (`LoggedProgress`)."""
+    if err_console.is_terminal:
+        return Progress(*columns, console=err_console, transient=True)
+    return LoggedProgress(*columns, console=err_console, every=_log_every())
+
+
+def _log_every() -> float:
+    """Seconds between a long task's progress lines off a terminal: NGSPEC_PROGRESS_EVERY, else 60
+    (0 or less: none)."""
+    value = os.environ.get("NGSPEC_PROGRESS_EVERY", "")
+    try:
+        return float(value) if value.strip() else 60.0
+    except ValueError:
+        return 60.0
+
+
+class LoggedProgress(Progress):
+    """`progress` off a terminal: no bar, but once a task has run ``every`` seconds, a line on
+    stderr at most every ``every`` seconds saying how far it is (done of total, elapsed, and the
+    time left at the pace since it started), and a last one when a task that printed any
+    completes. A command of a few seconds prints nothing more than it did."""
+
+    def __init__(self, *columns: ProgressColumn | str, every: float, **kwargs) -> None:
+        super().__init__(*columns, disable=True, **kwargs)
+        self._every = every
+        self._since: dict[TaskID, tuple[float, float]] = {}  # task: (time, completed) its pace counts from
+        self._shown: dict[TaskID, float] = {}  # task: when its last line was printed
+        self._ended: set[TaskID] = set()
+
+    def add_task(self, description: str, *args, **kwargs) -> TaskID:
+        task_id = super().add_task(description, *args, **kwargs)
+        self._since[task_id] = (self.get_time(), self._tasks[task_id].completed)
+        return task_id
+
+    def reset(self, task_id: TaskID, *args, **kwargs) -> None:
+        super().reset(task_id, *args, **kwargs)
+        self._since[task_id] = (self.get_time(), self._tasks[task_id].completed)
+        self._shown.pop(task_id, None)
+        self._ended.discard(task_id)
+
+    def update(self, task_id: TaskID, *args, **kwargs) -> None:
+        super().update(task_id, *args, **kwargs)
+        self._log(task_id)
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._log(task_id)
+
+    def _log(self, task_id: TaskID) -> None:
+        if self._every <= 0 or task_id in self._ended or task_id not in self._since:
+            return
+        task, now = self._tasks[task_id], self.get_time()
+        start, first = self._since[task_id]
+        ended = task.total is not None and task.completed >= task.total
+        if not (ended and task_id in self._shown) and now - self._shown.get(task_id, start) < self._every:
+            return
+        self._shown[task_id] = now
+        if ended:
+            self._ended.add(task_id)
+        done = f"{task.completed:,.0f}" + (f"/{task.total:,.0f} ({100 * task.completed / task.total:.0f}%)" if task.total else "")
+        line = f"{task.description or 'working'}: {done}, {_clock(now - start)} elapsed"
+        if not ended and task.total and task.completed > first:
+            line += f", about {_clock((now - start) / (task.completed - first) * (task.total - task.completed))} left"
+        info(line)
+
+
+def _clock(seconds: float) -> str:
+    """``1:02:03`` (h:mm:ss)."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 @contextmanager
