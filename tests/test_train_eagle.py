@@ -364,3 +364,49 @@ def test_bad_training_options_are_each_named_with_their_value():
     with pytest.raises(NgspecError, match=r"^--unroll must be >= 1 \(got 0\)$"):
         TrainOptions(unroll=0)
     TrainOptions()  # the defaults pass
+
+
+def test_an_interrupted_feature_pass_continues_where_it_stopped(tmp_path, model, monkeypatch):
+    """The feature pass stores its features in shards as it goes: stopped after its second shard
+    and run again, it reads those and computes only the rest, and the features equal one
+    uninterrupted pass's. A shard of another corpus is removed; a damaged one is computed again."""
+    data = examples(n=7, seed=5)
+    whole = target_features(model, data)
+    store = tmp_path / "features"
+    done = []
+
+    def stop_after_four(n):
+        done.append(n)
+        if len(done) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        target_features(model, data, stop_after_four, store, shard_tokens=2 * 35)  # 35 tokens an example: shards of 2
+    assert len(list(store.glob("*.pt"))) == 2  # examples 0-1 and 2-3; the fifth was never stored
+    computed = []
+    real = train_module.forward_with_features
+    monkeypatch.setattr(train_module, "forward_with_features", lambda *a, **k: computed.append(1) or real(*a, **k))
+    seen = []
+    again = target_features(model, data, seen.append, store, shard_tokens=2 * 35)
+    assert len(computed) == 3 and seen[0] == 4 * 35  # the stored four counted at once
+    assert len(again) == len(whole) and all(torch.equal(a, b) for a, b in zip(again, whole))
+    assert len(list(store.glob("*.pt"))) == 4
+    # other examples: the stored shards are another pass's, removed, and everything computed afresh
+    computed.clear()
+    other = examples(n=3, seed=6)
+    target_features(model, other, None, store, shard_tokens=10**6)
+    assert len(computed) == 3 and len(list(store.glob("*.pt"))) == 1
+    # a damaged shard: computed again from there
+    (shard,) = store.glob("*.pt")
+    shard.write_bytes(b"cut")
+    computed.clear()
+    redone = target_features(model, other, None, store, shard_tokens=10**6)
+    assert len(computed) == 3 and all(torch.equal(a, b) for a, b in zip(redone, target_features(model, other)))
+
+
+def test_a_finished_training_removes_its_stored_features(tmp_path, model):
+    data = examples(n=4, seed=7)
+    feats = target_features(model, data, None, tmp_path / train_module.FEATURES)
+    assert list((tmp_path / train_module.FEATURES).glob("*.pt"))
+    train_head(model, data, feats, tmp_path, TrainOptions(epochs=1, batch_tokens=70))
+    assert not (tmp_path / train_module.FEATURES).exists() and (tmp_path / "model.safetensors").is_file()

@@ -40,8 +40,9 @@ def train_eagle_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Train an EAGLE-1 draft head (feature regression + token cross-entropy on the model's own
-    features) and save it in the public layout for `--drafter eagle --eagle-head DIR`. Interrupted
-    runs resume from the last checkpoint in --out. With --init-head it fine-tunes a trained head
+    features) and save it in the public layout for `--drafter eagle --eagle-head DIR`. An
+    interrupted run, run again, continues the feature pass it stored in --out/features, or resumes
+    training from the last checkpoint in --out. With --init-head it fine-tunes a trained head
     instead, e.g. a general head on your own prompts and the model's answers to them.
 
     Examples: ngspec train-eagle --corpus corpora/smollm2-self.jsonl --out heads/smollm2
@@ -53,7 +54,7 @@ def train_eagle_command(
     from ngspec.datastore.corpus import iter_records
     from ngspec.drafters.eagle import EagleOptions
     from ngspec.eagle.head import WEIGHTS
-    from ngspec.eagle.train import CHECKPOINT, TrainOptions, evaluate, examples_from_records, initial_head, target_features, train_head, write_report
+    from ngspec.eagle.train import CHECKPOINT, FEATURES, TrainOptions, evaluate, examples_from_records, initial_head, target_features, train_head, write_report
     from ngspec.engine import Engine
     from ngspec.models import load_model
 
@@ -87,7 +88,7 @@ def train_eagle_command(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with render.progress(*columns) as progress:
         task = progress.add_task("target features (tokens)", total=sum(len(e.ids) for e in train))
-        feats = target_features(loaded.model, train, lambda n: progress.advance(task, n))
+        feats = target_features(loaded.model, train, lambda n: progress.advance(task, n), out / FEATURES)
         feature_seconds = time.perf_counter() - start
         task = progress.add_task("training (steps)", total=None)
 

@@ -22,10 +22,11 @@ With ``init_head`` training starts from a trained EAGLE-1 head instead of the ta
 the old one and the new responses' tokens, ranked by their counts in both corpora.
 
 The target runs once over the corpus (its features are kept in memory as bfloat16, about 1 KB per
-token for the default model); then the head trains for ``epochs`` passes with AdamW, a warm-up and
-cosine decay. A checkpoint (head, optimiser, position in the data) is written atomically every
-``checkpoint_every`` steps and on interruption; a run started again with the same ``--out``
-resumes from it.
+token for the default model, and stored in ``--out``'s `FEATURES` directory as the pass goes, so an
+interrupted pass continues where it stopped); then the head trains for ``epochs`` passes with
+AdamW, a warm-up and cosine decay. A checkpoint (head, optimiser, position in the data) is written
+atomically every ``checkpoint_every`` steps and on interruption; a run started again with the same
+``--out`` resumes from it. Both are removed once the head is saved.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,6 +51,7 @@ from ngspec.target import forward_with_features
 from ngspec.tree import additive_mask
 
 CHECKPOINT = "checkpoint.pt"
+FEATURES = "features"  # the directory in --out where the feature pass is stored as it goes
 
 
 @dataclass(frozen=True)
@@ -146,16 +149,70 @@ def examples_from_records(records: Iterable[dict], tokenizer, max_len: int, docu
 
 
 @torch.inference_mode()
-def target_features(model, examples: list[Example], progress: Callable[[int], None] | None = None) -> list[torch.Tensor]:
-    """The target's last hidden states for every example, bfloat16, ``[T, H]`` each."""
+def target_features(
+    model, examples: list[Example], progress: Callable[[int], None] | None = None, store: Path | None = None, shard_tokens: int = 1 << 16,
+) -> list[torch.Tensor]:
+    """The target's last hidden states for every example, bfloat16, ``[T, H]`` each.
+
+    With ``store`` (a directory), they are also written there in shards of about ``shard_tokens``
+    tokens as the pass goes, each whole or not at all, named by a fingerprint of the model and the
+    examples: a pass run again on the same model and examples (after an interruption) reads the
+    shards it finds and computes only the rest; shards of another model or corpus are removed."""
     device = next(model.parameters()).device
-    out = []
-    for ex in examples:
+    out: list[torch.Tensor] = []
+    key = _features_key(model, examples) if store is not None else ""
+    if store is not None:
+        store.mkdir(parents=True, exist_ok=True)
+        out = _stored_features(store, key, examples)
+        if progress and out:
+            progress(sum(len(ex.ids) for ex in examples[: len(out)]))
+    shard_start = len(out)
+    for n in range(len(out), len(examples)):
+        ex = examples[n]
         _, hidden = forward_with_features(lambda **extra: model(input_ids=ex.ids[None].to(device), logits_to_keep=1, **extra), model, True, None)
         hidden = hidden[0]
         out.append(hidden.to(torch.bfloat16).cpu())
+        if store is not None and (n + 1 == len(examples) or sum(len(t) for t in out[shard_start:]) >= shard_tokens):
+            _save_checkpoint(store / f"{key}-{shard_start:07d}.pt", {"first": shard_start, "features": out[shard_start:]})
+            shard_start = n + 1
         if progress:
             progress(len(ex.ids))
+    return out
+
+
+def _features_key(model, examples: list[Example]) -> str:
+    """What a stored feature pass must match: the model (`model_fingerprint`) and every example's tokens."""
+    import hashlib
+
+    from ngspec.drafters.ngram_tables import model_fingerprint
+
+    digest = hashlib.sha256(model_fingerprint(model).encode())
+    for ex in examples:
+        digest.update(len(ex.ids).to_bytes(4, "little"))
+        digest.update(ex.ids.to(torch.int64).numpy().tobytes())
+    return digest.hexdigest()[:24]
+
+
+def _stored_features(store: Path, key: str, examples: list[Example]) -> list[torch.Tensor]:
+    """The features an earlier pass stored for ``key``, in order, up to the first gap or a shard that
+    cannot be read (the pass computes from there); another key's shards are removed."""
+    out: list[torch.Tensor] = []
+    if not store.is_dir():
+        return out
+    for path in sorted(store.glob("*.pt")):
+        if not path.name.startswith(f"{key}-"):
+            path.unlink(missing_ok=True)  # a pass over another model or corpus
+            continue
+        try:
+            shard = torch.load(path, map_location="cpu", weights_only=True)
+            first, feats = int(shard["first"]), list(shard["features"])
+        except Exception:  # noqa: BLE001 - a damaged shard is computed again
+            break
+        fits = first == len(out) and first + len(feats) <= len(examples) and all(
+            len(f) == len(examples[first + i].ids) for i, f in enumerate(feats))
+        if not fits:
+            break
+        out += feats
     return out
 
 
@@ -354,6 +411,7 @@ def train_head(
     save_head(head, out)
     save_draft_vocab(out, (ex.taught.tolist() for ex in train), prior)
     ckpt.unlink(missing_ok=True)
+    shutil.rmtree(out / FEATURES, ignore_errors=True)  # the stored feature pass (`target_features`), no longer needed
     return head, log
 
 
