@@ -85,7 +85,8 @@ def test_draws_reach_every_input_kind_and_command(tmp_path):
         if "--model" in args:
             models.add(args[args.index("--model") + 1])
         assert all(isinstance(a, str) for a in args) and (output is None or run_dir in output.parents)
-    assert commands == {"build-datastore", "self-repetition", "train-eagle", "generate", "bench", "tune-tree", "synth-corpus", "datastore-info", "build-bigram"}
+    assert commands == {"build-datastore", "self-repetition", "train-eagle", "generate", "bench", "tune-tree", "synth-corpus", "datastore-info", "build-bigram",
+                        "profile-bound"}
     for damage in ("truncate", "garbage", "empty", "remove", "directory", "without", "not an object", "files", "missing", "no tokenizer files", "partial"):
         assert any(damage in note for note in notes), damage
     assert len(models) > 50  # the fixture's model, and damaged copies of it
