@@ -11,8 +11,9 @@ model's tokenizer, so a run takes about a second. A run passes when it
 - exits 1 with ngspec's own one-line error, or 2 with a usage error, leaving no output and no
   temporary behind (rule 6: bad input gets a clear error and loses nothing),
 
-and prints no traceback; a run that exits non-zero must leave every file that was there before
-it as it was (an interrupted `synth-corpus` run's records, which a run may continue, among them).
+and prints no traceback and no library's Python warning (with its source line); a run that exits
+non-zero must leave every file that was there before it as it was (an interrupted `synth-corpus`
+run's records, which a run may continue, among them).
 Anything else (an unexpected exception, named with "set NGSPEC_DEBUG=1", another exit code, a file
 left behind or changed) is a finding, written with its command line.
 
@@ -43,6 +44,9 @@ VALUES = [None, True, 0, -1, 2**63, 1.5, float("nan"), "", " ", "text", "[/x]", 
 # NGSPEC_DEBUG=1 ...)"); an OSError's line ("error: Is a directory: PATH (set ...)") is the clear
 # message for a path that cannot be read
 UNEXPECTED = re.compile(r"^error: [A-Za-z_][\w.]*: .*NGSPEC_DEBUG", re.DOTALL)
+# a library's Python warning, printed with its file, line and source line ("plots.py:54: UserWarning: Glyph
+# 29483 missing from font(s)"): ngspec's own warnings are one "warning: ..." line
+PYTHON_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ", re.MULTILINE)
 KINDS = ["corpus", "prompts", "datastore", "head", "shape", "table", "model"]
 # what a saved tokenizer leaves beside a model (removed together: a checkpoint saved without it)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -346,6 +350,8 @@ def judge(code: int, output: str, exc: BaseException | None, left: list[str]) ->
     # the error runs from its line to the end: an exception's message may take several lines
     if "Traceback" in output or any(UNEXPECTED.match("\n".join(lines[i:])) for i, line in enumerate(lines) if line.startswith("error: ")):
         return "FINDING", last
+    if warned := PYTHON_WARNING.search(output):
+        return "FINDING", output[warned.start():].splitlines()[0]
     if left:
         return "FINDING", f"left behind or changed: {left}"
     if code == 0:

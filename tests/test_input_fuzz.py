@@ -31,6 +31,9 @@ input_fuzz = benchmark_script("input_fuzz")
         (1, "error: cannot continue\n", ["changed out.partial.jsonl"], "FINDING"),  # a refusal that lost an input
         (1, "", [], "FINDING"),  # exit 1 without ngspec's error line
         (3, "error: x\n", [], "FINDING"),
+        # a library's warning with its source line (input_fuzz run 8080, an "ok" until 2026-12-05)
+        (0, "{}\n/v/matplotlib/backend_agg.py:211: UserWarning: Glyph 29483 missing from font(s) DejaVu Sans.\n  fig.savefig(path)\n", [], "FINDING"),
+        (0, "warning: ngspec's own warning, one line\n", [], "ok"),
     ],
 )
 def test_verdicts(code, output, left, verdict):
