@@ -119,6 +119,13 @@ def test_off_a_terminal_a_long_task_prints_a_line_now_and_then(capsys, monkeypat
     clock[0] += 61
     bar.update(steps, completed=7, description="training: loss 1.5")
     assert capsys.readouterr().err.splitlines() == ["training: loss 1.5: 7, 0:01:01 elapsed"]
+    # reset to what a pass found stored (train-eagle's features): the pace counts from there
+    features = bar.add_task("target features", total=100)
+    clock[0] += 1
+    bar.reset(features, completed=60)
+    clock[0] += 60
+    bar.advance(features, 10)
+    assert capsys.readouterr().err.splitlines() == ["target features: 70/100 (70%), 0:01:00 elapsed, about 0:03:00 left"]
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(monkeypatch):

@@ -386,9 +386,9 @@ def test_an_interrupted_feature_pass_continues_where_it_stopped(tmp_path, model,
     computed = []
     real = train_module.forward_with_features
     monkeypatch.setattr(train_module, "forward_with_features", lambda *a, **k: computed.append(1) or real(*a, **k))
-    seen = []
-    again = target_features(model, data, seen.append, store, shard_tokens=2 * 35)
-    assert len(computed) == 3 and seen[0] == 4 * 35  # the stored four counted at once
+    seen, stored = [], []
+    again = target_features(model, data, seen.append, store, shard_tokens=2 * 35, stored=stored.append)
+    assert len(computed) == 3 and stored == [4 * 35] and seen == [35] * 3  # the stored four counted apart, once
     assert len(again) == len(whole) and all(torch.equal(a, b) for a, b in zip(again, whole))
     assert len(list(store.glob("*.pt"))) == 4
     # other examples: the stored shards are another pass's, removed, and everything computed afresh

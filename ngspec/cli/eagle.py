@@ -88,7 +88,8 @@ def train_eagle_command(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with render.progress(*columns) as progress:
         task = progress.add_task("target features (tokens)", total=sum(len(e.ids) for e in train))
-        feats = target_features(loaded.model, train, lambda n: progress.advance(task, n), out / FEATURES)
+        feats = target_features(loaded.model, train, lambda n: progress.advance(task, n), out / FEATURES,
+                                stored=lambda n: progress.reset(task, completed=n))  # the pace (time left) counts from there
         feature_seconds = time.perf_counter() - start
         task = progress.add_task("training (steps)", total=None)
 

@@ -151,21 +151,24 @@ def examples_from_records(records: Iterable[dict], tokenizer, max_len: int, docu
 @torch.inference_mode()
 def target_features(
     model, examples: list[Example], progress: Callable[[int], None] | None = None, store: Path | None = None, shard_tokens: int = 1 << 16,
+    stored: Callable[[int], None] | None = None,
 ) -> list[torch.Tensor]:
-    """The target's last hidden states for every example, bfloat16, ``[T, H]`` each.
+    """The target's last hidden states for every example, bfloat16, ``[T, H]`` each; ``progress``
+    is told the tokens of each example computed.
 
     With ``store`` (a directory), they are also written there in shards of about ``shard_tokens``
     tokens as the pass goes, each whole or not at all, named by a fingerprint of the model and the
     examples: a pass run again on the same model and examples (after an interruption) reads the
-    shards it finds and computes only the rest; shards of another model or corpus are removed."""
+    shards it finds and computes only the rest (``stored`` is told their tokens, once); shards of
+    another model or corpus are removed."""
     device = next(model.parameters()).device
     out: list[torch.Tensor] = []
     key = _features_key(model, examples) if store is not None else ""
     if store is not None:
         store.mkdir(parents=True, exist_ok=True)
         out = _stored_features(store, key, examples)
-        if progress and out:
-            progress(sum(len(ex.ids) for ex in examples[: len(out)]))
+        if stored and out:
+            stored(sum(len(ex.ids) for ex in examples[: len(out)]))
     shard_start = len(out)
     for n in range(len(out), len(examples)):
         ex = examples[n]
