@@ -386,3 +386,20 @@ def test_self_repetition_of_generates_own_output_beside_what_it_reached(tmp_path
     assert "trie: tokens per call reached" in table.stdout and "of the token-weighted ceiling" in table.stdout
     alone = runner.invoke(app, args[:3])
     assert alone.exit_code == 1 and "give the prompt file it ran on with --questions" in alone.stderr
+
+
+def test_synth_corpus_continues_when_the_model_directory_is_spelled_another_way(tiny_saved, tmp_path, monkeypatch):
+    """`./m` and an absolute path to `m` are one model: the run continues, and the finished file
+    names the model one way throughout."""
+    out = tmp_path / "c.jsonl"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Question number {i}?"}) + "\n" for i in range(3)))
+    args = ["--prompts", str(prompts), "--batch-size", "1", "-n", "4", "--out", str(out)]
+    with monkeypatch.context() as patch:
+        _interrupting(patch, 2)
+        assert runner.invoke(app, ["synth-corpus", "--model", str(tiny_saved), *args]).exit_code == 1
+    monkeypatch.chdir(tiny_saved.parent)
+    result = runner.invoke(app, ["synth-corpus", "--model", f"./{tiny_saved.name}/", *args])
+    assert result.exit_code == 0, result.output
+    assert "continuing an interrupted run: 1 of 3 records" in result.stderr
+    assert {json.loads(line)["model"] for line in out.read_text().splitlines()} == {f"./{tiny_saved.name}/"}

@@ -154,7 +154,6 @@ def resumable(path: Path, loaded: LoadedModel, opts: SynthOptions, given: Sequen
     except (OSError, UnicodeDecodeError) as exc:
         raise NgspecError(f"cannot read {path}, an interrupted run's records: {exc}") from None
     expected = {
-        "model": loaded.name,
         "gen_input_configs": input_configs(opts, pre_query_template(loaded.tokenizer), given),
         "gen_response_configs": response_configs(opts),
     }
@@ -166,13 +165,26 @@ def resumable(path: Path, loaded: LoadedModel, opts: SynthOptions, given: Sequen
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("instruction"), str) or not isinstance(record.get("response"), str):
             raise NgspecError(f"{path}:{number}: not a record synth-corpus writes; delete the file or use --force to start afresh")
+        if not same_model(record.get("model"), loaded.name):
+            raise NgspecError(f"{path} holds records of another run (record {number}'s model is {record.get('model')!r}, this run's is {loaded.name!r}): {again}")
         for key, want in {**expected, "uuid": record_uuid(opts.seed, number)}.items():
             if record.get(key) != want:
                 raise NgspecError(f"{path} holds records of another run (record {number}'s {key} is {record.get(key)!r}, this run's would be {want!r}): {again}")
         if given is not None and number <= len(given) and record["instruction"] != given[number - 1]:
             raise NgspecError(f"{path} record {number} answers another instruction than prompt {number} of --prompts: {again}")
-        records.append(record)
+        records.append({**record, "model": loaded.name})  # one spelling of the model in the whole file
     return records[: records_asked(opts, given)]
+
+
+def same_model(recorded: object, name: str) -> bool:
+    """Whether a record's ``model`` names the model ``name`` does: the same name, or two spellings
+    of one local directory or file (``./m``, ``m/``, an absolute path)."""
+    if recorded == name:
+        return True
+    if not isinstance(recorded, str) or not recorded:
+        return False
+    a, b = Path(recorded).expanduser(), Path(name).expanduser()
+    return a.exists() and b.exists() and a.resolve() == b.resolve()
 
 
 def write_jsonl(records: Iterator[dict], out: Path, force: bool, carried: Sequence[dict] = ()) -> int:
