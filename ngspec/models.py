@@ -96,9 +96,31 @@ def _fresh_copy(model: PreTrainedModel) -> PreTrainedModel:
     return fresh
 
 
+@contextmanager
+def no_library_bars() -> Iterator[None]:
+    """Keep transformers' own tqdm bars off ngspec's output: those of loading and saving obey its
+    switch, while the one it draws converting a `.gguf` ("Converting and de-quantizing GGUF
+    tensors") is a plain tqdm that only its module's name reaches."""
+    hf_logging.disable_progress_bar()
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # a transformers without GGUF support: nothing to hide
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    gguf_utils.tqdm = lambda *args, **kwargs: bar(*args, **{**kwargs, "disable": True})
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
 def convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise ``gguf`` to float32 safetensors in ``out`` (written to a temp dir, then renamed)."""
-    with staging.staged_directory(out, force=True) as tmp:
+    with staging.staged_directory(out, force=True) as tmp, no_library_bars():
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         _fresh_copy(model).save_pretrained(tmp)
@@ -225,11 +247,11 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     if dev.type == "cpu" and torch_dtype != torch.float32:
         raise NgspecError("on CPU only float32 is supported (bf16/fp16 are for GPUs)")
     where, extra = _source(spec)
-    hf_logging.disable_progress_bar()
     try:
-        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
-        check_sizes(config, f"model {spec!r}")
-        model = AutoModelForCausalLM.from_pretrained(where, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
+        with no_library_bars():
+            config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
+            check_sizes(config, f"model {spec!r}")
+            model = AutoModelForCausalLM.from_pretrained(where, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
     except DAMAGED_WEIGHTS as exc:  # an interrupted download or copy
         raise _damaged(spec, exc) from exc
     except OSError as exc:

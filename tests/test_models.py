@@ -263,3 +263,17 @@ def test_layer_sizes_below_one_are_refused_naming_them(tmp_path, edit, named):
     (tmp_path / "config.json").write_text(json.dumps(config | edit))
     with pytest.raises(NgspecError, match=rf"^could not load model '.*': its config gives {named}; a layer size must be a whole number of at least 1$"):
         models.load_model(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
+    """The first run converts the bundled GGUF; transformers' plain tqdm bar for it ("Converting
+    and de-quantizing GGUF tensors") used to print between ngspec's own lines."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    before = gguf_utils.tqdm
+    out = models.convert_gguf(models.embedded_gguf(), tmp_path / "m")
+    assert (out / "config.json").is_file()
+    err = capfd.readouterr().err
+    assert "GGUF" not in err and "%|" not in err, err
+    assert gguf_utils.tqdm is before  # put back afterwards
