@@ -31,6 +31,10 @@ From those records it prints, per category:
 device's plain steps; the model still runs here, so the outputs, and what each tree would accept,
 are this machine's.
 
+`--replay FILE` summarises a saved `--json` run's step records again, without a model: the
+summary's policies include the calibrated gate learning from the accepted length below the
+head's own first node, and the gate with its credit scaled by a fixed 1.5, 2 and 3.
+
 Batch size 1 only (a batch sizes its rows' trees together).
 """
 
@@ -114,6 +118,9 @@ class Witness(search.EagleSearchDrafter):
         return out
 
 
+CREDIT_SCALES = (1.5, 2.0, 3.0)  # the gate with its credit scaled by a fixed factor, replayed
+
+
 def summarise(rows: list[dict]) -> dict:
     def gain(rs: list[dict]) -> dict:
         if not rs:
@@ -134,24 +141,30 @@ def summarise(rows: list[dict]) -> dict:
         cost = sum(r["cost_with"] + r["head_cost"] if pick(r) else r["cost_without"] for r in rows)
         return tokens / cost
 
-    def calibrated() -> list[bool]:
-        """The gate with its credit scaled by what the head's first level has added where it ran
-        (`reader_ab.py`'s ``whole cal``: `search.HEAD_CREDIT` in a calibration carried from prompt
-        to prompt; probes as the gate's): the head's run on each step."""
+    def calibrated(record=lambda r: float(r["first_level_only"]), scale: float | None = None) -> list[bool]:
+        """The gate with its credit scaled by what ``record`` says the head added where it ran
+        (by default whether its first level added a node: `reader_ab.py`'s ``whole cal``,
+        `search.HEAD_CREDIT` in a calibration carried from prompt to prompt; probes as the gate's),
+        or by a fixed ``scale``: the head's run on each step."""
         calibration, since, prompt, runs = Calibration(), 0, None, []
         for r in rows:
             if r["prompt"] != prompt:
                 prompt, since = r["prompt"], 0
                 calibration.next_prompt()
-            gain = calibration.scaled(search.HEAD_CREDIT, [r["credited"]])[0]
+            gain = r["credited"] * scale if scale is not None else calibration.scaled(search.HEAD_CREDIT, [r["credited"]])[0]
             run = since >= search.PROBE_EVERY or (r["expected"] + gain) / (r["cost_n1"] + search.HEAD_COST_WEIGHT * r["head_cost"]) > r["expected"] / r["cost_n"]
             since = 0 if run else since + 1
-            if run:
-                calibration.record(search.HEAD_CREDIT, r["first_level_only"], r["credited"])
+            if run and scale is None:
+                calibration.record(search.HEAD_CREDIT, record(r), r["credited"])
             runs.append(run)
         return runs
 
-    picks = dict(zip(map(id, rows), calibrated())) if rows and "expected" in rows[0] else {}
+    replayable = bool(rows) and "expected" in rows[0]
+    picks = dict(zip(map(id, rows), calibrated())) if replayable else {}
+    # where the head's own first token was taken, the tokens accepted are all its gain: a fuller
+    # record than whether it was taken (BENCHMARKS.md 10zzr)
+    length_picks = dict(zip(map(id, rows), calibrated(lambda r: float(r["accepted_with"]) if r["first_level_only"] else 0.0))) if replayable else {}
+    scaled_picks = {x: dict(zip(map(id, rows), calibrated(scale=x))) for x in CREDIT_SCALES} if replayable else {}
 
     def oracle(r: dict) -> bool:
         return (1 + r["accepted_with"]) / (r["cost_with"] + r["head_cost"]) > (1 + r["accepted_without"]) / r["cost_without"]
@@ -173,7 +186,9 @@ def summarise(rows: list[dict]) -> dict:
             "never": rate(lambda r: False),
             "always": rate(lambda r: True),
             "gate": rate(lambda r: r["gate"]),
-            **({"calibrated gate": rate(lambda r: picks[id(r)])} if picks else {}),
+            **({"calibrated gate": rate(lambda r: picks[id(r)]),
+                "calibrated gate, accepted length": rate(lambda r: length_picks[id(r)]),
+                **{f"credit x{x:g}": rate(lambda r, x=x: scaled_picks[x][id(r)]) for x in CREDIT_SCALES}} if picks else {}),
             "per-step best": rate(oracle),
         },
     }
@@ -182,17 +197,24 @@ def summarise(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
-    ap.add_argument("--category", required=True)
+    ap.add_argument("--replay", metavar="JSON", help="summarise the step records a --json run saved, without running a model")
+    ap.add_argument("--category")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
-    ap.add_argument("--eagle-head", required=True)
+    ap.add_argument("--eagle-head")
     ap.add_argument("--datastore")
-    ap.add_argument("--tuned", required=True, help="tune-tree output for the whole method's static tree")
+    ap.add_argument("--tuned", help="tune-tree output for the whole method's static tree")
     ap.add_argument("--json", help="write the per-step records and the summary here")
     ap.add_argument("--bucket-ms", help="size the trees by a device's replayed verification, milliseconds by width bucket, "
                     "e.g. 1:4.43,2:5.25,4:5.44,8:8.9,16:8.9,32:6.70,64:7.46 (blocks padded wider where cheaper)")
     ap.add_argument("--head-cost", type=float, help="the head's run in that device's plain steps (default: as timed here)")
     args = ap.parse_args()
+    if args.replay:
+        print(json.dumps(summarise(json.loads(Path(args.replay).read_text())["steps"]), indent=1))
+        return
+    missing = [flag for flag, value in (("--category", args.category), ("--eagle-head", args.eagle_head), ("--tuned", args.tuned)) if not value]
+    if missing:
+        ap.error(f"{', '.join(missing)} required (or --replay)")
 
     loaded = load_model()
     nodes = 63 if args.bucket_ms else 96

@@ -2,7 +2,9 @@
 skip would have drafted, both trees are scored against the true continuation, and the policy
 replay adds up tokens and costs as it says (the diagnostic itself is a benchmark, BENCHMARKS.md)."""
 
+import json
 import math
+import sys
 
 import pytest
 from conftest import benchmark_script
@@ -101,3 +103,35 @@ def test_the_first_levels_own_accepted_node_is_recorded():
     assert row["first_level_only"] and row["expected"] >= 1.0 and row["cost_n1"] >= row["cost_n"]
     row, *_ = witness_step([3, 4, 1])
     assert not row["first_level_only"]
+
+
+def test_the_replayed_policies_include_a_fuller_record_and_fixed_credit_scales(tmp_path, capsys, monkeypatch):
+    """Four steps worth 0.5 of credit each, the run weighed at 0.1 steps and its node at 0.1 (a run
+    pays while the weighed credit is above 0.2). The head's own first node is taken every time,
+    with 2 tokens: the first-level record (1 a run) holds the scale near 1, the accepted length
+    raises it, and a fixed scale of 1.5-3 keeps every run. `--replay` prints the same summary from
+    a saved run's records."""
+    step = {"gate": True, "credited": 0.5, "head_cost": 0.2, "expected": 1.0, "cost_n": 1.0, "cost_n1": 1.1,
+            "first_level_only": True, "accepted_with": 2, "accepted_without": 0, "cost_with": 1.1, "cost_without": 1.0,
+            "head_right": True, "branch_right": False, "prompt": 0}
+    rows = [dict(step) for _ in range(4)]
+    s = worth.summarise(rows)
+    rates = s["tokens per cost"]
+    every_run = 4 * 3 / (4 * 1.3)
+    assert rates["calibrated gate"] == rates["calibrated gate, accepted length"] == pytest.approx(every_run)
+    assert rates["credit x1.5"] == rates["credit x2"] == rates["credit x3"] == pytest.approx(every_run)
+    saved = tmp_path / "w.json"
+    saved.write_text(json.dumps({"summary": s, "steps": rows}))
+    monkeypatch.setattr(sys, "argv", ["head_worth.py", "--replay", str(saved)])
+    worth.main()
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(s))
+
+
+def test_a_fixed_credit_scale_below_the_cost_keeps_the_head_off():
+    """A credit of 0.05 weighed x1.5-3 stays below the 0.2 a run must gain (except the probes every
+    16 skipped steps), while the accepted-length record cannot start a run it never sees."""
+    step = {"gate": False, "credited": 0.05, "head_cost": 0.2, "expected": 1.0, "cost_n": 1.0, "cost_n1": 1.1,
+            "first_level_only": False, "accepted_with": 0, "accepted_without": 0, "cost_with": 1.1, "cost_without": 1.0,
+            "head_right": False, "branch_right": False, "prompt": 0}
+    s = worth.summarise([dict(step) for _ in range(10)])
+    assert s["tokens per cost"]["credit x3"] == pytest.approx(s["tokens per cost"]["never"])
