@@ -50,8 +50,10 @@ a tuned static tree), two arms re-create earlier versions of it by overriding on
   without it (branch and local tree, sized), crediting its top guess only with the chance that
   none of that draft's first nodes is right (`CoverGate`);
 * ``whole cal``: ``whole`` with the gate's credit scaled by what the head's first level added
-  where it ran (`CalibratedCredit`); these gate arms also come with `` graphs``, `` no deepen``
-  and `` tg``, e.g. ``whole graphs no deepen cal tg``;
+  where it ran (`CalibratedCredit`);
+* ``whole sure``: ``whole`` with the head run where the search branch is fairly sure of its first
+  token or the local trie matched two tokens or more (`SureBranch`, a rule for GPUs); these gate
+  arms also come with `` graphs``, `` no deepen`` and `` tg``, e.g. ``whole graphs no deepen cal tg``;
 * ``vanilla tg``, ``trie tg``, ``whole tg``, ``whole graphs tg`` and ``whole graphs no deepen tg``:
   the arm with the target's verification at fixed shapes, replayed from captured CUDA graphs on a
   GPU (``--target-graphs``, `ngspec.static_verify`; its own engine, whose verify costs are
@@ -224,6 +226,30 @@ class CalibratedCredit(search.EagleSearchDrafter):
         return self.calibration.scaled(search.HEAD_CREDIT, [credit])[0]
 
 
+SURE_BRANCH = (0.2, 0.8)  # `SureBranch`: the branch's first-node chances where the head runs
+SURE_LOCAL_DEPTH = 2  # and the local trie's match depth from which it runs
+
+
+class SureBranch(search.EagleSearchDrafter):
+    """``whole sure``: the head runs where the search branch is fairly sure of its first token (its
+    chance, as the gate sizes the branch, from 0.2 to below 0.8) or the local trie matched two
+    tokens or more, and nowhere else (probes as the gate's). There `head_worth.py`'s replay at the
+    H200's replayed sizing found the head's runs paying, and the gate's credit, which grows as the
+    branch grows unsure, sends it elsewhere (BENCHMARKS.md 10zzr: in sample, 1.010x and 1.049x
+    never running it on rag and summarization, where the gate gave 0.971x and 1.002x; at this CPU's
+    sizing the rule loses to the gate). A rule for GPUs, to be measured there."""
+
+    def _credited_gain(self, reach: list[float], n: int) -> float:
+        self._reach0 = reach[0] if n else 0.0
+        return super()._credited_gain(reach, n)
+
+    def _head_pays(self, conditionals, key, ctx) -> bool:
+        super()._head_pays(conditionals, key, ctx)  # sizes the branch (and keeps the credit, recorded as usual)
+        node = self.search.trie.match(ctx.tokens)
+        local_depth = self.search.trie.depth(node) if node is not None else 0
+        return SURE_BRANCH[0] <= self._reach0 < SURE_BRANCH[1] or local_depth >= SURE_LOCAL_DEPTH
+
+
 class _Headless:
     """Stands in for the EAGLE drafter: drafts nothing and runs nothing."""
 
@@ -344,14 +370,16 @@ def main() -> None:
             return CoverGate(head, store, deepen=deepen, calibration=carried.get(name))
         if gate == "cal":
             return CalibratedCredit(head, store, deepen=deepen, calibration=carried.get(name))
+        if gate == "sure":
+            return SureBranch(head, store, deepen=deepen, calibration=carried.get(name))
         return HeadCostAt(head, store, deepen=deepen, calibration=carried.get(name), weight=float(gate.removeprefix("hc")))
 
     for name in args.arms.split(","):
         # "whole hc1", "whole hc2.5", ...: the head's measured cost weighed that many times; "whole
-        # cover", "whole cal": those gates; "whole graphs hc1 tg", "whole graphs no deepen cal tg":
+        # cover", "whole cal", "whole sure": those gates; "whole graphs hc1 tg", "whole graphs no deepen cal tg":
         # that gate with the head's runs (and the target's verification) replayed from graphs, as
         # on a GPU the trie's "tg" arm verifies, with or without deepening
-        variant = re.fullmatch(r"whole( graphs)?( no deepen)? (hc[0-9]+(?:\.[0-9]+)?|cover|cal)( tg)?", name)
+        variant = re.fullmatch(r"whole( graphs)?( no deepen)? (hc[0-9]+(?:\.[0-9]+)?|cover|cal|sure)( tg)?", name)
         if variant and name not in every:
             every[name] = partial(gate_variant, name, bool(variant.group(1)), not variant.group(2), variant.group(3))
 

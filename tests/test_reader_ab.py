@@ -97,7 +97,7 @@ def test_an_unknown_arm_is_a_usage_error_before_anything_loads():
     run = subprocess.run(
         [sys.executable, str(BENCHMARKS / "reader_ab.py"), "--category", "rag", "--eagle-head", "none", "--tuned", "none.json",
          "--arms", "trie,whole hc1,whole hc..,wholly,whole graphs hc1 tg,whole graphs cover tg,whole graphs cover hc1,"
-                   "whole cal,whole graphs no deepen cal tg,whole no deepen graphs cal"],
+                   "whole cal,whole graphs no deepen cal tg,whole no deepen graphs cal,whole sure,whole graphs no deepen sure tg"],
         capture_output=True, text=True,
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr
@@ -180,3 +180,41 @@ def test_serial_assembles_a_skipped_step_at_once_into_the_same_tree():
     calls, tree, skipped = asked(ab.search.EagleSearchDrafter)
     assert calls == [HOST_WORK] and skipped == 1 and tree.size
     assert asked(ab.Serial) == ([], tree, 1)
+
+
+def test_the_sure_branch_rule_runs_the_head_where_the_local_trie_matched_two_tokens_and_not_where_nothing_matched():
+    """``whole sure``: after "1 2" the local trie matched two tokens, so the head runs however dear
+    it is; after an unseen token no branch is found (first-node chance 0) and the trie matched
+    nothing, so it stays off however cheap, where the gate as built runs a free head."""
+    steep = (1.0, 1.1) + (2.0,) * 30
+    assert gate_opens(gated(ab.SureBranch, 5.0), steep)
+    assert not gate_opens(gated(ab.search.EagleSearchDrafter, 5.0), steep)
+
+    def unseen(cls, head_cost):
+        d = gated(cls, head_cost)
+        d.start(HISTORY)
+        d.propose(DraftContext(HISTORY + [50], len(HISTORY), 20, steep))
+        return bool(d.eagle.caps)
+
+    assert not unseen(ab.SureBranch, 0.0) and unseen(ab.search.EagleSearchDrafter, 0.0)
+
+
+def test_the_sure_branch_rule_runs_the_head_on_a_fairly_sure_branch_only():
+    """Where the local trie matched nothing (after an unseen token), the rule follows the branch's
+    first-node chance alone: from 0.2 to below 0.8 the head runs, outside it not."""
+
+    class AtChance(ab.SureBranch):
+        chance = 0.0
+
+        def _credited_gain(self, reach, n):  # the branch sized with this first-node chance
+            return super()._credited_gain([self.chance], 1)
+
+    ctx = DraftContext(HISTORY + [50], len(HISTORY), 20, (1.0, 1.1) + (2.0,) * 30)
+    for chance, runs in ((0.1, False), (0.2, True), (0.5, True), (0.79, True), (0.8, False), (0.95, False)):
+        d = gated(AtChance, 0.0, chance=chance)
+        d.start(HISTORY)
+        assert d._head_pays([], ("datastore", 3), ctx) == runs, chance
+    # after "1 2" the local trie matched two tokens: the head runs whatever the branch's chance
+    d = gated(AtChance, 0.0, chance=0.95)
+    d.start(HISTORY)
+    assert d._head_pays([], ("local", 2), DraftContext(HISTORY + [1, 2], len(HISTORY), 20, ctx.verify_cost))
