@@ -315,13 +315,15 @@ overlap_more() {
 # gate at batch 1 with both verifications replayed. On the eighth visit `whole graphs tg` ran
 # 0.94-0.97x `trie tg` and "no head tg" (never running it) 1.000x; weighing all the head's cost
 # ("hc1", 0.973x) or crediting it only where the search's draft offers no likely first token
-# ("cover", 0.935x) changed nothing worth having (10zzk). "cal" scales the gate's credit by what
-# the head's first level added where it ran (BENCHMARKS.md 10zzm); the plain greedy references
-# come from versus-b1-rag's file
+# ("cover", 0.935x) changed nothing worth having (10zzk). "sure" runs the head only where the
+# search branch is fairly sure of its first token or the local trie matched two tokens, where
+# head_worth.py's replay at this GPU's sizing found its runs paying (BENCHMARKS.md 10zzr: 1.010x
+# never running it on rag in sample, the gate 0.971x; "cal", 10zzm, replayed 0.984x and stays in
+# overlap_more); the plain greedy references come from versus-b1-rag's file
 gate_more() {
     cd "$REPO" || exit 1
     ab gate-b1-rag 120 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 --reference-cache $RES/reference-rag-96.json \
-        --arms "trie tg,whole graphs tg,whole graphs cal tg,no head tg"
+        --arms "trie tg,whole graphs tg,whole graphs sure tg,no head tg"
     pack gate.tgz
     grep -h "tokens/call\|graphs:" $RES/gate-b1-rag.log
 }
