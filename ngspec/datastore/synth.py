@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,7 @@ def resumable(path: Path, loaded: LoadedModel, opts: SynthOptions, given: Sequen
     except (OSError, UnicodeDecodeError) as exc:
         raise NgspecError(f"cannot read {path}, an interrupted run's records: {exc}") from None
     expected = {
+        "model": loaded.name,
         "gen_input_configs": input_configs(opts, pre_query_template(loaded.tokenizer), given),
         "gen_response_configs": response_configs(opts),
     }
@@ -165,10 +167,8 @@ def resumable(path: Path, loaded: LoadedModel, opts: SynthOptions, given: Sequen
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("instruction"), str) or not isinstance(record.get("response"), str):
             raise NgspecError(f"{path}:{number}: not a record synth-corpus writes; delete the file or use --force to start afresh")
-        if not same_model(record.get("model"), loaded.name):
-            raise NgspecError(f"{path} holds records of another run (record {number}'s model is {record.get('model')!r}, this run's is {loaded.name!r}): {again}")
         for key, want in {**expected, "uuid": record_uuid(opts.seed, number)}.items():
-            if record.get(key) != want:
+            if not (same_model if key == "model" else operator.eq)(record.get(key), want):
                 raise NgspecError(f"{path} holds records of another run (record {number}'s {key} is {record.get(key)!r}, this run's would be {want!r}): {again}")
         if given is not None and number <= len(given) and record["instruction"] != given[number - 1]:
             raise NgspecError(f"{path} record {number} answers another instruction than prompt {number} of --prompts: {again}")
