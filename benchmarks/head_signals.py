@@ -38,6 +38,17 @@ SIGNALS: dict[str, Callable[[dict], object]] = {
 }
 
 
+SURE_BRANCH = (0.2, 0.8)  # the fixed `sure` rule (reader_ab.py's `whole sure`): the branch's first-node chances where the head runs
+SURE_LOCAL_DEPTH = 2  # and the local trie's match depth from which it runs
+
+
+def sure(r: dict) -> bool:
+    """The `sure` rule, picked on section 10zzr's rag and summarization records at the H200's replayed
+    sizing: run the head where the branch is fairly sure of its first token or the local trie matched
+    two tokens or more."""
+    return SURE_BRANCH[0] <= r["reach0"] < SURE_BRANCH[1] or r["local_depth"] >= SURE_LOCAL_DEPTH
+
+
 def with_previous(rows: list[dict]) -> list[dict]:
     """Each record with the previous step's outcome of the same prompt (-1 / None on a prompt's
     first step): known before the head runs."""
@@ -83,7 +94,8 @@ def evaluate(categories: dict[str, list[dict]]) -> dict:
         never = rate(rows, lambda r: False)
         best = lambda r: (1 + r["accepted_with"]) / (r["cost_with"] + r["head_cost"]) > (1 + r["accepted_without"]) / r["cost_without"]
         out["policies"][name] = {"steps": len(rows), "always": rate(rows, lambda r: True) / never,
-                                 "gate": rate(rows, lambda r: r["gate"]) / never, "per-step best": rate(rows, best) / never}
+                                 "gate": rate(rows, lambda r: r["gate"]) / never,
+                                 "sure": rate(rows, sure) / never, "per-step best": rate(rows, best) / never}
     for sig, signal in SIGNALS.items():
         cells = {}
         for name, rows in categories.items():
@@ -109,7 +121,7 @@ def main() -> None:
         print(json.dumps(figures, indent=1))
         return
     for name, p in figures["policies"].items():
-        print(f"{name}: {p['steps']} steps; against never: always {p['always']:.3f}, gate {p['gate']:.3f}, per-step best {p['per-step best']:.3f}")
+        print(f"{name}: {p['steps']} steps; against never: always {p['always']:.3f}, gate {p['gate']:.3f}, sure {p['sure']:.3f}, per-step best {p['per-step best']:.3f}")
     print("\nrule learned per signal, replayed (against never): other category / other prompts / in sample")
     for sig, cells in figures["signals"].items():
         row = "  ".join(f"{name}: {c['other category'] or 0:.3f} / {c['other prompts']:.3f} / {c['in sample']:.3f}" for name, c in cells.items())

@@ -129,6 +129,8 @@ from ngspec.static_verify import batches_static
 from ngspec.tree import root_to_leaf_paths
 from ngspec.turns import Conversations
 
+from head_signals import SURE_BRANCH, SURE_LOCAL_DEPTH  # benchmarks/, beside this script
+
 
 class BranchOnly(search.EagleSearchDrafter):
     def _add_local_tree(self, draft, ctx, node) -> None:
@@ -224,10 +226,6 @@ class CalibratedCredit(search.EagleSearchDrafter):
 
     def _weighed_credit(self, credit: float) -> float:
         return self.calibration.scaled(search.HEAD_CREDIT, [credit])[0]
-
-
-SURE_BRANCH = (0.2, 0.8)  # `SureBranch`: the branch's first-node chances where the head runs
-SURE_LOCAL_DEPTH = 2  # and the local trie's match depth from which it runs
 
 
 class SureBranch(search.EagleSearchDrafter):

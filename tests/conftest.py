@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -128,7 +129,10 @@ def started_head(model, seed: int = 0):
 
 
 def benchmark_script(name: str):
-    """A script under benchmarks/ loaded as a module (they are not a package)."""
+    """A script under benchmarks/ loaded as a module (they are not a package), with benchmarks/ on
+    the import path as when the script runs, so it can import the scripts beside it."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

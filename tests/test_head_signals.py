@@ -33,3 +33,15 @@ def test_a_signal_that_separates_the_wins_is_learned_and_replayed():
     assert figures["policies"]["a"]["per-step best"] == pytest.approx(expected)
     cell = figures["signals"]["branch source"]["a"]
     assert cell["other category"] == cell["other prompts"] == cell["in sample"] == pytest.approx(expected)
+
+
+def test_the_sure_rule_runs_the_head_on_a_fairly_sure_branch_or_a_deep_local_match():
+    def at(reach0: float, local_depth: int, prompt: int = 0) -> dict:
+        return {**step(prompt, "datastore", 1), "reach0": reach0, "local_depth": local_depth}
+
+    assert [signals.sure(at(c, 0)) for c in (0.1, 0.19, 0.2, 0.5, 0.79, 0.8, 0.95)] == [False, False, True, True, True, False, False]
+    assert signals.sure(at(0.0, 2)) and signals.sure(at(0.95, 5)) and not signals.sure(at(0.95, 1))
+    # replayed as a policy: the head runs (and adds its token at a tenth of a step) on the sure half
+    rows = [at(chance, 0, prompt) for prompt in range(3) for chance in (0.5, 0.9)]
+    figures = signals.evaluate({"a": signals.with_previous(rows)})
+    assert figures["policies"]["a"]["sure"] == pytest.approx((2 * 6 + 3) / (6 + 0.3) / 2.0)
