@@ -65,8 +65,10 @@ LOGIT_FLOOR = 5.0
 
 
 def _rounding_apart(top: torch.Tensor, size: float) -> bool:
-    """Whether the two best of ``top`` are close enough for float32 rounding, in values of ``size``."""
+    """Whether the two best values of ``top`` lie within float32 rounding of logits as large as ``size``."""
     return float(top[0] - top[1]) < NEAR_TIE * max(abs(size), LOGIT_FLOOR)
+
+
 # a toy detokenizer for stop strings: each token is one to three characters of a small alphabet,
 # so a stop string can start, end or lie inside a token and recur
 PIECES = ["".join(random.Random(t).choices("ab c", k=1 + t % 3)) for t in range(VOCAB)]
