@@ -59,7 +59,8 @@ WINDOW = 512  # the test models' context window
 # float32 rounding in a logit grows with its size: the top-1 minus top-2 gap below which either may be
 # picked is NEAR_TIE times the top logit's size, at least LOGIT_FLOOR (about the size most families'
 # logits have here, so 1e-5 for them; MiniCPM3 scales its logits to about 66, where case 145,869 split
-# two logits 2.3e-5 apart, 3 float32 steps, on which plain decoding and a full forward disagreed)
+# two logits 2.3e-5 apart, 3 float32 steps, on which plain decoding and a full forward disagreed;
+# sampling races log-probabilities, whose rounding is the logits' over the temperature)
 NEAR_TIE = 2e-6
 LOGIT_FLOOR = 5.0
 
@@ -184,7 +185,7 @@ def _sampled_near_tie(model, prompt: list[int], want: list[int], got: list[int],
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + want[:first]])).logits[0, -1]
     top = torch.topk(Draws(sampling.seed, prompt).scores(target_probs(logits, sampling), first), 2).values
-    return _rounding_apart(top, float(logits.max()))  # the probabilities carry the logits' rounding
+    return _rounding_apart(top, float(logits.max()) / sampling.temperature)  # log-probabilities: the logits' rounding, over the temperature
 
 
 def _check(model, prompts, budgets, got, eos, where, ties, stops: tuple[str, ...] = (), sampling: SamplingConfig = SamplingConfig(), seeds=None) -> None:
