@@ -223,7 +223,7 @@ def main() -> None:
                 "tokens_per_call": sum(map(len, tokens)) / calls,
                 "tokens_per_cost_unit": sum(map(len, tokens)) / cost_units,
                 "exact_match": sum(t == r for t, r in zip(tokens, reference)) / len(tokens),
-                "mismatches": [{"prompt": i, "first_mismatch": c.first_mismatch, "near_tie_margin": c.margin} for i, c in enumerate(splits) if not c.exact_match],
+                "mismatches": [{"prompt": i, "first_mismatch": c.first_mismatch, "near_tie_margin": c.margin, "near_tie_steps": c.steps} for i, c in enumerate(splits) if not c.exact_match],
                 "draft_share": sum(g.stats.draft_seconds for g in gens) / spent[arm["label"]][-1],
                 **({"cache": report} if report else {}),
             }

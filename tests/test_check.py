@@ -1,7 +1,9 @@
+import math
+
 import pytest
 import torch
 
-from ngspec.check import check_against_greedy
+from ngspec.check import check_against_greedy, margin_text, rounding_step
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
 from ngspec.engine import Engine
@@ -25,6 +27,37 @@ def test_check_reports_match_and_mismatch_with_margin(tiny):
         logits = tiny(torch.tensor([prompt + good[:5]])).logits[0, -1]
     top = torch.topk(logits, 2).values
     assert abs(result.margin - float(top[0] - top[1])) < 1e-4
+    # and in float32 steps at the top logit's size: a margin of whole logits is thousands of them
+    assert result.dtype == "float32" and result.steps == pytest.approx(result.margin / rounding_step(float(top[0]), torch.float32))
+    assert result.as_dict()["near_tie_steps"] == result.steps and result.as_dict()["near_tie_dtype"] == "float32"
+    assert margin_text(result.as_dict()) == f"{result.margin:.3g} ({result.steps:.3g} float32 rounding steps at that logit size)"
+
+
+def test_a_rounding_step_is_the_distance_to_the_next_value_of_the_dtype():
+    for value in (1.0, 0.7, 5.0, 66.38, -66.38, 1e-3, 3e5):
+        x = torch.tensor(2.0 ** math.floor(math.log2(abs(value))))  # the step is even over [2^e, 2^(e+1))
+        assert rounding_step(value, torch.float32) == float(torch.nextafter(x, torch.tensor(math.inf)) - x)
+    assert rounding_step(66.38, torch.float32) == 2.0 ** -17  # the MiniCPM3 tie of 2.3e-5: 3 steps
+    assert rounding_step(20.0, torch.bfloat16) == 0.125 and rounding_step(20.0, torch.float16) == 2.0 ** -6
+    assert rounding_step(0.0, torch.float32) > 0  # a zero logit: the smallest normal's step, not a log of zero
+
+
+def test_a_sampled_mismatch_counts_its_steps_at_the_logits_over_the_temperature(tiny):
+    from ngspec.verify import Draws, SamplingConfig, target_probs
+
+    engine = Engine(LoadedModel(tiny, None, "tiny"), calibrate=False)
+    prompt = [4, 8, 15, 16, 23, 42]
+    sampling = SamplingConfig(temperature=0.5, seed=7)
+    cfg = DecodeConfig(max_new_tokens=10, sampling=sampling)
+    good = engine.run(prompt, make_drafter("vanilla"), cfg).token_ids
+    bad = good[:4] + [(good[4] + 1) % 96] + good[5:]
+    result = check_against_greedy(engine, prompt, bad, cfg, seed=7)
+    assert not result.exact_match and result.first_mismatch == 4
+    with torch.inference_mode():
+        logits = tiny(torch.tensor([prompt + good[:4]])).logits[0, -1]
+    top = torch.topk(Draws(7, prompt).scores(target_probs(logits, sampling), 4), 2).values
+    assert result.margin == pytest.approx(float(top[0] - top[1]), abs=1e-4)
+    assert result.steps == pytest.approx(result.margin / (rounding_step(float(logits.max()), torch.float32) / 0.5))
 
 
 def test_check_decodes_its_reference_on_the_stock_layers(monkeypatch):
@@ -71,11 +104,13 @@ def test_bench_reports_where_an_arm_split_from_hf_greedy_with_the_margin(tiny):
     greedy, trie = summarise(records, ["hf-greedy", "trie"])
     assert greedy.exact_match == 1.0 and greedy.largest_tie_margin is None
     assert trie.exact_match == 0.0 and abs(trie.largest_tie_margin - margin) < 1e-4
-    assert f"trie, prompt p1: first differs at token 3, hf-greedy's top-2 margin there {margin:.4f}" in markdown(
+    steps = margin / rounding_step(float(top[0]), torch.float32)
+    assert f"trie, prompt p1: first differs at token 3, hf-greedy's top-2 margin there {margin:.3g} ({steps:.3g} float32 rounding steps" in markdown(
         [greedy, trie], {}, 1.0, records=records
     )
     run = to_json(records, [greedy, trie], {})["prompts"][0]["runs"]
     assert run["trie"]["first_mismatch"] == 3 and "first_mismatch" not in run["hf-greedy"]
+    assert run["trie"]["near_tie_steps"] == pytest.approx(steps) and run["trie"]["near_tie_dtype"] == "float32"
 
 
 def test_transformers_baseline_is_plain_decoding_whatever_the_models_generation_defaults():

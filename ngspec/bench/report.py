@@ -17,6 +17,7 @@ import torch
 
 from ngspec.bench.interval import ratio_interval, throughput_ratio
 from ngspec.bench.runner import BenchRecord, baseline
+from ngspec.check import GreedyCheck, margin_text
 from ngspec.cpu_linear import cpu_name
 from ngspec.drafters.eagle import head_graphs_report
 from ngspec.perf.device_profile import device_name
@@ -49,11 +50,12 @@ def exact_share(records: list[BenchRecord], arm: str) -> float | None:
     return None if any(c is None for c in checks) else sum(c.exact_match for c in checks) / len(checks)
 
 
-def mismatches(records: list[BenchRecord], arm: str) -> list[tuple[str, int, float]]:
-    """(prompt id, first differing position, the reference's top-2 margin there) for every prompt
-    whose ``arm`` output differs from its reference's (hf-greedy's; sampled, vanilla's)."""
+def mismatches(records: list[BenchRecord], arm: str) -> list[tuple[str, int, GreedyCheck]]:
+    """(prompt id, first differing position, the check with the reference's top-2 margin there)
+    for every prompt whose ``arm`` output differs from its reference's (hf-greedy's; sampled,
+    vanilla's)."""
     return [
-        (r.prompt.label, c.first_mismatch, c.margin)
+        (r.prompt.label, c.first_mismatch, c)
         for r in records
         if (c := r.runs[arm].vs_reference) is not None and not c.exact_match
     ]
@@ -122,7 +124,7 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                     len(r.runs[arm].token_ids) / r.runs[arm].verify_calls / r.self_repetition.value
                     for r in records
                 ) if known and all(r.self_repetition.steps for r in records) else None,
-                largest_tie_margin=max((m for _, _, m in mismatches(records, arm)), default=None),
+                largest_tie_margin=max((c.margin for _, _, c in mismatches(records, arm)), default=None),
                 speedup_interval=ratio_interval(runs_of(records, arm), runs_of(records, ref), keys=prompts_of(records)),
             )
         )
@@ -286,9 +288,9 @@ def mismatch_notes(records: list[BenchRecord], summaries: list[ArmSummary]) -> s
     bug when the margin is large)."""
     ref = "vanilla" if reference_arm(records) == baseline(True) else reference_arm(records)
     lines = list(dict.fromkeys(  # once per prompt and place, however many rounds repeat it
-        f"- {s.arm}, prompt {pid}: first differs at token {pos}, {ref}'s top-2 margin there {margin:.4f}"
+        f"- {s.arm}, prompt {pid}: first differs at token {pos}, {ref}'s top-2 margin there {margin_text(check.as_dict())}"
         for s in summaries
-        for pid, pos, margin in mismatches(records, s.arm)
+        for pid, pos, check in mismatches(records, s.arm)
     ))
     return f"\nMismatches vs {ref}:\n" + "\n".join(lines) + "\n" if lines else ""
 
@@ -317,7 +319,8 @@ def to_json(records: list[BenchRecord], summaries: list[ArmSummary], env: dict) 
                         "draft_seconds": x.draft_seconds,
                         "prefill_seconds": x.prefill_seconds,
                         "exact_match": None if x.vs_reference is None else x.vs_reference.exact_match,
-                        **({"first_mismatch": x.vs_reference.first_mismatch, "near_tie_margin": x.vs_reference.margin}
+                        **({"first_mismatch": x.vs_reference.first_mismatch, "near_tie_margin": x.vs_reference.margin,
+                            "near_tie_steps": x.vs_reference.steps, "near_tie_dtype": x.vs_reference.dtype}
                            if x.vs_reference is not None and not x.vs_reference.exact_match else {}),
                     }
                     for arm, x in r.runs.items()

@@ -30,13 +30,15 @@ def result_record(prompt: Prompt, drafter: str, output: Output) -> dict:
 
 
 def _check_rows(check: dict | None) -> list[tuple[str, str]]:
+    from ngspec.check import margin_text
+
     if check is None:
         return []
     if check["exact_match"]:
         return [("identical to plain decoding", "yes")]
     return [
         ("identical to plain decoding", f"NO, from token {check['first_mismatch']}"),
-        ("top-2 margin there", f"{check['near_tie_margin']:.4g}"),
+        ("top-2 margin there", margin_text(check)),
     ]
 
 
@@ -46,11 +48,13 @@ def _seed_note(record: dict) -> str:
 
 def _check_note(check: dict | None) -> str:
     """A batch row's check, as the end of its one-line summary."""
+    from ngspec.check import margin_text
+
     if check is None:
         return ""
     if check["exact_match"]:
         return ", identical to plain decoding"
-    return f", NOT identical to plain decoding from token {check['first_mismatch']} (top-2 margin there {check['near_tie_margin']:.4g})"
+    return f", NOT identical to plain decoding from token {check['first_mismatch']} (top-2 margin there {margin_text(check)})"
 
 
 def _rows_summary(stats: dict | None, opts: DrafterOptions | None) -> list[tuple[str, str]]:
