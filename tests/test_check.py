@@ -105,6 +105,7 @@ def test_bench_reports_where_an_arm_split_from_hf_greedy_with_the_margin(tiny):
     assert greedy.exact_match == 1.0 and greedy.largest_tie_margin is None
     assert trie.exact_match == 0.0 and abs(trie.largest_tie_margin - margin) < 1e-4
     steps = margin / rounding_step(float(top[0]), torch.float32)
+    assert greedy.largest_tie_steps is None and trie.largest_tie_steps == pytest.approx(steps, rel=1e-3)
     assert f"trie, prompt p1: first differs at token 3, hf-greedy's top-2 margin there {margin:.3g} ({steps:.3g} float32 rounding steps" in markdown(
         [greedy, trie], {}, 1.0, records=records
     )

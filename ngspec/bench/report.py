@@ -40,6 +40,7 @@ class ArmSummary:
     ceiling_ratio: float | None  # tokens_per_call / token-weighted self-repetition of hf-greedy outputs
     median_ceiling_ratio: float | None  # median over prompts of that ratio per prompt
     largest_tie_margin: float | None = None  # over mismatched prompts: hf-greedy's top-2 logit margin where they split
+    largest_tie_steps: float | None = None  # and the widest split in rounding steps of the model's dtype (check.rounding_step)
     speedup_interval: tuple[float, float] | None = None  # 95% paired bootstrap interval of speedup (None: one prompt)
 
 
@@ -125,6 +126,7 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                     for r in records
                 ) if known and all(r.self_repetition.steps for r in records) else None,
                 largest_tie_margin=max((c.margin for _, _, c in mismatches(records, arm)), default=None),
+                largest_tie_steps=max((c.steps for _, _, c in mismatches(records, arm) if c.steps is not None), default=None),
                 speedup_interval=ratio_interval(runs_of(records, arm), runs_of(records, ref), keys=prompts_of(records)),
             )
         )
