@@ -234,8 +234,9 @@ class SureBranch(search.EagleSearchDrafter):
     tokens or more, and nowhere else (probes as the gate's). There `head_worth.py`'s replay at the
     H200's replayed sizing found the head's runs paying, and the gate's credit, which grows as the
     branch grows unsure, sends it elsewhere (BENCHMARKS.md 10zzr: in sample, 1.010x and 1.049x
-    never running it on rag and summarization, where the gate gave 0.971x and 1.002x; at this CPU's
-    sizing the rule loses to the gate). A rule for GPUs, to be measured there."""
+    never running it on rag and summarization, where the gate gave 0.971x and 1.002x; 10zzs, out of
+    sample on qa: 1.033x, the gate 1.001x; at this CPU's sizing the rule loses to the gate). A rule
+    for GPUs, to be measured there. Its bounds are `head_signals.py`'s, which replays it offline."""
 
     def _credited_gain(self, reach: list[float], n: int) -> float:
         self._reach0 = reach[0] if n else 0.0
