@@ -129,7 +129,7 @@ from ngspec.static_verify import batches_static
 from ngspec.tree import root_to_leaf_paths
 from ngspec.turns import Conversations
 
-from head_signals import SURE_BRANCH, SURE_LOCAL_DEPTH  # benchmarks/, beside this script
+from head_signals import sure  # benchmarks/, beside this script
 
 
 class BranchOnly(search.EagleSearchDrafter):
@@ -246,7 +246,7 @@ class SureBranch(search.EagleSearchDrafter):
         super()._head_pays(conditionals, key, ctx)  # sizes the branch (and keeps the credit, recorded as usual)
         node = self.search.trie.match(ctx.tokens)
         local_depth = self.search.trie.depth(node) if node is not None else 0
-        return SURE_BRANCH[0] <= self._reach0 < SURE_BRANCH[1] or local_depth >= SURE_LOCAL_DEPTH
+        return sure({"reach0": self._reach0, "local_depth": local_depth})
 
 
 class _Headless:
