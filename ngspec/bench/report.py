@@ -107,6 +107,7 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
         calls = sum(x.verify_calls or 0 for x in runs)
         tpc = tokens / calls if known and calls else None
         hist = Counter(a for x in runs for a in x.accepted)
+        splits = [c for _, _, c in mismatches(records, arm)]
         out.append(
             ArmSummary(
                 arm=arm,
@@ -125,8 +126,8 @@ def summarise(records: list[BenchRecord], arms: list[str]) -> list[ArmSummary]:
                     len(r.runs[arm].token_ids) / r.runs[arm].verify_calls / r.self_repetition.value
                     for r in records
                 ) if known and all(r.self_repetition.steps for r in records) else None,
-                largest_tie_margin=max((c.margin for _, _, c in mismatches(records, arm)), default=None),
-                largest_tie_steps=max((c.steps for _, _, c in mismatches(records, arm) if c.steps is not None), default=None),
+                largest_tie_margin=max((c.margin for c in splits), default=None),
+                largest_tie_steps=max((c.steps for c in splits if c.steps is not None), default=None),
                 speedup_interval=ratio_interval(runs_of(records, arm), runs_of(records, ref), keys=prompts_of(records)),
             )
         )
