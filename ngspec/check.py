@@ -53,7 +53,8 @@ def margin_text(check: dict) -> str:
     text = f"{check['near_tie_margin']:.3g}"
     if check.get("near_tie_steps") is None:
         return text
-    return f"{text} ({check['near_tie_steps']:.3g} {check['near_tie_dtype']} rounding steps at that logit size)"
+    steps = check["near_tie_steps"]
+    return f"{text} ({steps:.3g} {check['near_tie_dtype']} rounding step{'' if f'{steps:.3g}' == '1' else 's'} at that logit size)"
 
 
 @torch.inference_mode()

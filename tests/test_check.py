@@ -40,6 +40,7 @@ def test_a_rounding_step_is_the_distance_to_the_next_value_of_the_dtype():
     assert rounding_step(66.38, torch.float32) == 2.0 ** -17  # the MiniCPM3 tie of 2.3e-5: 3 steps
     assert rounding_step(20.0, torch.bfloat16) == 0.125 and rounding_step(20.0, torch.float16) == 2.0 ** -6
     assert rounding_step(0.0, torch.float32) > 0  # a zero logit: the smallest normal's step, not a log of zero
+    assert margin_text({"near_tie_margin": 0.125, "near_tie_steps": 1.0, "near_tie_dtype": "bfloat16"}) == "0.125 (1 bfloat16 rounding step at that logit size)"
 
 
 def test_a_sampled_mismatch_counts_its_steps_at_the_logits_over_the_temperature(tiny):
@@ -133,3 +134,54 @@ def test_transformers_baseline_is_plain_decoding_whatever_the_models_generation_
                                    min_new_tokens=30, output_hidden_states="odd")
     after = engine.hf_generate(prompt, 24)[0], engine.hf_generate(prompt, 24, sampling=hot)[0]
     assert before[0] == plain and after == before and len(set(plain)) < len(plain)  # plain greedy repeats: a penalty would change it
+
+
+def test_batched_bench_gives_each_split_row_its_margin_once_whatever_the_rounds(tiny):
+    """`bench --batch-size` names every row that differs from its reference with the reference's
+    top-2 margin there (greedy: transformers'; sampled: vanilla's row of that round, scored with
+    the prompt's draws), one model pass per distinct output, in its table, markdown and JSON."""
+    from ngspec.bench.batched import BatchRound, markdown, row_splits, summarise_batched, to_json
+    from ngspec.verify import Draws, SamplingConfig, target_probs
+
+    engine = Engine(LoadedModel(tiny, None, "tiny"), calibrate=False)
+    prompts = [[4, 8, 15, 16, 23, 42], [7, 7, 3, 9]]
+    cfg = DecodeConfig(max_new_tokens=10)
+    ref = [engine.run(p, make_drafter("vanilla"), cfg).token_ids for p in prompts]
+    bad = ref[1][:3] + [(ref[1][3] + 1) % 96] + ref[1][4:]
+    rounds = lambda *outputs: [BatchRound(1.0, 20, 20, 0.0, 0.0, list(o)) for o in outputs]
+    runs = {"vanilla": rounds(ref, ref, ref), "trie": rounds([ref[0], bad], ref, [ref[0], bad])}
+    calls = []
+    real = engine.loaded.model.forward
+    engine.loaded.model.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        (split,) = row_splits(engine, runs, prompts, ref, cfg)
+    finally:
+        engine.loaded.model.forward = real
+    assert len(calls) == 1  # rounds 1 and 3 split alike: measured once
+    assert (split.arm, split.row, split.rounds, split.check.first_mismatch) == ("trie", 1, (1, 3), 3)
+    with torch.inference_mode():
+        logits = tiny(torch.tensor([prompts[1] + ref[1][:3]])).logits[0, -1]
+    top = torch.topk(logits, 2).values
+    margin = float(top[0] - top[1])
+    steps = margin / rounding_step(float(top[0]), torch.float32)
+    assert split.check.margin == pytest.approx(margin, abs=1e-4) and split.check.steps == pytest.approx(steps, rel=1e-3)
+    vanilla, trie = summarise_batched(runs, ref, splits=[split])
+    assert vanilla.largest_tie_margin is None and trie.largest_tie_steps == split.check.steps
+    labels = ["q1", "q2"]
+    text = markdown([vanilla, trie], {}, (1.0, None), [], splits=[split], labels=labels)
+    assert f"- trie, prompt q2 (rounds 1, 3): first differs at token 3, transformers' greedy top-2 margin there {margin_text(split.check.as_dict())}" in text
+    report = to_json([vanilla, trie], {}, (1.0, None), [], splits=[split], labels=labels)
+    assert report["mismatches"] == [{"arm": "trie", "prompt": "q2", "rounds": [1, 3]} | split.check.as_dict()]
+    assert "mismatches" not in to_json([vanilla, trie], {}, (1.0, None), [])
+
+    sampling = SamplingConfig(temperature=0.5, seed=7)
+    hot = DecodeConfig(max_new_tokens=10, sampling=sampling)
+    good = engine.run(prompts[0], make_drafter("vanilla"), hot).token_ids
+    off = good[:4] + [(good[4] + 1) % 96] + good[5:]
+    sampled = {"vanilla": rounds([good]), "trie": rounds([off])}
+    (split,) = row_splits(engine, sampled, prompts[:1], [[0]], hot)  # the reference: vanilla's row, not ``reference``
+    with torch.inference_mode():
+        logits = tiny(torch.tensor([prompts[0] + good[:4]])).logits[0, -1]
+    top = torch.topk(Draws(7, prompts[0]).scores(target_probs(logits, sampling), 4), 2).values
+    assert split.check.first_mismatch == 4 and split.check.margin == pytest.approx(float(top[0] - top[1]), abs=1e-4)
+    assert "vanilla's top-2 margin" in markdown(summarise_batched(sampled, [[0]], True, [split]), {}, (1.0, None), [], sampled=True, splits=[split], labels=["q1"])

@@ -6,8 +6,9 @@ round, so slow drift of the machine hits all of them. Rows overlap in time, so t
 batch's total tokens over its wall time, and the baseline is ``vanilla`` at the same batch size
 (transformers' `generate` pads a batch its own way and is left out). Every row is checked against
 transformers' greedy decoding of its prompt alone (sampling, against vanilla's row: one seed
-samples the same tokens whatever the drafts, `verify.Draws`). A round is one pair per arm, not
-one per prompt: the spread of the per-round ratios is what tells a few percent from noise
+samples the same tokens whatever the drafts, `verify.Draws`); a row that differs gets the
+reference's top-2 margin where it split (`row_splits`), to tell a near-tie from a bug. A round is
+one pair per arm, not one per prompt: the spread of the per-round ratios is what tells a few percent from noise
 (BENCHMARKS.md 10p: two rounds on two CPU cores differed by 6%).
 
 With ``groups`` (``--interleave-batches K``) the prompts are cut into groups of K batches' worth
@@ -27,12 +28,14 @@ from ngspec.batch import BatchConfig
 from ngspec.bench.interval import ratio_interval, rounds_interval
 from ngspec.bench.report import SAMPLED_NOTE, interval_text, setup_text, table_lines
 from ngspec.bench.runner import arm_drafter, warm_config
+from ngspec.check import GreedyCheck, divergence, margin_text
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import Resources
 from ngspec.drafters.trie import Calibration
 from ngspec.engine import Engine
 from ngspec.errors import NgspecError, Stopped
 from ngspec.metrics.self_repetition import self_repetition
+from ngspec.verify import Draws
 
 BASE = "vanilla"
 
@@ -92,6 +95,8 @@ class BatchArmSummary:
     nodes_per_row: float = 0.0  # draft nodes a row's step verified, on average (the prefill left out)
     padded_per_row: float = 0.0  # the same were every row as wide as its step's widest: what a padded batch verifies
     step_cost: float = 0.0  # a step's cost in plain batched steps by the measured table, on average
+    largest_tie_margin: float | None = None  # over the rows that differ: the reference's top-2 margin where they split
+    largest_tie_steps: float | None = None  # the widest such split in rounding steps of the model's dtype
     rounds: list[BatchRound] = field(default_factory=list, repr=False)
 
     @property
@@ -174,10 +179,49 @@ def _joined(parts: list[BatchRound]) -> BatchRound:
     )
 
 
-def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[int]], sampled: bool = False) -> list[BatchArmSummary]:
+@dataclass(frozen=True)
+class RowSplit:
+    """An arm's row that differs from its reference, once however many rounds repeat it."""
+
+    arm: str
+    row: int  # index into the prompts asked
+    rounds: tuple[int, ...]  # the rounds (from 1) that produced this output
+    check: GreedyCheck  # where it splits and the reference's top-2 margin there
+
+    def as_dict(self, labels: list[str]) -> dict:
+        return {"arm": self.arm, "prompt": labels[self.row], "rounds": list(self.rounds)} | self.check.as_dict()
+
+
+def row_splits(
+    engine: Engine, runs: dict[str, list[BatchRound]], ids: list[list[int]], reference: list[list[int]], cfg: DecodeConfig,
+) -> list[RowSplit]:
+    """Every arm's rows that differ from ``reference`` (sampling: from vanilla's row of the same
+    round, with the prompt's draws), each distinct output once with the reference's top-2 margin
+    where it splits (`check.divergence`: one forward of the model per distinct output)."""
+    sampled = not cfg.sampling.greedy
+    out = []
+    for arm, rounds in runs.items():
+        if sampled and arm == BASE:
+            continue
+        seen: dict[tuple, list[int]] = {}
+        for r, (run, base) in enumerate(zip(rounds, runs[BASE]), 1):
+            for i, got in enumerate(run.outputs):
+                want = base.outputs[i] if sampled else reference[i]
+                if got != want:
+                    seen.setdefault((i, tuple(got), tuple(want)), []).append(r)
+        for (i, got, want), where in seen.items():
+            check = divergence(engine, ids[i], list(want), list(got), cfg, Draws.of(cfg.sampling, ids[i]))
+            out.append(RowSplit(arm, i, tuple(where), check))
+    return out
+
+
+def summarise_batched(
+    runs: dict[str, list[BatchRound]], reference: list[list[int]], sampled: bool = False, splits: list[RowSplit] = (),
+) -> list[BatchArmSummary]:
     """Per arm: throughput and its ratio to vanilla's (in total and round by round), tokens per
-    call per row, drafting and prefill shares, and the rows equal to ``reference`` (``sampled``,
-    one seed: to vanilla's rows of the same round, which plain sampling draws alike)."""
+    call per row, drafting and prefill shares, the rows equal to ``reference`` (``sampled``, one
+    seed: to vanilla's rows of the same round, which plain sampling draws alike), and from
+    ``splits`` (`row_splits`) the widest margin where a row split from it."""
     base = runs[BASE]
     base_rate = _joined(base).rate
     out = []
@@ -196,9 +240,22 @@ def summarise_batched(runs: dict[str, list[BatchRound]], reference: list[list[in
             nodes_per_row=total.nodes_per_row,
             padded_per_row=total.padded_per_row,
             step_cost=total.step_cost,
+            largest_tie_margin=max((x.check.margin for x in splits if x.arm == arm), default=None),
+            largest_tie_steps=max((x.check.steps for x in splits if x.arm == arm and x.check.steps is not None), default=None),
             rounds=rounds,
         ))
     return out
+
+
+def split_lines(splits: list[RowSplit], labels: list[str], sampled: bool = False) -> list[str]:
+    """A line for each row that split from its reference: where, in which rounds, and the
+    reference's top-2 margin there (a near-tie, a few rounding steps wide, or a bug when wide)."""
+    ref = "vanilla's" if sampled else "transformers' greedy"
+    return [
+        f"{x.arm}, prompt {labels[x.row]} (round{'s' if len(x.rounds) > 1 else ''} {', '.join(map(str, x.rounds))}): first differs at token "
+        f"{x.check.first_mismatch}, {ref} top-2 margin there {margin_text(x.check.as_dict())}"
+        for x in splits
+    ]
 
 
 def ceiling(ids: list[list[int]], reference: list[list[int]], datastore=None) -> float:
@@ -317,9 +374,13 @@ STEP_NOTE = ("nodes/row is the draft nodes a row's step verified; padded, the sa
              "verification's speed follows tokens/call over step cost, and throughput also pays drafting and the prefill.")
 
 
-def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict], turns: list[dict] = ()) -> dict:
+def to_json(
+    summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict], turns: list[dict] = (),
+    splits: list[RowSplit] = (), labels: list[str] = (),
+) -> dict:
     """``ceilings``: the self-repetition ceiling of the reference outputs, and with the datastore
-    searched too (None without one); ``turns``: `by_turn`."""
+    searched too (None without one); ``turns``: `by_turn`; ``splits``: `row_splits`, their
+    prompts named by ``labels``."""
     return {
         "environment": env,
         "tokens_per_call_definition": "tokens emitted per target forward pass per row, bonus token included, each row's prefill counted as its first call",
@@ -334,6 +395,7 @@ def to_json(summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, 
         ],
         **({"versus": pairs} if pairs else {}),
         **({"by_turn": list(turns)} if turns else {}),
+        **({"mismatches": [x.as_dict(labels) for x in splits]} if splits else {}),
     }
 
 
@@ -351,6 +413,7 @@ def how_run(summaries: list[BatchArmSummary]) -> str:
 
 def markdown(
     summaries: list[BatchArmSummary], env: dict, ceilings: tuple[float, float | None], pairs: list[dict], turns: list[dict] = (), sampled: bool = False,
+    splits: list[RowSplit] = (), labels: list[str] = (),
 ) -> str:
     lines = table_lines(COLUMNS, rows(summaries))
     if turns:
@@ -358,6 +421,9 @@ def markdown(
     if pairs:
         base = pairs[0]["versus"]
         lines += [""] + table_lines(versus_columns(base), versus_rows(pairs)) + ["", versus_note(pairs)]
+    if splits:
+        against = "vanilla" if sampled else "transformers' greedy decoding"
+        lines += ["", f"Mismatches vs {against}:"] + [f"- {x}" for x in split_lines(splits, labels, sampled)]
     meta = setup_text(env)
     return (
         f"{meta}\n\n{ceiling_text(ceilings, sampled)}\n\n"
