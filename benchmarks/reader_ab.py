@@ -92,7 +92,10 @@ and in total, at batch size 1 (and with --interleave-batches) the 95% interval o
 with all their rounds' pairs together), drafting share, exact match against plain greedy, steps
 without the head, the head's top guesses right / scored, and the nodes only its first level offered
 that were accepted / the gate's credit for those runs. ``--json-out`` keeps every arm's paired
-runs with their prompts (``runs``, ``keys``); `benchmarks/ab_pool.py` pools such files.
+runs with their prompts (``runs``, ``keys``); `benchmarks/ab_pool.py` pools such files. A row
+that differs from plain greedy is printed after the arms with where it splits and plain greedy's
+top-2 margin there, in rounding steps too (`split_lines`; JSON: each arm's ``splits``), so that a
+GPU's near-tie can be told from a bug without decoding the prompt again.
 Each prompt's reference (plain greedy decoding, one prompt at a time, untimed) is decoded before
 the arms; ``--reference-cache PATH`` keeps those answers in a JSON file for the next stage that
 asks the same prompts at the same length, dtype and device (on a GPU visit the batch-16 and -32
@@ -114,6 +117,7 @@ import ngspec.drafters.search as search
 from ngspec.bench.interval import ratio_interval
 from ngspec.batch import BatchConfig
 from ngspec.bench.batched import batch_groups
+from ngspec.check import divergence, margin_text
 from ngspec.contracts import DraftTree
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
@@ -463,7 +467,8 @@ def main() -> None:
             folding(a)
             engine_of(a).run_batch(ids[: args.batch_size], new, DecodeConfig(max_new_tokens=16, max_draft_nodes=96), batches[a])
     res = {a: {"tokens": 0, "calls": 0, "seconds": [0.0] * args.rounds, "draft": 0.0, "exact": 0, "skipped": 0, "top_guess": [0, 0], "first_level": [0, 0.0], "runs": [], "keys": [],
-               "capture_seconds": 0.0, "cold_runs": 0, "cold_seconds": 0.0} for a in arms}
+               "capture_seconds": 0.0, "cold_runs": 0, "cold_seconds": 0.0, "splits": []} for a in arms}
+    differing: dict[tuple, list[int]] = {}  # (arm, prompt index, output) -> the rounds (from 1) that decoded it
 
     def capturing() -> dict[str, float]:
         """Seconds spent capturing CUDA graphs so far, runs at a new fixed shape and their seconds,
@@ -483,13 +488,17 @@ def main() -> None:
             res[a][key] += value - before[key]
         return out
 
-    def record(a: str, r: int, gen, expected: list[int], seconds: float, key: str = "") -> None:
+    def record(a: str, r: int, gen, i: int, seconds: float, key: str = "") -> None:
+        """Arm ``a``'s run of prompt ``i`` in round ``r``."""
         s = res[a]
+        expected = reference[i]
         s["seconds"][r] += seconds
         s["tokens"] += len(gen.token_ids)
         s["calls"] += len(gen.stats.steps) - 1  # the first step is the prefill
         s["draft"] += gen.stats.draft_seconds
         s["exact"] += gen.token_ids == expected
+        if gen.token_ids != expected:
+            differing.setdefault((a, i, tuple(gen.token_ids)), []).append(r + 1)
         stats = gen.drafter_stats or {}
         s["skipped"] += stats.get("head_skipped", 0)
         s["top_guess"] = [a_ + b_ for a_, b_ in zip(s["top_guess"], stats.get("head_top_guess", (0, 0)))]
@@ -509,15 +518,15 @@ def main() -> None:
         if args.batch_size > 1:
             start = 0
             for g, group in enumerate(batch_groups(ids, args.batch_size, args.interleave_batches)):
-                expected = reference[start : start + len(group)]
+                first = start
                 start += len(group)
                 for a in list(arms) if (r + g) % 2 == 0 else list(arms)[::-1]:
                     folding(a)
                     forget()
                     out, report = timed(a, lambda: engine_of(a).run_batch(group, arms[a], configs[a], batches[a]))
                     res[a]["seconds"][r] += report.seconds
-                    for o, want in zip(out, expected):
-                        record(a, r, o.generation, want, 0.0)
+                    for j, o in enumerate(out):
+                        record(a, r, o.generation, first + j, 0.0)
                     if args.interleave_batches:  # each group a pair with the other arms' runs of it
                         res[a]["runs"].append((sum(len(o.generation.token_ids) for o in out), report.seconds))
                         res[a]["keys"].append("+".join(names[start - len(group) : start]))
@@ -527,7 +536,7 @@ def main() -> None:
             for a in list(arms) if (r + i) % 2 == 0 else list(arms)[::-1]:
                 forget()
                 gen = timed(a, lambda: engine_of(a).run(x, arms[a](), configs[a]))
-                record(a, r, gen, reference[i], gen.seconds, names[i])
+                record(a, r, gen, i, gen.seconds, names[i])
             save()
     base = res[next(iter(arms))]["seconds"]
     for a, s in res.items():
@@ -543,6 +552,8 @@ def main() -> None:
                f"({s['cold_seconds'] / sum(s['seconds']):.3f} of the arm's time)" if s["cold_runs"] else ""),
             flush=True,
         )
+    for line in split_lines(engine, differing, ids, reference, names, res):
+        print(line, flush=True)
     if factory_graphs is not None:
         print(f"head graphs: {factory_graphs.pool.static_runs.report()}", flush=True)
     if engine_tg is not None:
@@ -550,6 +561,21 @@ def main() -> None:
         print(f"target graphs: one prompt at a time {engine_tg.target.static.report()}"
               + (f"; batches {together.report()}" if together is not None else ""), flush=True)
     print(json.dumps(res))
+
+
+def split_lines(engine: Engine, differing: dict[tuple, list[int]], ids: list[list[int]], reference: list[list[int]], names: list[str],
+                res: dict) -> list[str]:
+    """A line for every distinct output that differs from plain greedy (``differing``: (arm,
+    prompt index, output) -> its rounds), with where it splits and plain greedy's top-2 margin
+    there (`ngspec.check.divergence`, one forward each), each also added to its arm's ``splits``
+    in ``res``."""
+    lines = []
+    for (a, i, got), rounds in differing.items():
+        check = divergence(engine, ids[i], reference[i], list(got))
+        res[a]["splits"].append({"prompt": names[i], "rounds": rounds} | check.as_dict())
+        lines.append(f"split: {a}, {names[i]} (round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))}): first differs at token {check.first_mismatch}, "
+                     f"plain greedy's top-2 margin there {margin_text(check.as_dict())}")
+    return lines
 
 
 if __name__ == "__main__":

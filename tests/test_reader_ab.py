@@ -218,3 +218,33 @@ def test_the_sure_branch_rule_runs_the_head_on_a_fairly_sure_branch_only():
     d = gated(AtChance, 0.0, chance=0.95)
     d.start(HISTORY)
     assert d._head_pays([], ("local", 2), DraftContext(HISTORY + [1, 2], len(HISTORY), 20, ctx.verify_cost))
+
+
+def test_a_row_that_differs_is_printed_with_its_split_and_margin_once_however_many_rounds():
+    """The GPU visits' A/B names every output that differs from plain greedy with where it splits
+    and plain greedy's top-2 margin there (one forward per distinct output), so a near-tie is told
+    from a bug without decoding the prompt again."""
+    import torch
+
+    from ngspec.check import rounding_step
+    from ngspec.decode import DecodeConfig
+    from ngspec.drafters import make_drafter
+    from ngspec.engine import Engine
+    from ngspec.models import LoadedModel, tiny_model
+
+    model = tiny_model("llama", seed=0)
+    engine = Engine(LoadedModel(model, None, "tiny"), calibrate=False)
+    ids = [[4, 8, 15, 16, 23, 42], [7, 7, 3, 9]]
+    reference = [engine.run(x, make_drafter("vanilla"), DecodeConfig(max_new_tokens=10)).token_ids for x in ids]
+    bad = reference[1][:2] + [(reference[1][2] + 1) % 96] + reference[1][3:]
+    res = {"trie": {"splits": []}, "whole": {"splits": []}}
+    lines = ab.split_lines(engine, {("whole", 1, tuple(bad)): [1, 2]}, ids, reference, ["rag:1", "rag:2"], res)
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids[1] + reference[1][:2]])).logits[0, -1]
+    top = torch.topk(logits, 2).values
+    steps = float(top[0] - top[1]) / rounding_step(float(top[0]), torch.float32)
+    (split,) = res["whole"]["splits"]
+    assert res["trie"]["splits"] == [] and split["prompt"] == "rag:2" and split["rounds"] == [1, 2]
+    assert split["first_mismatch"] == 2 and split["near_tie_steps"] == pytest.approx(steps, rel=1e-3)
+    assert lines == [f"split: whole, rag:2 (rounds 1, 2): first differs at token 2, plain greedy's top-2 margin there {split['near_tie_margin']:.3g} "
+                     f"({split['near_tie_steps']:.3g} float32 rounding steps at that logit size)"]
