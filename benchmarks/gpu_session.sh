@@ -255,7 +255,7 @@ versus_more() {
     stage bound-tg 60 "${NG[@]}" profile-bound "${grid[@]}" --dtype float32 --target-graphs --out $RES/bound-tg \
         --save-profile $RES/bound-tg/profile.json --json
     pack more.tgz
-    grep -h "tokens/call\|graphs:" $RES/versus-*.log
+    grep -h "tokens/call\|graphs:\|^split:" $RES/versus-*.log
     bound_cells $RES/bound-plain $RES/bound-tg
 }
 
@@ -295,7 +295,7 @@ widths_ab() {
     ab widths-b1-rag 130 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 --reference-cache $RES/reference-rag-96.json \
         --arms "trie tg,trie tg natural,whole graphs no deepen tg,whole graphs no deepen tg natural"
     pack widths-ab.tgz
-    grep -h "tokens/call\|graphs:" $RES/widths-b1-rag.log
+    grep -h "tokens/call\|graphs:\|^split:" $RES/widths-b1-rag.log
 }
 
 # after versus_more, on the warm machine (no carry), with 140 s of device time to spare: batch 32
@@ -308,7 +308,7 @@ overlap_more() {
     ab overlap-b32-rag 130 --tuned $RES/shape-b8.json --category rag --limit 64 -n 64 --rounds 1 --batch-size 32 --interleave-batches 1 \
         --reference-cache $RES/reference-rag-64.json --arms "trie tg,whole graphs no deepen tg,whole graphs no deepen cal tg,no head tg"
     pack overlap.tgz
-    grep -h "tokens/call\|graphs:" $RES/overlap-b32-rag.log
+    grep -h "tokens/call\|graphs:\|^split:" $RES/overlap-b32-rag.log
 }
 
 # after versus_more, on the warm machine (no carry), with 100 s of device time to spare: the head's
@@ -325,7 +325,7 @@ gate_more() {
     ab gate-b1-rag 120 --tuned $RES/shape-b1.json --category rag --limit 24 -n 96 --rounds 1 --reference-cache $RES/reference-rag-96.json \
         --arms "trie tg,whole graphs tg,whole graphs sure tg,no head tg"
     pack gate.tgz
-    grep -h "tokens/call\|graphs:" $RES/gate-b1-rag.log
+    grep -h "tokens/call\|graphs:\|^split:" $RES/gate-b1-rag.log
 }
 
 # after versus_more, on the warm machine (no carry), with 150 s of device time to spare: batch 8 on
@@ -335,7 +335,7 @@ versus_summarization() {
     ab versus-b8-summarization 110 --tuned $RES/shape-b8.json --category summarization --limit 24 -n 64 --rounds 1 --batch-size 8 \
         --interleave-batches 1 --arms "$B8_ARMS"
     pack summarization.tgz
-    grep -h "tokens/call\|graphs:" $RES/versus-b8-summarization.log
+    grep -h "tokens/call\|graphs:\|^split:" $RES/versus-b8-summarization.log
 }
 
 # after versus_more, on the warm machine (no carry): sampling at batch 8 on the GPU. First the two
