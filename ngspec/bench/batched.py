@@ -8,8 +8,8 @@ batch's total tokens over its wall time, and the baseline is ``vanilla`` at the 
 transformers' greedy decoding of its prompt alone (sampling, against vanilla's row: one seed
 samples the same tokens whatever the drafts, `verify.Draws`); a row that differs gets the
 reference's top-2 margin where it split (`row_splits`), to tell a near-tie from a bug. A round is
-one pair per arm, not one per prompt: the spread of the per-round ratios is what tells a few percent from noise
-(BENCHMARKS.md 10p: two rounds on two CPU cores differed by 6%).
+one pair per arm, not one per prompt: the spread of the per-round ratios is what tells a few
+percent from noise (BENCHMARKS.md 10p: two rounds on two CPU cores differed by 6%).
 
 With ``groups`` (``--interleave-batches K``) the prompts are cut into groups of K batches' worth
 and every arm runs in turn on each group (order reversed every other group), so that a load that
