@@ -182,6 +182,23 @@ def test_bench_compares_arms_as_batches(tmp_path):
     assert set(report["step_definitions"]) == {"nodes_per_row", "padded_per_row", "step_cost"}
     assert report["versus"][0]["arm"] == "vanilla" and report["versus"][0]["ratio"] == pytest.approx(1 / arms["trie"]["speedup"])
     assert "| trie |" in md.read_text() and "nodes/row" in md.read_text()
+    assert "mismatches" not in report and arms["trie"]["largest_tie_margin"] is None  # float32 on a CPU: no row splits
+
+
+def test_batched_bench_prints_each_split_row_with_its_rounds_and_margin(tiny_saved, tmp_path, monkeypatch):
+    """The batched bench's table is followed by every row `row_splits` found, named by its
+    question's label (here one split injected: float32 on a CPU gives none)."""
+    from ngspec.bench import batched
+    from ngspec.check import GreedyCheck
+
+    found = batched.row_splits
+    monkeypatch.setattr(batched, "row_splits", lambda *a: found(*a) + [batched.RowSplit("trie", 1, (1, 2), GreedyCheck(False, 5, 0.125, 1.0, "bfloat16"))])
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": f"q{i}", "category": "rag", "turns": [t]}) + "\n" for i, t in enumerate([PROMPT, PROMPT.upper()])))
+    result = runner.invoke(app, ["bench", "-q", str(questions), "--model", str(tiny_saved), "-n", "6", "-b", "2", "--rounds", "2", "-d", "trie"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "- trie, prompt q1 (rounds 1, 2): first differs at token 5, transformers' greedy top-2 margin there 0.125 (1 bfloat16 rounding step" in result.output
 
 
 @pytest.mark.parametrize(
