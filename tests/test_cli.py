@@ -201,6 +201,14 @@ def test_batched_bench_prints_each_split_row_with_its_rounds_and_margin(tiny_sav
     assert "- trie, prompt q1 (rounds 1, 2): first differs at token 5, transformers' greedy top-2 margin there 0.125 (1 bfloat16 rounding step" in result.output
 
 
+def test_the_terminal_lists_a_dozen_mismatches_and_counts_the_rest():
+    from ngspec.cli.bench import LISTED, listed
+
+    lines = [f"- row {i}" for i in range(LISTED + 3)]
+    assert listed(lines[:LISTED]) == lines[:LISTED]
+    assert listed(lines) == lines[:LISTED] + ["... and 3 more (every one in --markdown and the JSON)"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -207,7 +207,8 @@ def bench_command(
         )
     notes = mismatch_notes(records, summaries)
     if notes:
-        render.info(notes.strip())
+        head, *items = notes.strip().splitlines()
+        render.info("\n".join([head, *listed(items)]))
     if grids:
         render.info("heatmaps: " + ", ".join(report["plots"]))
     _stop(stopped, markdown_out, json_path)
@@ -271,7 +272,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     if splits:
         against = "vanilla's sampled rows" if sampled else "transformers' greedy decoding"
         render.info(f"rows that differ from {against} (a split a few rounding steps wide is a near-tie; float32 on a CPU should give none):\n"
-                    + "\n".join(f"- {x}" for x in batched.split_lines(splits, labels, sampled)))
+                    + "\n".join(listed([f"- {x}" for x in batched.split_lines(splits, labels, sampled)])))
     _stop(stopped, markdown_out, json_path)
 
 
@@ -280,6 +281,17 @@ def _stop(stopped: str | None, *paths: Path | None) -> None:
     if stopped is not None:
         written = [str(p) for p in paths if p is not None]
         raise NgspecError(f"interrupted {stopped}; the report{' (and ' + ', '.join(written) + ')' if written else ''} covers only those, every arm on each")
+
+
+LISTED = 12  # mismatch lines printed to the terminal; --markdown and the JSON keep every one
+
+
+def listed(lines: list[str]) -> list[str]:
+    """The first `LISTED` of ``lines``, and how many more the report files hold: a bf16 run on a
+    GPU can split dozens of rows at near-ties."""
+    if len(lines) <= LISTED:
+        return lines
+    return lines[:LISTED] + [f"... and {len(lines) - LISTED} more (every one in --markdown and the JSON)"]
 
 
 def split_names(values: list[str]) -> list[str]:
