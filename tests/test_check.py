@@ -153,11 +153,13 @@ def test_batched_bench_gives_each_split_row_its_margin_once_whatever_the_rounds(
     calls = []
     real = engine.loaded.model.forward
     engine.loaded.model.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
+    seen = []
     try:
-        (split,) = row_splits(engine, runs, prompts, ref, cfg)
+        (split,) = row_splits(engine, runs, prompts, ref, cfg, lambda done, total: seen.append((done, total)))
     finally:
         engine.loaded.model.forward = real
-    assert len(calls) == 1  # rounds 1 and 3 split alike: measured once
+    assert len(calls) == 1 and seen == [(0, 1), (1, 1)]  # rounds 1 and 3 split alike: measured once, under a bar
+    assert row_splits(engine, {"vanilla": runs["vanilla"]}, prompts, ref, cfg, lambda *a: seen.append(a)) == [] and len(seen) == 2  # nothing to measure: no bar
     assert (split.arm, split.row, split.rounds, split.check.first_mismatch) == ("trie", 1, (1, 3), 3)
     with torch.inference_mode():
         logits = tiny(torch.tensor([prompts[1] + ref[1][:3]])).logits[0, -1]

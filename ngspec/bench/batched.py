@@ -194,24 +194,30 @@ class RowSplit:
 
 def row_splits(
     engine: Engine, runs: dict[str, list[BatchRound]], ids: list[list[int]], reference: list[list[int]], cfg: DecodeConfig,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[RowSplit]:
     """Every arm's rows that differ from ``reference`` (sampling: from vanilla's row of the same
     round, with the prompt's draws), each distinct output once with the reference's top-2 margin
-    where it splits (`check.divergence`: one forward of the model per distinct output)."""
+    where it splits (`check.divergence`: one forward of the model per distinct output, each
+    reported to ``on_progress`` as (done, total))."""
     sampled = not cfg.sampling.greedy
-    out = []
+    seen: dict[tuple, list[int]] = {}  # (arm, row, output, reference) -> the rounds that decoded it
     for arm, rounds in runs.items():
         if sampled and arm == BASE:
             continue
-        seen: dict[tuple, list[int]] = {}
         for r, (run, base) in enumerate(zip(rounds, runs[BASE]), 1):
             for i, got in enumerate(run.outputs):
                 want = base.outputs[i] if sampled else reference[i]
                 if got != want:
-                    seen.setdefault((i, tuple(got), tuple(want)), []).append(r)
-        for (i, got, want), where in seen.items():
-            check = divergence(engine, ids[i], list(want), list(got), cfg, Draws.of(cfg.sampling, ids[i]))
-            out.append(RowSplit(arm, i, tuple(where), check))
+                    seen.setdefault((arm, i, tuple(got), tuple(want)), []).append(r)
+    out = []
+    if on_progress and seen:
+        on_progress(0, len(seen))
+    for (arm, i, got, want), where in seen.items():
+        check = divergence(engine, ids[i], list(want), list(got), cfg, Draws.of(cfg.sampling, ids[i]))
+        out.append(RowSplit(arm, i, tuple(where), check))
+        if on_progress:
+            on_progress(len(out), len(seen))
     return out
 
 

@@ -244,7 +244,8 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         except Stopped as stop:
             runs = stop.measured
             stopped = settings["interrupted"] = f"after {len(runs[arms[0].label])} of {rounds} rounds"
-    splits = batched.row_splits(engine, runs, ids, reference, cfg)
+    with render.progress_when_called("rows that differ: where each splits", TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as measured:
+        splits = batched.row_splits(engine, runs, ids, reference, cfg, measured)
     labels = [u.label for u in asked.units]
     summaries = batched.summarise_batched(runs, reference, sampled, splits)
     env = environment(engine, settings, res.eagle)
