@@ -116,8 +116,8 @@ from pathlib import Path
 import ngspec.drafters.search as search
 from ngspec.bench.interval import ratio_interval
 from ngspec.batch import BatchConfig
-from ngspec.bench.batched import batch_groups
-from ngspec.check import divergence, margin_text
+from ngspec.bench.batched import RowSplit, batch_groups
+from ngspec.check import divergence
 from ngspec.contracts import DraftTree
 from ngspec.datastore.index import Datastore
 from ngspec.decode import DecodeConfig
@@ -571,10 +571,9 @@ def split_lines(engine: Engine, differing: dict[tuple, list[int]], ids: list[lis
     in ``res``."""
     lines = []
     for (a, i, got), rounds in differing.items():
-        check = divergence(engine, ids[i], reference[i], list(got))
-        res[a]["splits"].append({"prompt": names[i], "rounds": rounds} | check.as_dict())
-        lines.append(f"split: {a}, {names[i]} (round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))}): first differs at token {check.first_mismatch}, "
-                     f"plain greedy's top-2 margin there {margin_text(check.as_dict())}")
+        split = RowSplit(a, i, tuple(rounds), divergence(engine, ids[i], reference[i], list(got)))
+        res[a]["splits"].append(split.as_dict(names))
+        lines.append(f"split: {a}, " + split.describe(names[i], "plain greedy's"))
     return lines
 
 

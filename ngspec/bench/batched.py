@@ -191,6 +191,12 @@ class RowSplit:
     def as_dict(self, labels: list[str]) -> dict:
         return {"arm": self.arm, "prompt": labels[self.row], "rounds": list(self.rounds)} | self.check.as_dict()
 
+    def describe(self, label: str, ref: str) -> str:
+        """"LABEL (rounds 1, 3): first differs at token N, REF top-2 margin there M (S dtype
+        rounding steps ...)", for the prompt named ``label``; ``ref``: the reference, possessive."""
+        rounds = f"round{'s' if len(self.rounds) > 1 else ''} {', '.join(map(str, self.rounds))}"
+        return f"{label} ({rounds}): first differs at token {self.check.first_mismatch}, {ref} top-2 margin there {margin_text(self.check.as_dict())}"
+
 
 def row_splits(
     engine: Engine, runs: dict[str, list[BatchRound]], ids: list[list[int]], reference: list[list[int]], cfg: DecodeConfig,
@@ -257,11 +263,7 @@ def split_lines(splits: list[RowSplit], labels: list[str], sampled: bool = False
     """A line for each row that split from its reference: where, in which rounds, and the
     reference's top-2 margin there (a near-tie, a few rounding steps wide, or a bug when wide)."""
     ref = "vanilla's" if sampled else "transformers' greedy"
-    return [
-        f"{x.arm}, prompt {labels[x.row]} (round{'s' if len(x.rounds) > 1 else ''} {', '.join(map(str, x.rounds))}): first differs at token "
-        f"{x.check.first_mismatch}, {ref} top-2 margin there {margin_text(x.check.as_dict())}"
-        for x in splits
-    ]
+    return [f"{x.arm}, prompt {x.describe(labels[x.row], ref)}" for x in splits]
 
 
 def ceiling(ids: list[list[int]], reference: list[list[int]], datastore=None) -> float:
