@@ -32,7 +32,11 @@ def test_operations_per_step_by_phase(monkeypatch):
     for r in res.values():
         assert r["tokens"] == plain and r["steps"] > 0 and r["prefill_ops"] > 0
     assert res["trie"]["nodes_per_row_step"] > 1 and res["vanilla"]["nodes_per_row_step"] == 0
-    assert res["vanilla"]["ops_per_step"]["verify"] == res["trie"]["ops_per_step"]["verify"] > 0
+    # torch 2.6 lays the CPU's masked attention output out so that transformers' `transpose(1, 2)
+    # .contiguous()` copies it: one operation a tree step more, which torch 2.13 to 2.15 do not make
+    copies = dict(res["trie"]["names"]["verify"]).get("contiguous.default", 0)
+    assert copies <= 1
+    assert res["vanilla"]["ops_per_step"]["verify"] == res["trie"]["ops_per_step"]["verify"] - copies > 0
     assert res["trie"]["ops_per_step"]["drafting"] == 0  # the trie drafts in Python alone
 
 
