@@ -159,7 +159,9 @@ class Engine:
         and top-k (seeded through torch's global generator when the sampling has a seed). Runs
         on the stock linear layers (not the engine's tuned CPU kernels), as transformers would:
         the baseline a user would otherwise run, but with the model's own generation defaults
-        set aside (`generation_defaults_aside`), so that it decodes plainly."""
+        set aside (`generation_defaults_aside`), so that it decodes plainly. Like the engine, it
+        stops where the context window is full (transformers would go on past it)."""
+        max_new_tokens = min(max_new_tokens, self.target.max_length - len(prompt_ids) + 1)  # `decode.out_of_room`
         ids = torch.tensor([prompt_ids], device=self.target.device)
         kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}
         sample = sampling is not None and not sampling.greedy

@@ -85,7 +85,13 @@ def prepare_model(model: PreTrainedModel) -> tuple[PreTrainedModel, torch.device
         os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     decode_attention(param.device)
     tune_linears(model)
-    return model.eval(), param.device, param.dtype, int(getattr(model.config, "max_position_embeddings", 1 << 30))
+    return model.eval(), param.device, param.dtype, context_window(model)
+
+
+def context_window(model: PreTrainedModel) -> int:
+    """The most positions ``model`` was made for (its config's ``max_position_embeddings``; a config
+    without one: no limit)."""
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
 
 def static_verifier(model: PreTrainedModel, window: int | None, device: torch.device, capture: bool | None) -> StaticVerify:

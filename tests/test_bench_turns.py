@@ -192,6 +192,19 @@ def test_a_prompt_too_long_for_the_window_is_refused_by_name(default_model, tmp_
     assert result.exit_code == 1 and "prompt 2: the prompt has" in result.stderr and "Traceback" not in result.output + result.stderr
 
 
+
+def test_an_answer_that_fills_the_window_is_exact_in_every_arm(tiny_saved, tmp_path):
+    """The engine stops where the context window is full; transformers' greedy reference would go
+    on past it (and warn), and every arm's output then read as differing from it."""
+    text = "one two three " * 160  # 481 tokens; the tiny model's window is 512
+    path = _questions(tmp_path, [{"prompt": text}])
+    result = _invoke("bench", "-q", path, "--model", tiny_saved, "--raw", "-n", 40, "-d", "trie", "--json")
+    assert result.exit_code == 0, result.output
+    arms = {a["arm"]: a for a in json.loads(result.stdout)["arms"]}
+    assert {name: (a["tokens"], a["exact_match"]) for name, a in arms.items() if name != "hf-prompt-lookup"} == {
+        "hf-greedy": (512 - 481 + 1, 1.0), "vanilla": (32, 1.0), "trie": (32, 1.0)}
+
+
 CHAT = [{"role": "system", "content": "You answer in one short sentence."}, {"role": "user", "content": FIRST}]
 
 

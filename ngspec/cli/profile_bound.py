@@ -87,7 +87,7 @@ def profile_bound_command(
     from ngspec.perf.roofline import measure_peaks
     from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
     from ngspec.static_verify import MOST_WIDTH
-    from ngspec.target import TargetModel
+    from ngspec.target import TargetModel, context_window
 
     layouts = list(LAYOUTS) if layout == "both" else [layout]
     if layout not in (*LAYOUTS, "both"):
@@ -116,7 +116,7 @@ def profile_bound_command(
         _check_writable(save_profile.parent)
 
     name, net = _load(model, shape, dev, torch_dtype, trust_remote_code)
-    window = int(getattr(net.config, "max_position_embeddings", 1 << 30))
+    window = context_window(net)
     longest = max(contexts) + max(max(ks) * (max(ws) + 1), 1 + max(ks) * max(ws))
     if longest > window:
         raise NgspecError(f"context {max(contexts)} plus a block of up to {longest - max(contexts)} tokens exceeds the model's window of {window}")
