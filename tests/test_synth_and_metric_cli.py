@@ -403,3 +403,42 @@ def test_synth_corpus_continues_when_the_model_directory_is_spelled_another_way(
     assert result.exit_code == 0, result.output
     assert "continuing an interrupted run: 1 of 3 records" in result.stderr
     assert {json.loads(line)["model"] for line in out.read_text().splitlines()} == {f"./{tiny_saved.name}/"}
+
+
+def test_an_answer_that_would_pass_the_window_stops_there_as_generate_does(tiny_saved, tmp_path, monkeypatch):
+    """The tiny model's window is 512 tokens. An answer that would run past it is generated alone
+    and stops where the window is full, as `generate` stops; the other prompts of its batch are
+    answered together as before, and a prompt that fills the window is refused before anything
+    is generated."""
+    import ngspec.datastore.synth as synth_module
+    from ngspec.decode import DecodeConfig
+    from ngspec.drafters import make_drafter
+    from ngspec.engine import Engine
+    from ngspec.models import load_model
+    from ngspec.prompts import encode
+
+    batches = []
+    generate_batch = synth_module._generate_batch
+    monkeypatch.setattr(synth_module, "_generate_batch", lambda loaded, prompts, *a: batches.append(len(prompts)) or generate_batch(loaded, prompts, *a))
+    given = ["Question one?", "one two three " * 150, "Question two?"]
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "c.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": g}) + "\n" for g in given))
+    result = runner.invoke(app, ["synth-corpus", "--model", str(tiny_saved), "--prompts", str(prompts), "-n", "64", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert batches == [2, 1] and "1 of them stopped where the model's context window was full" in result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["instruction"] for r in records] == given
+    assert [synth_module.AT_WINDOW in r for r in records] == [False, True, False]
+    loaded = load_model(str(tiny_saved), "cpu")
+    engine = Engine(loaded, calibrate=False)
+    for record in records:
+        plain = engine.run(encode(loaded.tokenizer, record["instruction"]), make_drafter("vanilla"), DecodeConfig(max_new_tokens=64))
+        assert (plain.finish_reason == "context") == (synth_module.AT_WINDOW in record)
+        assert record["response"] == loaded.tokenizer.decode(plain.token_ids, skip_special_tokens=True).strip()
+
+    batches.clear()
+    prompts.write_text("".join(json.dumps({"prompt": g}) + "\n" for g in ["Question one?", "one two three " * 200]))
+    result = runner.invoke(app, ["synth-corpus", "--model", str(tiny_saved), "--prompts", str(prompts), "--out", str(tmp_path / "d.jsonl")])
+    assert result.exit_code == 1 and batches == [] and "Traceback" not in result.output
+    assert re.search(r"prompt 2 of --prompts: the prompt has \d+ tokens but the model's context window is 512; shorten or drop it", result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "p.jsonl"]

@@ -151,7 +151,7 @@ def synth_corpus_command(
     Examples: ngspec synth-corpus --n 300 --out corpora/smollm2-self.jsonl
               ngspec synth-corpus --prompts my-prompts.jsonl --out corpora/my-answers.jsonl
     """
-    from ngspec.datastore.synth import SynthOptions, partial_path, resumable, synthesize, write_jsonl
+    from ngspec.datastore.synth import AT_WINDOW, SynthOptions, partial_path, resumable, synthesize, write_jsonl
     from ngspec.models import load_model
     from ngspec.prompts import load_prompts
 
@@ -174,13 +174,23 @@ def synth_corpus_command(
     started = time.perf_counter()
     with render.progress(SpinnerColumn(), TextColumn("synthesising"), BarColumn(), TextColumn("{task.completed}/{task.total} records"), TimeElapsedColumn()) as progress:
         task = progress.add_task("synth", total=opts.n, completed=len(carried))
-        count = write_jsonl(synthesize(loaded, opts, lambda: progress.advance(task), given, start=len(carried)), out, force, carried)
+        at_window = sum(AT_WINDOW in r for r in carried)  # answers cut by the context window
+
+        def counted(records):
+            nonlocal at_window
+            for record in records:
+                at_window += AT_WINDOW in record
+                yield record
+
+        count = write_jsonl(counted(synthesize(loaded, opts, lambda: progress.advance(task), given, start=len(carried))), out, force, carried)
     seconds = time.perf_counter() - started
     if json_out:
         render.json_line({
-            "out": str(out), "records": count, "resumed_after": len(carried), "instructions": str(prompts) if prompts is not None else "self-written",
+            "out": str(out), "records": count, "resumed_after": len(carried), "stopped_at_context_window": at_window, "instructions": str(prompts) if prompts is not None else "self-written",
             "model": model, "seconds": round(seconds, 3), **asdict(opts),
         })
     else:
         resumed = f" ({len(carried)} carried from the interrupted run)" if carried else ""
         render.info(f"wrote {count} records{resumed} to {out} in {seconds:.0f} s")
+        if at_window:
+            render.info(f"{at_window} of them stopped where the model's context window was full, before --max-new-tokens or an end (their records say \"{AT_WINDOW}\": true)")

@@ -26,8 +26,11 @@ from ngspec.staging import staged_file
 from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.prompts import apply_template
 from ngspec.cpu_linear import tune_linears
+from ngspec.decode import check_prompt
+from ngspec.target import context_window
 
 MARKER = "\u2063NGSPEC_QUERY\u2063"
+AT_WINDOW = "stopped_at_context_window"  # a record's key, only where its response filled the window
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,29 @@ def pre_query_template(tokenizer) -> str:
 
 
 @torch.inference_mode()
-def _generate(loaded: LoadedModel, prompts: list[str], max_new: int, temperature: float, top_p: float, eos: list[int]) -> list[str]:
+def _generate(loaded: LoadedModel, prompts: list[str], max_new: int, temperature: float, top_p: float, eos: list[int]) -> list[tuple[str, bool]]:
+    """Each prompt's completion, and whether it stopped because the model's context window was
+    full. Every prompt must fit the window (`decode.check_prompt`). An answer that would run past
+    the window stops there, as `generate` stops (transformers would go on past it): those rows
+    are generated on their own, since a batch's rows share one budget of new tokens."""
+    window = context_window(loaded.model)
+    budgets = []
+    for prompt in prompts:
+        ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        check_prompt(ids, window)
+        budgets.append(min(max_new, window - len(ids) + 1))  # `decode.out_of_room`
+    done: dict[int, tuple[str, bool]] = {}
+    whole = [i for i, budget in enumerate(budgets) if budget == max_new]
+    for group in [whole] + [[i] for i, budget in enumerate(budgets) if budget < max_new]:
+        if group:
+            texts = _generate_batch(loaded, [prompts[i] for i in group], budgets[group[0]], temperature, top_p, eos)
+            done.update((i, (text, ran_out and budgets[i] < max_new)) for i, (text, ran_out) in zip(group, texts))
+    return [done[i] for i in range(len(prompts))]
+
+
+def _generate_batch(loaded: LoadedModel, prompts: list[str], max_new: int, temperature: float, top_p: float, eos: list[int]) -> list[tuple[str, bool]]:
+    """transformers' batched `generate` over ``prompts``: each completion, and whether it used
+    all ``max_new`` tokens (no end-of-sequence token)."""
     tok = loaded.tokenizer
     tok.padding_side = "left"
     if tok.pad_token_id is None:
@@ -66,7 +91,26 @@ def _generate(loaded: LoadedModel, prompts: list[str], max_new: int, temperature
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
     with generation_defaults_aside(loaded.model):  # greedy answers are the model's plain greedy ones
         out = loaded.model.generate(**batch, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=tok.pad_token_id, **sampling)
-    return [t.strip() for t in tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)]
+    new = out[:, batch["input_ids"].shape[1] :]
+    ran_out = [new.shape[1] == max_new and not any(t in eos for t in row.tolist()) for row in new]
+    return [(text.strip(), full) for text, full in zip(tok.batch_decode(new, skip_special_tokens=True), ran_out)]
+
+
+def answer_prompt(tokenizer, instruction: str) -> str:
+    """The text the model answers ``instruction`` from: the instruction in its chat template."""
+    return apply_template(tokenizer, [{"role": "user", "content": instruction}], tokenize=False, add_generation_prompt=True)
+
+
+def check_given(loaded: LoadedModel, given: Sequence[str], start: int = 0) -> None:
+    """Refuse, before anything is generated, a given instruction the model cannot answer: its
+    prompt fills the context window. ``start``: how many instructions come before ``given``."""
+    window = context_window(loaded.model)
+    for number, instruction in enumerate(given, start + 1):
+        ids = loaded.tokenizer(answer_prompt(loaded.tokenizer, instruction), add_special_tokens=False)["input_ids"]
+        try:
+            check_prompt(ids, window)
+        except NgspecError as exc:
+            raise NgspecError(f"prompt {number} of --prompts: {exc}; shorten or drop it") from None
 
 
 def record_uuid(seed: int, number: int) -> str:
@@ -110,6 +154,8 @@ def synthesize(
     eos = sorted({i for i in (tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int) and i >= 0})
     torch.manual_seed(opts.seed if start == 0 else hash((opts.seed, start)) & (2**63 - 1))  # ints hash the same in every process
     total = records_asked(opts, given)
+    if given is not None:
+        check_given(loaded, given[start:total], start)
     configs = input_configs(opts, pre_query, given)
     made = start
     while made < total:
@@ -117,19 +163,19 @@ def synthesize(
         if given is not None:
             instructions = list(given[made : made + size])
         else:
-            instructions = _generate(loaded, [pre_query] * size, opts.max_instruction_tokens, opts.instruction_temperature, opts.instruction_top_p, eos)
-            instructions = [i for i in instructions if len(i) >= 8]
+            written = _generate(loaded, [pre_query] * size, opts.max_instruction_tokens, opts.instruction_temperature, opts.instruction_top_p, eos)
+            instructions = [text for text, _ in written if len(text) >= 8]
         if not instructions:
             continue
-        prompts = [apply_template(tok, [{"role": "user", "content": i}], tokenize=False, add_generation_prompt=True) for i in instructions]
+        prompts = [answer_prompt(tok, i) for i in instructions]
         responses = _generate(loaded, prompts, opts.max_new_tokens, opts.response_temperature, 1.0, eos)
-        for instruction, response in zip(instructions, responses):
+        for instruction, (response, at_window) in zip(instructions, responses):
             if made >= total:
                 break
             made += 1
             if on_record:
                 on_record()
-            yield {
+            record = {
                 "uuid": record_uuid(opts.seed, made),
                 "instruction": instruction,
                 "response": response,
@@ -137,6 +183,7 @@ def synthesize(
                 "gen_response_configs": response_configs(opts),
                 "model": loaded.name,
             }
+            yield {**record, AT_WINDOW: True} if at_window else record
 
 
 def partial_path(out: Path) -> Path:
