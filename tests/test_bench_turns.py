@@ -192,7 +192,6 @@ def test_a_prompt_too_long_for_the_window_is_refused_by_name(default_model, tmp_
     assert result.exit_code == 1 and "prompt 2: the prompt has" in result.stderr and "Traceback" not in result.output + result.stderr
 
 
-
 def test_an_answer_that_fills_the_window_is_exact_in_every_arm(tiny_saved, tmp_path):
     """The engine stops where the context window is full; transformers' greedy reference would go
     on past it (and warn), and every arm's output then read as differing from it."""
