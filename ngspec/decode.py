@@ -122,6 +122,12 @@ def check_prompt(prompt: Sequence[int], max_length: int, vocab: int | None = Non
         raise NgspecError(f"the prompt holds token id {bad}, outside the model's vocabulary (0..{vocab - 1}): was it encoded with another model's tokenizer?")
 
 
+def most_new_tokens(prompt_length: int, max_length: int) -> int:
+    """How many tokens decoding can emit after a prompt before `out_of_room` stops it at the
+    context window: one per free position, and the last from the logits of the last position."""
+    return max_length - prompt_length + 1
+
+
 def out_of_room(emitted: int, committed: int, max_new_tokens: int, max_length: int) -> str | None:
     """Why a sequence must stop before the next step: its token budget or the context window."""
     if emitted >= max_new_tokens:

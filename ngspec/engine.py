@@ -17,7 +17,7 @@ import torch
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.contracts import Drafter
 from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_anchor
-from ngspec.decode import DecodeConfig, Generation, Stopper, generate, special_stop_ids
+from ngspec.decode import DecodeConfig, Generation, Stopper, generate, most_new_tokens, special_stop_ids
 from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.cpu_linear import stock_linears
 from ngspec.perf.costs import TimingBar, cached_verify_costs
@@ -161,7 +161,7 @@ class Engine:
         the baseline a user would otherwise run, but with the model's own generation defaults
         set aside (`generation_defaults_aside`), so that it decodes plainly. Like the engine, it
         stops where the context window is full (transformers would go on past it)."""
-        max_new_tokens = min(max_new_tokens, self.target.max_length - len(prompt_ids) + 1)  # `decode.out_of_room`
+        max_new_tokens = min(max_new_tokens, most_new_tokens(len(prompt_ids), self.target.max_length))
         ids = torch.tensor([prompt_ids], device=self.target.device)
         kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}
         sample = sampling is not None and not sampling.greedy

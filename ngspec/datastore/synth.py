@@ -26,7 +26,7 @@ from ngspec.staging import staged_file
 from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.prompts import apply_template
 from ngspec.cpu_linear import tune_linears
-from ngspec.decode import check_prompt
+from ngspec.decode import check_prompt, most_new_tokens
 from ngspec.target import context_window
 
 MARKER = "\u2063NGSPEC_QUERY\u2063"
@@ -70,7 +70,7 @@ def _generate(loaded: LoadedModel, prompts: list[str], max_new: int, temperature
     for prompt in prompts:
         ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         check_prompt(ids, window)
-        budgets.append(min(max_new, window - len(ids) + 1))  # `decode.out_of_room`
+        budgets.append(min(max_new, most_new_tokens(len(ids), window)))
     done: dict[int, tuple[str, bool]] = {}
     whole = [i for i, budget in enumerate(budgets) if budget == max_new]
     for group in [whole] + [[i] for i, budget in enumerate(budgets) if budget < max_new]:
