@@ -78,6 +78,8 @@ def test_save_load_round_trip_and_refusals(tmp_path, model, tables):
         nt.load_tables(path)
     with pytest.raises(NgspecError, match="no n-gram tables"):
         nt.load_tables(tmp_path / "missing.npz")
+    with pytest.raises(NgspecError, match="is a directory; give the table file"):
+        nt.load_tables(tmp_path)
 
 
 def test_fingerprint_depends_on_weights_and_anchor(model):

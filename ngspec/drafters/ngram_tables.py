@@ -176,6 +176,8 @@ def load_tables(path: Path, fingerprint: str | None = None, vocab_size: int | No
             arrays = {k: data[k].astype(np.int64) for k in ("unigram", "bigram", "extended")}
     except FileNotFoundError:
         raise NgspecError(f"no n-gram tables at {path}: build them with `ngspec build-bigram --out {path}`") from None
+    except IsADirectoryError:
+        raise NgspecError(f"{path} is a directory; give the table file `ngspec build-bigram --out` writes") from None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError, EOFError) as exc:
         raise NgspecError(f"{path} is a damaged n-gram table file ({type(exc).__name__}); rebuild it with `ngspec build-bigram`") from None
     if meta.get("format") != TABLE_FORMAT:
