@@ -8,6 +8,7 @@ dequantised once and cached as safetensors under ``$NGSPEC_CACHE`` (default ``~/
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import struct
@@ -154,10 +155,39 @@ def _source(spec: str) -> tuple[Path | str, dict]:
     if path.exists():
         if not (path / "config.json").is_file():
             raise NgspecError(f"{path} is not a model directory (no config.json)")
+        check_model_files(path)
         return path, {}
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise NgspecError(f"model path not found: {spec}")
     return spec, {}
+
+
+# what transformers reads from a model directory as JSON objects, and as text
+MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
+MODEL_TEXT_FILES = ("chat_template.jinja",)
+
+
+def check_model_files(directory: Path) -> None:
+    """Refuse a file of a model directory (`MODEL_JSON_FILES`, `MODEL_TEXT_FILES`) that is not
+    UTF-8 text, or not a JSON object, naming it: transformers fails on such a file with a Python
+    error that names none ("'int' object is not a mapping", a codec error). Its fields are left to
+    transformers, whose errors name them."""
+    for name in MODEL_JSON_FILES + MODEL_TEXT_FILES:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            value = json.loads(text) if name in MODEL_JSON_FILES else {}
+        except UnicodeDecodeError as exc:
+            problem = f"not UTF-8 text: byte {exc.start} is {exc.object[exc.start]:#04x}"
+        except json.JSONDecodeError as exc:
+            problem = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        else:
+            if isinstance(value, dict):
+                continue
+            problem = f"not a JSON object: {json.dumps(value)[:40]}"
+        raise NgspecError(f"{path} is damaged ({problem}); copy it again from the model's source")
 
 
 try:  # transformers' configs validate themselves and raise this (not a ValueError) when they disagree
@@ -186,19 +216,21 @@ def config_error_message(exc: Exception) -> str:
 
 
 # the sizes a decoder's config gives its layers (Llama-style names and GPT-2's); transformers builds
-# a model from any integers, and one below 1 ended in "Trying to create tensor with negative dimension"
-# or a ZeroDivisionError, or built a model of no layers
+# a model from any integers: one below 1 ended in "Trying to create tensor with negative dimension"
+# or a ZeroDivisionError, or built a model of no layers, and one past a tensor size in torch's C++
+# overflow error (whose last line is '"')
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
          "head_dim", "max_position_embeddings", "n_embd", "n_inner", "n_layer", "n_head", "n_positions")
+LARGEST_SIZE = 2**31 - 1
 
 
 def check_sizes(config, what: str) -> None:
     """Refuse a config whose layer sizes (`SIZES`; a size left None is the family's default) are
-    not whole numbers of at least 1, naming each (an edited config.json, usually)."""
-    bad = [f"{key}={value!r}" for key in SIZES
-           if (value := getattr(config, key, None)) is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1)]
+    not whole numbers from 1 to `LARGEST_SIZE`, naming each (an edited config.json, usually)."""
+    bad = [f"{key}={value!r}" for key in SIZES if (value := getattr(config, key, None)) is not None
+           and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LARGEST_SIZE)]
     if bad:
-        raise NgspecError(f"could not load {what}: its config gives {', '.join(bad)}; a layer size must be a whole number of at least 1")
+        raise NgspecError(f"could not load {what}: its config gives {', '.join(bad)}; a layer size must be a whole number from 1 to {LARGEST_SIZE}")
 
 
 # what reading weights cut short raises: safetensors' own error, the GGUF reader's struct.error

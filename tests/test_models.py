@@ -250,19 +250,43 @@ def test_weights_of_other_shapes_than_the_config_gives_are_one_line(tmp_path):
         ({"hidden_size": -8, "intermediate_size": 0}, "hidden_size=-8, intermediate_size=0"),
         ({"head_dim": 0}, "head_dim=0"),  # a ZeroDivisionError in the rotary embedding
         ({"num_hidden_layers": -1}, "num_hidden_layers=-1"),  # built a model of no layers
+        ({"vocab_size": 2**63}, "vocab_size=9223372036854775808"),  # torch's C++ overflow error, whose last line is '"'
     ],
 )
-def test_layer_sizes_below_one_are_refused_naming_them(tmp_path, edit, named):
-    """A config.json edited to a size below 1 (found by benchmarks/input_fuzz.py, run 7759): one
-    line naming the sizes, before transformers builds anything."""
+def test_layer_sizes_out_of_range_are_refused_naming_them(tmp_path, edit, named):
+    """A config.json edited to a size below 1 (found by benchmarks/input_fuzz.py, run 7759) or past
+    what a tensor's size can hold (run 9395): one line naming the sizes, before transformers builds
+    anything."""
     import json
 
     models.tiny_model("llama").save_pretrained(tmp_path)
     models.load_tokenizer().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config | edit))
-    with pytest.raises(NgspecError, match=rf"^could not load model '.*': its config gives {named}; a layer size must be a whole number of at least 1$"):
+    with pytest.raises(NgspecError, match=rf"^could not load model '.*': its config gives {named}; a layer size must be a whole number from 1 to 2147483647$"):
         models.load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "name, content, problem, load",
+    [
+        ("config.json", b"5", "not a JSON object: 5", "model"),  # "argument of type 'int' is not iterable" (run 8494)
+        ("config.json", b'{"model_type": ', "not valid JSON: Expecting value at line 1 column 16", "tokenizer"),
+        ("generation_config.json", b"null", "not a JSON object: null", "model"),  # "'NoneType' object is not a mapping" (run 10086)
+        ("tokenizer.json", b"[1, 2]", "not a JSON object: [1, 2]", "tokenizer"),  # "'list' object has no attribute 'pop'"
+        ("tokenizer_config.json", b"\xef\xbb\xbf\x94{}", "not UTF-8 text: byte 3 is 0x94", "tokenizer"),  # a codec error naming no file
+        ("chat_template.jinja", b"{{ x }}\xc3", "not UTF-8 text: byte 7 is 0xc3", "model"),
+    ],
+)
+def test_a_model_file_that_is_not_json_or_text_is_named(tmp_path, name, content, problem, load):
+    """A damaged JSON or template file in a model directory: transformers failed on it with a
+    Python error that named no file ('int' object is not a mapping, a codec error)."""
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / name).write_bytes(content)
+    loader = models.load_model if load == "model" else models.load_tokenizer
+    with pytest.raises(NgspecError, match=rf"^{re.escape(str(tmp_path / name))} is damaged \({re.escape(problem)}\); copy it again from the model's source$"):
+        loader(str(tmp_path))
 
 
 @pytest.mark.slow
