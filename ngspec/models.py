@@ -178,15 +178,13 @@ def check_model_files(directory: Path) -> None:
             continue
         try:
             text = path.read_text(encoding="utf-8")
-            value = json.loads(text) if name in MODEL_JSON_FILES else {}
+            if name in MODEL_TEXT_FILES or isinstance(json.loads(text), dict):
+                continue
+            problem = f"not a JSON object: {text.strip()[:40]}"
         except UnicodeDecodeError as exc:
             problem = f"not UTF-8 text: byte {exc.start} is {exc.object[exc.start]:#04x}"
         except json.JSONDecodeError as exc:
             problem = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        else:
-            if isinstance(value, dict):
-                continue
-            problem = f"not a JSON object: {json.dumps(value)[:40]}"
         raise NgspecError(f"{path} is damaged ({problem}); copy it again from the model's source")
 
 
