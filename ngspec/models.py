@@ -292,7 +292,7 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
         if _needs_trust(exc):
             raise _untrusted(spec, "model") from exc
         raise NgspecError(f"could not load model {spec!r}: {config_error_message(exc)}") from exc
-    tokenizer = load_tokenizer(spec, trust_remote_code)
+    tokenizer = _load_tokenizer(spec, where, extra, trust_remote_code)
     check_tokenizer_fits(model, tokenizer, spec)
     return LoadedModel(model.to(dev).eval(), tokenizer, display_name(spec))
 
@@ -332,7 +332,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     """Just the tokenizer of a model spec (same forms and trust as `load_model`)."""
-    where, extra = _source(spec)
+    return _load_tokenizer(spec, *_source(spec), trust_remote_code)
+
+
+def _load_tokenizer(spec: str, where: Path | str, extra: dict, trust_remote_code: bool):
+    """The tokenizer at ``where`` (`_source` of ``spec``, resolved and checked once per load)."""
     if isinstance(where, Path) and not extra and not any((where / name).is_file() for name in TOKENIZER_FILES):
         raise NgspecError(
             f"the model directory {where} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}, ...): "
