@@ -7,6 +7,7 @@ dequantised once and cached as safetensors under ``$NGSPEC_CACHE`` (default ``~/
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -24,6 +25,7 @@ from transformers.utils import logging as hf_logging
 
 from ngspec import staging
 from ngspec.errors import NgspecError
+from ngspec.model_files import NULL, check_model_files, json_kinds
 
 DEFAULT_MODEL = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -162,32 +164,6 @@ def _source(spec: str) -> tuple[Path | str, dict]:
     return spec, {}
 
 
-# what transformers reads from a model directory as JSON objects, and as text
-MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
-MODEL_TEXT_FILES = ("chat_template.jinja",)
-
-
-def check_model_files(directory: Path) -> None:
-    """Refuse a file of a model directory (`MODEL_JSON_FILES`, `MODEL_TEXT_FILES`) that is not
-    UTF-8 text, or not a JSON object, naming it: transformers fails on such a file with a Python
-    error that names none ("'int' object is not a mapping", a codec error). Its fields are left to
-    transformers, whose errors name them."""
-    for name in MODEL_JSON_FILES + MODEL_TEXT_FILES:
-        path = directory / name
-        if not path.is_file():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-            if name in MODEL_TEXT_FILES or isinstance(json.loads(text), dict):
-                continue
-            problem = f"not a JSON object: {text.strip()[:40]}"
-        except UnicodeDecodeError as exc:
-            problem = f"not UTF-8 text: byte {exc.start} is {exc.object[exc.start]:#04x}"
-        except json.JSONDecodeError as exc:
-            problem = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        raise NgspecError(f"{path} is damaged ({problem}); copy it again from the model's source")
-
-
 try:  # transformers' configs validate themselves and raise this (not a ValueError) when they disagree
     from huggingface_hub.errors import StrictDataclassError as _ConfigValidationError
 except ImportError:  # pragma: no cover - older huggingface_hub
@@ -209,8 +185,42 @@ def config_error_message(exc: Exception) -> str:
             f"transformers has no causal language model for its type, {family} ({kind}): "
             "ngspec drafts for decoder-only models (Llama, Qwen, Mistral, Gemma, Phi, GPT-2, ...)"
         )
+    unknown = re.search(r"has model type `(.*?)` but Transformers does not recognize this architecture", lines[0] if lines else "")
+    if unknown:  # its last line is only the advice to upgrade
+        import transformers
+
+        return (
+            f"transformers {transformers.__version__} does not know its model type, {unknown.group(1)!r}: "
+            "a newer transformers may (pip install --upgrade transformers), or config.json's model_type is mistyped"
+        )
     last = lines[-1] if lines else type(exc).__name__
-    return last.split(": ", 1)[1] if last.startswith("ValueError: ") else last
+    return field_type_message(last) or (last.split(": ", 1)[1] if last.startswith("ValueError: ") else last)
+
+
+PYTHON_KINDS = {"bool": bool, "int": int, "float": float, "str": str, "dict": dict, "list": list, "tuple": list, "NoneType": NULL}
+
+
+def field_type_message(line: str) -> str | None:
+    """A config field's strict validation error ("TypeError: Field 'attention_bias' expected bool,
+    got int (value: 5)", or "... with value 'x' doesn't match any type in (<class 'int'>, ...)") in
+    JSON's words: "attention_bias must be true or false, not 5". None for any other line."""
+    many = re.match(r"(?:TypeError: )?Field '(\w+)' with value (.*?) doesn't match any type in \(([^)]*)\)", line)
+    one = re.match(r"(?:TypeError: )?Field '(\w+)' expected (\w+), got \w+ \(value: (.*)\)$", line)
+    if many:  # its list of errors holds one of the other form for each type
+        field, value = many.group(1), many.group(2)
+        names = [a or b for a, b in re.findall(r"<class '(?:[\w.]*\.)?(\w+)'>|\b(list|dict|tuple)\[", many.group(3))]
+    elif one:
+        field, names, value = one.group(1), [one.group(2)], one.group(3)
+    else:
+        return None
+    types = tuple(dict.fromkeys(PYTHON_KINDS[name] for name in names if name in PYTHON_KINDS))
+    if not types:
+        return None
+    try:
+        value = json.dumps(ast.literal_eval(value), ensure_ascii=False)
+    except (ValueError, SyntaxError, TypeError):
+        pass
+    return f"{field} must be {json_kinds(types)}, not {value[:40]}"
 
 
 # the sizes a decoder's config gives its layers (Llama-style names and GPT-2's); transformers builds
@@ -354,7 +364,10 @@ def _load_tokenizer(spec: str, where: Path | str, extra: dict, trust_remote_code
         detail = " ".join(str(exc).split()) if type(exc) is ValueError else config_error_message(exc)
         raise NgspecError(f"could not load the tokenizer of {spec!r}: {detail}") from exc
     except Exception as exc:  # the tokenizers library refuses a tokenizer.json with a bare Exception
-        raise NgspecError(f"could not load the tokenizer of {spec!r}: {' '.join(str(exc).split()) or type(exc).__name__}") from exc
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(where, Path) and not extra and re.search(r" at line \d+ column \d+$", detail) and (where / "tokenizer.json").is_file():
+            raise NgspecError(f"{where / 'tokenizer.json'} is damaged ({detail}); copy it again from the model's source") from exc
+        raise NgspecError(f"could not load the tokenizer of {spec!r}: {detail}") from exc
 
 
 def display_name(spec: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -111,7 +112,7 @@ def test_a_head_config_that_is_not_an_object_is_refused_in_one_message(tmp_path,
 
 @pytest.mark.parametrize("field", [
     {"id2label": "text"}, {"hidden_size": "64"}, {"num_attention_heads": None}, {"rope_scaling": [1]}, {"num_key_value_heads": -1},
-    {"intermediate_size": 0}, {"head_dim": -8}, {"hidden_act": " "}, {"hidden_act": ["silu"]},
+    {"intermediate_size": 0}, {"head_dim": -8}, {"hidden_act": " "}, {"hidden_act": ["silu"]}, {"id2label": 5}, {"attention_bias": 5},
 ])
 def test_a_head_config_with_a_field_of_the_wrong_type_is_refused_in_one_message(tmp_path, llama, field):
     """id2label a string raised AttributeError inside transformers, num_key_value_heads -1 a
@@ -119,8 +120,9 @@ def test_a_head_config_with_a_field_of_the_wrong_type_is_refused_in_one_message(
     save_head(make_head(llama), tmp_path / "h")
     config = json.loads((tmp_path / "h" / "config.json").read_text())
     (tmp_path / "h" / "config.json").write_text(json.dumps({**config, **field}))
-    with pytest.raises(NgspecError, match="config.json is not a Llama-style head config"):
+    with pytest.raises(NgspecError, match="config.json is not a Llama-style head config") as err:
         load_head(tmp_path / "h", llama)
+    assert not re.search(r"'\w+' object|NoneType|<class|TypeError", str(err.value)), err.value  # JSON's words, not Python's
 
 
 @pytest.mark.parametrize("layout", ["tree", "rows"])

@@ -210,14 +210,15 @@ def test_a_config_the_tokenizer_cannot_read_is_one_line_naming_the_model(tmp_pat
     a field of the wrong type ended in an unexpected StrictDataclassFieldValidationError."""
     models.load_tokenizer().save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "llama", "bos_token_id": ["a", 3]}')
-    with pytest.raises(NgspecError, match=r"^could not load the tokenizer of '.*': .*'bos_token_id'") as err:
+    with pytest.raises(NgspecError, match=r"^could not load the tokenizer of '.*': bos_token_id must be a whole number or null, not \[\"a\", 3\]$") as err:
         models.load_tokenizer(str(tmp_path))
     assert "\n" not in str(err.value)
 
 
-def test_a_tokenizer_file_the_tokenizers_library_refuses_is_one_line_naming_the_model(tmp_path):
+def test_a_tokenizer_file_the_tokenizers_library_refuses_is_one_line_naming_the_file(tmp_path):
     """tokenizers raises a bare Exception ("invalid type: string ..., expected struct
-    TruncationParams"): it came through as an unexpected exception."""
+    TruncationParams at line 1 column 40"): it came through as an unexpected exception, then
+    without the file its line and column are in."""
     import json
 
     models.load_tokenizer().save_pretrained(tmp_path)
@@ -225,7 +226,7 @@ def test_a_tokenizer_file_the_tokenizers_library_refuses_is_one_line_naming_the_
     data = json.loads((tmp_path / "tokenizer.json").read_text())
     data["truncation"] = "猫猫猫"
     (tmp_path / "tokenizer.json").write_text(json.dumps(data))
-    with pytest.raises(NgspecError, match=r"^could not load the tokenizer of '.*': invalid type: string \"猫猫猫\", expected struct TruncationParams"):
+    with pytest.raises(NgspecError, match=rf"^{re.escape(str(tmp_path / 'tokenizer.json'))} is damaged \(invalid type: string \"猫猫猫\", expected struct TruncationParams at line 1 column \d+\); copy it again"):
         models.load_tokenizer(str(tmp_path))
 
 
@@ -301,3 +302,87 @@ def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
     err = capfd.readouterr().err
     assert "GGUF" not in err and "%|" not in err, err
     assert gguf_utils.tqdm is before  # put back afterwards
+
+
+@pytest.mark.parametrize(
+    "name, edit, problem, load",
+    [  # what transformers said, found by editing each field of the default model's files to each JSON type
+        ("config.json", {"id2label": 5}, "id2label must be a JSON object or null, not 5", "model"),  # 'int' object has no attribute 'items'
+        ("config.json", {"id2label": {"a": "x"}}, 'id2label\'s keys must be whole numbers (ids), not "a"', "model"),  # invalid literal for int()
+        ("config.json", {"model_type": ["llama"]}, 'model_type must be a string, not ["llama"]', "tokenizer"),  # unhashable type: 'list'
+        ("config.json", {"dtype": ["float32"]}, 'dtype must be a string, a JSON object or null, not ["float32"]', "model"),  # IndexError: list index out of range
+        ("config.json", {"quantization_config": "int8"}, 'quantization_config must be a JSON object or null, not "int8"', "model"),  # no attribute 'to_dict'
+        ("config.json", {"num_labels": "2"}, 'num_labels must be a whole number, not "2"', "model"),  # cannot be interpreted as an integer
+        ("tokenizer_config.json", {"tokenizer_class": 5}, "tokenizer_class must be a string or null, not 5", "tokenizer"),  # no attribute 'removesuffix'
+        ("tokenizer_config.json", {"model_max_length": "8192"}, 'model_max_length must be a number or null, not "8192"', "model"),  # '>' not supported between instances
+        ("tokenizer_config.json", {"added_tokens_decoder": None}, "added_tokens_decoder must be a JSON object, not null", "tokenizer"),
+        ("tokenizer_config.json", {"eos_token": 2}, "eos_token must be a string, a JSON object or null, not 2", "tokenizer"),  # got: <class 'int'>
+        ("tokenizer_config.json", {"bos_token": {"content": "<s>"}}, 'bos_token as a JSON object must be an AddedToken ({"__type": "AddedToken", "content": ...}), not {"content": "<s>"}', "tokenizer"),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"0": 5}}, 'each entry of added_tokens_decoder must be a JSON object with the token\'s "content" string, not 5', "tokenizer"),  # Found a <class 'int'>
+        ("tokenizer_config.json", {"added_tokens_decoder": {"x": {"content": "<a>"}}}, 'added_tokens_decoder\'s keys must be whole numbers (ids), not "x"', "tokenizer"),
+        ("special_tokens_map.json", {"eos_token": [2]}, "eos_token must be a string, a JSON object or null, not [2]", "tokenizer"),  # got: <class 'list'>
+        ("tokenizer.json", {"added_tokens": "猫"}, 'added_tokens must be a list, not "猫"', "tokenizer"),  # 'str' object has no attribute 'pop'
+        ("tokenizer.json", {"added_tokens": [{"content": "<a>"}]}, 'each entry of added_tokens must be a JSON object with its "id" number and "content" string, not {"content": "<a>"}', "tokenizer"),  # KeyError 'id'
+        ("generation_config.json", {"eos_token_id": [2, "x"]}, 'each entry of eos_token_id must be a whole number, not "x"', "model"),  # ValueError in ngspec's EOS lookup
+        ("generation_config.json", {"pad_token_id": "2"}, 'pad_token_id must be a whole number or null, not "2"', "model"),  # '<' not supported between instances
+    ],
+)
+def test_a_model_file_field_of_another_type_is_named(tmp_path, name, edit, problem, load):
+    """A field transformers reads without checking its type, edited to another: transformers failed
+    with a Python error naming neither the field nor the file."""
+    import json
+
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    path = tmp_path / name
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps(doc | edit, ensure_ascii=False), encoding="utf-8")
+    loader = models.load_model if load == "model" else models.load_tokenizer
+    with pytest.raises(NgspecError, match=rf"^{re.escape(str(path))} is damaged \({re.escape(problem)}\); copy it again from the model's source$"):
+        loader(str(tmp_path))
+
+
+def test_every_field_of_a_right_type_loads(tmp_path):
+    """The table refuses only other types: each field at a value of each type it allows loads."""
+    import json
+
+    tokenizer = models.load_tokenizer()
+    models.tiny_model("llama", vocab_size=len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"id2label": {"0": "a", "1": "b"}, "dtype": None, "num_labels": 2, "quantization_config": None}))
+    tok = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tok | {"tokenizer_class": None, "model_max_length": 1e30, "pad_token": None}))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"eos_token": {"content": "<|im_end|>"}}))
+    loaded = models.load_model(str(tmp_path))
+    assert loaded.model.config.id2label == {0: "a", 1: "b"}
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"attention_bias": 5}, "attention_bias must be true or false, not 5"),
+        ({"rms_norm_eps": "small"}, 'rms_norm_eps must be a number, not "small"'),
+        ({"eos_token_id": "x"}, 'eos_token_id must be a whole number, a list or null, not "x"'),
+        ({"rope_parameters": 5}, "rope_parameters must be a JSON object or null, not 5"),  # a TypedDict among its types
+    ],
+)
+def test_a_field_transformers_validates_is_refused_in_jsons_words(tmp_path, edit, message):
+    """transformers' own validation named the field in Python's words ("TypeError: Field
+    'attention_bias' expected bool, got int (value: 5)", "<class 'NoneType'>")."""
+    import json
+
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | edit))
+    with pytest.raises(NgspecError, match=rf"^could not load model '.*': {re.escape(message)}$"):
+        models.load_model(str(tmp_path))
+
+
+def test_a_model_type_transformers_does_not_know_says_so_not_only_how_to_upgrade(tmp_path):
+    """transformers' message ends in advice to upgrade; its last line was all ngspec showed."""
+    (tmp_path / "config.json").write_text('{"model_type": "llama9"}')
+    models.load_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(NgspecError, match=r"^could not load model '.*': transformers \S+ does not know its model type, 'llama9': a newer transformers may"):
+        models.load_model(str(tmp_path))

@@ -28,6 +28,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from ngspec import staging
 from ngspec.errors import NgspecError
 from ngspec.kv import cache_argument
+from ngspec.model_files import field_problem
 from ngspec.models import CONFIG_ERRORS, config_error_message
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -237,6 +238,9 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
 def head_config(directory: Path, raw: dict, ignored: tuple[str, ...] = ()) -> LlamaConfig:
     """The Llama config of a one-layer head from its ``config.json`` (``ignored`` keys dropped)."""
     known = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("architectures", "model_type", *ignored)}
+    problem = field_problem(known, "config.json")  # LlamaConfig would fail on it in Python's words
+    if problem:
+        raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({problem})")
     try:
         config = LlamaConfig(**known)
     except CONFIG_ERRORS as exc:

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from ngspec.errors import NgspecError
+from ngspec.model_files import field_problem
 from ngspec.models import CONFIG_ERRORS, check_sizes, config_error_message
 
 # the published configs, reduced to what sets the cost of a forward pass
@@ -46,6 +47,9 @@ def shape_config(shape: str) -> tuple[str, PretrainedConfig]:
         raise NgspecError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)} or a config.json path")
     try:
         values = json.loads(path.read_text())
+        problem = field_problem(values, "config.json") if isinstance(values, dict) else "not a JSON object"
+        if problem:
+            raise NgspecError(f"cannot read a transformers config from {path}: {problem}")
         model_type = values.pop("model_type")
         config = AutoConfig.for_model(model_type, **values)
     except json.JSONDecodeError as exc:

@@ -1,0 +1,123 @@
+"""Checks of the files a model directory holds, before transformers reads them.
+
+transformers fails on a damaged or hand-edited file with a Python error that names neither the
+file nor the field ("'int' object is not a mapping", "'int' object has no attribute 'items'",
+"unhashable type: 'list'", a codec error). `check_model_files` refuses such a file first, naming
+both. Fields transformers checks itself are left to it; `ngspec.models.config_error_message` words
+its refusals.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ngspec.errors import NgspecError
+
+# what transformers reads from a model directory as JSON objects, and as text
+MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
+MODEL_TEXT_FILES = ("chat_template.jinja",)
+
+NULL = type(None)
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+# JSON types of the fields transformers (or ngspec's EOS lookup) reads without checking them; each
+# other type was found to end in a Python error by editing the default model's files
+FIELD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "config.json": {
+        "model_type": (str,), "id2label": (dict, NULL), "num_labels": (int,), "dtype": (str, dict, NULL),
+        "quantization_config": (dict, NULL), "auto_map": (dict,), "layer_types": (list, NULL),
+    },
+    "generation_config.json": {"eos_token_id": (int, list, NULL), "pad_token_id": (int, NULL)},
+    "tokenizer_config.json": {
+        "tokenizer_class": (str, NULL), "model_max_length": (int, float, NULL), "added_tokens_decoder": (dict,),
+        "model_input_names": (list,), "auto_map": (dict, list), **{name: (str, dict, NULL) for name in SPECIAL_TOKENS},
+    },
+    "special_tokens_map.json": {name: (str, dict, NULL) for name in SPECIAL_TOKENS},
+    "tokenizer.json": {"added_tokens": (list,)},
+}
+JSON_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", dict: "a JSON object", list: "a list", NULL: "null"}
+
+
+def json_kinds(types: tuple[type, ...]) -> str:
+    """``(int, float, NULL)`` as "a number or null"."""
+    names = [JSON_KINDS[t] for t in types if not (t is int and float in types)]
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 2 else names)
+
+
+def short(value: object) -> str:
+    """A JSON value as a message quotes it, cut at 40 characters."""
+    return json.dumps(value, ensure_ascii=False)[:40]
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token(value: object) -> bool:
+    """An added token as transformers saves it: an object with its text as "content"."""
+    return isinstance(value, dict) and isinstance(value.get("content"), str)
+
+
+def _entries_problem(name: str, key: str, value: object) -> str | None:
+    """What is wrong inside field ``key`` of file ``name`` when its own JSON type is right (None
+    when nothing is)."""
+    if key in SPECIAL_TOKENS and isinstance(value, dict):
+        if name == "tokenizer_config.json" and not (_is_token(value) and value.get("__type") == "AddedToken"):
+            return f'{key} as a JSON object must be an AddedToken ({{"__type": "AddedToken", "content": ...}}), not {short(value)}'
+        if not _is_token(value):  # special_tokens_map.json takes one without its "__type"
+            return f'{key} as a JSON object must give the token\'s "content" string, not {short(value)}'
+    if key in ("id2label", "added_tokens_decoder") and isinstance(value, dict):
+        for index in value:  # transformers turns them into ints
+            if not re.fullmatch(r"\s*-?\d+\s*", index):
+                return f"{key}'s keys must be whole numbers (ids), not {short(index)}"
+    if key == "added_tokens_decoder" and isinstance(value, dict):
+        wrong = next((entry for entry in value.values() if not _is_token(entry)), None)
+        if wrong is not None:
+            return f'each entry of {key} must be a JSON object with the token\'s "content" string, not {short(wrong)}'
+    if key == "added_tokens" and isinstance(value, list):
+        wrong = next((entry for entry in value if not (_is_token(entry) and _whole(entry.get("id")))), None)
+        if wrong is not None:
+            return f'each entry of {key} must be a JSON object with its "id" number and "content" string, not {short(wrong)}'
+    if key == "eos_token_id" and isinstance(value, list):
+        wrong = next((entry for entry in value if not _whole(entry)), None)
+        if wrong is not None:
+            return f"each entry of {key} must be a whole number, not {short(wrong)}"
+    return None
+
+
+def field_problem(doc: dict, name: str) -> str | None:
+    """The first field of ``doc``, the content of a file ``name`` ("config.json"), that is not of a
+    JSON type `FIELD_TYPES` allows, or holds entries of another, in words ("id2label must be a JSON
+    object or null, not 5"); None when all are right."""
+    for key, allowed in FIELD_TYPES.get(name, {}).items():
+        if key not in doc:
+            continue
+        value = doc[key]
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            return f"{key} must be {json_kinds(allowed)}, not {short(value)}"
+        problem = _entries_problem(name, key, value)
+        if problem:
+            return problem
+    return None
+
+
+def check_model_files(directory: Path) -> None:
+    """Refuse a file of a model directory (`MODEL_JSON_FILES`, `MODEL_TEXT_FILES`) that is not
+    UTF-8 text, or not a JSON object, or gives a field of `FIELD_TYPES` another type, naming it."""
+    for name in MODEL_JSON_FILES + MODEL_TEXT_FILES:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            if name in MODEL_TEXT_FILES:
+                continue
+            doc = json.loads(text)
+            problem = field_problem(doc, name) if isinstance(doc, dict) else f"not a JSON object: {text.strip()[:40]}"
+        except UnicodeDecodeError as exc:
+            problem = f"not UTF-8 text: byte {exc.start} is {exc.object[exc.start]:#04x}"
+        except json.JSONDecodeError as exc:
+            problem = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        if problem:
+            raise NgspecError(f"{path} is damaged ({problem}); copy it again from the model's source")
