@@ -47,6 +47,9 @@ UNEXPECTED = re.compile(r"^error: [A-Za-z_][\w.]*: .*NGSPEC_DEBUG", re.DOTALL)
 # a library's Python warning, printed with its file, line and source line ("plots.py:54: UserWarning: Glyph
 # 29483 missing from font(s)"): ngspec's own warnings are one "warning: ..." line
 PYTHON_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ", re.MULTILINE)
+# a refusal in Python's words rather than the input's ("could not load model ...: 'int' object has no
+# attribute 'items'"): clear enough to pass for a refusal until 2026-12-06, it names no field or file
+PYTHON_WORDS = re.compile(r"'\w+' object (?:has no attribute|is not)|NoneType|<class '|unhashable type|not supported between instances|invalid literal for int\(\)")
 KINDS = ["corpus", "prompts", "datastore", "head", "shape", "table", "model"]
 # what a saved tokenizer leaves beside a model (removed together: a checkpoint saved without it)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -357,7 +360,8 @@ def judge(code: int, output: str, exc: BaseException | None, left: list[str]) ->
     if code == 0:
         return "ok", last[:100]
     if code == 1 and any(line.startswith("error: ") for line in lines):
-        return "refused", next(line for line in lines if line.startswith("error: "))
+        error = next(line for line in lines if line.startswith("error: "))
+        return ("FINDING" if PYTHON_WORDS.search(error) else "refused"), error
     if code == 2:
         return "refused", last
     return "FINDING", f"exit code {code}: {last}"
