@@ -49,7 +49,7 @@ UNEXPECTED = re.compile(r"^error: [A-Za-z_][\w.]*: .*NGSPEC_DEBUG", re.DOTALL)
 PYTHON_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ", re.MULTILINE)
 # a refusal in Python's words rather than the input's ("could not load model ...: 'int' object has no
 # attribute 'items'"): clear enough to pass for a refusal until 2026-12-06, it names no field or file
-PYTHON_WORDS = re.compile(r"'\w+' object (?:has no attribute|is not)|NoneType|<class '|unhashable type|not supported between instances|invalid literal for int\(\)")
+PYTHON_WORDS = re.compile(r"has no attribute '|'\w+' object is not|NoneType|<class '|unhashable type|not supported between instances|invalid literal for int\(\)|index out of range")
 KINDS = ["corpus", "prompts", "datastore", "head", "shape", "table", "model"]
 # what a saved tokenizer leaves beside a model (removed together: a checkpoint saved without it)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")

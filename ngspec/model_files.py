@@ -79,6 +79,9 @@ def _entries_problem(name: str, key: str, value: object) -> str | None:
         wrong = next((entry for entry in value if not (_is_token(entry) and _whole(entry.get("id")))), None)
         if wrong is not None:
             return f'each entry of {key} must be a JSON object with its "id" number and "content" string, not {short(wrong)}'
+    if key == "auto_map" and isinstance(value, list) and not (  # a tokenizer's (slow, fast) classes
+            len(value) == 2 and all(isinstance(v, (str, NULL)) for v in value) and any(isinstance(v, str) for v in value)):
+        return f"{key} as a list must name the tokenizer's two classes (slow, fast; one may be null), not {short(value)}"
     if key == "eos_token_id" and isinstance(value, list):
         wrong = next((entry for entry in value if not _whole(entry)), None)
         if wrong is not None:

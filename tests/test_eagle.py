@@ -125,6 +125,17 @@ def test_a_head_config_with_a_field_of_the_wrong_type_is_refused_in_one_message(
     assert not re.search(r"'\w+' object|NoneType|<class|TypeError", str(err.value)), err.value  # JSON's words, not Python's
 
 
+@pytest.mark.parametrize("dtype", ["x", 5, "float64"])
+def test_a_heads_config_dtype_is_not_read_the_head_takes_its_targets(tmp_path, llama, dtype):
+    """A dtype torch has no name for failed in Python's words ("module 'torch' has no attribute
+    'x'", found by benchmarks/field_sweep.py); the head is cast to the target's dtype anyway."""
+    save_head(make_head(llama), tmp_path / "h")
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    (tmp_path / "h" / "config.json").write_text(json.dumps({**config, "dtype": dtype, "torch_dtype": dtype}))
+    head = load_head(tmp_path / "h", llama)
+    assert next(head.parameters()).dtype == next(llama.parameters()).dtype
+
+
 @pytest.mark.parametrize("layout", ["tree", "rows"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_eagle_drafts_match_plain_greedy(tiny, tree, layout):

@@ -29,6 +29,8 @@ input_fuzz = benchmark_script("input_fuzz")
         # a refusal in Python's words, naming no field or file (a "refused" until 2026-12-06)
         (1, "error: could not load model 'm': 'int' object has no attribute 'items'\n", [], "FINDING"),
         (1, "error: could not load the tokenizer of 'm': Special token a has to be either str or AddedToken but got: <class 'int'>\n", [], "FINDING"),
+        (1, "error: h/config.json is not a Llama-style head config (module 'torch' has no attribute 'x')\n", [], "FINDING"),
+        (1, "error: could not load the tokenizer of 'm': list index out of range\n", [], "FINDING"),
         (1, "error: m/config.json is damaged (id2label must be a JSON object or null, not 5); copy it again from the model's source\n", [], "refused"),
         (1, "Traceback (most recent call last):\n  x\n", [], "FINDING"),
         (1, "error: cannot read corpus\n", [".ds-tmp-1"], "FINDING"),  # a refusal that leaves a temporary behind

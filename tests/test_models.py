@@ -318,6 +318,7 @@ def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
         ("tokenizer_config.json", {"added_tokens_decoder": None}, "added_tokens_decoder must be a JSON object, not null", "tokenizer"),
         ("tokenizer_config.json", {"eos_token": 2}, "eos_token must be a string, a JSON object or null, not 2", "tokenizer"),  # got: <class 'int'>
         ("tokenizer_config.json", {"bos_token": {"content": "<s>"}}, 'bos_token as a JSON object must be an AddedToken ({"__type": "AddedToken", "content": ...}), not {"content": "<s>"}', "tokenizer"),
+        ("tokenizer_config.json", {"auto_map": ["tokenization_x.X"]}, 'auto_map as a list must name the tokenizer\'s two classes (slow, fast; one may be null), not ["tokenization_x.X"]', "tokenizer"),  # list index out of range
         ("tokenizer_config.json", {"added_tokens_decoder": {"0": 5}}, 'each entry of added_tokens_decoder must be a JSON object with the token\'s "content" string, not 5', "tokenizer"),  # Found a <class 'int'>
         ("tokenizer_config.json", {"added_tokens_decoder": {"x": {"content": "<a>"}}}, 'added_tokens_decoder\'s keys must be whole numbers (ids), not "x"', "tokenizer"),
         ("special_tokens_map.json", {"eos_token": [2]}, "eos_token must be a string, a JSON object or null, not [2]", "tokenizer"),  # got: <class 'list'>

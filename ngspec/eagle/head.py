@@ -236,8 +236,10 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def head_config(directory: Path, raw: dict, ignored: tuple[str, ...] = ()) -> LlamaConfig:
-    """The Llama config of a one-layer head from its ``config.json`` (``ignored`` keys dropped)."""
-    known = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("architectures", "model_type", *ignored)}
+    """The Llama config of a one-layer head from its ``config.json`` (``ignored`` keys dropped, and
+    its dtype: a head takes its target's, and a name torch lacks failed in Python's words)."""
+    dropped = ("architectures", "model_type", "dtype", "torch_dtype", *ignored)
+    known = {k: v for k, v in raw.items() if not k.startswith("_") and k not in dropped}
     problem = field_problem(known, "config.json")  # LlamaConfig would fail on it in Python's words
     if problem:
         raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({problem})")
