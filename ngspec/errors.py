@@ -19,3 +19,17 @@ def shown(value: object) -> str:
     """A value as a message shows it: as Python writes it when short, else by its type."""
     text = repr(value)
     return text if len(text) <= 40 else f"a {type(value).__name__}"
+
+
+def json_kind(value: object) -> str:
+    """What a value read from JSON is, in JSON's words ("null", "a number", "a JSON object"), for a
+    message that says what a field holds instead of what it should; Python's names ("NoneType",
+    "dict") mean nothing to whoever wrote the file. Other types (a Parquet reader's) by name."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    for kinds, words in (((int, float), "a number"), (str, "a string"), ((list, tuple), "a list"), (dict, "a JSON object")):
+        if isinstance(value, kinds):
+            return words
+    return f"a {type(value).__name__}"

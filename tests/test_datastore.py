@@ -173,7 +173,7 @@ def test_bad_builds_leave_nothing(tmp_path, tokenizer, monkeypatch):
     # a malformed record is named (its number, counted from 1) rather than crashing the tokeniser
     turns = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "an answer"}]
     malformed = write_jsonl(tmp_path / "malformed.jsonl", [{"conversations": turns}] * 2 + [{"conversations": 3}])
-    with pytest.raises(NgspecError, match="record 3: 'conversations' must be a list of turns, not int"):
+    with pytest.raises(NgspecError, match="record 3: 'conversations' must be a list of turns, not a number"):
         build_datastore(str(malformed), tokenizer, "smol", tmp_path / "out", BuildOptions(batch_size=2))
     assert not (tmp_path / "out").exists()
 

@@ -111,11 +111,12 @@ def test_pairs_need_fields():
 @pytest.mark.parametrize(
     "record,says",
     [
-        ({"conversations": 3}, "'conversations' must be a list of turns, not int"),
-        ({"messages": "hello"}, "'messages' must be a list of turns, not str"),
+        ({"conversations": 3}, "'conversations' must be a list of turns, not a number"),
+        ({"messages": "hello"}, "'messages' must be a list of turns, not a string"),
         ({"question_id": 7, "choices": [{"turns": "a1"}]}, "an answer record needs"),
         ({"question_id": 7, "choices": []}, "an answer record needs"),
-        ({"instruction": ["q"], "response": "a"}, "'instruction' must be a string, not list"),
+        ({"instruction": ["q"], "response": "a"}, "'instruction' must be a string, not a list"),
+        ({"instruction": None, "response": "a"}, "'instruction' must be a string, not null"),  # was "not NoneType" (input_fuzz run 9345)
     ],
 )
 def test_malformed_records_are_named(record, says):

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, json_kind
 
 FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
 ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
@@ -31,7 +31,7 @@ DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 def detect_format(record: dict) -> str:
     if not isinstance(record, dict):
-        raise NgspecError(f"the corpus's records must be JSON objects, not {type(record).__name__}")
+        raise NgspecError(f"the corpus's records must be JSON objects, not {json_kind(record)}")
     if "conversations" in record:
         return "sharegpt"
     if "messages" in record:
@@ -75,14 +75,14 @@ def listed(record: dict, key: str) -> list:
     a malformed record."""
     turns = record.get(key) or []
     if not isinstance(turns, list):
-        raise NgspecError(f"'{key}' must be a list of turns, not {type(turns).__name__}")
+        raise NgspecError(f"'{key}' must be a list of turns, not {json_kind(turns)}")
     return turns
 
 
 def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
     """The texts of one record to index, each its own document."""
     if not isinstance(record, dict):
-        raise NgspecError(f"a record must be a JSON object, not {type(record).__name__}")
+        raise NgspecError(f"a record must be a JSON object, not {json_kind(record)}")
     if fmt == "magpie":
         return _magpie(record, include_user)
     if fmt == "sharegpt":

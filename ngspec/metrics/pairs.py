@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ngspec.datastore.corpus import ASSISTANT_ROLES, listed
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, json_kind
 
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
 
@@ -77,7 +77,7 @@ def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_
     if "instruction" in record:
         responses = record.get("responses") if isinstance(record.get("responses"), list) else [record.get("response")]
         if not isinstance(record["instruction"], str):
-            raise NgspecError(f"record {rid}: 'instruction' must be a string, not {type(record['instruction']).__name__}")
+            raise NgspecError(f"record {rid}: 'instruction' must be a string, not {json_kind(record['instruction'])}")
         return [Pair(f"{rid}.{i}", record["instruction"], r) for i, r in enumerate(responses) if isinstance(r, str)]
     raise NgspecError(f"record {rid}: cannot find (input, response) fields in {sorted(record)}; use --input-field/--response-field")
 
