@@ -230,15 +230,26 @@ def field_type_message(line: str) -> str | None:
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
          "head_dim", "max_position_embeddings", "n_embd", "n_inner", "n_layer", "n_head", "n_positions")
 LARGEST_SIZE = 2**31 - 1
+ACTIVATIONS = ("hidden_act", "hidden_activation", "activation_function")  # Llama-style, Gemma's, GPT-2's
 
 
 def check_sizes(config, what: str) -> None:
     """Refuse a config whose layer sizes (`SIZES`; a size left None is the family's default) are
-    not whole numbers from 1 to `LARGEST_SIZE`, naming each (an edited config.json, usually)."""
+    not whole numbers from 1 to `LARGEST_SIZE`, naming each, or whose activation (`ACTIVATIONS`)
+    transformers does not know (an edited config.json, usually)."""
     bad = [f"{key}={value!r}" for key in SIZES if (value := getattr(config, key, None)) is not None
            and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LARGEST_SIZE)]
     if bad:
         raise NgspecError(f"could not load {what}: its config gives {', '.join(bad)}; a layer size must be a whole number from 1 to {LARGEST_SIZE}")
+    from transformers.activations import ACT2FN
+
+    for key in ACTIVATIONS:  # a name transformers lacks ended in a bare KeyError as the model was built
+        value = getattr(config, key, None)
+        if isinstance(value, str) and value not in ACT2FN:
+            raise NgspecError(
+                f"could not load {what}: its config gives {key}={value!r}, an activation transformers does not know "
+                f"(silu, gelu, gelu_pytorch_tanh, relu, ...: {len(ACT2FN)} in all)"
+            )
 
 
 # what reading weights cut short raises: safetensors' own error, the GGUF reader's struct.error

@@ -268,6 +268,20 @@ def test_layer_sizes_out_of_range_are_refused_naming_them(tmp_path, edit, named)
         models.load_model(str(tmp_path))
 
 
+@pytest.mark.parametrize("key, model_type", [("hidden_act", "llama"), ("hidden_activation", "gemma2"), ("activation_function", "gpt2")])
+def test_an_activation_transformers_does_not_know_is_named(tmp_path, key, model_type):
+    """A mistyped activation ended in a bare KeyError ('x') as transformers built the model."""
+    import json
+
+    tokenizer = models.load_tokenizer()
+    tokenizer.save_pretrained(tmp_path)
+    config = {"model_type": model_type, "vocab_size": len(tokenizer), "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "n_embd": 16, "n_layer": 1, "n_head": 2, key: "silly"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(NgspecError, match=rf"^could not load model '.*': its config gives {key}='silly', an activation transformers does not know \(silu, gelu, gelu_pytorch_tanh, relu, \.\.\.: \d+ in all\)$"):
+        models.load_model(str(tmp_path))
+
+
 @pytest.mark.parametrize(
     "name, content, problem, load",
     [
