@@ -1,6 +1,7 @@
 """Every field of a model directory's JSON files, and of an EAGLE head's config.json, set to a value
-of each JSON type in turn, run through `ngspec generate`: a systematic companion to
-`input_fuzz.py`'s random search, judged the same way.
+of each JSON type in turn (and a string or number field to one no field expects, "[/x]" or -1),
+run through `ngspec generate`: a systematic companion to `input_fuzz.py`'s random search, judged
+the same way.
 
 A run passes when `generate` succeeds (transformers ignores many fields) or refuses with one line
 in the input's words ("PATH is damaged (id2label must be a JSON object or null, not 5)"). A
@@ -28,6 +29,9 @@ from pathlib import Path
 
 # one value of each JSON type (an object that is no token, a list of one number)
 VALUES = [5, 1.5, "x", [1], None, {"a": 1}, True]
+# and, for a field of that type, a value of its own type that no field expects (a mistyped name, a
+# number below every id and size): "hidden_act": "x" ended in a bare KeyError
+SAME_TYPE = {"string": "[/x]", "number": -1}
 
 
 def json_type(value: object) -> str:
@@ -69,6 +73,8 @@ def cases(model_dir: Path, head_dir: Path, files: list[str]):
                     if key in doc and json_type(value) == json_type(doc[key]):
                         continue
                     yield owner, name, key, value
+                if key in doc and json_type(doc[key]) in SAME_TYPE and doc[key] != SAME_TYPE[json_type(doc[key])]:
+                    yield owner, name, key, SAME_TYPE[json_type(doc[key])]
 
 
 def main() -> int:

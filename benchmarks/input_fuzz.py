@@ -19,7 +19,8 @@ left behind or changed) is a finding, written with its command line.
 
     python benchmarks/input_fuzz.py --runs 300 --first 0 --out bench-out/input_fuzz
 
-Runs are fixed by (seed, run number), so `--first N` continues a search past runs made before.
+Runs are fixed by (seed, run number), so `--first N` continues a search past runs made before,
+and `--only N,M,...` replays chosen runs (those an older judge passed, after a fix).
 Commands run in this process, so a crash (a segmentation fault in a reader) ends the search: the
 culprit is the run after the last one logged.
 Its first version found two bugs: a corpus file whose name holds ``[v2]`` read as a glob pattern
@@ -371,11 +372,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--first", type=int, default=0, help="the first run's number (runs are fixed by seed and number)")
+    parser.add_argument("--only", default="", help="replay just these runs (comma-separated numbers), not --first/--runs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench-out/input_fuzz"))
     ns = parser.parse_args()
     if ns.runs < 1:
         parser.error("--runs must be at least 1")
+    try:
+        numbers = [int(n) for n in ns.only.split(",")] if ns.only else range(ns.first, ns.first + ns.runs)
+    except ValueError:
+        parser.error(f"--only takes run numbers separated by commas, not {ns.only!r}")
 
     from typer.testing import CliRunner
 
@@ -384,9 +390,9 @@ def main() -> int:
     ns.out.mkdir(parents=True, exist_ok=True)
     runner = CliRunner()
     counts: dict[str, int] = {}
-    with tempfile.TemporaryDirectory() as tmp, (ns.out / f"runs-{ns.seed}-{ns.first}.jsonl").open("w") as log:
+    with tempfile.TemporaryDirectory() as tmp, (ns.out / f"runs-{ns.seed}-{'only' if ns.only else ns.first}.jsonl").open("w") as log:
         fx = Fixtures(Path(tmp), runner, app)
-        for n in range(ns.first, ns.first + ns.runs):
+        for n in numbers:
             run_dir = Path(tmp) / f"run{n}"
             run_dir.mkdir()
             args, output, note = draw(random.Random(f"{ns.seed} {n}"), fx, run_dir)

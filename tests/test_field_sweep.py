@@ -15,11 +15,12 @@ def test_each_field_gets_each_other_json_type_and_checked_fields_a_file_lacks_ar
     (tmp_path / "h" / "config.json").write_text('{"rms_norm_eps": 1e-5}')
     edits = list(field_sweep.cases(tmp_path / "m", tmp_path / "h", ["config.json", "tokenizer.json"]))
     assert ("model", "config.json", "hidden_size", "x") in edits
-    assert not [e for e in edits if e[2] == "hidden_size" and e[3] in (5, 1.5)]  # a number stays a number
+    assert [e[3] for e in edits if e[2] == "hidden_size" and type(e[3]) in (int, float)] == [-1]  # of its own type, only a number no size is
     assert [e[3] for e in edits if e[2] == "tie_word_embeddings"] == [5, 1.5, "x", [1], None, {"a": 1}]
     assert [e[3] for e in edits if e[2] == "id2label"] == field_sweep.VALUES  # checked by ngspec, absent here
     assert [e[3] for e in edits if e[1] == "tokenizer.json"] == field_sweep.VALUES  # added_tokens, the file absent
     assert {e[2] for e in edits if e[0] == "head"} == {"rms_norm_eps"}  # the head's own fields only
+    assert ("head", "config.json", "rms_norm_eps", -1) in edits
 
 
 def test_a_short_sweep_runs_end_to_end(tmp_path, monkeypatch, capsys):

@@ -111,6 +111,17 @@ def test_a_short_search_runs_end_to_end(tmp_path, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {v: sum(r["verdict"] == v for r in runs) for v in {r["verdict"] for r in runs}}
 
 
+def test_chosen_runs_replay_as_they_ran_in_their_search(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["input_fuzz.py", "--only", "4,1", "--out", str(tmp_path)])
+    assert input_fuzz.main() == 0
+    replayed = [json.loads(line) for line in (tmp_path / "runs-0-only.jsonl").read_text().splitlines()]
+    monkeypatch.setattr(sys, "argv", ["input_fuzz.py", "--runs", "5", "--first", "0", "--out", str(tmp_path)])
+    assert input_fuzz.main() == 0
+    searched = {r["run"]: r for r in map(json.loads, (tmp_path / "runs-0-0.jsonl").read_text().splitlines())}
+    assert [r["run"] for r in replayed] == [4, 1]
+    assert [(r["args"][0], r["damage"], r["verdict"]) for r in replayed] == [(searched[n]["args"][0], searched[n]["damage"], searched[n]["verdict"]) for n in (4, 1)]
+
+
 def test_zero_runs_is_a_usage_error(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["input_fuzz.py", "--runs", "0"])
     with pytest.raises(SystemExit) as exit:
