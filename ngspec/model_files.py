@@ -25,7 +25,7 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token
 # other type was found to end in a Python error by editing the default model's files
 FIELD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
     "config.json": {
-        "model_type": (str,), "id2label": (dict, NULL), "num_labels": (int,), "dtype": (str, dict, NULL),
+        "model_type": (str,), "id2label": (dict, NULL), "num_labels": (int,), "dtype": (str, dict, NULL), "torch_dtype": (str, dict, NULL),
         "quantization_config": (dict, NULL), "auto_map": (dict,), "layer_types": (list, NULL),
     },
     "generation_config.json": {"eos_token_id": (int, list, NULL), "pad_token_id": (int, NULL)},
@@ -59,6 +59,12 @@ def _is_token(value: object) -> bool:
     return isinstance(value, dict) and isinstance(value.get("content"), str)
 
 
+def _torch_dtype(name: str) -> bool:
+    import torch
+
+    return isinstance(getattr(torch, name, None), torch.dtype)
+
+
 def _entries_problem(name: str, key: str, value: object) -> str | None:
     """What is wrong inside field ``key`` of file ``name`` when its own JSON type is right (None
     when nothing is)."""
@@ -79,6 +85,8 @@ def _entries_problem(name: str, key: str, value: object) -> str | None:
         wrong = next((entry for entry in value if not (_is_token(entry) and _whole(entry.get("id")))), None)
         if wrong is not None:
             return f'each entry of {key} must be a JSON object with its "id" number and "content" string, not {short(wrong)}'
+    if key in ("dtype", "torch_dtype") and isinstance(value, str) and not _torch_dtype(value):  # transformers: getattr(torch, value)
+        return f"{key} must name a torch dtype (float32, bfloat16, float16, ...), not {short(value)}"
     if key == "auto_map" and isinstance(value, list) and not (  # a tokenizer's (slow, fast) classes
             len(value) == 2 and all(isinstance(v, (str, NULL)) for v in value) and any(isinstance(v, str) for v in value)):
         return f"{key} as a list must name the tokenizer's two classes (slow, fast; one may be null), not {short(value)}"

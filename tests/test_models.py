@@ -325,6 +325,7 @@ def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
         ("config.json", {"id2label": {"a": "x"}}, 'id2label\'s keys must be whole numbers (ids), not "a"', "model"),  # invalid literal for int()
         ("config.json", {"model_type": ["llama"]}, 'model_type must be a string, not ["llama"]', "tokenizer"),  # unhashable type: 'list'
         ("config.json", {"dtype": ["float32"]}, 'dtype must be a string, a JSON object or null, not ["float32"]', "model"),  # IndexError: list index out of range
+        ("config.json", {"dtype": "auto"}, 'dtype must name a torch dtype (float32, bfloat16, float16, ...), not "auto"', "model"),  # module 'torch' has no attribute 'auto'
         ("config.json", {"quantization_config": "int8"}, 'quantization_config must be a JSON object or null, not "int8"', "model"),  # no attribute 'to_dict'
         ("config.json", {"num_labels": "2"}, 'num_labels must be a whole number, not "2"', "model"),  # cannot be interpreted as an integer
         ("tokenizer_config.json", {"tokenizer_class": 5}, "tokenizer_class must be a string or null, not 5", "tokenizer"),  # no attribute 'removesuffix'
@@ -365,7 +366,7 @@ def test_every_field_of_a_right_type_loads(tmp_path):
     models.tiny_model("llama", vocab_size=len(tokenizer)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(config | {"id2label": {"0": "a", "1": "b"}, "dtype": None, "num_labels": 2, "quantization_config": None}))
+    (tmp_path / "config.json").write_text(json.dumps(config | {"id2label": {"0": "a", "1": "b"}, "dtype": "bfloat16", "torch_dtype": None, "num_labels": 2, "quantization_config": None}))
     tok = json.loads((tmp_path / "tokenizer_config.json").read_text())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(tok | {"tokenizer_class": None, "model_max_length": 1e30, "pad_token": None}))
     (tmp_path / "special_tokens_map.json").write_text(json.dumps({"eos_token": {"content": "<|im_end|>"}}))
