@@ -8,14 +8,14 @@ in the input's words ("PATH is damaged (id2label must be a JSON object or null, 
 refusal in Python's words ("'int' object has no attribute 'items'"), an unexpected exception or a
 traceback is a finding. Fields that `ngspec.model_files.FIELD_TYPES` checks are tried too where
 the files lack them. The model is a tiny random Llama saved with the default model's tokenizer,
-so a run takes about a third of a second: 616 runs in 3.4 minutes on the AMD EPYC VM.
+so a run takes about a third of a second: 672 runs in 3.5 minutes on the AMD EPYC VM.
 
     python benchmarks/field_sweep.py --out bench-out/field_sweep
 
 It was written (2026-12-06) after the same sweep by hand found about 30 fields whose other types
 ended in Python's words, which input_fuzz had passed for refusals (fixed in ngspec/model_files.py);
-its own first run found two more (a head's dtype torch has no name for, a tokenizer's auto_map
-list of one class).
+its own first runs found three more (a head's dtype torch has no name for, a tokenizer's auto_map
+list of one class, a model config's dtype "[/x]").
 """
 
 from __future__ import annotations
