@@ -233,7 +233,7 @@ LARGEST_SIZE = 2**31 - 1
 ACTIVATIONS = ("hidden_act", "hidden_activation", "activation_function")  # Llama-style, Gemma's, GPT-2's
 
 
-def check_sizes(config, what: str) -> None:
+def check_config(config, what: str) -> None:
     """Refuse a config whose layer sizes (`SIZES`; a size left None is the family's default) are
     not whole numbers from 1 to `LARGEST_SIZE`, naming each, or whose activation (`ACTIVATIONS`)
     transformers does not know (an edited config.json, usually)."""
@@ -297,7 +297,7 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     try:
         with no_library_bars(gguf="gguf_file" in extra):
             config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
-            check_sizes(config, f"model {spec!r}")
+            check_config(config, f"model {spec!r}")
             model = AutoModelForCausalLM.from_pretrained(where, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
     except DAMAGED_WEIGHTS as exc:  # an interrupted download or copy
         raise _damaged(spec, exc) from exc

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 
 from ngspec.errors import NgspecError
 from ngspec.model_files import field_problem
-from ngspec.models import CONFIG_ERRORS, check_sizes, config_error_message
+from ngspec.models import CONFIG_ERRORS, check_config, config_error_message
 
 # the published configs, reduced to what sets the cost of a forward pass
 SHAPES: dict[str, dict] = {
@@ -58,7 +58,7 @@ def shape_config(shape: str) -> tuple[str, PretrainedConfig]:
         raise NgspecError(f"cannot read a transformers config from {path}: no {exc}") from exc
     except CONFIG_ERRORS as exc:  # transformers' own validation: a size of another type, heads that do not divide
         raise NgspecError(f"cannot read a transformers config from {path}: {config_error_message(exc)}") from exc
-    check_sizes(config, f"shape {str(path)!r}")
+    check_config(config, f"shape {str(path)!r}")
     return path.parent.name or path.stem, config
 
 
