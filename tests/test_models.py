@@ -230,16 +230,24 @@ def test_a_tokenizer_file_the_tokenizers_library_refuses_is_one_line_naming_the_
         models.load_tokenizer(str(tmp_path))
 
 
+def _edited_tiny(path, name: str = "config.json", edit: dict | None = None, drop: str | None = None):
+    """A tiny Llama saved at ``path`` with the default tokenizer, its JSON file ``name`` updated
+    with ``edit`` (made when absent) and without field ``drop``."""
+    import json
+
+    models.tiny_model("llama").save_pretrained(path)
+    models.load_tokenizer().save_pretrained(path)
+    file = path / name
+    doc = json.loads(file.read_text()) if file.is_file() else {}
+    doc = {k: v for k, v in doc.items() if k != drop} | (edit or {})
+    file.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
 def test_weights_of_other_shapes_than_the_config_gives_are_one_line(tmp_path):
     """A config.json edited or swapped (here: without its vocab_size): transformers' RuntimeError
     pointed at a report it had not shown."""
-    import json
-
-    models.tiny_model("llama").save_pretrained(tmp_path)
-    models.load_tokenizer().save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    del config["vocab_size"]
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    _edited_tiny(tmp_path, drop="vocab_size")
     with pytest.raises(NgspecError, match=r"^could not load model '.*': its weights' shapes differ from those its config.json gives \(.+\)$"):
         models.load_model(str(tmp_path))
 
@@ -258,12 +266,7 @@ def test_layer_sizes_out_of_range_are_refused_naming_them(tmp_path, edit, named)
     """A config.json edited to a size below 1 (found by benchmarks/input_fuzz.py, run 7759) or past
     what a tensor's size can hold (run 9395): one line naming the sizes, before transformers builds
     anything."""
-    import json
-
-    models.tiny_model("llama").save_pretrained(tmp_path)
-    models.load_tokenizer().save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(config | edit))
+    _edited_tiny(tmp_path, edit=edit)
     with pytest.raises(NgspecError, match=rf"^could not load model '.*': its config gives {named}; a layer size must be a whole number from 1 to 2147483647$"):
         models.load_model(str(tmp_path))
 
@@ -346,13 +349,7 @@ def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
 def test_a_model_file_field_of_another_type_is_named(tmp_path, name, edit, problem, load):
     """A field transformers reads without checking its type, edited to another: transformers failed
     with a Python error naming neither the field nor the file."""
-    import json
-
-    models.tiny_model("llama").save_pretrained(tmp_path)
-    models.load_tokenizer().save_pretrained(tmp_path)
-    path = tmp_path / name
-    doc = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps(doc | edit, ensure_ascii=False), encoding="utf-8")
+    path = _edited_tiny(tmp_path, name, edit) / name
     loader = models.load_model if load == "model" else models.load_tokenizer
     with pytest.raises(NgspecError, match=rf"^{re.escape(str(path))} is damaged \({re.escape(problem)}\); copy it again from the model's source$"):
         loader(str(tmp_path))
@@ -386,12 +383,7 @@ def test_every_field_of_a_right_type_loads(tmp_path):
 def test_a_field_transformers_validates_is_refused_in_jsons_words(tmp_path, edit, message):
     """transformers' own validation named the field in Python's words ("TypeError: Field
     'attention_bias' expected bool, got int (value: 5)", "<class 'NoneType'>")."""
-    import json
-
-    models.tiny_model("llama").save_pretrained(tmp_path)
-    models.load_tokenizer().save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(config | edit))
+    _edited_tiny(tmp_path, edit=edit)
     with pytest.raises(NgspecError, match=rf"^could not load model '.*': {re.escape(message)}$"):
         models.load_model(str(tmp_path))
 
