@@ -218,8 +218,8 @@ def field_type_message(line: str) -> str | None:
         return None
     try:
         value = json.dumps(ast.literal_eval(value), ensure_ascii=False)
-    except (ValueError, SyntaxError, TypeError):
-        pass
+    except (ValueError, SyntaxError, TypeError):  # not a Python literal: nan and inf are JSON's NaN, Infinity
+        value = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(value, value)
     return f"{field} must be {json_kinds(types)}, not {value[:40]}"
 
 

@@ -378,6 +378,7 @@ def test_every_field_of_a_right_type_loads(tmp_path):
         ({"rms_norm_eps": "small"}, 'rms_norm_eps must be a number, not "small"'),
         ({"eos_token_id": "x"}, 'eos_token_id must be a whole number, a list or null, not "x"'),
         ({"rope_parameters": 5}, "rope_parameters must be a JSON object or null, not 5"),  # a TypedDict among its types
+        ({"pretraining_tp": float("nan")}, "pretraining_tp must be a whole number or null, not NaN"),  # Python's repr said nan
     ],
 )
 def test_a_field_transformers_validates_is_refused_in_jsons_words(tmp_path, edit, message):
