@@ -39,21 +39,11 @@ def json_type(value: object) -> str:
 
 
 def fixtures(where: Path) -> tuple[Path, Path]:
-    """A tiny Llama saved with the default tokenizer and an untrained EAGLE head; a prompt file."""
-    import torch
-
-    from ngspec import models
-    from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, save_head
+    """input_fuzz's tiny Llama (the default tokenizer) and its untrained EAGLE head; a prompt file."""
+    from input_fuzz import save_tiny_model  # the script beside this one
 
     model_dir = where / "tiny"
-    tok = models.load_tokenizer()
-    model = models.tiny_model("llama", seed=0, vocab_size=len(tok))
-    model.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    torch.manual_seed(0)
-    head = EagleHead(head_config_for(model))
-    init_from_target(head, model)
-    save_head(head.eval(), where / "head")
+    save_tiny_model(model_dir, where / "head")
     prompts = where / "prompts.txt"
     prompts.write_text("Name three colours.\n")
     return model_dir, prompts

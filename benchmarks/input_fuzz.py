@@ -195,25 +195,31 @@ def shape(rng: random.Random) -> object:
     return out
 
 
+def save_tiny_model(model_dir: Path, head_dir: Path) -> None:
+    """A tiny random Llama saved at ``model_dir`` with the default model's tokenizer, and an
+    untrained EAGLE head for it at ``head_dir`` (both seeded)."""
+    from ngspec import models
+    from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, save_head
+
+    import torch
+
+    tok = models.load_tokenizer()
+    model = models.tiny_model("llama", seed=0, vocab_size=len(tok))
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    torch.manual_seed(0)
+    head = EagleHead(head_config_for(model))
+    init_from_target(head, model)
+    save_head(head.eval(), head_dir)
+
+
 class Fixtures:
     """What every run starts from: a tiny saved model with an untrained EAGLE head, a datastore
     and a bigram table built for it, made once."""
 
     def __init__(self, where: Path, runner, app) -> None:
-        from ngspec import models
-        from ngspec.eagle.head import EagleHead, head_config_for, init_from_target, save_head
-
-        import torch
-
         self.model = where / "tiny"
-        tok = models.load_tokenizer()
-        model = models.tiny_model("llama", seed=0, vocab_size=len(tok))
-        model.save_pretrained(self.model)
-        tok.save_pretrained(self.model)
-        torch.manual_seed(0)
-        head = EagleHead(head_config_for(model))
-        init_from_target(head, model)
-        save_head(head.eval(), self.model / "head")
+        save_tiny_model(self.model, self.model / "head")
         corpus = where / "corpus.jsonl"
         corpus.write_text("".join(json.dumps({"instruction": f"q{i}", "response": f"The answer number {i} is {i * 7}."}) + "\n" for i in range(40)))
         self.corpus = corpus
