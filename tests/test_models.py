@@ -395,3 +395,26 @@ def test_a_model_type_transformers_does_not_know_says_so_not_only_how_to_upgrade
     models.load_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(NgspecError, match=r"^could not load model '.*': transformers \S+ does not know its model type, 'llama9': a newer transformers may"):
         models.load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "name, edit, says",
+    [
+        ("tokenizer_config.json", {"tokenizer_class": 5}, "tokenizer_config.json is damaged (tokenizer_class must be a string or null, not 5)"),
+        ("config.json", {"attention_bias": 5}, "attention_bias must be true or false, not 5"),
+        ("config.json", {"hidden_act": "x"}, "its config gives hidden_act='x', an activation transformers does not know"),  # was error: KeyError
+    ],
+)
+def test_generate_refuses_an_edited_model_file_in_one_line_with_exit_code_1(tmp_path, name, edit, says):
+    """The CLI end of the checks above: one error line naming the field, exit code 1, no traceback."""
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    _edited_tiny(tmp_path / "m", name, edit)
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Name three colours.")
+    result = CliRunner().invoke(app, ["generate", "-p", str(prompt), "-m", str(tmp_path / "m"), "-n", "2", "--device", "cpu"])
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert result.exit_code == 1 and len(errors) == 1 and says in errors[0], result.output
+    assert "Traceback" not in result.output and "NGSPEC_DEBUG" not in result.output
