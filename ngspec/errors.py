@@ -1,4 +1,10 @@
-"""User-facing errors: anything raised as `NgspecError` is shown as one clear line by the CLI."""
+"""User-facing errors: anything raised as `NgspecError` is shown as one clear line by the CLI; and
+how such messages quote what they refuse."""
+
+import json
+import re
+
+NULL = type(None)
 
 
 class NgspecError(Exception):
@@ -33,3 +39,27 @@ def json_kind(value: object) -> str:
         if isinstance(value, kinds):
             return words
     return f"a {type(value).__name__}"
+
+
+JSON_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", dict: "a JSON object", list: "a list", NULL: "null"}
+
+
+def json_kinds(types: tuple[type, ...]) -> str:
+    """``(int, float, NULL)`` as "a number or null"."""
+    names = [JSON_KINDS[t] for t in types if not (t is int and float in types)]
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 2 else names)
+
+
+def short(value: object, limit: int | None = 40) -> str:
+    """A JSON value as a message quotes it, cut at ``limit`` characters (what JSON cannot hold, such
+    as a config's numpy number set in Python, as Python writes it)."""
+    return json.dumps(value, ensure_ascii=False, default=repr)[:limit]
+
+
+def first_sentence(exc: Exception) -> str:
+    """What a file reader said, without its class name ("SafetensorError: ...") or torch's
+    paragraphs of advice (to load with weights_only=False, to report a miniz error)."""
+    text = str(exc).strip()
+    if not text:
+        return "it ends early" if isinstance(exc, EOFError) else type(exc).__name__
+    return re.split(r"(?<=\.)\s", text.splitlines()[0])[0]

@@ -13,13 +13,13 @@ import json
 import re
 from pathlib import Path
 
-from ngspec.errors import NgspecError
+from ngspec.errors import NULL, NgspecError, json_kinds, short
 
 # what transformers reads from a model directory as JSON objects, and as text
 MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
 MODEL_TEXT_FILES = ("chat_template.jinja",)
 
-NULL = type(None)
+MORE_TOKENS = ("extra_special_tokens", "additional_special_tokens")  # a list of tokens, or an object of named ones
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 # JSON types of the fields transformers (or ngspec's EOS lookup) reads without checking them; each
 # other type was found to end in a Python error by editing the default model's files
@@ -32,22 +32,13 @@ FIELD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
     "tokenizer_config.json": {
         "tokenizer_class": (str, NULL), "model_max_length": (int, float, NULL), "added_tokens_decoder": (dict,),
         "model_input_names": (list,), "auto_map": (dict, list), **{name: (str, dict, NULL) for name in SPECIAL_TOKENS},
+        **{name: (list, dict, NULL) for name in MORE_TOKENS},
     },
-    "special_tokens_map.json": {name: (str, dict, NULL) for name in SPECIAL_TOKENS},
+    "special_tokens_map.json": {
+        **{name: (str, dict, NULL) for name in SPECIAL_TOKENS}, "extra_special_tokens": (list, dict, NULL), "additional_special_tokens": (list, NULL),
+    },
     "tokenizer.json": {"added_tokens": (list,)},
 }
-JSON_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", dict: "a JSON object", list: "a list", NULL: "null"}
-
-
-def json_kinds(types: tuple[type, ...]) -> str:
-    """``(int, float, NULL)`` as "a number or null"."""
-    names = [JSON_KINDS[t] for t in types if not (t is int and float in types)]
-    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 2 else names)
-
-
-def short(value: object) -> str:
-    """A JSON value as a message quotes it, cut at 40 characters."""
-    return json.dumps(value, ensure_ascii=False)[:40]
 
 
 def _whole(value: object) -> bool:
@@ -57,6 +48,12 @@ def _whole(value: object) -> bool:
 def _is_token(value: object) -> bool:
     """An added token as transformers saves it: an object with its text as "content"."""
     return isinstance(value, dict) and isinstance(value.get("content"), str)
+
+
+def _wrong(entries, fits) -> list:
+    """The first of ``entries`` that does not ``fits``, in a list (empty when all fit): a wrong
+    entry may be null, so None cannot also mean that none was found."""
+    return [entry for entry in entries if not fits(entry)][:1]
 
 
 def _torch_dtype(name: str) -> bool:
@@ -73,27 +70,31 @@ def _entries_problem(name: str, key: str, value: object) -> str | None:
             return f'{key} as a JSON object must be an AddedToken ({{"__type": "AddedToken", "content": ...}}), not {short(value)}'
         if not _is_token(value):  # special_tokens_map.json takes one without its "__type"
             return f'{key} as a JSON object must give the token\'s "content" string, not {short(value)}'
+    if key in MORE_TOKENS and isinstance(value, (list, dict)):
+        entries = value.values() if isinstance(value, dict) else value
+        if wrong := _wrong(entries, lambda entry: isinstance(entry, (str, dict))):  # transformers: "Special token a has to be either str or AddedToken but got: <class 'int'>"
+            return f"each entry of {key} must be a string or a token's JSON object, not {short(wrong[0])}"
+        named = value.values() if isinstance(value, dict) else ()  # named tokens as objects are read only as AddedTokens
+        if wrong := _wrong(named, lambda entry: not isinstance(entry, dict) or entry.get("__type") == "AddedToken"):
+            return f'each token named in {key} must be a string or an AddedToken ({{"__type": "AddedToken", "content": ...}}), not {short(wrong[0])}'
     if key in ("id2label", "added_tokens_decoder") and isinstance(value, dict):
         for index in value:  # transformers turns them into ints
             if not re.fullmatch(r"\s*-?\d+\s*", index):
                 return f"{key}'s keys must be whole numbers (ids), not {short(index)}"
     if key == "added_tokens_decoder" and isinstance(value, dict):
-        wrong = next((entry for entry in value.values() if not _is_token(entry)), None)
-        if wrong is not None:
-            return f'each entry of {key} must be a JSON object with the token\'s "content" string, not {short(wrong)}'
+        if wrong := _wrong(value.values(), _is_token):
+            return f'each entry of {key} must be a JSON object with the token\'s "content" string, not {short(wrong[0])}'
     if key == "added_tokens" and isinstance(value, list):
-        wrong = next((entry for entry in value if not (_is_token(entry) and _whole(entry.get("id")))), None)
-        if wrong is not None:
-            return f'each entry of {key} must be a JSON object with its "id" number and "content" string, not {short(wrong)}'
+        if wrong := _wrong(value, lambda entry: _is_token(entry) and _whole(entry.get("id"))):
+            return f'each entry of {key} must be a JSON object with its "id" number and "content" string, not {short(wrong[0])}'
     if key in ("dtype", "torch_dtype") and isinstance(value, str) and not _torch_dtype(value):  # transformers: getattr(torch, value)
         return f"{key} must name a torch dtype (float32, bfloat16, float16, ...), not {short(value)}"
     if key == "auto_map" and isinstance(value, list) and not (  # a tokenizer's (slow, fast) classes
             len(value) == 2 and all(isinstance(v, (str, NULL)) for v in value) and any(isinstance(v, str) for v in value)):
         return f"{key} as a list must name the tokenizer's two classes (slow, fast; one may be null), not {short(value)}"
     if key == "eos_token_id" and isinstance(value, list):
-        wrong = next((entry for entry in value if not _whole(entry)), None)
-        if wrong is not None:
-            return f"each entry of {key} must be a whole number, not {short(wrong)}"
+        if wrong := _wrong(value, _whole):
+            return f"each entry of {key} must be a whole number, not {short(wrong[0])}"
     return None
 
 

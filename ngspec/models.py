@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import os
 import re
 import struct
@@ -24,8 +23,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from transformers.utils import logging as hf_logging
 
 from ngspec import staging
-from ngspec.errors import NgspecError
-from ngspec.model_files import NULL, check_model_files, json_kinds
+from ngspec.errors import NULL, NgspecError, first_sentence, json_kinds, short
+from ngspec.model_files import check_model_files
 
 DEFAULT_MODEL = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -217,10 +216,10 @@ def field_type_message(line: str) -> str | None:
     if not types:
         return None
     try:
-        value = json.dumps(ast.literal_eval(value), ensure_ascii=False)
-    except (ValueError, SyntaxError, TypeError):  # not a Python literal: nan and inf are JSON's NaN, Infinity
-        value = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(value, value)
-    return f"{field} must be {json_kinds(types)}, not {value[:40]}"
+        quoted = short(ast.literal_eval(value))
+    except (ValueError, SyntaxError, TypeError):  # not a Python literal: nan and inf, which JSON writes NaN and Infinity
+        quoted = short(float(value)) if value in ("nan", "inf", "-inf") else value[:40]
+    return f"{field} must be {json_kinds(types)}, not {quoted}"
 
 
 # the sizes a decoder's config gives its layers (Llama-style names and GPT-2's); transformers builds
@@ -231,25 +230,40 @@ SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", 
          "head_dim", "max_position_embeddings", "n_embd", "n_inner", "n_layer", "n_head", "n_positions")
 LARGEST_SIZE = 2**31 - 1
 ACTIVATIONS = ("hidden_act", "hidden_activation", "activation_function")  # Llama-style, Gemma's, GPT-2's
+TEXT_CONFIGS = ("text_config", "decoder", "generator", "text_encoder")  # what transformers' get_text_config looks for
+
+
+def config_problem(config) -> str | None:
+    """What is wrong with a config, as "hidden_size=0; a layer size must be ...", or None: layer
+    sizes (`SIZES`; a size left None is the family's default) that are not whole numbers from 1 to
+    `LARGEST_SIZE`, an activation (`ACTIVATIONS`) transformers does not know, or a text model's
+    config (`TEXT_CONFIGS`) in a family that has none (an edited config.json, usually). Each failed
+    later in Python's words: a negative dimension, a bare KeyError, an AttributeError."""
+    bad = [f"{key}={short(value)}" for key in SIZES if (value := getattr(config, key, None)) is not None
+           and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LARGEST_SIZE)]
+    if bad:
+        return f"{', '.join(bad)}; a layer size must be a whole number from 1 to {LARGEST_SIZE}"
+    from transformers.activations import ACT2FN
+
+    for key in ACTIVATIONS:
+        value = getattr(config, key, None)
+        if isinstance(value, str) and value not in ACT2FN:
+            return f"{key}={short(value)}, an activation transformers does not know (silu, gelu, gelu_pytorch_tanh, relu, ...: {len(ACT2FN)} in all)"
+    from transformers import PretrainedConfig
+
+    for key in TEXT_CONFIGS:  # transformers calls .to_dict() on one that is not a config: "'int' object has no attribute 'to_dict'"
+        value = getattr(config, key, None)
+        if value is not None and not isinstance(value, PretrainedConfig):
+            return (f"{key}={short(value)}, which transformers reads as the config of a text model inside this one, "
+                    f"and a {getattr(config, 'model_type', None) or 'model'} config has none: remove it")
+    return None
 
 
 def check_config(config, what: str) -> None:
-    """Refuse a config whose layer sizes (`SIZES`; a size left None is the family's default) are
-    not whole numbers from 1 to `LARGEST_SIZE`, naming each, or whose activation (`ACTIVATIONS`)
-    transformers does not know (an edited config.json, usually)."""
-    bad = [f"{key}={value!r}" for key in SIZES if (value := getattr(config, key, None)) is not None
-           and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LARGEST_SIZE)]
-    if bad:
-        raise NgspecError(f"could not load {what}: its config gives {', '.join(bad)}; a layer size must be a whole number from 1 to {LARGEST_SIZE}")
-    from transformers.activations import ACT2FN
-
-    for key in ACTIVATIONS:  # a name transformers lacks ended in a bare KeyError as the model was built
-        value = getattr(config, key, None)
-        if isinstance(value, str) and value not in ACT2FN:
-            raise NgspecError(
-                f"could not load {what}: its config gives {key}={value!r}, an activation transformers does not know "
-                f"(silu, gelu, gelu_pytorch_tanh, relu, ...: {len(ACT2FN)} in all)"
-            )
+    """Refuse a config with a `config_problem`, naming ``what`` was being loaded."""
+    problem = config_problem(config)
+    if problem:
+        raise NgspecError(f"could not load {what}: its config gives {problem}")
 
 
 # what reading weights cut short raises: safetensors' own error, the GGUF reader's struct.error
@@ -258,8 +272,7 @@ TORCH_ZIP_DAMAGED = "PytorchStreamReader failed"  # torch's reader of a pytorch_
 
 
 def _damaged(spec: str, exc: Exception) -> NgspecError:
-    detail = " ".join(str(exc).split()) or type(exc).__name__
-    return NgspecError(f"could not load model {spec!r}: its weights are damaged or cut short ({detail}); download or copy them again")
+    return NgspecError(f"could not load model {spec!r}: its weights are damaged or cut short ({first_sentence(exc)}); download or copy them again")
 
 
 def _offline_hint(exc: OSError) -> str:
@@ -305,7 +318,7 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
         raise NgspecError(f"could not load model {spec!r}: {exc}{_offline_hint(exc)}") from exc
     except RuntimeError as exc:
         if str(exc).startswith(TORCH_ZIP_DAMAGED):  # a pytorch_model.bin cut short (older checkpoints)
-            raise _damaged(spec, RuntimeError(str(exc).split(". ")[0])) from exc
+            raise _damaged(spec, exc) from exc
         if "ignore_mismatched_sizes" not in str(exc):
             raise
         raise NgspecError(f"could not load model {spec!r}: its weights' shapes differ from those its config.json gives (an edited or another model's config.json?)") from exc

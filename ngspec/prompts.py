@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, short
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def check_messages(messages: list) -> None:
     """Every chat message a dict with a string 'role' and a string 'content'."""
     bad = [m for m in messages if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str)]
     if bad:
-        raise NgspecError(f"a chat message needs a 'role' and a 'content', both strings (got {bad[0]!r})")
+        raise NgspecError(f"a chat message needs a 'role' and a 'content', both strings, not {short(bad[0])}")
 
 
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:

@@ -32,7 +32,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable
 
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, short
 from ngspec.prompts import check_messages
 
 if TYPE_CHECKING:
@@ -102,10 +102,10 @@ def _number(body: dict, name: str, default, kind: type, low=None, high=None):
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
-        raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'} (got {value!r})")
+        raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'}, not {short(value)}")
     value = kind(value)
     if (low is not None and not value >= low) or (high is not None and not value <= high):  # NaN is in no range
-        raise BadRequest(f"'{name}' must be in [{low}, {high if high is not None else 'inf'}] (got {value})")
+        raise BadRequest(f"'{name}' must be in [{low}, {high if high is not None else 'inf'}], not {short(value)}")
     return value
 
 
@@ -114,7 +114,7 @@ def generation_kwargs(body: dict, max_tokens_default: int) -> dict[str, Any]:
     for name, neutral in NEUTRAL.items():
         value = body.get(name)
         if value is not None and value not in neutral:
-            raise BadRequest(f"'{name}' is not supported (leave it out, or {neutral[0]!r})")
+            raise BadRequest(f"'{name}' is not supported (leave it out, or {short(neutral[0])})")
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -148,13 +148,13 @@ def completion_prompts(body: dict) -> list:
 def chat_messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list of {'role': ..., 'content': ...}")
+        raise BadRequest("'messages' must be a non-empty list of {\"role\": ..., \"content\": ...}")
     out = []
     for m in messages:
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):  # content parts: only text parts can be fed to a text model
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise BadRequest("only text content parts ({'type': 'text', 'text': ...}) are supported")
+                raise BadRequest("only text content parts ({\"type\": \"text\", \"text\": ...}) are supported")
             m = {**m, "content": "".join(p["text"] for p in content)}
         out.append(m)
     try:

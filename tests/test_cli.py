@@ -669,6 +669,21 @@ def test_tune_tree_calibrates_on_questions_from_standard_input(tiny_saved, tmp_p
     assert [json.loads(line)["greedy_check"]["exact_match"] for line in run.stdout.strip().splitlines()] == [True, True]
 
 
+def test_a_damaged_head_is_refused_by_generate_in_one_line_with_exit_code_1(tiny_saved, tmp_path):
+    """The CLI end of `load_head`'s damaged-weights message: it said "SafetensorError: Error while
+    deserializing header ..." (input_fuzz runs 10578, 11446)."""
+    import shutil
+
+    head = tmp_path / "head"
+    shutil.copytree(tiny_saved / "head", head)
+    (head / "model.safetensors").write_bytes(b"\x00" * 20)
+    result = runner.invoke(app, ["generate", "-p", "-", "--model", str(tiny_saved), "-d", "eagle", "--eagle-head", str(head), "-n", "4"], input=PIPED)
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert result.exit_code == 1 and len(errors) == 1, result.output
+    assert "model.safetensors: it is damaged, cut short or not a weights file (" in errors[0] and "SafetensorError" not in result.output
+    assert "Traceback" not in result.output
+
+
 @pytest.mark.slow
 def test_generate_reads_the_prompt_from_standard_input_as_from_a_file(prompt_file):
     """`cat prompt.txt | ngspec generate -p -` gives the tokens `-p prompt.txt` gives."""

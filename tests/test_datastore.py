@@ -223,6 +223,21 @@ def test_a_damaged_meta_file_is_named_in_one_message(tmp_path, tokenizer, meta):
     assert "__init__" not in str(refused.value)  # the field, not Python's words for it
 
 
+@pytest.mark.parametrize("field, value, says", [
+    ("vocab_size", "49152", r"'vocab_size' must be a whole number, not \"49152\"$"),
+    ("build_seconds", None, r"'build_seconds' must be a number, not null$"),
+    ("source", {"a": 1}, r"'source' must be a string, not \{\"a\": 1\}$"),
+    ("documents", True, r"'documents' must be a whole number, not true$"),
+    ("token_dtype", "float64", r"'token_dtype' must be \"uint16\" or \"uint32\", not \"float64\"$"),
+])
+def test_a_meta_field_of_the_wrong_type_is_named_in_jsons_words(tmp_path, tokenizer, field, value, says):
+    """It said "must be of type int (got '49152')": Python's type names and quoting."""
+    out = small_store(tmp_path, tokenizer)
+    (out / "meta.json").write_text(json.dumps({**json.loads((out / "meta.json").read_text()), field: value}))
+    with pytest.raises(NgspecError, match=f"meta.json is corrupt: {says}"):
+        Datastore.open(out)
+
+
 def test_a_datastore_of_another_format_version_says_so_before_its_fields(tmp_path, tokenizer):
     out = small_store(tmp_path, tokenizer)
     (out / "meta.json").write_text(json.dumps({"format_version": 2, "layout": "new"}))
@@ -395,6 +410,10 @@ def test_datastore_info_checks_contents(tmp_path, tokenizer):
     np.save(out / "sa.npy", sa)
     result = CliRunner().invoke(app, ["datastore-info", str(out)])
     assert result.exit_code == 1 and "points outside the tokens" in result.stderr and "rebuild it" in result.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "records": " "}))  # it said "must be of type int (got ' ')"
+    result = CliRunner().invoke(app, ["datastore-info", str(out)])
+    assert result.exit_code == 1 and "meta.json is corrupt: 'records' must be a whole number, not \" \"" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -406,6 +425,8 @@ def test_datastore_info_checks_contents(tmp_path, tokenizer):
         ("array.json", b'[{"text": "a"},\n {"text": }]', r"array.json:2:11: not valid JSON \(Expecting value\)"),
         # datasets said "Failed to convert pandas DataFrame to Arrow Table from file ..." (input_fuzz run 2840)
         ("items.json", b'[1.5, {"data": ["a", "b"]}, {"text": "c", "response": {}}]', r"items.json: item 0 of its array is not a record \(a JSON object\) but 1.5"),
+        # quoted as written, not as "\u00e9t\u00e9"
+        ("words.json", '[{"text": "a"}, "été"]'.encode(), r'words.json: item 1 of its array is not a record \(a JSON object\) but "été"'),
     ],
 )
 def test_a_malformed_json_corpus_is_named_by_its_line_in_one_message(tmp_path, capfd, name, data, says):

@@ -84,8 +84,9 @@ def test_mismatched_or_broken_heads_are_refused(tmp_path, llama):
     with pytest.raises(NgspecError, match="no weights"):
         load_head(tmp_path / "e", llama)
     (tmp_path / "e" / "model.safetensors").write_bytes(b"\x00" * 20)
-    with pytest.raises(NgspecError, match="cannot read"):
+    with pytest.raises(NgspecError, match=r"cannot read \S+/model.safetensors: it is damaged, cut short or not a weights file \(.*header.*\); copy the head again") as err:
         load_head(tmp_path / "e", llama)
+    assert "SafetensorError" not in str(err.value)  # it read "SafetensorError: Error while deserializing header: ..."
     from safetensors.torch import save_file
 
     save_file({"midlayer.fc.weight": torch.zeros(2, 2), "d2t": torch.zeros(3, dtype=torch.long)}, str(tmp_path / "e" / "model.safetensors"))
@@ -98,6 +99,21 @@ def test_mismatched_or_broken_heads_are_refused(tmp_path, llama):
     (tmp_path / "h" / "config.json").write_text(json.dumps({**config, "hidden_size": config["num_attention_heads"] * 8 + 1}))
     with pytest.raises(NgspecError, match=r"^\S+config.json is not a Llama-style head config \(The hidden size \(\d+\) is not a multiple"):
         load_head(tmp_path / "h", llama)  # transformers' own validation, in one line without its class names
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"", "it ends early"),  # a bare EOFError, which said nothing
+    (b"\x00" * 20, "Weights only load failed."),  # then torch's paragraph on loading with weights_only=False
+    (b"PK\x03\x04garbage", "PytorchStreamReader failed reading zip archive: not a ZIP archive."),  # then advice on miniz
+])
+def test_a_damaged_pytorch_head_file_is_named_in_one_sentence(tmp_path, llama, data, says):
+    save_head(make_head(llama), tmp_path / "h")
+    (tmp_path / "h" / "model.safetensors").unlink()
+    (tmp_path / "h" / "pytorch_model.bin").write_bytes(data)
+    with pytest.raises(NgspecError) as err:
+        load_head(tmp_path / "h", llama)
+    assert str(err.value) == (f"cannot read {tmp_path}/h/pytorch_model.bin: it is damaged, cut short or not a weights file ({says}); "
+                              "copy the head again, or train one with `ngspec train-eagle`")
 
 
 @pytest.mark.parametrize("config", ["1.5", "[1, 2]", "null", '"text"'])
@@ -123,6 +139,20 @@ def test_a_head_config_with_a_field_of_the_wrong_type_is_refused_in_one_message(
     with pytest.raises(NgspecError, match="config.json is not a Llama-style head config") as err:
         load_head(tmp_path / "h", llama)
     assert not re.search(r"'\w+' object|NoneType|<class|TypeError", str(err.value)), err.value  # JSON's words, not Python's
+
+
+@pytest.mark.parametrize("field, says", [
+    ({"intermediate_size": 0}, r"intermediate_size=0; a layer size must be a whole number from 1 to 2147483647"),
+    ({"hidden_act": "x"}, r'hidden_act="x", an activation transformers does not know \(silu, '),
+])
+def test_a_head_config_is_checked_as_a_models_config_is(tmp_path, llama, field, says):
+    """The head's sizes and activation are refused by `models.config_problem`, in the words a
+    model's config gets, after the head's file."""
+    save_head(make_head(llama), tmp_path / "h")
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    (tmp_path / "h" / "config.json").write_text(json.dumps({**config, **field}))
+    with pytest.raises(NgspecError, match=rf"^\S+/h/config.json is not a Llama-style head config \(it gives {says}"):
+        load_head(tmp_path / "h", llama)
 
 
 @pytest.mark.parametrize("dtype", ["x", 5, "float64"])

@@ -281,7 +281,7 @@ def test_an_activation_transformers_does_not_know_is_named(tmp_path, key, model_
     config = {"model_type": model_type, "vocab_size": len(tokenizer), "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
               "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "n_embd": 16, "n_layer": 1, "n_head": 2, key: "silly"}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(NgspecError, match=rf"^could not load model '.*': its config gives {key}='silly', an activation transformers does not know \(silu, gelu, gelu_pytorch_tanh, relu, \.\.\.: \d+ in all\)$"):
+    with pytest.raises(NgspecError, match=rf'^could not load model \'.*\': its config gives {key}="silly", an activation transformers does not know \(silu, gelu, gelu_pytorch_tanh, relu, \.\.\.: \d+ in all\)$'):
         models.load_model(str(tmp_path))
 
 
@@ -340,9 +340,19 @@ def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
         ("tokenizer_config.json", {"added_tokens_decoder": {"0": 5}}, 'each entry of added_tokens_decoder must be a JSON object with the token\'s "content" string, not 5', "tokenizer"),  # Found a <class 'int'>
         ("tokenizer_config.json", {"added_tokens_decoder": {"x": {"content": "<a>"}}}, 'added_tokens_decoder\'s keys must be whole numbers (ids), not "x"', "tokenizer"),
         ("special_tokens_map.json", {"eos_token": [2]}, "eos_token must be a string, a JSON object or null, not [2]", "tokenizer"),  # got: <class 'list'>
+        # "Special token a has to be either str or AddedToken but got: <class 'int'>" (noted by benchmarks/field_sweep.py)
+        ("tokenizer_config.json", {"extra_special_tokens": {"a": 5}}, "each entry of extra_special_tokens must be a string or a token's JSON object, not 5", "tokenizer"),
+        ("tokenizer_config.json", {"additional_special_tokens": [None]}, "each entry of additional_special_tokens must be a string or a token's JSON object, not null", "tokenizer"),
+        ("special_tokens_map.json", {"extra_special_tokens": {"a": {"content": "<a>"}}}, 'each token named in extra_special_tokens must be a string or an AddedToken ({"__type": "AddedToken", "content": ...}), not {"content": "<a>"}', "tokenizer"),
+        # "extra_special_tokens must be a list/tuple of tokens or a dict of named tokens", naming the other field
+        ("special_tokens_map.json", {"additional_special_tokens": {}}, "additional_special_tokens must be a list or null, not {}", "tokenizer"),
+        ("tokenizer_config.json", {"additional_special_tokens": "x"}, 'additional_special_tokens must be a list, a JSON object or null, not "x"', "tokenizer"),
         ("tokenizer.json", {"added_tokens": "猫"}, 'added_tokens must be a list, not "猫"', "tokenizer"),  # 'str' object has no attribute 'pop'
         ("tokenizer.json", {"added_tokens": [{"content": "<a>"}]}, 'each entry of added_tokens must be a JSON object with its "id" number and "content" string, not {"content": "<a>"}', "tokenizer"),  # KeyError 'id'
         ("generation_config.json", {"eos_token_id": [2, "x"]}, 'each entry of eos_token_id must be a whole number, not "x"', "model"),  # ValueError in ngspec's EOS lookup
+        # a null entry passed the check, whose "none found" was None too
+        ("generation_config.json", {"eos_token_id": [2, None]}, "each entry of eos_token_id must be a whole number, not null", "model"),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"0": None}}, 'each entry of added_tokens_decoder must be a JSON object with the token\'s "content" string, not null', "tokenizer"),
         ("generation_config.json", {"pad_token_id": "2"}, 'pad_token_id must be a whole number or null, not "2"', "model"),  # '<' not supported between instances
     ],
 )
@@ -365,8 +375,11 @@ def test_every_field_of_a_right_type_loads(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config | {"id2label": {"0": "a", "1": "b"}, "dtype": "bfloat16", "torch_dtype": None, "num_labels": 2, "quantization_config": None}))
     tok = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tok | {"tokenizer_class": None, "model_max_length": 1e30, "pad_token": None}))
-    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"eos_token": {"content": "<|im_end|>"}}))
+    added = {"__type": "AddedToken", "content": "<|im_start|>", "special": True}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tok | {"tokenizer_class": None, "model_max_length": 1e30, "pad_token": None,
+                                                                      "extra_special_tokens": {"a": "<|im_start|>", "b": added}, "additional_special_tokens": [added]}))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"eos_token": {"content": "<|im_end|>"}, "additional_special_tokens": ["<|im_start|>"],
+                                                                  "extra_special_tokens": {"a": "<|im_start|>"}}))
     loaded = models.load_model(str(tmp_path))
     assert loaded.model.config.id2label == {0: "a", 1: "b"}
 
@@ -389,6 +402,16 @@ def test_a_field_transformers_validates_is_refused_in_jsons_words(tmp_path, edit
         models.load_model(str(tmp_path))
 
 
+@pytest.mark.parametrize("key, value", [("text_config", 5), ("text_config", {"a": 1}), ("decoder", "x"), ("generator", [1])])
+def test_a_text_models_config_in_a_family_without_one_is_named(tmp_path, key, value):
+    """transformers reads these keys as a sub-model's config and called .to_dict() on them as it
+    built the model: "'int' object has no attribute 'to_dict'" (noted by benchmarks/field_sweep.py)."""
+    _edited_tiny(tmp_path, edit={key: value})
+    with pytest.raises(NgspecError, match=rf"^could not load model '.*': its config gives {key}=\S.*, which transformers reads as the "
+                                          r"config of a text model inside this one, and a llama config has none: remove it$"):
+        models.load_model(str(tmp_path))
+
+
 def test_a_model_type_transformers_does_not_know_says_so_not_only_how_to_upgrade(tmp_path):
     """transformers' message ends in advice to upgrade; its last line was all ngspec showed."""
     (tmp_path / "config.json").write_text('{"model_type": "llama9"}')
@@ -402,7 +425,7 @@ def test_a_model_type_transformers_does_not_know_says_so_not_only_how_to_upgrade
     [
         ("tokenizer_config.json", {"tokenizer_class": 5}, "tokenizer_config.json is damaged (tokenizer_class must be a string or null, not 5)"),
         ("config.json", {"attention_bias": 5}, "attention_bias must be true or false, not 5"),
-        ("config.json", {"hidden_act": "x"}, "its config gives hidden_act='x', an activation transformers does not know"),  # was error: KeyError
+        ("config.json", {"hidden_act": "x"}, "its config gives hidden_act=\"x\", an activation transformers does not know"),  # was error: KeyError
     ],
 )
 def test_generate_refuses_an_edited_model_file_in_one_line_with_exit_code_1(tmp_path, name, edit, says):

@@ -71,7 +71,7 @@ def test_a_config_file_that_is_not_a_config_is_named_in_one_message(tmp_path, te
     ({"head_dim": -1}, "its config gives head_dim=-1; a layer size must be a whole number from 1 to 2147483647"),  # was a RuntimeError at build
     ({"hidden_size": 8.5}, "cannot read a transformers config from .*: hidden_size must be a whole number, not 8.5$"),  # was the validator's own class, then its TypeError
     ({"model_type": ["llama"]}, r'cannot read a transformers config from .*: model_type must be a string, not \["llama"\]$'),  # unhashable type: 'list'
-    ({"hidden_act": "[/x]"}, r"its config gives hidden_act='\[/x\]', an activation transformers does not know \(silu, "),  # KeyError (input_fuzz run 10511)
+    ({"hidden_act": "[/x]"}, r'its config gives hidden_act="\[/x\]", an activation transformers does not know \(silu, '),  # KeyError (input_fuzz run 10511)
 ])
 def test_a_shape_of_impossible_sizes_is_one_message(tmp_path, edit, message):
     (tmp_path / "config.json").write_text(json.dumps(TINY | edit))

@@ -175,7 +175,11 @@ def test_a_seeded_request_gets_plain_samplings_answer_alone_or_batched(tiny, tin
         ("/v1/completions", {"prompt": [1, 2], "logprobs": 3}, 400, "'logprobs' is not supported"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": "hot"}, 400, "'temperature' must be a number"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": 3}, 400, r"'temperature' must be in \[0.0, 2.0\]"),
-        ("/v1/completions", {"prompt": [1, 2], "temperature": float("nan")}, 400, r"'temperature' must be in \[0.0, 2.0\] \(got nan\)"),  # JSON's NaN
+        ("/v1/completions", {"prompt": [1, 2], "temperature": float("nan")}, 400, r"'temperature' must be in \[0.0, 2.0\], not NaN$"),  # JSON's NaN
+        # values quoted as the request wrote them (Python's words before: "(got {'a': 1})", "or False")
+        ("/v1/completions", {"prompt": [1, 2], "max_tokens": {"a": 1}}, 400, r"'max_tokens' must be an integer, not \{\"a\": 1\}$"),
+        ("/v1/completions", {"prompt": [1, 2], "seed": [None]}, 400, r"'seed' must be an integer, not \[null\]$"),
+        ("/v1/completions", {"prompt": [1, 2], "echo": True}, 400, r"'echo' is not supported \(leave it out, or false\)$"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": 1, "top_p": float("nan")}, 400, r"'top_p' must be in"),
         ("/v1/completions", {"prompt": [1, 2], "temperature": 1, "seed": -1}, 400, r"'seed' must be in \[0, "),
         ("/v1/completions", {"prompt": [1, 2], "max_tokens": 0}, 400, "'max_tokens' must be in"),
@@ -187,8 +191,8 @@ def test_a_seeded_request_gets_plain_samplings_answer_alone_or_batched(tiny, tin
         ("/v1/completions", {"prompt": [1, 2], "stream": True}, 400, r"streamed text \(on_text\) need a tokenizer"),
         ("/v1/completions", {"prompt": "text"}, 400, "text prompts need a tokenizer"),
         ("/v1/chat/completions", {"messages": []}, 400, "'messages' must be a non-empty list"),
-        ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "a chat message needs a 'role' and a 'content'"),
-        ("/v1/chat/completions", {"messages": ["hi"]}, 400, "a chat message needs a 'role' and a 'content'"),
+        ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "a chat message needs a 'role' and a 'content', both strings, not {\"content\": \"hi\"}"),
+        ("/v1/chat/completions", {"messages": ["hi"]}, 400, "a chat message needs a 'role' and a 'content', both strings, not \"hi\""),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "only text content parts"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 400, "chat messages need a tokenizer"),
         ("/v1/embeddings", {}, 404, "no route POST /v1/embeddings"),

@@ -163,6 +163,10 @@ def test_self_repetition_bad_input(tmp_path):
     questions.write_text('{"question_id": 1, "turns": ["q"]}\n{"question_id": 2,\n')
     result = runner.invoke(app, ["self-repetition", "--dataset", str(path), "--questions", str(questions)])
     assert result.exit_code == 1 and f"{questions}:2: not valid JSON" in result.stderr
+    nulls = tmp_path / "nulls.jsonl"  # an id that is null or not a name: the record's place (it said "record None")
+    nulls.write_text(json.dumps({"question_id": None, "uuid": [1], "conversations": 3}) + "\n")
+    result = runner.invoke(app, ["self-repetition", "--dataset", str(nulls)])
+    assert result.exit_code == 1 and "record 0: 'conversations' must be a list of turns" in result.stderr
 
 
 def test_interrupted_synthesis_keeps_finished_records_beside_the_output(tmp_path):
@@ -271,7 +275,7 @@ def test_synth_corpus_refuses_to_continue_another_runs_records(tiny_saved, tmp_p
     kept = (tmp_path / "c.partial.jsonl").read_text()
     result = runner.invoke(app, [*args, "--prompts", str(prompts), "-n", "6"])
     assert result.exit_code == 1 and "c.partial.jsonl holds records of another run" in result.stderr
-    assert "record 1's gen_response_configs" in result.stderr and "'max_tokens': 5" in result.stderr and "--force" in result.stderr
+    assert "record 1's gen_response_configs" in result.stderr and '"max_tokens": 5' in result.stderr and "--force" in result.stderr
     result = runner.invoke(app, [*args, "--prompts", str(prompts), "-n", "5", "--seed", "7"])
     assert result.exit_code == 1 and "record 1's uuid" in result.stderr
     result = runner.invoke(app, [*args, "--prompts", str(others), "-n", "5"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -81,6 +82,27 @@ def test_checkpoint_from_other_options_is_refused(tmp_path, model, monkeypatch):
 
     with pytest.raises(NgspecError, match="other options or data"):
         train_head(model, data, feats, tmp_path, TrainOptions(epochs=2, batch_tokens=70))
+
+
+def test_a_damaged_or_foreign_checkpoint_is_refused_in_one_sentence(tmp_path, model):
+    """It said "cannot resume from ... (RuntimeError: PytorchStreamReader failed reading zip
+    archive: ...)" and torch's paragraph on miniz; another model's head gave every mismatched
+    tensor's shape."""
+    data = examples(seed=2)
+    feats = target_features(model, data)
+    opts = TrainOptions(epochs=1, batch_tokens=70)
+    ckpt = tmp_path / "checkpoint.pt"
+    ckpt.write_bytes(b"PK\x03\x04garbage")
+    with pytest.raises(NgspecError) as err:
+        train_head(model, data, feats, tmp_path, opts)
+    assert str(err.value) == f"cannot resume from {ckpt} (PytorchStreamReader failed reading zip archive: not a ZIP archive.); delete it to start over"
+    torch.save([1, 2], ckpt)
+    with pytest.raises(NgspecError, match=r"checkpoint.pt is not a train-eagle checkpoint; use another --out or delete it$"):
+        train_head(model, data, feats, tmp_path, opts)
+    torch.save({"head": {"fc.weight": torch.zeros(3, 3)}, "options": asdict(opts), "examples": len(data)}, ckpt)
+    with pytest.raises(NgspecError, match=r"^cannot resume from \S+ \(Error\(s\) in loading state_dict for EagleHead:\); delete it") as err:
+        train_head(model, data, feats, tmp_path, opts)
+    assert "torch.Size" not in str(err.value)
 
 
 def test_saved_head_drafts_like_the_trained_one(tmp_path, model):

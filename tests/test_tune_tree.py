@@ -86,6 +86,11 @@ def test_tuned_shape_files(tmp_path):
     check_shape_model(printed, "/models/tiny", "abc")
     with pytest.raises(NgspecError, match="tuned for model 'tiny', whose config or weights differ from those of 'tiny'"):
         check_shape_model(printed, "tiny", "def")
+    printed.write_text(json.dumps({"model": None, "model_fingerprint": "abc", "choices": [[0]]}))  # it said "tuned for model None"
+    with pytest.raises(NgspecError, match="tuned for another model, whose config or weights differ from those of 'tiny'"):
+        check_shape_model(printed, "tiny", "def")
+    printed.write_text(json.dumps({"model": 5, "choices": [[0]]}))  # a model named by no string is not compared by name
+    check_shape_model(printed, "tiny")
     for bad, message in [("{\"model\": \"x\"}", "without 'choices'"), ("[[0, 0]]", "without its parent"), ("[]", "no nodes"), ("not json", "expected a JSON list"),
                          ("null", r"expected a JSON list .*\(got null\)"), ('{"choices": 3}', r"\(got 3\)"), ("[0, 1]", r"\(got \[0, 1\]\)")]:
         path = tmp_path / "bad.json"

@@ -19,6 +19,16 @@ from ngspec.metrics.report import measure, tokenize_pairs
 from ngspec.prompts import load_prompts
 
 
+def _record_id(record: dict, index: int) -> str:
+    """A record's id in pairs and messages: its question_id or uuid where it gives one (a string or
+    a whole number), else its place in the dataset ("record None" named a null question_id)."""
+    for key in ("question_id", "uuid"):
+        value = record.get(key)
+        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+            return str(value)
+    return str(index)
+
+
 def _questions(path: Optional[Path]) -> dict[str, list[str]]:
     """Each prompt's user turns by id: a question file's ``turns``, a chat's messages as one
     input, a ``prompt``'s text, a .txt file's text under its stem (as `generate` names them, and as
@@ -73,7 +83,7 @@ def self_repetition_command(
         if input_field is None and response_field is None and is_generated(record):
             generated.append(record)  # paired once all are read: a later turn's input holds the earlier answers
             continue
-        pairs.extend(record_pairs(record, str(record.get("question_id", record.get("uuid", i))), asked, input_field, response_field))
+        pairs.extend(record_pairs(record, _record_id(record, i), asked, input_field, response_field))
         if limit is not None and len(pairs) >= holdout + limit:
             break
     runs: dict[str, list[dict]] = {}

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ngspec.errors import NgspecError, json_kind
+from ngspec.errors import NgspecError, json_kind, short
 
 FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
 ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
@@ -180,7 +180,7 @@ def _document_fault(file: Path) -> str | None:
     if isinstance(document, list):
         stray = next((i for i, item in enumerate(document) if not isinstance(item, dict)), None)
         if stray is not None:
-            return f"{file}: item {stray} of its array is not a record (a JSON object) but {json.dumps(document[stray])[:40]}"
+            return f"{file}: item {stray} of its array is not a record (a JSON object) but {short(document[stray])}"
     return None
 
 

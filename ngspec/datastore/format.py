@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, json_kinds, short
 
 FORMAT_VERSION = 1
 FILES = ("tokens.npy", "sa.npy", "meta.json")
@@ -98,9 +98,9 @@ def read_meta(path: Path) -> DatastoreMeta:
     for f in fields(DatastoreMeta):
         value = getattr(meta, f.name)
         if isinstance(value, bool) or not isinstance(value, _FIELD_TYPES[f.type]):
-            raise NgspecError(f"{path}/meta.json is corrupt: '{f.name}' must be of type {f.type} (got {value!r})")
+            raise NgspecError(f"{path}/meta.json is corrupt: '{f.name}' must be {json_kinds(_FIELD_TYPES[f.type])}, not {short(value)}")
     if meta.token_dtype not in ("uint16", "uint32"):
-        raise NgspecError(f"{path}/meta.json is corrupt: 'token_dtype' must be uint16 or uint32 (got {meta.token_dtype!r})")
+        raise NgspecError(f"{path}/meta.json is corrupt: 'token_dtype' must be \"uint16\" or \"uint32\", not {short(meta.token_dtype)}")
     low = [f"'{name}' is {getattr(meta, name)}" for name, least in _LEAST.items() if getattr(meta, name) < least]
     if low:
         raise NgspecError(f"{path}/meta.json is corrupt: {', '.join(low)}")
@@ -109,7 +109,7 @@ def read_meta(path: Path) -> DatastoreMeta:
     return meta
 
 
-_FIELD_TYPES = {"str": str, "int": int, "float": (int, float), "dict": dict}  # DatastoreMeta's annotations
+_FIELD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "dict": (dict,)}  # DatastoreMeta's annotations
 _LEAST = {"vocab_size": 1, "records": 0, "documents": 0, "tokens": 0}
 
 

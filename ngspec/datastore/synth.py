@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, short
 from ngspec.staging import staged_file
 from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.prompts import apply_template
@@ -216,7 +216,7 @@ def resumable(path: Path, loaded: LoadedModel, opts: SynthOptions, given: Sequen
             raise NgspecError(f"{path}:{number}: not a record synth-corpus writes; delete the file or use --force to start afresh")
         for key, want in {**expected, "uuid": record_uuid(opts.seed, number)}.items():
             if not (same_model if key == "model" else operator.eq)(record.get(key), want):
-                raise NgspecError(f"{path} holds records of another run (record {number}'s {key} is {record.get(key)!r}, this run's would be {want!r}): {again}")
+                raise NgspecError(f"{path} holds records of another run (record {number}'s {key} is {short(record.get(key), None)}, this run's would be {short(want, None)}): {again}")
         if given is not None and number <= len(given) and record["instruction"] != given[number - 1]:
             raise NgspecError(f"{path} record {number} answers another instruction than prompt {number} of --prompts: {again}")
         records.append({**record, "model": loaded.name})  # one spelling of the model in the whole file

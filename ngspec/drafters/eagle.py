@@ -91,9 +91,11 @@ def check_shape_model(path: Path, model_name: str, fingerprint: str | None = Non
     given by name or by path is the same model), else by the name it was given."""
     meta = read_shape(path)[1]
     tuned_for, tuned_print = meta.get("model"), meta.get("model_fingerprint")
+    tuned_for = tuned_for if isinstance(tuned_for, str) else None  # an edited file's null or number names no model
     if tuned_print is not None and fingerprint is not None:
         if tuned_print != fingerprint:
-            raise NgspecError(f"{path} was tuned for model {tuned_for!r}, whose config or weights differ from those of {model_name!r}; "
+            named = f"model {tuned_for!r}" if tuned_for is not None else "another model"
+            raise NgspecError(f"{path} was tuned for {named}, whose config or weights differ from those of {model_name!r}; "
                               "run `ngspec tune-tree` for this model")
         return
     if tuned_for is not None and tuned_for != model_name:

@@ -26,10 +26,10 @@ from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from ngspec import staging
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, first_sentence, short
 from ngspec.kv import cache_argument
 from ngspec.model_files import field_problem
-from ngspec.models import CONFIG_ERRORS, config_error_message
+from ngspec.models import CONFIG_ERRORS, config_error_message, config_problem
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
@@ -231,7 +231,8 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
                 return load_file(str(path))
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # truncated or foreign files raise many kinds of errors
-            raise NgspecError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+            raise NgspecError(f"cannot read {path}: it is damaged, cut short or not a weights file ({first_sentence(exc)}); "
+                              "copy the head again, or train one with `ngspec train-eagle`") from None
     raise NgspecError(f"no weights in {directory}: expected one of {', '.join(WEIGHTS)}")
 
 
@@ -247,14 +248,9 @@ def head_config(directory: Path, raw: dict, ignored: tuple[str, ...] = ()) -> Ll
         config = LlamaConfig(**known)
     except CONFIG_ERRORS as exc:
         raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({config_error_message(exc)})") from None
-    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
-        value = getattr(config, name, None)  # transformers checks their types, not their signs
-        if value is not None and value < 1:
-            raise NgspecError(f"{directory}/config.json is not a Llama-style head config ({name} must be at least 1, got {value})")
-    from transformers.activations import ACT2FN
-
-    if not isinstance(config.hidden_act, str) or config.hidden_act not in ACT2FN:
-        raise NgspecError(f"{directory}/config.json is not a Llama-style head config (unknown hidden_act {config.hidden_act!r})")
+    problem = config_problem(config)  # its sizes and activation, as a model's config is checked
+    if problem:
+        raise NgspecError(f"{directory}/config.json is not a Llama-style head config (it gives {problem})")
     config.num_hidden_layers = 1
     return config
 
@@ -291,7 +287,7 @@ def load_head(directory: Path, target: PreTrainedModel):
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise NgspecError(f"{directory}/config.json is not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
-        raise NgspecError(f"{directory}/config.json must hold a JSON object (a head's config), not {json.dumps(raw)[:40]}")
+        raise NgspecError(f"{directory}/config.json must hold a JSON object (a head's config), not {short(raw)}")
     weights = _read_weights(directory)
     from ngspec.eagle.head3 import build_eagle3, is_eagle3
 

@@ -46,7 +46,7 @@ from transformers import DynamicCache
 
 from ngspec import staging
 from ngspec.eagle.head import EagleHead, draft_vocab_counts, head_config_for, init_from_target, load_head, ranked_tokens, save_draft_vocab, save_head
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, first_sentence
 from ngspec.target import forward_with_features
 from ngspec.tree import additive_mask
 
@@ -369,15 +369,17 @@ def train_head(
     if ckpt.is_file():
         try:
             state = torch.load(ckpt, map_location="cpu", weights_only=True)
+            if not isinstance(state, dict):
+                raise NgspecError(f"{ckpt} is not a train-eagle checkpoint; use another --out or delete it")
+            if state.get("options") != asdict(opts) or state.get("examples") != len(train):  # before its shapes are read
+                raise NgspecError(f"{ckpt} belongs to a run with other options or data; use another --out or delete it")
             head.load_state_dict(state["head"])
             optimiser.load_state_dict(state["optimiser"])
             step, log = int(state["step"]), list(state["log"])
-            if state.get("options") != asdict(opts) or state.get("examples") != len(train):
-                raise NgspecError(f"{ckpt} belongs to a run with other options or data; use another --out or delete it")
         except NgspecError:
             raise
-        except Exception as exc:
-            raise NgspecError(f"cannot resume from {ckpt} ({type(exc).__name__}: {exc}); delete it to start over") from None
+        except Exception as exc:  # damaged, cut short, or another model's head
+            raise NgspecError(f"cannot resume from {ckpt} ({first_sentence(exc)}); delete it to start over") from None
 
     def checkpoint() -> None:
         _save_checkpoint(ckpt, {"head": head.state_dict(), "optimiser": optimiser.state_dict(), "step": step,
