@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from input_fuzz import PYTHON_WORDS  # the script beside this one
 from ngspec.drafters import REGISTRY, ROW_DRAFTERS
 from ngspec.perf.memory import release_free_memory, resident_gb
 
@@ -160,6 +161,9 @@ def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 pass
+    said = [last] + [r["error"] for r in rows if isinstance(r.get("error"), str)]  # the run's error and each failed prompt's
+    if code != 0 and (worded := next((line for line in said if PYTHON_WORDS.search(line)), None)):
+        return "FINDING", worded  # a refusal in Python's words, not the input's
     wrong = [r for r in rows if isinstance(r.get("greedy_check"), dict) and not r["greedy_check"]["exact_match"]]
     if wrong:
         return "FINDING", f"{len(wrong)} row(s) not identical: {[r['greedy_check'] for r in wrong]}"

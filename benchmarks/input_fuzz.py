@@ -49,8 +49,11 @@ UNEXPECTED = re.compile(r"^error: [A-Za-z_][\w.]*: .*NGSPEC_DEBUG", re.DOTALL)
 # 29483 missing from font(s)"): ngspec's own warnings are one "warning: ..." line
 PYTHON_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ", re.MULTILINE)
 # a refusal in Python's words rather than the input's ("could not load model ...: 'int' object has no
-# attribute 'items'"): clear enough to pass for a refusal until 2026-12-06, it names no field or file
-PYTHON_WORDS = re.compile(r"has no attribute '|'\w+' object is not|NoneType|<class '|unhashable type|not supported between instances|invalid literal for int\(\)|index out of range")
+# attribute 'items'"): clear enough to pass for a refusal until 2026-12-06, it names no field or file;
+# or carrying an exception's class name ("cannot read PATH: SafetensorError: Error while ...", 157
+# runs from 8151 on, until the second 2026-12-06 session)
+PYTHON_WORDS = re.compile(r"has no attribute '|'\w+' object is not|NoneType|<class '|unhashable type|not supported between instances"
+                          r"|invalid literal for int\(\)|index out of range|\b[A-Z]\w*(?:Error|Exception): ")
 KINDS = ["corpus", "prompts", "datastore", "head", "shape", "table", "model"]
 # what a saved tokenizer leaves beside a model (removed together: a checkpoint saved without it)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")

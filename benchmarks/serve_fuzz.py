@@ -32,6 +32,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from input_fuzz import PYTHON_WORDS  # the script beside this one
+
 WEIRD = [None, True, 0, -1, 2.5, 2**63, "", "x", [], [1], {}, {"a": 1}, [None], float("nan"), float("inf")]
 CHAT = [
     [{"role": "user", "content": "Say hi."}],
@@ -112,6 +114,8 @@ def judge(status: int, kind: str, text: str) -> tuple[str, str]:
         message = events[0].get("error", {}).get("message") if isinstance(events[0], dict) else None
         if not isinstance(message, str) or not message or "Traceback" in message or "\n" in message:
             return "FINDING", f"400 without one clear line: {text[:300]!r}"
+        if PYTHON_WORDS.search(message):
+            return "FINDING", f"400 in Python's words: {message}"
         return "refused", message
     return "FINDING", f"status {status}: {text[:300]!r}"
 

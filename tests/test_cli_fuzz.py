@@ -47,6 +47,9 @@ def row(exact: bool) -> str:
         (2, "Usage: ngspec generate\nError: No such option: --nope", None, "refused"),
         (1, "error: TypeError: bad (set NGSPEC_DEBUG=1 for the traceback)", None, "FINDING"),  # not ngspec's own error
         (1, "Traceback (most recent call last):\n  ...", None, "FINDING"),
+        # ngspec's own error, in Python's words rather than the input's: for the run, or for one prompt
+        (1, "error: could not load model 'm': 'int' object has no attribute 'items'", None, "FINDING"),
+        (1, json.dumps({"id": 2, "error": "unhashable type: 'list'"}) + "\nerror: 1 prompt(s) failed: f.jsonl:2 (the others finished)", None, "FINDING"),
         (1, "", ValueError("escaped"), "FINDING"),
         (0, "", SystemExit(0), "ok"),
         (3, "", None, "FINDING"),

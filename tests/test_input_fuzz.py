@@ -31,6 +31,8 @@ input_fuzz = benchmark_script("input_fuzz")
         (1, "error: could not load the tokenizer of 'm': Special token a has to be either str or AddedToken but got: <class 'int'>\n", [], "FINDING"),
         (1, "error: h/config.json is not a Llama-style head config (module 'torch' has no attribute 'x')\n", [], "FINDING"),
         (1, "error: could not load the tokenizer of 'm': list index out of range\n", [], "FINDING"),
+        (1, "error: cannot read h/model.safetensors: SafetensorError: Error while deserializing header: header too large\n", [], "FINDING"),
+        (1, "error: cannot read h/model.safetensors: it is damaged, cut short or not a weights file (Error while deserializing header)\n", [], "refused"),
         (1, "error: m/config.json is damaged (id2label must be a JSON object or null, not 5); copy it again from the model's source\n", [], "refused"),
         (1, "Traceback (most recent call last):\n  x\n", [], "FINDING"),
         (1, "error: cannot read corpus\n", [".ds-tmp-1"], "FINDING"),  # a refusal that leaves a temporary behind

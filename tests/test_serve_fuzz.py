@@ -26,6 +26,7 @@ STREAM = "data: " + json.dumps({"choices": [{"delta": {"content": "hi"}}]}) + "\
         (400, "application/json", json.dumps({"error": {"message": "'n' is not supported", "type": "invalid_request_error"}}), "refused"),
         (400, "application/json", json.dumps({"error": {"message": "Traceback (most recent call last):\n  x"}}), "FINDING"),
         (400, "application/json", json.dumps({"error": {}}), "FINDING"),
+        (400, "application/json", json.dumps({"error": {"message": "'NoneType' object is not iterable"}}), "FINDING"),  # Python's words
         (500, "application/json", json.dumps({"error": {"message": "internal"}}), "FINDING"),
         (400, "text/html", "<html>bad</html>", "FINDING"),
     ],
