@@ -15,7 +15,8 @@ its cache crashed: case 20,054, run after case 20,006, whose batch left the mode
 the next one). A row may differ from the oracle only where the oracle's two best logits are a
 float32 rounding apart (verify steps compute the same products in other shapes, about 1e-6 apart
 in these models' logits, more in MiniCPM3's, which are larger): the search met one such tie, 2.4e-7
-wide, in about 10,000 runs, and another, 2.3e-5 wide between logits of 66, in about 146,000.
+wide, in about 10,000 runs, and another, 2.3e-5 wide between logits of 66, in about 146,000;
+sampling with top-k met one at its edge in about 158,000 (the 5th and 6th logits 3e-7 apart).
 
 ``NGSPEC_FUZZ_CASES=N`` runs N cases per test instead of the default (a longer search), and
 ``NGSPEC_FUZZ_FIRST=M`` starts at case M: every case is fixed by its number, so a search past the
@@ -178,14 +179,58 @@ def _plain_sampling(model, prompt: list[int], budget: int, eos: int | None, stop
 
 def _sampled_near_tie(model, prompt: list[int], want: list[int], got: list[int], sampling: SamplingConfig) -> bool:
     """Whether ``got`` first leaves plain sampling's ``want`` where the two best race scores (log
-    probability plus the position's noise) are a rounding apart."""
+    probability plus the position's noise) are a rounding apart, or where its token wins the race
+    once top-k's or top-p's edge moves by a rounding (`_edge_tie`)."""
     first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
     if first is None:
         return False
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + want[:first]])).logits[0, -1]
-    top = torch.topk(Draws(sampling.seed, prompt).scores(target_probs(logits, sampling), first), 2).values
-    return _rounding_apart(top, float(logits.max()) / sampling.temperature)  # log-probabilities: the logits' rounding, over the temperature
+    draws = Draws(sampling.seed, prompt)
+    top = torch.topk(draws.scores(target_probs(logits, sampling), first), 2).values
+    if _rounding_apart(top, float(logits.max()) / sampling.temperature):  # log-probabilities: the logits' rounding, over the temperature
+        return True
+    return _edge_tie(logits, sampling, draws, first, got[first], want[first])
+
+
+def _edge_tie(logits: torch.Tensor, sampling: SamplingConfig, draws: Draws, position: int, got: int, want: int | None = None) -> bool:
+    """Whether ``got`` wins the race at ``position`` once top-k's or top-p's edge moves by a
+    rounding: with its logit a rounding higher and top-p a rounding wider (the k-th and the next
+    logit a rounding apart may swap in another shape: case 158,673, 2.0440395 and 2.0440392, kept
+    the 6th token instead of the 5th, and it won; a token whose mass before it is a rounding from
+    top-p may be kept), or with plain sampling's token ``want`` a rounding lower and top-p a
+    rounding narrower (the same edges, met from the other side: ``want`` left out)."""
+    rounding = NEAR_TIE * max(float(logits.abs().max()), LOGIT_FLOOR)
+    for token, sign in ((got, 1), (want, -1)):
+        if token is None:
+            continue
+        nudged = logits.float().clone()
+        nudged[token] += sign * rounding
+        top_p = sampling.top_p + sign * 1e-6
+        moved = replace(sampling, top_p=top_p) if sampling.top_p < 1.0 and 0.0 < top_p < 1.0 else sampling
+        if int(draws.scores(target_probs(nudged, moved), position).argmax()) == got:
+            return True
+    return False
+
+
+def test_an_edge_tie_needs_the_token_a_rounding_from_top_ks_edge():
+    """The judge's allowance for top-k's edge: the 6th token, a rounding below the 5th, wins some
+    positions' races once kept; the last token, far below, wins none."""
+    logits = torch.tensor([3.0, 2.9, 2.8, 2.7, 2.0440395, 2.0440392] + [0.5] * 10)
+    sampling = SamplingConfig(temperature=1.0, top_k=5, seed=1)
+    draws = Draws(sampling.seed, [1, 2, 3])
+    kept = [p for p in range(200) if _edge_tie(logits, sampling, draws, p, 5)]
+    assert kept and all(int(draws.scores(target_probs(logits, sampling), p).argmax()) != 5 for p in kept)
+    assert not any(_edge_tie(logits, sampling, draws, p, 15) for p in range(200))
+    # met from the other side: the 5th left out for the 6th, whichever token then wins
+    without = logits.clone()
+    without[4] = float("-inf")
+    won = [p for p in range(200) if int(draws.scores(target_probs(logits, sampling), p).argmax()) == 4]
+    assert won
+    for p in won:
+        others = target_probs(without, sampling)
+        assert _edge_tie(logits, sampling, draws, p, int(draws.scores(others, p).argmax()), want=4)
+        assert not _edge_tie(logits, sampling, draws, p, 15, want=4)
 
 
 def _check(model, prompts, budgets, got, eos, where, ties, stops: tuple[str, ...] = (), sampling: SamplingConfig = SamplingConfig(), seeds=None) -> None:
