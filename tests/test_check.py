@@ -112,7 +112,10 @@ def test_bench_reports_where_an_arm_split_from_hf_greedy_with_the_margin(tiny):
     )
     run = to_json(records, [greedy, trie], {})["prompts"][0]["runs"]
     assert run["trie"]["first_mismatch"] == 3 and "first_mismatch" not in run["hf-greedy"]
-    assert run["trie"]["near_tie_steps"] == pytest.approx(steps) and run["trie"]["near_tie_dtype"] == "float32"
+    # the record's own steps: the forward above keeps every position's logits, divergence's the last
+    # only (another product shape), and came out 3 float32 steps off in 2.8 million once (CI, 2026-12-06)
+    assert run["trie"]["near_tie_steps"] == runs["trie"].vs_reference.steps == pytest.approx(steps, rel=1e-3)
+    assert run["trie"]["near_tie_dtype"] == "float32"
 
 
 def test_transformers_baseline_is_plain_decoding_whatever_the_models_generation_defaults():
