@@ -447,3 +447,28 @@ def test_an_answer_that_would_pass_the_window_stops_there_as_generate_does(tiny_
     assert result.exit_code == 1 and batches == [] and "Traceback" not in result.output
     assert re.search(r"prompt 2 of --prompts: the prompt has \d+ tokens but the model's context window is 512; shorten or drop it", result.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "p.jsonl"]
+
+
+def test_a_tokenizer_without_pad_or_eos_token_still_pads_its_batches(tiny_saved, tmp_path):
+    """A tokenizer that names no pad token and no end token (its tokenizer_config.json gone; the
+    model's end tokens are in generation_config.json) pads a batch with the model's end token:
+    the batch stopped on transformers' "Asking to pad but the tokenizer does not have a padding
+    token" (found by benchmarks/input_fuzz.py, run 12248). Padding changes no answer."""
+    import shutil
+
+    from ngspec.models import load_tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_saved, model)
+    (model / "tokenizer_config.json").unlink()
+    tok = load_tokenizer(str(model))
+    assert tok.pad_token is None and tok.eos_token is None and tok.chat_template
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hi?", "A much longer question than the first one?"]))
+    args = ["synth-corpus", "--model", str(model), "--prompts", str(prompts), "-n", "6"]
+    together, alone = tmp_path / "together.jsonl", tmp_path / "alone.jsonl"
+    result = runner.invoke(app, [*args, "--out", str(together)])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, [*args, "--batch-size", "1", "--out", str(alone)]).exit_code == 0
+    answers = [[json.loads(line)["response"] for line in path.read_text().splitlines()] for path in (together, alone)]
+    assert len(answers[0]) == 2 and answers[0] == answers[1]

@@ -85,8 +85,8 @@ def _generate_batch(loaded: LoadedModel, prompts: list[str], max_new: int, tempe
     all ``max_new`` tokens (no end-of-sequence token)."""
     tok = loaded.tokenizer
     tok.padding_side = "left"
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
+    if tok.pad_token_id is None:  # padded places are masked out: any token will do, the end token by choice
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.convert_ids_to_tokens(eos[0] if eos else 0)
     batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(loaded.device)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
     with generation_defaults_aside(loaded.model):  # greedy answers are the model's plain greedy ones
