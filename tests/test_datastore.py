@@ -288,6 +288,58 @@ def test_a_directory_of_files_with_different_extra_fields_reads_every_record(tmp
         list(iter_records(str(corpus)))
 
 
+@pytest.mark.parametrize("where", ["leading", "between", "trailing"])
+def test_blank_lines_in_a_file_whose_field_changes_type_are_skipped(tmp_path, where):
+    """datasets 5.2 re-reads a block whose field changes type (``"id"`` text, then a number) line
+    by line and stopped on a blank line there ("Expected object or value"; input_fuzz run 12953)."""
+    from ngspec.datastore.corpus import iter_records
+
+    rows = [{"id": "q-1", "instruction": "q1", "response": "a1"}, {"id": 2, "instruction": "q2", "response": "a2"}]
+    lines = [json.dumps(row) for row in rows]
+    text = {"leading": "\n" + "\n".join(lines) + "\n", "between": lines[0] + "\n\n  \n" + lines[1] + "\n",
+            "trailing": "\n".join(lines) + "\n\n"}[where]
+    path = tmp_path / "c.jsonl"
+    path.write_text(text)
+    assert list(iter_records(str(path))) == rows
+    assert path.read_text() == text  # the user's file is left as it was
+    assert [p.name for p in tmp_path.iterdir()] == ["c.jsonl"]
+
+
+def test_a_file_that_fails_past_its_first_block_goes_on_where_it_stopped(tmp_path, monkeypatch):
+    """datasets reads 10 MB blocks: a block past the first may be the one that fails, after records
+    were handed on; the copy without blank lines is read past them, so none comes twice."""
+    from ngspec.datastore import corpus as corpus_module
+
+    rows = [{"instruction": f"q{i}", "response": f"a{i}"} for i in range(4)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")
+    real, calls = corpus_module._stream, []
+
+    def failing_once(where, load, file=None):
+        calls.append(where)
+        if len(calls) == 1:  # the first read stops after two records, as datasets did on a later block
+            yield from list(real(where, load, file))[:2]
+            raise NgspecError("cannot read corpus: Expected object or value")
+        yield from real(where, load, file)
+
+    monkeypatch.setattr(corpus_module, "_stream", failing_once)
+    assert list(corpus_module.iter_records(str(path))) == rows and len(calls) == 2
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")  # no blank line: nothing to retry
+    calls.clear()
+    with pytest.raises(NgspecError, match="Expected object or value"):
+        list(corpus_module.iter_records(str(path)))
+    assert len(calls) == 1
+
+
+def test_a_blank_line_does_not_hide_a_malformed_one(tmp_path):
+    from ngspec.datastore.corpus import iter_records
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "q-1", "response": "a1"}\n\n{"id": 2, "response": "a2"}\n{"id": 3, "response": \n')
+    with pytest.raises(NgspecError, match=r"c\.jsonl:4: not valid JSON"):
+        list(iter_records(str(path)))
+
+
 @pytest.mark.parametrize("name", ["corpus[v2].jsonl", "what?.jsonl", "all*.jsonl", "dir[1]/c.jsonl"])
 def test_a_corpus_whose_path_holds_glob_characters_is_read_whole(tmp_path, name):
     """`datasets` reads data_files as glob patterns: ``corpus[v2].jsonl`` matched no file, and the

@@ -15,9 +15,11 @@ By default only the assistant side goes in (READER's choice); ``text="all"`` add
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import logging
 import re
+import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -141,23 +143,25 @@ def json_fault(file: Path) -> str | None:
     return None
 
 
-def _lines_are_objects(file: Path) -> None:
+def _lines_are_objects(file: Path) -> bool:
     """Refuse a JSON-lines file with a line that cannot be a record, by its line number, before
     `datasets` reads it: a line such as ``NaN`` followed by a field that changes type crashed the
     process inside pyarrow's JSON reader (a segmentation fault; datasets 5.2, pyarrow 26). One pass
     over the lines' first bytes; a file that is one JSON document (an array, or an object over
-    several lines) is left to the reader."""
-    first = True
+    several lines) is left to the reader. Returns whether the file has a blank line."""
+    first, blank = True, False
     with open(file, "rb") as f:
         for lineno, line in enumerate(f, 1):
             start = line.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip() if first else line.lstrip()
+            blank = blank or not start
             if first and start:
                 first = False
                 if start.startswith(b"[") or (start.startswith(b"{") and not _is_json(start) and _document_fault(file) is None):
-                    return  # one document (a line cut short instead goes on to the lines after it)
+                    return False  # one document (a line cut short instead goes on to the lines after it)
             if start and not start.startswith(b"{"):
                 shown = start[:20].decode("utf-8", "replace").rstrip()
                 raise NgspecError(f"cannot read corpus {file}:{lineno}: a record must be a JSON object (the line starts {shown!r})")
+    return blank
 
 
 def _is_json(line: bytes) -> bool:
@@ -212,10 +216,37 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
         where = file if path.is_dir() else spec
         if builder == "parquet" and _parquet_rows(file) == 0:
             continue  # no records, as in an empty .jsonl (datasets fails on it: "BatchSize must be greater than 0")
-        if builder == "json":
-            _lines_are_objects(Path(file))
-        pattern = glob.escape(file)  # datasets reads data_files as patterns: corpus[v2].jsonl matched no file
-        yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[pattern], split="train", streaming=True), file)
+        blank_lines = builder == "json" and _lines_are_objects(Path(file))
+        yield from _read_file(where, builder, file, blank_lines)
+
+
+def _read_file(where: str, builder: str, file: str, blank_lines: bool) -> Iterator[dict]:
+    """One local file's records through `datasets`. datasets 5.2 re-reads a block whose field
+    changes type (``"id"`` text in one record, a number in the next) line by line, and a blank line
+    there stops it ("Expected object or value"); such a file is read again from a copy without its
+    blank lines (made only then), past the records already read."""
+
+    def load(data_file: str):
+        pattern = glob.escape(data_file)  # datasets reads data_files as patterns: corpus[v2].jsonl matched no file
+        return lambda datasets: datasets.load_dataset(builder, data_files=[pattern], split="train", streaming=True)
+
+    read = 0
+    try:
+        for record in _stream(where, load(file), file):
+            read += 1
+            yield record
+        return
+    except NgspecError:
+        if not blank_lines or json_fault(Path(file)) is not None:
+            raise
+    with tempfile.TemporaryDirectory(prefix="ngspec-corpus-") as folder:
+        copy = str(Path(folder) / Path(file).name)
+        with open(file, "rb") as source, open(copy, "wb") as target:
+            target.writelines(line for line in source if line.strip())
+        try:
+            yield from itertools.islice(_stream(where, load(copy), file), read, None)
+        except NgspecError as error:
+            raise NgspecError(str(error).replace(copy, file)) from error.__cause__
 
 
 def _parquet_rows(file: str) -> int | None:
