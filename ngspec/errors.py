@@ -21,6 +21,16 @@ class Stopped(Exception):
         self.measured = measured
 
 
+def json_text_problem(exc: ValueError) -> str:
+    """What a `UnicodeDecodeError` or `json.JSONDecodeError` found in a file, saying where, in the
+    words of the file rather than Python's ("'utf-8' codec can't decode byte 0xc3 in position 0")."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text: byte {exc.start} is {exc.object[exc.start]:#04x}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    return first_sentence(exc)
+
+
 def shown(value: object) -> str:
     """A value as a message shows it: as Python writes it when short, else by its type."""
     text = repr(value)

@@ -13,11 +13,12 @@ import json
 import re
 from pathlib import Path
 
-from ngspec.errors import NULL, NgspecError, json_kinds, short
+from ngspec.errors import NULL, NgspecError, json_kinds, json_text_problem, short
 
 # what transformers reads from a model directory as JSON objects, and as text
 MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
 MODEL_TEXT_FILES = ("chat_template.jinja",)
+MODEL_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 MORE_TOKENS = ("extra_special_tokens", "additional_special_tokens")  # a list of tokens, or an object of named ones
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
@@ -114,9 +115,20 @@ def field_problem(doc: dict, name: str) -> str | None:
     return None
 
 
+def refuse_directories(directory: Path, names: tuple[str, ...], remedy: str) -> None:
+    """Refuse a directory where a file of ``names`` belongs: transformers reported one as missing
+    ("no file named model.safetensors ... found") or failed on it with a message about converting
+    tokenizers, and Python's reader as "Is a directory"."""
+    for name in names:
+        if (directory / name).is_dir():
+            raise NgspecError(f"{directory / name} is a directory, not a file; {remedy}")
+
+
 def check_model_files(directory: Path) -> None:
-    """Refuse a file of a model directory (`MODEL_JSON_FILES`, `MODEL_TEXT_FILES`) that is not
-    UTF-8 text, or not a JSON object, or gives a field of `FIELD_TYPES` another type, naming it."""
+    """Refuse a directory in place of a file a model directory holds, and a file
+    (`MODEL_JSON_FILES`, `MODEL_TEXT_FILES`) that is not UTF-8 text, or not a JSON object, or gives
+    a field of `FIELD_TYPES` another type, naming it."""
+    refuse_directories(directory, MODEL_JSON_FILES + MODEL_TEXT_FILES + MODEL_WEIGHT_FILES, "copy it again from the model's source")
     for name in MODEL_JSON_FILES + MODEL_TEXT_FILES:
         path = directory / name
         if not path.is_file():
@@ -127,9 +139,7 @@ def check_model_files(directory: Path) -> None:
                 continue
             doc = json.loads(text)
             problem = field_problem(doc, name) if isinstance(doc, dict) else f"not a JSON object: {text.strip()[:40]}"
-        except UnicodeDecodeError as exc:
-            problem = f"not UTF-8 text: byte {exc.start} is {exc.object[exc.start]:#04x}"
-        except json.JSONDecodeError as exc:
-            problem = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            problem = json_text_problem(exc)
         if problem:
             raise NgspecError(f"{path} is damaged ({problem}); copy it again from the model's source")

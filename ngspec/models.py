@@ -154,9 +154,10 @@ def _source(spec: str) -> tuple[Path | str, dict]:
             raise NgspecError(f"model file not found: {path}")
         return path.parent, {"gguf_file": path.name}
     if path.exists():
+        if path.is_dir():
+            check_model_files(path)  # first: a directory named config.json is no missing config.json
         if not (path / "config.json").is_file():
             raise NgspecError(f"{path} is not a model directory (no config.json)")
-        check_model_files(path)
         return path, {}
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise NgspecError(f"model path not found: {spec}")

@@ -255,11 +255,35 @@ def test_a_meta_file_names_its_missing_and_unknown_fields(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("name", ["tokens.npy", "sa.npy"])
-def test_an_empty_array_file_is_named_in_one_message(tmp_path, tokenizer, name):
+@pytest.mark.parametrize("content, says", [
+    (b"", "it is empty"),
+    # numpy took it for a pickle: "This file contains pickled (object) data. If you trust the file you can
+    # load it unsafely ..." (input_fuzz run 13012)
+    (b"\xa9\xec\xc9B\xaa\xdc" * 8, "not a .npy file"),
+    (b"\x93NUMPY\x01\x00v\x00{'descr'", "EOF: reading array header, expected 118 bytes got 8"),
+    (None, "Array can't be memory-mapped: Python objects in dtype."),
+])
+def test_a_damaged_array_file_is_named_in_one_message(tmp_path, tokenizer, name, content, says):
     out = small_store(tmp_path, tokenizer)
-    (out / name).write_bytes(b"")
-    with pytest.raises(NgspecError, match="corrupt or truncated array file"):
+    if content is None:
+        np.save(out / name, np.array([1, "a"], dtype=object), allow_pickle=True)
+    else:
+        (out / name).write_bytes(content)
+    with pytest.raises(NgspecError) as refused:
         Datastore.open(out)
+    assert str(refused.value) == f"{out / name} is corrupt or truncated ({says}); rebuild the datastore with `ngspec build-datastore`"
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\xc3{}", "not UTF-8 text: byte 0 is 0xc3"),  # "'utf-8' codec can't decode byte 0xc3 in position 0" (input_fuzz run 12968)
+    (b'{"source": ', "not valid JSON: Expecting value at line 1 column 12"),
+])
+def test_a_meta_file_that_is_not_json_says_where_in_its_own_words(tmp_path, tokenizer, content, says):
+    out = small_store(tmp_path, tokenizer)
+    (out / "meta.json").write_bytes(content)
+    with pytest.raises(NgspecError) as refused:
+        Datastore.open(out)
+    assert str(refused.value) == f"{out}/meta.json is corrupt: {says}"
 
 
 def test_datastore_from_another_tokenizer_is_refused(tmp_path, tokenizer):

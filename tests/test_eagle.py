@@ -116,6 +116,30 @@ def test_a_damaged_pytorch_head_file_is_named_in_one_sentence(tmp_path, llama, d
                               "copy the head again, or train one with `ngspec train-eagle`")
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_directory_in_place_of_a_head_file_is_named(tmp_path, llama, name):
+    """A directory named model.safetensors was read as missing weights ("no weights in ...",
+    input_fuzz run 12990)."""
+    save_head(make_head(llama), tmp_path / "h")
+    (tmp_path / "h" / name).unlink()
+    (tmp_path / "h" / name).mkdir()
+    with pytest.raises(NgspecError) as err:
+        load_head(tmp_path / "h", llama)
+    assert str(err.value) == f"{tmp_path}/h/{name} is a directory, not a file; copy the head again, or train one with `ngspec train-eagle`"
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\xf5{}", "not UTF-8 text: byte 0 is 0xf5"),  # "is not valid JSON ('utf-8' codec can't decode byte 0xf5 ...)" (input_fuzz run 13039)
+    (b'{"hidden_size": ', "not valid JSON: Expecting value at line 1 column 17"),
+])
+def test_a_head_config_that_is_not_json_text_says_where(tmp_path, llama, content, says):
+    save_head(make_head(llama), tmp_path / "h")
+    (tmp_path / "h" / "config.json").write_bytes(content)
+    with pytest.raises(NgspecError) as err:
+        load_head(tmp_path / "h", llama)
+    assert str(err.value) == f"{tmp_path}/h/config.json is damaged ({says})"
+
+
 @pytest.mark.parametrize("config", ["1.5", "[1, 2]", "null", '"text"'])
 def test_a_head_config_that_is_not_an_object_is_refused_in_one_message(tmp_path, llama, config):
     """It raised "TypeError: argument of type 'float' is not iterable" (found by

@@ -307,6 +307,23 @@ def test_a_model_file_that_is_not_json_or_text_is_named(tmp_path, name, content,
         loader(str(tmp_path))
 
 
+@pytest.mark.parametrize("name, load", [
+    ("model.safetensors", "model"),  # transformers: "no file named model.safetensors, or pytorch_model.bin, found" (run 12964)
+    ("tokenizer.json", "tokenizer"),  # transformers: "Couldn't instantiate the backend tokenizer ..." (run 13230)
+    ("config.json", "model"),  # "is not a model directory (no config.json)"
+    ("chat_template.jinja", "tokenizer"),
+])
+def test_a_directory_in_place_of_a_model_file_is_named(tmp_path, name, load):
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / name).unlink()
+    (tmp_path / name).mkdir()
+    loader = models.load_model if load == "model" else models.load_tokenizer
+    with pytest.raises(NgspecError) as err:
+        loader(str(tmp_path))
+    assert str(err.value) == f"{tmp_path / name} is a directory, not a file; copy it again from the model's source"
+
+
 @pytest.mark.slow
 def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
     """The first run converts the bundled GGUF; transformers' plain tqdm bar for it ("Converting

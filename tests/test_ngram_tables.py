@@ -73,8 +73,17 @@ def test_save_load_round_trip_and_refusals(tmp_path, model, tables):
         nt.load_tables(path, nt.model_fingerprint(other, ANCHOR), 96)
     with pytest.raises(NgspecError, match="96-token vocabulary"):
         nt.load_tables(path, tables.fingerprint, 128)
-    path.write_bytes(path.read_bytes()[:300])
-    with pytest.raises(NgspecError, match="damaged"):
+    whole = path.read_bytes()
+    for content, says in [(whole[:300], "the archive is cut short or damaged"), (b"", "it is empty"), (b"garbage", "not a .npz archive")]:
+        path.write_bytes(content)  # they said only the exception's class: "(BadZipFile)", "(EOFError)", "(ValueError)"
+        with pytest.raises(NgspecError) as refused:
+            nt.load_tables(path)
+        assert str(refused.value) == f"{path} is a damaged n-gram table file ({says}); rebuild it with `ngspec build-bigram`"
+    np.savez(path, meta=np.frombuffer(b"\xff{", dtype=np.uint8), unigram=tables.unigram)
+    with pytest.raises(NgspecError, match=r"\(its meta entry is not JSON text\)"):
+        nt.load_tables(path)
+    np.savez(path, meta=np.frombuffer(b"{}", dtype=np.uint8), unigram=tables.unigram)
+    with pytest.raises(NgspecError, match=r"\(no bigram array in it\)"):
         nt.load_tables(path)
     with pytest.raises(NgspecError, match="no n-gram tables"):
         nt.load_tables(tmp_path / "missing.npz")

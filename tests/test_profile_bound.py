@@ -60,11 +60,16 @@ def test_parameter_count_matches_the_built_architecture(name):
     assert parameter_count(config) == sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("text", [b"\x97\xff", b"[1, 2]", b"{}", b'{"model_type": "nope"}', b"{not json"])
-def test_a_config_file_that_is_not_a_config_is_named_in_one_message(tmp_path, text):
+@pytest.mark.parametrize("text, says", [
+    (b"\x97\xff", "not UTF-8 text: byte 0 is 0x97"),  # was Python's "'utf-8' codec can't decode byte 0x97 in position 0"
+    (b"[1, 2]", "not a JSON object"), (b"{}", "no 'model_type'"), (b'{"model_type": "nope"}', "nope"),
+    (b"{not json", "not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+])
+def test_a_config_file_that_is_not_a_config_is_named_in_one_message(tmp_path, text, says):
     (tmp_path / "config.json").write_bytes(text)
-    with pytest.raises(NgspecError, match="cannot read a transformers config from"):
+    with pytest.raises(NgspecError, match="cannot read a transformers config from") as refused:
         shape_config(str(tmp_path / "config.json"))
+    assert says in str(refused.value)
 
 
 @pytest.mark.parametrize("edit, message", [

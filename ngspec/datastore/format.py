@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ngspec.errors import NgspecError, json_kinds, short
+from ngspec.errors import NgspecError, first_sentence, json_kinds, json_text_problem, short
 
 FORMAT_VERSION = 1
 FILES = ("tokens.npy", "sa.npy", "meta.json")
@@ -83,7 +83,7 @@ def read_meta(path: Path) -> DatastoreMeta:
     try:
         raw = json.loads((path / "meta.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise NgspecError(f"{path}/meta.json is corrupt: {exc}") from exc
+        raise NgspecError(f"{path}/meta.json is corrupt: {json_text_problem(exc)}") from exc
     if not isinstance(raw, dict):
         raise NgspecError(f"{path}/meta.json is corrupt: not a JSON object")
     if raw.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:  # before its fields: another format has others
@@ -113,13 +113,22 @@ _FIELD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "dict": (di
 _LEAST = {"vocab_size": 1, "records": 0, "documents": 0, "tokens": 0}
 
 
+def _array(file: Path) -> np.ndarray:
+    with open(file, "rb") as f:
+        start = f.read(6)
+    # numpy takes a file without its magic bytes for a pickle, and advises loading it "unsafely"
+    problem = "it is empty" if not start else None if start == b"\x93NUMPY" else "not a .npy file"
+    if problem is None:
+        try:
+            return np.load(file, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            problem = first_sentence(exc)
+    raise NgspecError(f"{file} is corrupt or truncated ({problem}); rebuild the datastore with `ngspec build-datastore`")
+
+
 def load_arrays(path: Path, meta: DatastoreMeta) -> tuple[np.ndarray, np.ndarray]:
     """Memory-map ``tokens`` and ``sa`` and check they agree with the metadata."""
-    try:
-        tokens = np.load(path / "tokens.npy", mmap_mode="r", allow_pickle=False)
-        sa = np.load(path / "sa.npy", mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:  # EOFError: an empty file
-        raise NgspecError(f"{path} has a corrupt or truncated array file: {exc or type(exc).__name__}") from exc
+    tokens, sa = (_array(path / name) for name in ("tokens.npy", "sa.npy"))
     expected = meta.tokens + meta.documents
     if tokens.ndim != 1 or len(tokens) != expected or str(tokens.dtype) != meta.token_dtype:
         raise NgspecError(f"{path}/tokens.npy does not match meta.json (corrupt or truncated)")

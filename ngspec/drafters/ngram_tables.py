@@ -34,7 +34,7 @@ from transformers import PreTrainedModel
 
 from ngspec import staging
 from ngspec.architecture import sliding_window
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, first_sentence
 from ngspec.kv import cache_argument, make_cache
 from ngspec.rows import forward_rows
 
@@ -167,6 +167,24 @@ def save_tables(tables: NgramTables, path: Path, model_name: str) -> None:
         )
 
 
+def _damage(path: Path, exc: Exception) -> str:
+    """What is wrong with a table file, in words: it said only the exception's class ("ValueError",
+    "BadZipFile", "EOFError"), and numpy reads a file that is no archive as a pickle."""
+    with open(path, "rb") as f:
+        start = f.read(4)
+    if not start:
+        return "it is empty"
+    if start != b"PK\x03\x04":
+        return "not a .npz archive"
+    if isinstance(exc, KeyError):
+        return f"no {exc.args[0].split()[0] if exc.args and isinstance(exc.args[0], str) else exc} array in it"
+    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+        return "its meta entry is not JSON text"
+    if isinstance(exc, (zipfile.BadZipFile, EOFError)):
+        return "the archive is cut short or damaged"  # zipfile says "File is not a zip file" of one cut short
+    return first_sentence(exc)
+
+
 def load_tables(path: Path, fingerprint: str | None = None, vocab_size: int | None = None) -> NgramTables:
     """Read tables; refuse a damaged file or one made for another model (by fingerprint) or
     vocabulary."""
@@ -178,8 +196,8 @@ def load_tables(path: Path, fingerprint: str | None = None, vocab_size: int | No
         raise NgspecError(f"no n-gram tables at {path}: build them with `ngspec build-bigram --out {path}`") from None
     except IsADirectoryError:
         raise NgspecError(f"{path} is a directory; give the table file `ngspec build-bigram --out` writes") from None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError, EOFError) as exc:
-        raise NgspecError(f"{path} is a damaged n-gram table file ({type(exc).__name__}); rebuild it with `ngspec build-bigram`") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:  # JSON and codec errors are ValueErrors
+        raise NgspecError(f"{path} is a damaged n-gram table file ({_damage(path, exc)}); rebuild it with `ngspec build-bigram`") from None
     if meta.get("format") != TABLE_FORMAT:
         raise NgspecError(f"{path} has table format {meta.get('format')}; this ngspec reads {TABLE_FORMAT}: rebuild it")
     bigram, extended = arrays["bigram"], arrays["extended"]

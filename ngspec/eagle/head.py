@@ -26,9 +26,9 @@ from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from ngspec import staging
-from ngspec.errors import NgspecError, first_sentence, short
+from ngspec.errors import NgspecError, first_sentence, json_text_problem, short
 from ngspec.kv import cache_argument
-from ngspec.model_files import field_problem
+from ngspec.model_files import field_problem, refuse_directories
 from ngspec.models import CONFIG_ERRORS, config_error_message, config_problem
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -280,12 +280,13 @@ def load_head(directory: Path, target: PreTrainedModel):
     directory = Path(directory)
     if not directory.is_dir():
         raise NgspecError(f"no EAGLE head directory at {directory}")
+    refuse_directories(directory, ("config.json", *WEIGHTS), "copy the head again, or train one with `ngspec train-eagle`")
     try:
         raw = json.loads((directory / "config.json").read_text())
     except FileNotFoundError:
         raise NgspecError(f"{directory} has no config.json; an EAGLE head directory holds config.json and its weights") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise NgspecError(f"{directory}/config.json is not valid JSON ({exc})") from None
+        raise NgspecError(f"{directory}/config.json is damaged ({json_text_problem(exc)})") from None
     if not isinstance(raw, dict):
         raise NgspecError(f"{directory}/config.json must hold a JSON object (a head's config), not {short(raw)}")
     weights = _read_weights(directory)

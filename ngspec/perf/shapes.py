@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, json_text_problem
 from ngspec.model_files import field_problem
 from ngspec.models import CONFIG_ERRORS, check_config, config_error_message
 
@@ -52,8 +52,8 @@ def shape_config(shape: str) -> tuple[str, PretrainedConfig]:
             raise NgspecError(f"cannot read a transformers config from {path}: {problem}")
         model_type = values.pop("model_type")
         config = AutoConfig.for_model(model_type, **values)
-    except json.JSONDecodeError as exc:
-        raise NgspecError(f"cannot read a transformers config from {path}: {exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise NgspecError(f"cannot read a transformers config from {path}: {json_text_problem(exc)}") from exc
     except KeyError as exc:
         raise NgspecError(f"cannot read a transformers config from {path}: no {exc}") from exc
     except CONFIG_ERRORS as exc:  # transformers' own validation: a size of another type, heads that do not divide
