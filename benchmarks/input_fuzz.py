@@ -51,9 +51,14 @@ PYTHON_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ", re.MULTILINE)
 # a refusal in Python's words rather than the input's ("could not load model ...: 'int' object has no
 # attribute 'items'"): clear enough to pass for a refusal until 2026-12-06, it names no field or file;
 # or carrying an exception's class name ("cannot read PATH: SafetensorError: Error while ...", 157
-# runs from 8151 on, until the second 2026-12-06 session)
+# runs from 8151 on, until the second 2026-12-06 session); or a library's words passed on that misname
+# the fault or give no place ("Expected object or value" of a readable file, "no file named
+# model.safetensors" where it is a directory, numpy's advice to load a file "unsafely", a codec's
+# byte position, an exception's bare class: "(BadZipFile)"; passed as refusals until the third)
 PYTHON_WORDS = re.compile(r"has no attribute '|'\w+' object is not|NoneType|<class '|unhashable type|not supported between instances"
-                          r"|invalid literal for int\(\)|index out of range|\b[A-Z]\w*(?:Error|Exception): ")
+                          r"|invalid literal for int\(\)|index out of range|\b[A-Z]\w*(?:Error|Exception): "
+                          r"|Expected object or value|no file named \S+.* found in directory|Couldn't instantiate the backend tokenizer"
+                          r"|load it unsafely|codec can't decode|\([A-Z]\w*(?:Error|File)\)")
 KINDS = ["corpus", "prompts", "datastore", "head", "shape", "table", "model"]
 # what a saved tokenizer leaves beside a model (removed together: a checkpoint saved without it)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")

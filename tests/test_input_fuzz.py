@@ -34,6 +34,13 @@ input_fuzz = benchmark_script("input_fuzz")
         (1, "error: cannot read h/model.safetensors: SafetensorError: Error while deserializing header: header too large\n", [], "FINDING"),
         (1, "error: cannot read h/model.safetensors: it is damaged, cut short or not a weights file (Error while deserializing header)\n", [], "refused"),
         (1, "error: m/config.json is damaged (id2label must be a JSON object or null, not 5); copy it again from the model's source\n", [], "refused"),
+        # a library's words that misname the fault or give no place (refusals until the third 2026-12-06 session)
+        (1, "error: cannot read corpus 'c.jsonl': Expected object or value\n", [], "FINDING"),  # run 12953
+        (1, "error: could not load model 'm': Error no file named model.safetensors, or pytorch_model.bin, found in directory m.\n", [], "FINDING"),
+        (1, "error: m has a corrupt or truncated array file: This file contains pickled (object) data. If you trust the file you can load it unsafely\n", [], "FINDING"),
+        (1, "error: ds/meta.json is corrupt: 'utf-8' codec can't decode byte 0xc3 in position 0: invalid continuation byte\n", [], "FINDING"),
+        (1, "error: t.npz is a damaged n-gram table file (BadZipFile); rebuild it with `ngspec build-bigram`\n", [], "FINDING"),
+        (1, "error: t.npz is a damaged n-gram table file (not a .npz archive); rebuild it with `ngspec build-bigram`\n", [], "refused"),
         (1, "Traceback (most recent call last):\n  x\n", [], "FINDING"),
         (1, "error: cannot read corpus\n", [".ds-tmp-1"], "FINDING"),  # a refusal that leaves a temporary behind
         (1, "error: cannot continue\n", ["changed out.partial.jsonl"], "FINDING"),  # a refusal that lost an input
