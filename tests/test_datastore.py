@@ -329,30 +329,28 @@ def test_blank_lines_in_a_file_whose_field_changes_type_are_skipped(tmp_path, wh
     assert [p.name for p in tmp_path.iterdir()] == ["c.jsonl"]
 
 
-def test_a_file_that_fails_past_its_first_block_goes_on_where_it_stopped(tmp_path, monkeypatch):
-    """datasets reads 10 MB blocks: a block past the first may be the one that fails, after records
-    were handed on; the copy without blank lines is read past them, so none comes twice."""
-    from ngspec.datastore import corpus as corpus_module
+def test_a_field_that_changes_type_past_the_first_ten_megabytes_keeps_every_value_as_written(tmp_path):
+    """datasets 5.2 streamed 10 MB blocks typed by the first: a block where ``response`` turned from
+    text to a number came back with every response of that block as its JSON text, quotes and
+    escapes included ('"a\\nb"'), silently (about 5,000 records of 12 MB)."""
+    from ngspec.datastore.corpus import iter_records
 
-    rows = [{"instruction": f"q{i}", "response": f"a{i}"} for i in range(4)]
+    rows = [{"instruction": f"q{i}", "response": f"line one\nline two of answer {i} " + "x" * 160} for i in range(60_000)]
+    rows += [{"instruction": "odd", "response": 5}, {"instruction": "last", "response": "plain \"text\""}]
     path = tmp_path / "c.jsonl"
-    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")
-    real, calls = corpus_module._stream, []
+    with path.open("w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    assert path.stat().st_size > 11 << 20
+    assert list(iter_records(str(path))) == rows
 
-    def failing_once(where, load, file=None):
-        calls.append(where)
-        if len(calls) == 1:  # the first read stops after two records, as datasets did on a later block
-            yield from list(real(where, load, file))[:2]
-            raise NgspecError("cannot read corpus: Expected object or value")
-        yield from real(where, load, file)
 
-    monkeypatch.setattr(corpus_module, "_stream", failing_once)
-    assert list(corpus_module.iter_records(str(path))) == rows and len(calls) == 2
-    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")  # no blank line: nothing to retry
-    calls.clear()
-    with pytest.raises(NgspecError, match="Expected object or value"):
-        list(corpus_module.iter_records(str(path)))
-    assert len(calls) == 1
+def test_a_record_nested_past_pythons_recursion_limit_is_refused_by_its_line(tmp_path):
+    from ngspec.datastore.corpus import iter_records
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"response": "a1"}\n{"response": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(NgspecError, match=r"c\.jsonl:2: its JSON is nested too deeply to read$"):
+        list(iter_records(str(path)))
 
 
 def test_a_blank_line_does_not_hide_a_malformed_one(tmp_path):
@@ -405,10 +403,11 @@ def test_an_empty_parquet_file_holds_no_records_and_a_broken_one_is_one_line(tmp
 
 
 @pytest.mark.parametrize("first", ["NaN", "1", "null", '"text"', "[1, 2]", "\ufeffNaN"])
-def test_a_json_lines_record_that_is_not_an_object_is_refused_before_datasets_reads_the_file(tmp_path, first):
+def test_a_json_lines_record_that_is_not_an_object_is_refused_by_its_line(tmp_path, first):
     """A line that is not an object, followed by a field that changes type, crashed the process
     inside pyarrow's JSON reader (a segmentation fault, through datasets 5.2 and pyarrow 26; found
-    by benchmarks/input_fuzz.py run 1349): such lines are refused by line number first."""
+    by benchmarks/input_fuzz.py run 1349); JSON lines are now read by Python's reader, and such a
+    line is refused by its number (in a child process, so a crash would show as one)."""
     import subprocess
     import sys
 
@@ -430,7 +429,7 @@ def test_a_json_document_corpus_is_not_read_as_lines(tmp_path):
     assert [r["response"] for r in iter_records(str(corpus))] == ["a3"]
     lines = tmp_path / "c.jsonl"
     lines.write_text('{"response": "cut\nNaN\n{"c": -1}\n{"c": [1]}\n')  # a first line cut short is not a document
-    with pytest.raises(NgspecError, match="c.jsonl:2: a record must be a JSON object"):
+    with pytest.raises(NgspecError, match=r"c.jsonl:1: not valid JSON \(Unterminated string"):
         list(iter_records(str(lines)))
 
 
@@ -518,14 +517,14 @@ def test_a_malformed_json_corpus_is_named_by_its_line_in_one_message(tmp_path, c
 
 
 def test_a_corpus_that_python_reads_but_pyarrow_does_not_keeps_the_readers_message(tmp_path):
-    from ngspec.datastore.corpus import json_fault
+    from ngspec.datastore.corpus import iter_records, json_fault
 
     pretty = tmp_path / "one.json"  # one document over several lines: no line of it is JSON alone
     pretty.write_text('{\n  "text": "a"\n}\n')
     assert json_fault(pretty) is None
-    lines = tmp_path / "ok.jsonl"
+    lines = tmp_path / "ok.jsonl"  # JSON lines are read by Python's reader, as it reads them
     lines.write_text('{"text": "a"}\n  \n{"text": NaN}\n')
-    assert json_fault(lines) is None
+    assert [type(r["text"]) for r in iter_records(str(lines))] == [str, float]
 
 
 @pytest.mark.parametrize(("code", "says"), [
@@ -554,3 +553,16 @@ def test_a_build_whose_tokenising_process_crashes_says_so_and_leaves_nothing(tmp
     with pytest.raises(NgspecError, match=r"the tokenising process crashed \(SIGSEGV"):
         build_datastore(str(corpus), tokenizer, "smol", tmp_path / "ds", BuildOptions())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_the_corpus_reading_benchmark_compares_both_readers(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from conftest import benchmark_script
+
+    corpus_read = benchmark_script("corpus_read")
+    monkeypatch.setattr(sys, "argv", ["corpus_read.py", "--records", "20", "--repeats", "1", "--out", str(tmp_path)])
+    assert corpus_read.main() == 0
+    result = json.loads((tmp_path / "corpus_read.json").read_text())
+    assert result["records"] == 22 and result["ngspec"]["changed"] == 0 and result["ngspec"]["records"] == 22
+    assert result["datasets"]["records"] == 22  # one block: datasets reads a small file as written too

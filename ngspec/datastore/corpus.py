@@ -1,4 +1,5 @@
-"""Corpus records: reading them (through `datasets`) and extracting the documents to index.
+"""Corpus records: reading them (JSON lines with Python's `json`; JSON documents, parquet and hub
+datasets through `datasets`) and extracting the documents to index.
 
 Formats, detected from the first record or chosen with ``--format``:
 
@@ -15,11 +16,9 @@ By default only the assistant side goes in (READER's choice); ``text="all"`` add
 from __future__ import annotations
 
 import glob
-import itertools
 import json
 import logging
 import re
-import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -121,47 +120,52 @@ def looks_local(spec: str) -> bool:
 
 
 def json_fault(file: Path) -> str | None:
-    """Where a JSON-lines file (or one JSON array) stops being valid, as ``FILE:LINE: what``, or
-    None where Python's own reader finds nothing wrong (the fault is then another kind, which
-    `datasets` names). `datasets` (pyarrow) counts a malformed line as a row of the block it read
-    (line 200,001 of a file was its "row 49183"), so this reads the file again to say which line."""
+    """Where a JSON document file (an array of records, or one object) stops being valid, as
+    ``FILE:LINE...: what``, or None where Python's reader finds nothing wrong (the fault is then
+    another kind, which `datasets` names)."""
+    return _document_fault(file)
+
+
+def _is_document(file: Path) -> bool:
+    """Whether a ``.json``/``.jsonl`` file is one JSON document (an array, or an object over several
+    lines) rather than JSON lines: its first line opens an array, or opens an object that is not
+    JSON alone while the whole file is (a first line cut short is a JSON-lines fault)."""
     with open(file, "rb") as f:
-        if f.read(4096).lstrip().startswith(b"["):
-            return _document_fault(file)
-        f.seek(0)
+        for line in f:
+            start = line.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()
+            if start:
+                return start.startswith(b"[") or (start.startswith(b"{") and not _is_json(start) and _document_fault(file) is None)
+    return False
+
+
+def _json_lines(file: Path) -> Iterator[dict]:
+    """The records of a JSON-lines file, each as Python's `json` reads it, blank lines skipped; a
+    line that is not a JSON object stops the reading with its number. `datasets` 5.2 read these
+    files through pyarrow, 5x slower on this VM, and a field that changed type there crashed the
+    process (after a line such as ``NaN``), stopped on a blank line ("Expected object or value"), or,
+    past the first 10 MB, turned every string of that field in that block into its JSON text, quotes
+    and escapes included (BENCHMARKS.md 10zzz)."""
+    with open(file, "rb") as f:
         for lineno, line in enumerate(f, 1):
+            if lineno == 1:
+                line = line.removeprefix(b"\xef\xbb\xbf")
             if not line.strip():
-                continue  # datasets skips blank lines
+                continue
             try:
-                json.loads(line.decode("utf-8"))
+                record = json.loads(line.decode("utf-8").rstrip("\r\n"))  # a line cut short: "Unterminated string", not "Invalid control character"
             except UnicodeDecodeError:
-                return f"{file}:{lineno}: not valid UTF-8"
+                raise NgspecError(f"cannot read corpus {file}:{lineno}: not valid UTF-8") from None
+            except RecursionError:
+                raise NgspecError(f"cannot read corpus {file}:{lineno}: its JSON is nested too deeply to read") from None
             except json.JSONDecodeError as exc:
-                if file.suffix == ".json" and _document_fault(file) is None:
-                    return None  # one object over several lines: no line of it is JSON alone
-                return f"{file}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
-    return None
-
-
-def _lines_are_objects(file: Path) -> bool:
-    """Refuse a JSON-lines file with a line that cannot be a record, by its line number, before
-    `datasets` reads it: a line such as ``NaN`` followed by a field that changes type crashed the
-    process inside pyarrow's JSON reader (a segmentation fault; datasets 5.2, pyarrow 26). One pass
-    over the lines' first bytes; a file that is one JSON document (an array, or an object over
-    several lines) is left to the reader. Returns whether the file has a blank line."""
-    first, blank = True, False
-    with open(file, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            start = line.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip() if first else line.lstrip()
-            blank = blank or not start
-            if first and start:
-                first = False
-                if start.startswith(b"[") or (start.startswith(b"{") and not _is_json(start) and _document_fault(file) is None):
-                    return False  # one document (a line cut short instead goes on to the lines after it)
-            if start and not start.startswith(b"{"):
-                shown = start[:20].decode("utf-8", "replace").rstrip()
+                if line.lstrip().startswith(b"{"):
+                    what = exc.msg.removesuffix(" at")  # "Unterminated string starting at"
+                    raise NgspecError(f"cannot read corpus {file}:{lineno}: not valid JSON ({what} at column {exc.colno})") from None
+                record = None  # refused below, by how the line starts
+            if not isinstance(record, dict):
+                shown = line.strip()[:20].decode("utf-8", "replace").rstrip()
                 raise NgspecError(f"cannot read corpus {file}:{lineno}: a record must be a JSON object (the line starts {shown!r})")
-    return blank
+            yield record
 
 
 def _is_json(line: bytes) -> bool:
@@ -201,8 +205,9 @@ def _reading_error(spec: str, exc: Exception, file: str | None = None) -> Ngspec
 
 
 def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
-    """Records of a local path or a dataset name, streamed through `datasets`; reading errors
-    (malformed JSON, bad encodings, unknown datasets) become one clear `NgspecError`. The files
+    """Records of a local path or a dataset name, streamed (JSON-lines files line by line with
+    Python's `json`, the rest through `datasets`); reading errors (malformed JSON, bad encodings,
+    unknown datasets) become one clear `NgspecError`. The files
     of a directory are read one after another, so files whose records carry different extra
     fields (a Magpie export next to `synth-corpus` output) can sit side by side."""
     path = Path(spec).expanduser()
@@ -216,37 +221,11 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
         where = file if path.is_dir() else spec
         if builder == "parquet" and _parquet_rows(file) == 0:
             continue  # no records, as in an empty .jsonl (datasets fails on it: "BatchSize must be greater than 0")
-        blank_lines = builder == "json" and _lines_are_objects(Path(file))
-        yield from _read_file(where, builder, file, blank_lines)
-
-
-def _read_file(where: str, builder: str, file: str, blank_lines: bool) -> Iterator[dict]:
-    """One local file's records through `datasets`. datasets 5.2 re-reads a block whose field
-    changes type (``"id"`` text in one record, a number in the next) line by line, and a blank line
-    there stops it ("Expected object or value"); such a file is read again from a copy without its
-    blank lines (made only then), past the records already read."""
-
-    def load(data_file: str):
-        pattern = glob.escape(data_file)  # datasets reads data_files as patterns: corpus[v2].jsonl matched no file
-        return lambda datasets: datasets.load_dataset(builder, data_files=[pattern], split="train", streaming=True)
-
-    read = 0
-    try:
-        for record in _stream(where, load(file), file):
-            read += 1
-            yield record
-        return
-    except NgspecError:
-        if not blank_lines or json_fault(Path(file)) is not None:
-            raise
-    with tempfile.TemporaryDirectory(prefix="ngspec-corpus-") as folder:
-        copy = str(Path(folder) / Path(file).name)
-        with open(file, "rb") as source, open(copy, "wb") as target:
-            target.writelines(line for line in source if line.strip())
-        try:
-            yield from itertools.islice(_stream(where, load(copy), file), read, None)
-        except NgspecError as error:
-            raise NgspecError(str(error).replace(copy, file)) from error.__cause__
+        if builder == "json" and not _is_document(Path(file)):
+            yield from _json_lines(Path(file))
+            continue
+        pattern = glob.escape(file)  # datasets reads data_files as patterns: corpus[v2].jsonl matched no file
+        yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[pattern], split="train", streaming=True), file)
 
 
 def _parquet_rows(file: str) -> int | None:
