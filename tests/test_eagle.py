@@ -252,8 +252,11 @@ def test_choices_files(tmp_path):
     path.write_text("[[0, 0]]")
     with pytest.raises(NgspecError, match="without its parent"):
         read_choices(path)
-    path.write_text("{oops")
-    with pytest.raises(NgspecError, match="JSON list"):
+    path.write_text("{oops")  # Python's words said "line 1 column 2 (char 1)"
+    with pytest.raises(NgspecError, match=r"JSON list .*\(not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2\)$"):
+        read_choices(path)
+    path.write_bytes(b"[[0]]\xe9")
+    with pytest.raises(NgspecError, match=r"\(not UTF-8 text: byte 5 is 0xe9\)$"):
         read_choices(path)
     with pytest.raises(NgspecError):
         check_choices([(0, -1)])

@@ -37,7 +37,7 @@ from ngspec.eagle.head import EagleHead
 from ngspec.eagle.graphs import StaticRuns
 from ngspec.eagle.pool import HeadPool
 from ngspec.eagle.vocab import SharedVocab, Top, TopCall
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, json_text_problem
 
 MAX_SCORED = 32  # caught-up pairs scored per head run (bounds the extra LM-head rows)
 
@@ -67,8 +67,8 @@ def read_shape(path: Path) -> tuple[tuple[tuple[int, ...], ...], dict]:
         raise NgspecError(f"no tree-choices file at {path}") from None
     except IsADirectoryError:
         raise NgspecError(f"{path} is a directory; --tree-choices takes a JSON file (from tune-tree)") from None
-    except (json.JSONDecodeError, TypeError, ValueError, KeyError, UnicodeDecodeError) as exc:
-        raise NgspecError(f"{path}: expected a JSON list of lists of child ranks or a tune-tree file ({exc})") from None
+    except (json.JSONDecodeError, TypeError, ValueError, KeyError, UnicodeDecodeError) as exc:  # JSON's and codecs' errors in the file's words
+        raise NgspecError(f"{path}: expected a JSON list of lists of child ranks or a tune-tree file ({json_text_problem(exc)})") from None
     if not choices:
         raise NgspecError(f"{path}: the tree has no nodes")
     return check_choices(choices, str(path)), {k: v for k, v in meta.items() if k != "choices"}
