@@ -274,6 +274,16 @@ def test_a_damaged_array_file_is_named_in_one_message(tmp_path, tokenizer, name,
     assert str(refused.value) == f"{out / name} is corrupt or truncated ({says}); rebuild the datastore with `ngspec build-datastore`"
 
 
+@pytest.mark.parametrize("name", ["tokens.npy", "sa.npy", "meta.json"])
+def test_a_directory_in_place_of_a_datastore_file_is_named(tmp_path, tokenizer, name):
+    out = small_store(tmp_path, tokenizer)
+    (out / name).unlink()
+    (out / name).mkdir()
+    with pytest.raises(NgspecError) as refused:
+        Datastore.open(out)
+    assert str(refused.value) == f"{out / name} is a directory, not a file; rebuild the datastore with `ngspec build-datastore`"
+
+
 @pytest.mark.parametrize("content, says", [
     (b"\xc3{}", "not UTF-8 text: byte 0 is 0xc3"),  # "'utf-8' codec can't decode byte 0xc3 in position 0" (input_fuzz run 12968)
     (b'{"source": ', "not valid JSON: Expecting value at line 1 column 12"),

@@ -77,6 +77,9 @@ def read_meta(path: Path) -> DatastoreMeta:
     path = Path(path)
     if not path.is_dir():
         raise NgspecError(f"datastore not found: {path}")
+    folder = next((f for f in FILES if (path / f).is_dir()), None)
+    if folder is not None:  # it read as "missing sa.npy"
+        raise NgspecError(f"{path / folder} is a directory, not a file; rebuild the datastore with `ngspec build-datastore`")
     missing = [f for f in FILES if not (path / f).is_file()]
     if missing:
         raise NgspecError(f"{path} is not a complete datastore (missing {', '.join(missing)})")
