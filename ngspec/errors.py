@@ -21,13 +21,19 @@ class Stopped(Exception):
         self.measured = measured
 
 
+def json_error(exc: json.JSONDecodeError) -> str:
+    """JSON's message without its dangling "at" ("Unterminated string starting at"), for a message
+    that goes on with the place."""
+    return exc.msg.removesuffix(" at")
+
+
 def json_text_problem(exc: ValueError) -> str:
     """What a `UnicodeDecodeError` or `json.JSONDecodeError` found in a file, saying where, in the
     words of the file rather than Python's ("'utf-8' codec can't decode byte 0xc3 in position 0")."""
     if isinstance(exc, UnicodeDecodeError):
         return f"not UTF-8 text: byte {exc.start} is {exc.object[exc.start]:#04x}"
     if isinstance(exc, json.JSONDecodeError):
-        return f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        return f"not valid JSON: {json_error(exc)} at line {exc.lineno} column {exc.colno}"
     return first_sentence(exc)
 
 

@@ -99,10 +99,18 @@ def _entries_problem(name: str, key: str, value: object) -> str | None:
     return None
 
 
+# fields transformers reads from a file without checking that they are there (a tokenizer.json
+# without added_tokens raised KeyError: 'added_tokens', shown as "... of 'm': 'added_tokens'")
+REQUIRED_FIELDS = {"tokenizer.json": ("added_tokens",)}
+
+
 def field_problem(doc: dict, name: str) -> str | None:
-    """The first field of ``doc``, the content of a file ``name`` ("config.json"), that is not of a
-    JSON type `FIELD_TYPES` allows, or holds entries of another, in words ("id2label must be a JSON
-    object or null, not 5"); None when all are right."""
+    """The first field of ``doc``, the content of a file ``name`` ("config.json"), that is missing
+    where `REQUIRED_FIELDS` needs it or is not of a JSON type `FIELD_TYPES` allows, or holds entries
+    of another, in words ("id2label must be a JSON object or null, not 5"); None when all are right."""
+    missing = [key for key in REQUIRED_FIELDS.get(name, ()) if key not in doc]
+    if missing:
+        return f"no {missing[0]} field"
     for key, allowed in FIELD_TYPES.get(name, {}).items():
         if key not in doc:
             continue

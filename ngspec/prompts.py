@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ngspec.errors import NgspecError, short
+from ngspec.errors import NgspecError, json_error, short
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def jsonl_records(path: Path, text: str) -> Iterator[tuple[int, object]]:
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
-            raise NgspecError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            raise NgspecError(f"{path}:{lineno}: not valid JSON ({json_error(exc)} at column {exc.colno})") from exc
 
 
 def _record_prompt(record: object, where: str) -> Prompt:

@@ -634,7 +634,8 @@ def test_a_prompt_file_of_dash_reads_standard_input(monkeypatch, stdin, ids, tex
 @pytest.mark.parametrize(
     "stdin, message",
     [(b"", "standard input is empty"), (b" \n\n", "standard input is empty"), (b"caf\xe9\n", "standard input is not valid UTF-8 (byte 3)"),
-     (b'{"prompt": "a"}\n{"prompt": }\n', "stdin:2: not valid JSON"), (b'{"prompt": "a"}\n[1]\n', "stdin:2: expected a JSON object")],
+     (b'{"prompt": "a"}\n{"prompt": }\n', "stdin:2: not valid JSON (Expecting value at column 12)"),
+     (b'{"prompt": "a"}\n{"prompt": "b\n', "stdin:2: not valid JSON (Unterminated string starting at column 12)"), (b'{"prompt": "a"}\n[1]\n', "stdin:2: expected a JSON object")],
 )
 def test_bad_standard_input_is_refused_in_one_line_before_the_model_loads(stdin, message):
     result = runner.invoke(app, ["generate", "-p", "-", "-n", "3"], input=stdin)

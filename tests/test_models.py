@@ -292,6 +292,8 @@ def test_an_activation_transformers_does_not_know_is_named(tmp_path, key, model_
         ("config.json", b'{"model_type": ', "not valid JSON: Expecting value at line 1 column 16", "tokenizer"),
         ("generation_config.json", b"null", "not a JSON object: null", "model"),  # "'NoneType' object is not a mapping" (run 10086)
         ("tokenizer.json", b"[1, 2]", "not a JSON object: [1, 2]", "tokenizer"),  # "'list' object has no attribute 'pop'"
+        ("tokenizer.json", b'{"a": 1}', "no added_tokens field", "tokenizer"),  # KeyError: "... of 'm': 'added_tokens'" (input_fuzz run 13770)
+        ("tokenizer.json", b'{"added_tokens": [], "model": "ab', "not valid JSON: Unterminated string starting at line 1 column 31", "tokenizer"),  # "starting at at"
         ("tokenizer_config.json", b"\xef\xbb\xbf\x94{}", "not UTF-8 text: byte 3 is 0x94", "tokenizer"),  # a codec error naming no file
         ("chat_template.jinja", b"{{ x }}\xc3", "not UTF-8 text: byte 7 is 0xc3", "model"),
     ],

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ngspec.errors import NgspecError, json_kind, short
+from ngspec.errors import NgspecError, json_error, json_kind, short
 
 FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
 ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
@@ -159,8 +159,7 @@ def _json_lines(file: Path) -> Iterator[dict]:
                 raise NgspecError(f"cannot read corpus {file}:{lineno}: its JSON is nested too deeply to read") from None
             except json.JSONDecodeError as exc:
                 if line.lstrip().startswith(b"{"):
-                    what = exc.msg.removesuffix(" at")  # "Unterminated string starting at"
-                    raise NgspecError(f"cannot read corpus {file}:{lineno}: not valid JSON ({what} at column {exc.colno})") from None
+                    raise NgspecError(f"cannot read corpus {file}:{lineno}: not valid JSON ({json_error(exc)} at column {exc.colno})") from None
                 record = None  # refused below, by how the line starts
             if not isinstance(record, dict):
                 shown = line.strip()[:20].decode("utf-8", "replace").rstrip()
@@ -184,7 +183,7 @@ def _document_fault(file: Path) -> str | None:
         line = data.count(b"\n", 0, exc.start) + 1
         return f"{file}:{line}: not valid UTF-8"
     except json.JSONDecodeError as exc:
-        return f"{file}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})"
+        return f"{file}:{exc.lineno}:{exc.colno}: not valid JSON ({json_error(exc)})"
     if isinstance(document, list):
         stray = next((i for i, item in enumerate(document) if not isinstance(item, dict)), None)
         if stray is not None:
