@@ -342,7 +342,7 @@ def test_blank_lines_in_a_file_whose_field_changes_type_are_skipped(tmp_path, wh
 def test_a_field_that_changes_type_past_the_first_ten_megabytes_keeps_every_value_as_written(tmp_path):
     """datasets 5.2 streamed 10 MB blocks typed by the first: a block where ``response`` turned from
     text to a number came back with every response of that block as its JSON text, quotes and
-    escapes included ('"a\\nb"'), silently (about 5,000 records of 12 MB)."""
+    escapes included ('"a\\nb"'), silently (thousands of records of a 12 MB file)."""
     from ngspec.datastore.corpus import iter_records
 
     rows = [{"instruction": f"q{i}", "response": f"line one\nline two of answer {i} " + "x" * 160} for i in range(60_000)]
