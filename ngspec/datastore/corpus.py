@@ -119,13 +119,6 @@ def looks_local(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or Path(spec).suffix in DATA_SUFFIXES
 
 
-def json_fault(file: Path) -> str | None:
-    """Where a JSON document file (an array of records, or one object) stops being valid, as
-    ``FILE:LINE...: what``, or None where Python's reader finds nothing wrong (the fault is then
-    another kind, which `datasets` names)."""
-    return _document_fault(file)
-
-
 def _is_document(file: Path) -> bool:
     """Whether a ``.json``/``.jsonl`` file is one JSON document (an array, or an object over several
     lines) rather than JSON lines: its first line opens an array, or opens an object that is not
@@ -134,7 +127,7 @@ def _is_document(file: Path) -> bool:
         for line in f:
             start = line.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()
             if start:
-                return start.startswith(b"[") or (start.startswith(b"{") and not _is_json(start) and _document_fault(file) is None)
+                return start.startswith(b"[") or (start.startswith(b"{") and not _is_json(start) and json_fault(file) is None)
     return False
 
 
@@ -175,7 +168,10 @@ def _is_json(line: bytes) -> bool:
     return True
 
 
-def _document_fault(file: Path) -> str | None:
+def json_fault(file: Path) -> str | None:
+    """Where a JSON document file (an array of records, or one object) stops being valid, as
+    ``FILE:LINE...: what``, or None where Python's reader finds nothing wrong (the fault is then
+    another kind, which `datasets` names)."""
     data = file.read_bytes()
     try:
         document = json.loads(data.decode("utf-8-sig"))

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ngspec.errors import NgspecError, first_sentence, json_kinds, json_text_problem, short
+from ngspec.model_files import refuse_directories
 
 FORMAT_VERSION = 1
 FILES = ("tokens.npy", "sa.npy", "meta.json")
@@ -77,9 +78,7 @@ def read_meta(path: Path) -> DatastoreMeta:
     path = Path(path)
     if not path.is_dir():
         raise NgspecError(f"datastore not found: {path}")
-    folder = next((f for f in FILES if (path / f).is_dir()), None)
-    if folder is not None:  # it read as "missing sa.npy"
-        raise NgspecError(f"{path / folder} is a directory, not a file; rebuild the datastore with `ngspec build-datastore`")
+    refuse_directories(path, FILES, "rebuild the datastore with `ngspec build-datastore`")  # it read as "missing sa.npy"
     missing = [f for f in FILES if not (path / f).is_file()]
     if missing:
         raise NgspecError(f"{path} is not a complete datastore (missing {', '.join(missing)})")
