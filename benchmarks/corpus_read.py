@@ -1,6 +1,7 @@
-"""Reading a JSON-lines corpus: `datasets` 5.2's streaming JSON reader against ngspec's
-(`ngspec.datastore.corpus.iter_records`, Python's `json` line by line), on the same synthetic
-Magpie file, side by side in one process.
+"""Reading a JSON corpus: `datasets` 5.2's streaming JSON reader against ngspec's
+(`ngspec.datastore.corpus.iter_records`, Python's `json`), on the same synthetic Magpie file,
+side by side in one process. ``--layout lines`` writes JSON lines (``corpus.jsonl``), ``--layout
+array`` one JSON array of the same records (``corpus.json``).
 
 The file holds ``--records`` Magpie records (answers with newlines and quotes) and, at the end, one
 record whose ``response`` is a number, then one more with text: a type change past datasets' first
@@ -8,10 +9,12 @@ record whose ``response`` is a number, then one more with text: a type change pa
 counts as changed. Times are best of ``--repeats``.
 
     python benchmarks/corpus_read.py --records 60000 --out bench-out/corpus_read
+    python benchmarks/corpus_read.py --records 60000 --layout array --out bench-out/corpus_read_array
 
 Why (BENCHMARKS.md 10zzz): datasets typed each later block by the first and, in a block where a
 field changed type, returned every string of that field as its JSON text ('"line one\\nline
 two"', quotes and escapes included), silently; it also stopped on a blank line in such a block.
+It typed a JSON array as one block, so there every string of such a field changed (10zzza).
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ import time
 from pathlib import Path
 
 
-def write_corpus(path: Path, records: int) -> list[dict]:
+def write_corpus(path: Path, records: int, array: bool = False) -> list[dict]:
     rows = [{"instruction": f"Question {i}?", "response": f'Line one of answer {i}.\nLine two says "quoted" ' + "x" * 120}
             for i in range(records)]
     rows += [{"instruction": "odd", "response": 5}, {"instruction": "last", "response": "plain text"}]
     with path.open("w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
+        if array:
+            json.dump(rows, f, indent=1)
+        else:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
     return rows
 
 
@@ -48,15 +54,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=60_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--layout", choices=("lines", "array"), default="lines")
     parser.add_argument("--out", type=Path, default=Path("bench-out/corpus_read"))
     ns = parser.parse_args()
     if ns.records < 1 or ns.repeats < 1:
         parser.error("--records and --repeats must be at least 1")
     ns.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "corpus.jsonl"
-        rows = write_corpus(path, ns.records)
-        result = {"records": len(rows), "megabytes": round(path.stat().st_size / 2**20, 1)}
+        path = Path(tmp) / ("corpus.json" if ns.layout == "array" else "corpus.jsonl")
+        rows = write_corpus(path, ns.records, array=ns.layout == "array")
+        result = {"layout": ns.layout, "records": len(rows), "megabytes": round(path.stat().st_size / 2**20, 1)}
         best = {}
         for name, read in (("datasets", read_with_datasets), ("ngspec", read_with_ngspec)):
             seconds = []

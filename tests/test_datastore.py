@@ -512,6 +512,7 @@ def test_datastore_info_checks_contents(tmp_path, tokenizer):
         ("items.json", b'[1.5, {"data": ["a", "b"]}, {"text": "c", "response": {}}]', r"items.json: item 0 of its array is not a record \(a JSON object\) but 1.5"),
         # quoted as written, not as "\u00e9t\u00e9"
         ("words.json", '[{"text": "a"}, "été"]'.encode(), r'words.json: item 1 of its array is not a record \(a JSON object\) but "été"'),
+        ("deep.json", b'[{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]", r"deep.json: its JSON is nested too deeply to read"),
     ],
 )
 def test_a_malformed_json_corpus_is_named_by_its_line_in_one_message(tmp_path, capfd, name, data, says):
@@ -535,6 +536,23 @@ def test_a_corpus_that_python_reads_but_pyarrow_does_not_keeps_the_readers_messa
     lines = tmp_path / "ok.jsonl"  # JSON lines are read by Python's reader, as it reads them
     lines.write_text('{"text": "a"}\n  \n{"text": NaN}\n')
     assert [type(r["text"]) for r in iter_records(str(lines))] == [str, float]
+
+
+def test_a_json_document_whose_field_changes_type_keeps_its_strings_as_written(tmp_path):
+    """`datasets` 5.2 read such an array as one block typed as strings, and gave every value of the
+    field, strings included, as its JSON text: "answer" came back as '"answer"' and a newline as
+    backslash-n, with no word said."""
+    from ngspec.datastore.corpus import iter_records
+
+    records = [{"instruction": "q", "response": 'a "quoted"\nanswer'}, {"instruction": 5, "response": ["a list"]}]
+    array = tmp_path / "mixed.json"
+    array.write_text(json.dumps(records, indent=1))
+    assert list(iter_records(str(array))) == records
+    one = tmp_path / "one.json"  # one object over several lines is one record
+    one.write_text(json.dumps(records[0], indent=1))
+    assert list(iter_records(str(one))) == records[:1]
+    (tmp_path / "empty.json").write_text("[\n]\n")
+    assert list(iter_records(str(tmp_path / "empty.json"))) == []
 
 
 @pytest.mark.parametrize(("code", "says"), [
@@ -565,14 +583,16 @@ def test_a_build_whose_tokenising_process_crashes_says_so_and_leaves_nothing(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
 
 
-def test_the_corpus_reading_benchmark_compares_both_readers(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("layout", ["lines", "array"])
+def test_the_corpus_reading_benchmark_compares_both_readers(tmp_path, monkeypatch, capsys, layout):
     import sys
 
     from conftest import benchmark_script
 
     corpus_read = benchmark_script("corpus_read")
-    monkeypatch.setattr(sys, "argv", ["corpus_read.py", "--records", "20", "--repeats", "1", "--out", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["corpus_read.py", "--records", "20", "--repeats", "1", "--layout", layout, "--out", str(tmp_path)])
     assert corpus_read.main() == 0
     result = json.loads((tmp_path / "corpus_read.json").read_text())
-    assert result["records"] == 22 and result["ngspec"]["changed"] == 0 and result["ngspec"]["records"] == 22
-    assert result["datasets"]["records"] == 22  # one block: datasets reads a small file as written too
+    assert result["layout"] == layout and result["records"] == 22
+    assert result["ngspec"]["changed"] == 0 and result["ngspec"]["records"] == 22
+    assert result["datasets"]["records"] == 22

@@ -1,5 +1,5 @@
-"""Corpus records: reading them (JSON lines with Python's `json`; JSON documents, parquet and hub
-datasets through `datasets`) and extracting the documents to index.
+"""Corpus records: reading them (JSON lines and JSON documents with Python's `json`; parquet files
+and hub datasets through `datasets`) and extracting the documents to index.
 
 Formats, detected from the first record or chosen with ``--format``:
 
@@ -160,6 +160,19 @@ def _json_lines(file: Path) -> Iterator[dict]:
             yield record
 
 
+def _json_file(file: Path) -> Iterator[dict]:
+    """A JSON-lines file line by line, or a JSON document whole. `datasets` 5.2 typed a document
+    as one block: where a field held strings and other values, every value of it came back as its
+    JSON text, quotes and escapes included (BENCHMARKS.md 10zzza)."""
+    if not _is_document(file):
+        yield from _json_lines(file)
+        return
+    read = _json_document(file)
+    if isinstance(read, str):
+        raise NgspecError(f"cannot read corpus {read}")
+    yield from read
+
+
 def _is_json(line: bytes) -> bool:
     try:
         json.loads(line)
@@ -168,29 +181,34 @@ def _is_json(line: bytes) -> bool:
     return True
 
 
-def json_fault(file: Path) -> str | None:
-    """Where a JSON document file (an array of records, or one object) stops being valid, as
-    ``FILE:LINE...: what``, or None where Python's reader finds nothing wrong (the fault is then
-    another kind, which `datasets` names)."""
+def _json_document(file: Path) -> list[dict] | str:
+    """The records of a JSON document file (each item of an array, or the one object), or where it
+    stops being valid, as ``FILE:LINE...: what``."""
     data = file.read_bytes()
     try:
         document = json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         return f"{file}:{line}: not valid UTF-8"
+    except RecursionError:
+        return f"{file}: its JSON is nested too deeply to read"
     except json.JSONDecodeError as exc:
         return f"{file}:{exc.lineno}:{exc.colno}: not valid JSON ({json_error(exc)})"
-    if isinstance(document, list):
-        stray = next((i for i, item in enumerate(document) if not isinstance(item, dict)), None)
-        if stray is not None:
-            return f"{file}: item {stray} of its array is not a record (a JSON object) but {short(document[stray])}"
-    return None
+    records = document if isinstance(document, list) else [document]
+    stray = next((i for i, item in enumerate(records) if not isinstance(item, dict)), None)
+    if stray is not None:
+        return f"{file}: item {stray} of its array is not a record (a JSON object) but {short(records[stray])}"
+    return records
 
 
-def _reading_error(spec: str, exc: Exception, file: str | None = None) -> NgspecError:
-    fault = json_fault(Path(file)) if file is not None and DATA_SUFFIXES.get(Path(file).suffix) == "json" else None
-    if fault is not None:
-        return NgspecError(f"cannot read corpus {fault}")
+def json_fault(file: Path) -> str | None:
+    """Where a JSON document file (an array of records, or one object) stops being valid, as
+    ``FILE:LINE...: what``, or None where Python's reader finds nothing wrong."""
+    read = _json_document(file)
+    return read if isinstance(read, str) else None
+
+
+def _reading_error(spec: str, exc: Exception) -> NgspecError:
     message = " ".join(str(exc).split()) if str(exc) else type(exc).__name__
     if len(message) > 400:
         message = message[:400] + " ..."
@@ -200,9 +218,9 @@ def _reading_error(spec: str, exc: Exception, file: str | None = None) -> Ngspec
 
 
 def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
-    """Records of a local path or a dataset name, streamed (JSON-lines files line by line with
-    Python's `json`, the rest through `datasets`); reading errors (malformed JSON, bad encodings,
-    unknown datasets) become one clear `NgspecError`. The files
+    """Records of a local path or a dataset name, streamed (JSON files with Python's `json`, JSON
+    lines line by line; parquet files and hub datasets through `datasets`); reading errors
+    (malformed JSON, bad encodings, unknown datasets) become one clear `NgspecError`. The files
     of a directory are read one after another, so files whose records carry different extra
     fields (a Magpie export next to `synth-corpus` output) can sit side by side."""
     path = Path(spec).expanduser()
@@ -216,11 +234,11 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
         where = file if path.is_dir() else spec
         if builder == "parquet" and _parquet_rows(file) == 0:
             continue  # no records, as in an empty .jsonl (datasets fails on it: "BatchSize must be greater than 0")
-        if builder == "json" and not _is_document(Path(file)):
-            yield from _json_lines(Path(file))
+        if builder == "json":
+            yield from _json_file(Path(file))
             continue
-        pattern = glob.escape(file)  # datasets reads data_files as patterns: corpus[v2].jsonl matched no file
-        yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[pattern], split="train", streaming=True), file)
+        pattern = glob.escape(file)  # datasets reads data_files as patterns: corpus[v2].parquet matched no file
+        yield from _stream(where, lambda datasets: datasets.load_dataset(builder, data_files=[pattern], split="train", streaming=True))
 
 
 def _parquet_rows(file: str) -> int | None:
@@ -242,7 +260,7 @@ class _Reraised(logging.Filter):
         return not str(record.msg).startswith(("Failed to load JSON from file", "Failed to read file", "Failed to convert pandas DataFrame"))
 
 
-def _stream(spec: str, load, file: str | None = None) -> Iterator[dict]:
+def _stream(spec: str, load) -> Iterator[dict]:
     import datasets
 
     loggers = [logging.getLogger(f"datasets.packaged_modules.{kind}.{kind}") for kind in ("json", "parquet")]
@@ -255,14 +273,14 @@ def _stream(spec: str, load, file: str | None = None) -> Iterator[dict]:
         except StopIteration:  # an empty file: datasets finds no first record to read its fields from
             return
         except Exception as exc:  # datasets raises many kinds for unreadable or malformed input
-            raise _reading_error(spec, exc, file) from exc
+            raise _reading_error(spec, exc) from exc
         while True:
             try:
                 record = next(iterator)
             except StopIteration:
                 return
             except Exception as exc:
-                raise _reading_error(spec, exc, file) from exc
+                raise _reading_error(spec, exc) from exc
             yield record
     finally:
         for logger in loggers:
