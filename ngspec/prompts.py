@@ -1,7 +1,8 @@
 """Prompt files and turning prompts into token ids.
 
 A ``.txt`` file is one prompt, and ``-`` reads standard input (one prompt, or JSONL records when
-its first line is one, `read_stdin`). A ``.jsonl`` file holds one record per line: ``{"prompt": ...}``,
+its first line is one, `read_stdin`). A ``.jsonl`` file holds one record per line, and a ``.json``
+file an array of them (or one record): ``{"prompt": ...}``,
 ``{"text": ...}``, Spec-Bench/MT-bench style ``{"turns": [...]}`` (the first turn is the prompt, and
 every turn is kept: `ngspec bench` and `ngspec generate` ask the later ones in the conversation so
 far, `ngspec.turns`) or OpenAI-style ``{"messages": [...]}`` (a chat as it stands: a system
@@ -81,8 +82,25 @@ def jsonl_records(path: Path, text: str) -> Iterator[tuple[int, object]]:
             continue
         try:
             yield lineno, json.loads(line)
+        except RecursionError:
+            raise NgspecError(f"{path}:{lineno}: its JSON is nested too deeply to read") from None
         except json.JSONDecodeError as exc:
             raise NgspecError(f"{path}:{lineno}: not valid JSON ({json_error(exc)} at column {exc.colno})") from exc
+
+
+def json_records(path: Path, text: str) -> list:
+    """The items of a .json file's array, or its one object (refused with where it fails)."""
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise NgspecError(f"{path}: its JSON is nested too deeply to read") from None
+    except json.JSONDecodeError as exc:
+        raise NgspecError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({json_error(exc)})") from None
+    if isinstance(document, dict):
+        return [document]
+    if not isinstance(document, list):
+        raise NgspecError(f"{path}: expected a JSON array of prompt records or one record, not {short(document)}")
+    return document
 
 
 def _record_prompt(record: object, where: str) -> Prompt:
@@ -119,16 +137,22 @@ def _record_prompt(record: object, where: str) -> Prompt:
 def load_prompts(
     path: Path, category: str | None = None, limit: int | None = None, per_category: int | None = None
 ) -> list[Prompt]:
-    """Read a .txt or .jsonl prompt file (``-``: standard input, `read_stdin`), optionally keeping one category, the first
-    ``per_category`` of every category, and then the first ``limit``."""
+    """Read a .txt, .jsonl or .json prompt file (``-``: standard input, `read_stdin`), optionally
+    keeping one category, the first ``per_category`` of every category, and then the first ``limit``."""
     path = Path(path)
+    if path.suffix == ".parquet" and not path.is_dir():
+        raise NgspecError(f"{path} is a parquet file; prompt files are .txt (one prompt), .jsonl (a record per line) or .json (an array of records)")
     if str(path) == STDIN:
         (text, is_jsonl), path, source = read_stdin(), Path("stdin"), "standard input"  # ids: stdin, stdin:LINE
     else:
         text, is_jsonl, source = read_text(path), path.suffix == ".jsonl", f"prompt file {path}"
     if not text.strip():
         raise NgspecError(f"{source} is empty")
-    if not is_jsonl:
+    if path.suffix == ".json":
+        prompts = [_record_prompt(record, f"{path.name}[{i}]") for i, record in enumerate(json_records(path, text))]
+        if not prompts:
+            raise NgspecError(f"{source} holds no prompts (an empty array)")
+    elif not is_jsonl:
         prompts = [Prompt(path.stem, text.strip("\n"))]
     else:
         prompts = [_record_prompt(record, f"{path.name}:{lineno}") for lineno, record in jsonl_records(path, text)]

@@ -102,6 +102,37 @@ def test_load_txt_and_jsonl(tmp_path):
     assert len(load_prompts(jl, limit=2)) == 2
 
 
+def test_a_json_file_holds_an_array_of_prompt_records_or_one_record(tmp_path):
+    """A .json file was read as one text prompt: the model answered the JSON text itself."""
+    array = tmp_path / "q.json"
+    array.write_text(json.dumps([{"prompt": "a"}, {"turns": ["b", "c"], "category": "rag", "question_id": 7}, {"text": "d"}], indent=1))
+    prompts = load_prompts(array)
+    assert [(p.id, p.text, p.turns) for p in prompts] == [("q.json[0]", "a", ()), ("7", "b", ("b", "c")), ("q.json[2]", "d", ())]
+    assert [p.id for p in load_prompts(array, category="rag")] == ["7"]
+    one = tmp_path / "one.json"
+    one.write_text('{"messages": [{"role": "user", "content": "Hi"}]}')
+    assert [p.text for p in load_prompts(one)] == ["Hi"]
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("bad.json", b'[{"prompt": "a"},\n {"prompt": }]', r"bad.json:2:13: not valid JSON \(Expecting value\)"),
+        ("bad.json", b'"a prompt"', r"bad.json: expected a JSON array of prompt records or one record, not \"a prompt\""),
+        ("bad.json", b'[{"prompt": "a"}, 5]', r"bad.json\[1\]: expected a JSON object"),
+        ("bad.json", b"[]", r"prompt file .*bad.json holds no prompts"),
+        ("bad.json", b'[{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]", r"bad.json: its JSON is nested too deeply to read"),
+        ("deep.jsonl", b'{"prompt": "a"}\n{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", r"deep.jsonl:2: its JSON is nested too deeply to read"),
+        ("q.parquet", b"PAR1\x00\x00PAR1", r"q.parquet is a parquet file; prompt files are .txt \(one prompt\), .jsonl \(a record per line\) or .json"),
+    ],
+)
+def test_bad_json_prompt_files_are_named_by_where_they_fail(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(NgspecError, match=message):
+        load_prompts(path)
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -173,3 +204,21 @@ def test_a_chat_template_that_refuses_messages_still_says_so():
     tok.chat_template = "{{ raise_exception('roles must alternate') }}"
     with pytest.raises(NgspecError, match=r"^the chat template refused these messages: roles must alternate$"):
         encode_messages(tok, [{"role": "user", "content": "hi"}])
+
+
+def test_generate_and_self_repetition_read_a_json_prompt_file(tiny_saved, tmp_path):
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{"question_id": 7, "turns": ["Name a colour."]}, {"prompt": "Count to three."}]))
+    result = CliRunner().invoke(app, ["generate", "-p", str(questions), "--model", str(tiny_saved), "-n", "4", "-b", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"id"')]
+    assert sorted(r["id"] for r in records) == ["7", "q.json[1]"]
+    answers = tmp_path / "out.jsonl"
+    answers.write_text(result.stdout)
+    result = CliRunner().invoke(app, ["self-repetition", "--dataset", str(answers), "--questions", str(questions), "--model", str(tiny_saved), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["records"] == 2

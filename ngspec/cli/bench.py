@@ -24,7 +24,7 @@ from ngspec.errors import NgspecError, Stopped
 
 @with_drafting_options
 def bench_command(
-    questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns', or a .jsonl of 'prompt', 'text' or chat 'messages' records, or a .txt prompt; - reads standard input).")],
+    questions: Annotated[Path, typer.Option("--questions", "-q", help="Question file (Spec-Bench / MT-bench jsonl with 'turns', or a .jsonl of 'prompt', 'text' or chat 'messages' records, a .json array of them, or a .txt prompt; - reads standard input).")],
     drafters: Annotated[list[str], typer.Option("--drafter", "-d", help=f"Drafter to compare (repeatable, or comma-separated: -d trie,eagle+search); one of: {DRAFTERS}.")] = ["trie", "prompt-lookup"],
     category: CategoryOpt = None,
     limit: Annotated[Optional[int], typer.Option(help="Use the first N questions (after --category and --per-category).")] = None,

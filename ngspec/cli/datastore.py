@@ -133,7 +133,7 @@ def datastore_info_command(
 def synth_corpus_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output .jsonl file (Magpie record format).")],
     n: Annotated[Optional[int], typer.Option("--n", help="Records to generate (default: 100, or every prompt of --prompts).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Answer these instructions (.txt, or .jsonl with 'prompt', 'text' or 'turns'; the first turn is used) instead of letting the model write its own: the target's own answers to your prompts, EAGLE's training recipe.")] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Answer these instructions (.txt, or .jsonl or .json with 'prompt', 'text' or 'turns'; the first turn is used) instead of letting the model write its own: the target's own answers to your prompts, EAGLE's training recipe.")] = None,
     model: ModelOpt = "default",
     trust_remote_code: TrustRemoteCodeOpt = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per response.")] = 256,

@@ -223,7 +223,7 @@ def generate_command(
     seed: SeedOpt = None,
     stop: StopOpt = None,
     verify: VerifyOpt = "tree",
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Decode this many prompts of a .jsonl at once (each with its own drafts and acceptance; a finished prompt's slot goes to the next one). 1 = one at a time, streamed.")] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Decode this many prompts of a .jsonl or .json at once (each with its own drafts and acceptance; a finished prompt's slot goes to the next one). 1 = one at a time, streamed.")] = 1,
     rearrange_every: Annotated[Optional[int], typer.Option("--rearrange-every", help="With --batch-size > 1: every N steps, compact the KV cache (drop the holes rejected drafts leave) if that frees enough (--rearrange-min-share); 0 = never.", show_default="8")] = None,
     rearrange_min_share: Annotated[Optional[float], typer.Option("--rearrange-min-share", help="Compact only when that frees at least this share of the cache's slots (compaction copies the whole cache); 0 = at every check.", show_default="0.2, measured on CPU")] = None,
     batch_layout: Annotated[str, typer.Option("--batch-layout", help="With --batch-size > 1: padded (every row's tree padded to the widest, one width chosen for all) or packed (rows back to back, each row keeps the nodes that pay for their share of the step; lost to padded on a two-core CPU, BENCHMARKS.md 10n).")] = "padded",

@@ -36,9 +36,9 @@ def _questions(path: Optional[Path]) -> dict[str, list[str]]:
     if path is None:
         return {}
     path = Path(path)
-    if path.is_dir() or (path.suffix not in (".txt", ".jsonl") and str(path) != "-"):
-        what = "is a directory" if path.is_dir() else "is neither a .jsonl nor a .txt file"
-        raise NgspecError(f"{path} {what}; --questions takes a .jsonl question or prompt file (or the .txt prompt given to generate)")
+    if path.is_dir() or (path.suffix not in (".txt", ".jsonl", ".json") and str(path) != "-"):
+        what = "is a directory" if path.is_dir() else "is not a .jsonl, .json or .txt file"
+        raise NgspecError(f"{path} {what}; --questions takes a .jsonl or .json question or prompt file (or the .txt prompt given to generate)")
     asked = {p.id: ["\n".join(m["content"] for m in p.messages)] if p.messages else list(p.turns or (p.text,)) for p in load_prompts(path)}
     # the same prompts piped to `generate -p -` are named by line as stdin (a .txt) or stdin:LINE
     for rid, turns in list(asked.items()):

@@ -84,7 +84,10 @@ def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_
 
 def is_generated(record: dict) -> bool:
     """A record ``ngspec generate --json`` wrote: an answer (or a failed prompt's error) with its
-    prompt's id, turn and drafter, but not the prompt."""
+    prompt's id, turn and drafter, but not the prompt; or the ``{"batch": {...}}`` summary that
+    ``generate --json -b B`` ends with (it holds no answer: `generated_pairs` passes it by)."""
+    if record.keys() == {"batch"}:
+        return isinstance(record["batch"], dict)
     return {"id", "turn", "drafter"} <= record.keys() and ("token_ids" in record or "error" in record)
 
 
