@@ -1,7 +1,7 @@
 """Prompt files and turning prompts into token ids.
 
-A ``.txt`` file is one prompt, and ``-`` reads standard input (one prompt, or JSONL records when
-its first line is one, `read_stdin`). A ``.jsonl`` file holds one record per line, and a ``.json``
+A ``.txt`` file is one prompt, and ``-`` reads standard input (one prompt, JSONL records when
+its first line is one, or a JSON document holding them, `read_stdin`). A ``.jsonl`` file holds one record per line, and a ``.json``
 file an array of them (or one record): ``{"prompt": ...}``,
 ``{"text": ...}``, Spec-Bench/MT-bench style ``{"turns": [...]}`` (the first turn is the prompt, and
 every turn is kept: `ngspec bench` and `ngspec generate` ask the later ones in the conversation so
@@ -63,16 +63,30 @@ def source_name(path: Path | str) -> str:
 PROMPT_KEYS = ("prompt", "text", "turns", "messages")
 
 
-def read_stdin() -> tuple[str, bool]:
-    """Standard input's text, and whether it is JSONL: its first non-blank line a JSON object
-    holding a prompt (`PROMPT_KEYS`); anything else is one prompt, as a ``.txt`` file is."""
+def _holds_prompt(value: object) -> bool:
+    return isinstance(value, dict) and any(key in value for key in PROMPT_KEYS)
+
+
+def _json_or_none(text: str) -> object:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def read_stdin() -> tuple[str, str]:
+    """Standard input's text and what it holds, as a file's suffix would say: ``jsonl`` when its
+    first non-blank line is a JSON object holding a prompt (`PROMPT_KEYS`), ``json`` when the whole
+    text is a JSON array with such a record in it or one such object (a ``.json`` file piped in),
+    else ``txt``: one prompt, as a ``.txt`` file is."""
     text = _decoded(sys.stdin.buffer.read(), "standard input")
     first = next((line for line in text.splitlines() if line.strip()), "")
-    try:
-        record = json.loads(first)
-    except ValueError:
-        return text, False
-    return text, isinstance(record, dict) and any(key in record for key in PROMPT_KEYS)
+    if _holds_prompt(_json_or_none(first)):
+        return text, "jsonl"
+    whole = _json_or_none(text) if text.lstrip().startswith(("[", "{")) else None
+    if _holds_prompt(whole) or (isinstance(whole, list) and any(map(_holds_prompt, whole))):
+        return text, "json"
+    return text, "txt"
 
 
 def jsonl_records(path: Path, text: str) -> Iterator[tuple[int, object]]:
@@ -143,19 +157,19 @@ def load_prompts(
     if path.suffix == ".parquet" and not path.is_dir():
         raise NgspecError(f"{path} is a parquet file; prompt files are .txt (one prompt), .jsonl (a record per line) or .json (an array of records)")
     if str(path) == STDIN:
-        (text, is_jsonl), path, source = read_stdin(), Path("stdin"), "standard input"  # ids: stdin, stdin:LINE
+        (text, kind), path, source = read_stdin(), Path("stdin"), "standard input"  # ids: stdin, stdin:LINE, stdin[I]
     else:
-        text, is_jsonl, source = read_text(path), path.suffix == ".jsonl", f"prompt file {path}"
+        text, kind, source = read_text(path), {".jsonl": "jsonl", ".json": "json"}.get(path.suffix, "txt"), f"prompt file {path}"
     if not text.strip():
         raise NgspecError(f"{source} is empty")
-    if path.suffix == ".json":
+    if kind == "json":
         prompts = [_record_prompt(record, f"{path.name}[{i}]") for i, record in enumerate(json_records(path, text))]
         if not prompts:
             raise NgspecError(f"{source} holds no prompts (an empty array)")
-    elif not is_jsonl:
-        prompts = [Prompt(path.stem, text.strip("\n"))]
-    else:
+    elif kind == "jsonl":
         prompts = [_record_prompt(record, f"{path.name}:{lineno}") for lineno, record in jsonl_records(path, text)]
+    else:
+        prompts = [Prompt(path.stem, text.strip("\n"))]
     if category is not None:
         known = sorted({p.category for p in prompts if p.category})
         prompts = [p for p in prompts if p.category == category]

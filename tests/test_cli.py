@@ -617,11 +617,15 @@ def test_generate_keeps_a_category_and_the_first_prompts(tmp_path):
         ("\ufeffSay hi.\n".encode(), ["stdin"], ["Say hi."]),  # a byte-order mark is not text
         (b'\n{"question_id": 7, "turns": ["Say 7."]}\n{"prompt": "Say 8."}\n', ["7", "stdin:3"], ["Say 7.", "Say 8."]),
         (b'{"title": "not a prompt record"}\nSummarise that.\n', ["stdin"], ['{"title": "not a prompt record"}\nSummarise that.']),
+        (b'[\n {"question_id": 7, "turns": ["Say 7."]},\n {"prompt": "Say 8."}\n]\n', ["7", "stdin[1]"], ["Say 7.", "Say 8."]),  # a .json file piped in
+        (b'{\n  "prompt": "Say 9."\n}\n', ["stdin[0]"], ["Say 9."]),
+        (b'[1, 2, 3] is a list.\n', ["stdin"], ["[1, 2, 3] is a list."]),
+        (b'["a", "b"]\n', ["stdin"], ['["a", "b"]']),  # JSON, but no prompt record in it: text
     ],
 )
 def test_a_prompt_file_of_dash_reads_standard_input(monkeypatch, stdin, ids, texts):
-    """`-p -`: one prompt, as a .txt file is, or JSONL records when the first line is one (a JSON
-    line that holds no prompt is text)."""
+    """`-p -`: one prompt, as a .txt file is, or JSONL records when the first line is one, or a JSON
+    document (as a .json file holds) with prompt records in it (JSON that holds no prompt is text)."""
     import io
 
     from ngspec.prompts import load_prompts

@@ -39,7 +39,7 @@ ProfileOpt = Annotated[Optional[Path], typer.Option("--profile", help="Device pr
 
 VerifyOpt = Annotated[str, typer.Option("--verify", help="tree: one forward over the draft tree under a tree mask; rows: each root-to-leaf path as its own batch row, all sharing the context's KV cache (the paper's layout). Both are lossless.")]
 
-PromptFileArg = Annotated[Path, typer.Option("--prompt-file", "-p", help=".txt (one prompt), .jsonl ({'prompt': ...}, Spec-Bench {'turns': [...]} (every turn, see --turns), or a chat {'messages': [{'role': 'system', ...}, {'role': 'user', ...}]}, one per line) or .json (an array of such records) file; - reads standard input (JSONL when its first line is such a record, else one prompt).")]
+PromptFileArg = Annotated[Path, typer.Option("--prompt-file", "-p", help=".txt (one prompt), .jsonl ({'prompt': ...}, Spec-Bench {'turns': [...]} (every turn, see --turns), or a chat {'messages': [{'role': 'system', ...}, {'role': 'user', ...}]}, one per line) or .json (an array of such records) file; - reads standard input (JSONL when its first line is such a record, JSON when it is all one array of them, else one prompt).")]
 
 
 def asks_every_turn(turns: str) -> bool:

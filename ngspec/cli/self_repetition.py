@@ -32,7 +32,7 @@ def _record_id(record: dict, index: int) -> str:
 def _questions(path: Optional[Path]) -> dict[str, list[str]]:
     """Each prompt's user turns by id: a question file's ``turns``, a chat's messages as one
     input, a ``prompt``'s text, a .txt file's text under its stem (as `generate` names them, and as
-    it names the same prompts read from standard input: stdin, stdin:LINE)."""
+    it names the same prompts read from standard input: stdin, stdin:LINE, stdin[I])."""
     if path is None:
         return {}
     path = Path(path)
@@ -40,11 +40,11 @@ def _questions(path: Optional[Path]) -> dict[str, list[str]]:
         what = "is a directory" if path.is_dir() else "is not a .jsonl, .json or .txt file"
         raise NgspecError(f"{path} {what}; --questions takes a .jsonl or .json question or prompt file (or the .txt prompt given to generate)")
     asked = {p.id: ["\n".join(m["content"] for m in p.messages)] if p.messages else list(p.turns or (p.text,)) for p in load_prompts(path)}
-    # the same prompts piped to `generate -p -` are named by line as stdin (a .txt) or stdin:LINE
+    # the same prompts piped to `generate -p -` are named stdin (a .txt), stdin:LINE (a .jsonl) or stdin[I] (a .json)
     for rid, turns in list(asked.items()):
         if rid == path.stem:
             asked.setdefault("stdin", turns)
-        elif rid.startswith(f"{path.name}:"):
+        elif rid.startswith((f"{path.name}:", f"{path.name}[")):
             asked.setdefault("stdin" + rid[len(path.name):], turns)
     return asked
 
