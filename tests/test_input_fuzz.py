@@ -41,6 +41,11 @@ input_fuzz = benchmark_script("input_fuzz")
         (1, "error: ds/meta.json is corrupt: 'utf-8' codec can't decode byte 0xc3 in position 0: invalid continuation byte\n", [], "FINDING"),
         (1, "error: t.npz is a damaged n-gram table file (BadZipFile); rebuild it with `ngspec build-bigram`\n", [], "FINDING"),
         (1, "error: t.npz is a damaged n-gram table file (not a .npz archive); rebuild it with `ngspec build-bigram`\n", [], "refused"),
+        # a KeyError's message is the key alone: which file lacked it, and why it matters, go unsaid
+        (1, "error: could not load the tokenizer of 'm': 'added_tokens'\n", [], "FINDING"),  # run 13770, refused then
+        (1, "error: 'vocab_size' (set NGSPEC_DEBUG=1 for the traceback)\n", [], "FINDING"),
+        (1, "error: unknown drafter 'nope'; choose from trie, vanilla\n", [], "refused"),
+        (1, "error: m/tokenizer.json is damaged (no added_tokens field); copy it again from the model's source\n", [], "refused"),
         (1, "Traceback (most recent call last):\n  x\n", [], "FINDING"),
         (1, "error: cannot read corpus\n", [".ds-tmp-1"], "FINDING"),  # a refusal that leaves a temporary behind
         (1, "error: cannot continue\n", ["changed out.partial.jsonl"], "FINDING"),  # a refusal that lost an input
