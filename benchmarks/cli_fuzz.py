@@ -1,7 +1,8 @@
 """A random search over `ngspec generate`'s command line on a real model, run in process.
 
 Each run draws a drafter and the options around it (batch size and layout, budget, prompt file
-(a fifth of them fed through standard input as `-p -`),
+(a fifth of the .jsonl files given as the same records in a .json array, and a fifth of them all
+fed through standard input as `-p -`),
 stop strings, --raw, --turns, verify layout, sizing, compaction, joint prefill, sampling, EAGLE's
 tree, draft vocabulary and int8 or float32 head, datastore, search depth, deepening, the trie's
 and row drafters' options) and runs `generate --json --check`. A run passes when it
@@ -46,7 +47,8 @@ STOPS = ["\n", ",", ".", " the", "ngspec", "。", "🐱", "<|im_start|>", "<|im_
 
 def prompt_files(folder: Path) -> list[Path]:
     """The shipped examples, and .jsonl files that mix what users feed: CJK and emoji, a prompt
-    longer than the context window, a two-turn question, a chat with a system message, "Hi"."""
+    longer than the context window, a two-turn question, a chat with a system message, "Hi".
+    Each .jsonl has a twin in ``folder`` holding its records as a .json array (`json_twin`)."""
     files = sorted((ROOT / "examples").glob("*.txt")) + [ROOT / "examples" / "prompts.jsonl"]
     rag = (ROOT / "examples" / "rag_ngspec.txt").read_text()
     cjk = "猫は🐱です。请用中文回答：什么是推测解码？ Réponds aussi en français. " * 3
@@ -66,7 +68,16 @@ def prompt_files(folder: Path) -> list[Path]:
         path = folder / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
         files.append(path)
+    for path in files:
+        if path.suffix == ".jsonl":
+            recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            json_twin(path, folder).write_text(json.dumps(recs, ensure_ascii=False, indent=1))
     return files
+
+
+def json_twin(path: Path, folder: Path) -> Path:
+    """Where `prompt_files` wrote a .jsonl file's records as one .json array."""
+    return folder / f"{path.stem}.json"
 
 
 def draw(rng: random.Random, files: list[Path], head: str | None, datastore: str | None, shape: str | None, folder: Path) -> list[str]:
@@ -230,10 +241,12 @@ def main() -> int:
             args = draw(rng, files, ns.eagle_head, ns.datastore, ns.tree_choices, folder)
             if ns.model != "default":
                 args += ["--model", ns.model]
+            at = args.index("-p") + 1
+            if args[at].endswith(".jsonl") and random.Random(f"{ns.seed} {n} json").random() < 0.2:  # its own draw, as below
+                args[at] = str(json_twin(Path(args[at]), folder))
             piped, stdin = None, None
             if random.Random(f"{ns.seed} {n} stdin").random() < 0.2:  # its own draw: the runs drawn before stay as they were
-                at = args.index("-p") + 1  # the prompt file fed through standard input, as `-p -`
-                stdin, args[at] = args[at], "-"
+                stdin, args[at] = args[at], "-"  # the prompt file fed through standard input, as `-p -`
                 piped = Path(stdin).read_bytes()
             start = time.perf_counter()
             result = runner.invoke(app, args, input=piped)

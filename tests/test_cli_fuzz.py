@@ -10,6 +10,7 @@ import typer
 
 from conftest import benchmark_script
 from ngspec.cli.app import app
+from ngspec.prompts import load_prompts
 
 cli_fuzz = benchmark_script("cli_fuzz")
 
@@ -17,6 +18,9 @@ cli_fuzz = benchmark_script("cli_fuzz")
 def test_every_drawn_command_line_parses(tmp_path):
     files = cli_fuzz.prompt_files(tmp_path)
     assert all(f.is_file() for f in files)
+    for path in (f for f in files if f.suffix == ".jsonl"):  # the same records as a .json array, read as the same prompts
+        twin = cli_fuzz.json_twin(path, tmp_path)
+        assert [(p.text, p.turns) for p in load_prompts(twin)] == [(p.text, p.turns) for p in load_prompts(path)]
     generate = typer.main.get_command(app).commands["generate"]
     seen = set()
     for n in range(300):
