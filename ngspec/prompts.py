@@ -89,6 +89,20 @@ def read_stdin() -> tuple[str, str]:
     return text, "txt"
 
 
+def json_layout(text: str, suffix: str) -> str:
+    """How a ``.jsonl`` or ``.json`` file's text is laid out, as corpora are read
+    (`ngspec.datastore.corpus`), whatever the suffix says: ``jsonl`` when its first non-blank line
+    is a JSON object alone (a ``.json`` file, unless the whole text is that one object), else
+    ``json`` when the whole text is one JSON document (a pretty-printed array in a ``.jsonl``
+    file), else the suffix's, so that the error names the place as that layout would."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    if isinstance(_json_or_none(first), dict) and (suffix == ".jsonl" or _json_or_none(text) is None):
+        return "jsonl"
+    if _json_or_none(text) is not None:
+        return "json"
+    return "json" if suffix == ".json" else "jsonl"
+
+
 def jsonl_records(path: Path, text: str) -> Iterator[tuple[int, object]]:
     """(line number, parsed value) of each non-blank line of a .jsonl file's ``text``."""
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -159,7 +173,8 @@ def load_prompts(
     if str(path) == STDIN:
         (text, kind), path, source = read_stdin(), Path("stdin"), "standard input"  # ids: stdin, stdin:LINE, stdin[I]
     else:
-        text, kind, source = read_text(path), {".jsonl": "jsonl", ".json": "json"}.get(path.suffix, "txt"), f"prompt file {path}"
+        text, source = read_text(path), f"prompt file {path}"
+        kind = json_layout(text, path.suffix) if path.suffix in (".jsonl", ".json") else "txt"
     if not text.strip():
         raise NgspecError(f"{source} is empty")
     if kind == "json":

@@ -114,6 +114,20 @@ def test_a_json_file_holds_an_array_of_prompt_records_or_one_record(tmp_path):
     assert [p.text for p in load_prompts(one)] == ["Hi"]
 
 
+@pytest.mark.parametrize(("name", "text", "ids"), [
+    ("q.jsonl", '[\n {"prompt": "a"},\n {"prompt": "b"}\n]\n', ["q.jsonl[0]", "q.jsonl[1]"]),  # a pretty array, named .jsonl
+    ("q.jsonl", '[{"prompt": "a"}, {"prompt": "b"}]\n', ["q.jsonl[0]", "q.jsonl[1]"]),
+    ("q.jsonl", '{"prompt": "a"}\n', ["q.jsonl:1"]),  # one record, one line: JSON lines, as ever
+    ("q.json", '{"prompt": "a"}\n\n{"prompt": "b"}\n', ["q.json:1", "q.json:3"]),  # JSON lines, named .json
+    ("q.json", '{"prompt": "a"}', ["q.json[0]"]),
+])
+def test_a_json_or_jsonl_file_is_read_as_it_is_laid_out_whatever_its_suffix(tmp_path, name, text, ids):
+    """As corpora are: a pretty-printed array named .jsonl stopped on its first line, '[' (not valid JSON)."""
+    path = tmp_path / name
+    path.write_text(text)
+    assert [p.id for p in load_prompts(path)] == ids
+
+
 @pytest.mark.parametrize(
     "name, content, message",
     [
