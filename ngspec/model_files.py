@@ -132,6 +132,20 @@ def refuse_directories(directory: Path, names: tuple[str, ...], remedy: str) -> 
             raise NgspecError(f"{directory / name} is a directory, not a file; {remedy}")
 
 
+def check_weights(directory: Path) -> None:
+    """Refuse a model directory that holds none of `MODEL_WEIGHT_FILES`, naming the weight-like
+    files it does hold (transformers said "Error no file named model.safetensors, or
+    pytorch_model.bin, found in directory m.")."""
+    if any((directory / name).is_file() for name in MODEL_WEIGHT_FILES):
+        return
+    others = sorted(p.name for p in directory.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".msgpack"))
+    held = f"; it holds {', '.join(others)}" if others else ""
+    if len(others) == 1 and others[0].endswith(".gguf"):
+        held += ": give that file itself as --model"
+    raise NgspecError(f"{directory} holds no model weights (model.safetensors, pytorch_model.bin, or a sharded model's index of them){held}; "
+                      "copy them again from the model's source")
+
+
 def check_model_files(directory: Path) -> None:
     """Refuse a directory in place of a file a model directory holds, and a file
     (`MODEL_JSON_FILES`, `MODEL_TEXT_FILES`) that is not UTF-8 text, or not a JSON object, or gives

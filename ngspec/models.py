@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from ngspec import staging
 from ngspec.errors import NULL, NgspecError, first_sentence, json_kinds, short
-from ngspec.model_files import check_model_files
+from ngspec.model_files import check_model_files, check_weights
 
 DEFAULT_MODEL = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -308,6 +308,8 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     if dev.type == "cpu" and torch_dtype != torch.float32:
         raise NgspecError("on CPU only float32 is supported (bf16/fp16 are for GPUs)")
     where, extra = _source(spec)
+    if isinstance(where, Path) and "gguf_file" not in extra:
+        check_weights(where)
     try:
         with no_library_bars(gguf="gguf_file" in extra):
             config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)

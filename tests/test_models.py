@@ -326,6 +326,26 @@ def test_a_directory_in_place_of_a_model_file_is_named(tmp_path, name, load):
     assert str(err.value) == f"{tmp_path / name} is a directory, not a file; copy it again from the model's source"
 
 
+@pytest.mark.parametrize("left, says", [
+    ([], ""),
+    (["model.gguf"], "; it holds model.gguf: give that file itself as --model"),
+    (["weights.pt"], "; it holds weights.pt"),
+])
+def test_a_model_directory_without_weights_is_named_in_ngspecs_words(tmp_path, left, says):
+    """transformers said 'Error no file named model.safetensors, or pytorch_model.bin, found in
+    directory m.' (input_fuzz run 14341); the tokenizer alone still loads from such a directory."""
+    models.tiny_model("llama").save_pretrained(tmp_path)
+    models.load_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    for name in left:
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(NgspecError) as err:
+        models.load_model(str(tmp_path))
+    assert str(err.value) == (f"{tmp_path} holds no model weights (model.safetensors, pytorch_model.bin, or a sharded model's "
+                              f"index of them){says}; copy them again from the model's source")
+    assert models.load_tokenizer(str(tmp_path)) is not None
+
+
 @pytest.mark.slow
 def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
     """The first run converts the bundled GGUF; transformers' plain tqdm bar for it ("Converting
