@@ -38,7 +38,7 @@ FIELD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
     "special_tokens_map.json": {
         **{name: (str, dict, NULL) for name in SPECIAL_TOKENS}, "extra_special_tokens": (list, dict, NULL), "additional_special_tokens": (list, NULL),
     },
-    "tokenizer.json": {"added_tokens": (list,)},
+    "tokenizer.json": {"added_tokens": (list,), "model": (dict,), **{part: (dict, NULL) for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding")}},
 }
 
 
@@ -101,7 +101,7 @@ def _entries_problem(name: str, key: str, value: object) -> str | None:
 
 # fields transformers reads from a file without checking that they are there (a tokenizer.json
 # without added_tokens raised KeyError: 'added_tokens', shown as "... of 'm': 'added_tokens'")
-REQUIRED_FIELDS = {"tokenizer.json": ("added_tokens",)}
+REQUIRED_FIELDS = {"tokenizer.json": ("added_tokens", "model")}
 
 
 def field_problem(doc: dict, name: str) -> str | None:

@@ -391,10 +391,24 @@ def _load_tokenizer(spec: str, where: Path | str, extra: dict, trust_remote_code
         detail = " ".join(str(exc).split()) if type(exc) is ValueError else config_error_message(exc)
         raise NgspecError(f"could not load the tokenizer of {spec!r}: {detail}") from exc
     except Exception as exc:  # the tokenizers library refuses a tokenizer.json with a bare Exception
-        detail = " ".join(str(exc).split()) or type(exc).__name__
+        detail = _tokenizer_part(" ".join(str(exc).split()) or type(exc).__name__)
         if isinstance(where, Path) and not extra and re.search(r" at line \d+ column \d+$", detail) and (where / "tokenizer.json").is_file():
             raise NgspecError(f"{where / 'tokenizer.json'} is damaged ({detail}); copy it again from the model's source") from exc
         raise NgspecError(f"could not load the tokenizer of {spec!r}: {detail}") from exc
+
+
+# the tokenizers library's names for the parts of a tokenizer.json, in its refusal of one it does not know
+TOKENIZER_PARTS = {"Normalizer": "normalizer", "PreTokenizer": "pre_tokenizer", "Model": "model", "PostProcessor": "post_processor", "Decoder": "decoder"}
+
+
+def _tokenizer_part(detail: str) -> str:
+    """The tokenizers library's "data did not match any variant of untagged enum PyDecoderWrapper
+    at line 1 column 2696" in words: "its decoder is of no kind the tokenizers library reads, at
+    line 1 column 2696". Any other message as it is."""
+    unknown = re.match(r"data did not match any variant of untagged enum (?:Py)?(\w+?)(?:Untagged|Wrapper)( at line \d+ column \d+)$", detail)
+    if unknown is None or unknown.group(1) not in TOKENIZER_PARTS:
+        return detail
+    return f"its {TOKENIZER_PARTS[unknown.group(1)]} is of no kind the tokenizers library reads,{unknown.group(2)}"
 
 
 def display_name(spec: str) -> str:

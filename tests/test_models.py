@@ -293,6 +293,7 @@ def test_an_activation_transformers_does_not_know_is_named(tmp_path, key, model_
         ("generation_config.json", b"null", "not a JSON object: null", "model"),  # "'NoneType' object is not a mapping" (run 10086)
         ("tokenizer.json", b"[1, 2]", "not a JSON object: [1, 2]", "tokenizer"),  # "'list' object has no attribute 'pop'"
         ("tokenizer.json", b'{"a": 1}', "no added_tokens field", "tokenizer"),  # KeyError: "... of 'm': 'added_tokens'" (input_fuzz run 13770)
+        ("tokenizer.json", b'{"added_tokens": []}', "no model field", "tokenizer"),  # the tokenizers library: "Model missing."
         ("tokenizer.json", b'{"added_tokens": [], "model": "ab', "not valid JSON: Unterminated string starting at line 1 column 31", "tokenizer"),  # "starting at at"
         ("tokenizer_config.json", b"\xef\xbb\xbf\x94{}", "not UTF-8 text: byte 3 is 0x94", "tokenizer"),  # a codec error naming no file
         ("chat_template.jinja", b"{{ x }}\xc3", "not UTF-8 text: byte 7 is 0xc3", "model"),
@@ -324,6 +325,16 @@ def test_a_directory_in_place_of_a_model_file_is_named(tmp_path, name, load):
     with pytest.raises(NgspecError) as err:
         loader(str(tmp_path))
     assert str(err.value) == f"{tmp_path / name} is a directory, not a file; copy it again from the model's source"
+
+
+@pytest.mark.parametrize("part", ["normalizer", "pre_tokenizer", "model", "post_processor", "decoder"])
+def test_a_tokenizer_part_of_a_kind_the_library_does_not_know_is_named(tmp_path, part):
+    """The tokenizers library said 'data did not match any variant of untagged enum
+    PyDecoderWrapper at line 1 column 2696': its own type's name for the part."""
+    path = _edited_tiny(tmp_path, "tokenizer.json", {part: {"type": "Nope"}}) / "tokenizer.json"
+    with pytest.raises(NgspecError, match=rf"^{re.escape(str(path))} is damaged \(its {part} is of no kind the tokenizers library reads, "
+                                          rf"at line 1 column \d+\); copy it again from the model's source$"):
+        models.load_tokenizer(str(tmp_path))
 
 
 @pytest.mark.parametrize("left, says", [
@@ -393,6 +404,11 @@ def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
         ("generation_config.json", {"eos_token_id": [2, None]}, "each entry of eos_token_id must be a whole number, not null", "model"),
         ("tokenizer_config.json", {"added_tokens_decoder": {"0": None}}, 'each entry of added_tokens_decoder must be a JSON object with the token\'s "content" string, not null', "tokenizer"),
         ("generation_config.json", {"pad_token_id": "2"}, 'pad_token_id must be a whole number or null, not "2"', "model"),  # '<' not supported between instances
+        # the tokenizers library's serde words: "data did not match any variant of untagged enum PyDecoderWrapper" (input_fuzz run 14258)
+        ("tokenizer.json", {"decoder": []}, "decoder must be a JSON object or null, not []", "tokenizer"),
+        ("tokenizer.json", {"post_processor": "猫猫猫"}, 'post_processor must be a JSON object or null, not "猫猫猫"', "tokenizer"),  # run 14366
+        ("tokenizer.json", {"model": None}, "model must be a JSON object, not null", "tokenizer"),
+        ("tokenizer.json", {"truncation": 5}, "truncation must be a JSON object or null, not 5", "tokenizer"),  # "expected struct TruncationParams"
     ],
 )
 def test_a_model_file_field_of_another_type_is_named(tmp_path, name, edit, problem, load):
