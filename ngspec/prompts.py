@@ -35,7 +35,7 @@ class Prompt:
         return self.id if self.turn == 1 else f"{self.id} (turn {self.turn})"
 
 
-def read_text(path: Path, what: str = "prompt file", takes: str = "give a .txt or .jsonl prompt file") -> str:
+def read_text(path: Path, what: str = "prompt file", takes: str = "give a .txt, .jsonl or .json prompt file") -> str:
     """The text of a file the user named as ``what`` (refused with the reason when it is a
     directory, missing or not UTF-8; a byte-order mark is read past)."""
     if path.is_dir():

@@ -230,7 +230,7 @@ def test_the_terminal_lists_a_dozen_mismatches_and_counts_the_rest():
         (["bench", "-q", "{prompt}", "--category", "rag"], "no prompts of category"),
         (["bench", "-q", "{prompt}", "--versus", "nope"], "is not an arm of this run"),
         (["bench", "-q", "{prompt}", "--rounds", "0"], "--rounds must be at least 1 (got 0)"),
-        (["generate", "-p", "{dir}"], "is a directory; give a .txt or .jsonl prompt file"),
+        (["generate", "-p", "{dir}"], "is a directory; give a .txt, .jsonl or .json prompt file"),
         (["generate", "-p", "{prompt}", "--tree-choices", "{dir}"], "is a directory; --tree-choices takes a JSON file"),
         (["self-repetition", "--dataset", "{prompt}", "--questions", "{dir}"], "is a directory; --questions takes a .jsonl"),
         (["profile-bound", "--k", "1", "--w", "0", "--out", "{prompt}"], "is a file; give a directory"),
