@@ -59,7 +59,8 @@ PYTHON_WORDS = re.compile(r"has no attribute '|'\w+' object is not|NoneType|<cla
                           r"|invalid literal for int\(\)|index out of range|\b[A-Z]\w*(?:Error|Exception): "
                           r"|Expected object or value|no file named \S+.* found in directory|Couldn't instantiate the backend tokenizer"
                           r"|load it unsafely|codec can't decode|\([A-Z]\w*(?:Error|File)\)"
-                          r"|: '[A-Za-z_][\w.]*'(?: \(set NGSPEC_DEBUG|$)")  # a KeyError's message: the key alone
+                          r"|: '[A-Za-z_][\w.]*'(?: \(set NGSPEC_DEBUG|$)"  # a KeyError's message: the key alone
+                          r"|untagged enum|expected struct [A-Z]")  # the tokenizers library's Rust type names
 KINDS = ["corpus", "prompts", "datastore", "head", "shape", "table", "model"]
 # what a saved tokenizer leaves beside a model (removed together: a checkpoint saved without it)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")

@@ -46,6 +46,10 @@ input_fuzz = benchmark_script("input_fuzz")
         (1, "error: 'vocab_size' (set NGSPEC_DEBUG=1 for the traceback)\n", [], "FINDING"),
         (1, "error: unknown drafter 'nope'; choose from trie, vanilla\n", [], "refused"),
         (1, "error: m/tokenizer.json is damaged (no added_tokens field); copy it again from the model's source\n", [], "refused"),
+        # the tokenizers library's Rust type names (runs 14258 and 14366, refused then)
+        (1, "error: m/tokenizer.json is damaged (data did not match any variant of untagged enum PyDecoderWrapper at line 1 column 2696); copy it again\n", [], "FINDING"),
+        (1, "error: m/tokenizer.json is damaged (invalid type: integer `5`, expected struct TruncationParams at line 1 column 34); copy it again\n", [], "FINDING"),
+        (1, "error: m/tokenizer.json is damaged (its decoder is of no kind the tokenizers library reads, at line 1 column 2696); copy it again\n", [], "refused"),
         (1, "Traceback (most recent call last):\n  x\n", [], "FINDING"),
         (1, "error: cannot read corpus\n", [".ds-tmp-1"], "FINDING"),  # a refusal that leaves a temporary behind
         (1, "error: cannot continue\n", ["changed out.partial.jsonl"], "FINDING"),  # a refusal that lost an input
