@@ -1,8 +1,8 @@
 """Prompt files and turning prompts into token ids.
 
 A ``.txt`` file is one prompt, and ``-`` reads standard input (one prompt, JSONL records when
-its first line is one, or a JSON document holding them, `read_stdin`). A ``.jsonl`` file holds one record per line, and a ``.json``
-file an array of them (or one record): ``{"prompt": ...}``,
+its first line is one, or a JSON document holding them, `read_stdin`). A ``.jsonl`` file holds one
+record per line, and a ``.json`` file an array of them (or one record): ``{"prompt": ...}``,
 ``{"text": ...}``, Spec-Bench/MT-bench style ``{"turns": [...]}`` (the first turn is the prompt, and
 every turn is kept: `ngspec bench` and `ngspec generate` ask the later ones in the conversation so
 far, `ngspec.turns`) or OpenAI-style ``{"messages": [...]}`` (a chat as it stands: a system
@@ -96,11 +96,10 @@ def json_layout(text: str, suffix: str) -> str:
     ``json`` when the whole text is one JSON document (a pretty-printed array in a ``.jsonl``
     file), else the suffix's, so that the error names the place as that layout would."""
     first = next((line for line in text.splitlines() if line.strip()), "")
-    if isinstance(_json_or_none(first), dict) and (suffix == ".jsonl" or _json_or_none(text) is None):
+    whole = _json_or_none(text)
+    if isinstance(_json_or_none(first), dict) and (suffix == ".jsonl" or whole is None):
         return "jsonl"
-    if _json_or_none(text) is not None:
-        return "json"
-    return "json" if suffix == ".json" else "jsonl"
+    return "json" if whole is not None or suffix == ".json" else "jsonl"
 
 
 def jsonl_records(path: Path, text: str) -> Iterator[tuple[int, object]]:
