@@ -308,8 +308,6 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     if dev.type == "cpu" and torch_dtype != torch.float32:
         raise NgspecError("on CPU only float32 is supported (bf16/fp16 are for GPUs)")
     where, extra = _source(spec)
-    if isinstance(where, Path) and "gguf_file" not in extra:
-        check_weights(where)
     try:
         with no_library_bars(gguf="gguf_file" in extra):
             config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
@@ -318,6 +316,8 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "au
     except DAMAGED_WEIGHTS as exc:  # an interrupted download or copy
         raise _damaged(spec, exc) from exc
     except OSError as exc:
+        if isinstance(where, Path) and "gguf_file" not in extra:
+            check_weights(where)  # transformers: "Error no file named model.safetensors, or pytorch_model.bin, found in directory m."
         raise NgspecError(f"could not load model {spec!r}: {exc}{_offline_hint(exc)}") from exc
     except RuntimeError as exc:
         if str(exc).startswith(TORCH_ZIP_DAMAGED):  # a pytorch_model.bin cut short (older checkpoints)

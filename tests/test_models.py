@@ -216,17 +216,17 @@ def test_a_config_the_tokenizer_cannot_read_is_one_line_naming_the_model(tmp_pat
 
 
 def test_a_tokenizer_file_the_tokenizers_library_refuses_is_one_line_naming_the_file(tmp_path):
-    """tokenizers raises a bare Exception ("invalid type: string ..., expected struct
-    TruncationParams at line 1 column 40"): it came through as an unexpected exception, then
-    without the file its line and column are in."""
+    """tokenizers raises a bare Exception ("missing field `max_length` at line 1 column 40"): it
+    came through as an unexpected exception, then without the file its line and column are in.
+    (A part of another JSON type is refused before the library reads it.)"""
     import json
 
     models.load_tokenizer().save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     data = json.loads((tmp_path / "tokenizer.json").read_text())
-    data["truncation"] = "猫猫猫"
+    data["truncation"] = {"猫": "猫猫猫"}
     (tmp_path / "tokenizer.json").write_text(json.dumps(data))
-    with pytest.raises(NgspecError, match=rf"^{re.escape(str(tmp_path / 'tokenizer.json'))} is damaged \(invalid type: string \"猫猫猫\", expected struct TruncationParams at line 1 column \d+\); copy it again"):
+    with pytest.raises(NgspecError, match=rf"^{re.escape(str(tmp_path / 'tokenizer.json'))} is damaged \(missing field `max_length` at line 1 column \d+\); copy it again"):
         models.load_tokenizer(str(tmp_path))
 
 
