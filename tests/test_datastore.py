@@ -512,6 +512,10 @@ def test_datastore_info_checks_contents(tmp_path, tokenizer):
         ("items.json", b'[1.5, {"data": ["a", "b"]}, {"text": "c", "response": {}}]', r"items.json: item 0 of its array is not a record \(a JSON object\) but 1.5"),
         # quoted as written, not as "\u00e9t\u00e9"
         ("words.json", '[{"text": "a"}, "été"]'.encode(), r'words.json: item 1 of its array is not a record \(a JSON object\) but "été"'),
+        # a JSON-lines file whose first line is a stray array said "stray.jsonl:2:1: not valid JSON (Extra data)" (input_fuzz run 14685)
+        ("stray.jsonl", b'[1, 2]\n{"text": "a"}\n', r"stray.jsonl:1: a record must be a JSON object \(the line starts '\[1, 2\]'\)"),
+        # a first line nested too deeply stopped with Python's "RecursionError: maximum recursion depth exceeded ..."
+        ("deepfirst.jsonl", b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", r"deepfirst.jsonl:1: its JSON is nested too deeply to read"),
         ("deep.json", b'[{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]", r"deep.json: its JSON is nested too deeply to read"),
     ],
 )

@@ -121,13 +121,16 @@ def looks_local(spec: str) -> bool:
 
 def _is_document(file: Path) -> bool:
     """Whether a ``.json``/``.jsonl`` file is one JSON document (an array, or an object over several
-    lines) rather than JSON lines: its first line opens an array, or opens an object that is not
-    JSON alone while the whole file is (a first line cut short is a JSON-lines fault)."""
+    lines) rather than JSON lines: its first line opens an array that is not JSON alone, or the
+    first line is the file's one array, or the whole file is one object whose first line is not
+    JSON alone (a first line cut short, or a stray array before records, is a JSON-lines fault)."""
     with open(file, "rb") as f:
         for line in f:
             start = line.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()
-            if start:
-                return start.startswith(b"[") or (start.startswith(b"{") and not _is_json(start) and json_fault(file) is None)
+            if start.startswith(b"["):  # a pretty array, or a one-line array with nothing after it
+                return not _is_json(start) or not any(rest.strip() for rest in f)
+            if start:  # an object over several lines
+                return start.startswith(b"{") and not _is_json(start) and json_fault(file) is None
     return False
 
 
@@ -176,7 +179,7 @@ def _json_file(file: Path) -> Iterator[dict]:
 def _is_json(line: bytes) -> bool:
     try:
         json.loads(line)
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError; nested too deeply
         return False
     return True
 
