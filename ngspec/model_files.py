@@ -38,7 +38,7 @@ FIELD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
     "special_tokens_map.json": {
         **{name: (str, dict, NULL) for name in SPECIAL_TOKENS}, "extra_special_tokens": (list, dict, NULL), "additional_special_tokens": (list, NULL),
     },
-    "tokenizer.json": {"added_tokens": (list,), "model": (dict,), **{part: (dict, NULL) for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding")}},
+    "tokenizer.json": {"version": (str,), "added_tokens": (list,), "model": (dict,), **{part: (dict, NULL) for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding")}},
 }
 
 

@@ -19,7 +19,7 @@ def test_each_field_gets_each_other_json_type_and_checked_fields_a_file_lacks_ar
     assert [e[3] for e in edits if e[2] == "tie_word_embeddings"] == [5, 1.5, "x", [1], None, {"a": 1}]
     assert [e[3] for e in edits if e[2] == "id2label"] == [{"0": None}, *field_sweep.VALUES]  # checked by ngspec, absent here
     assert [e[3] for e in edits if e[2] == "added_tokens"] == [[None], *field_sweep.VALUES]  # the file absent
-    assert {e[2] for e in edits if e[1] == "tokenizer.json"} == {"added_tokens", "model", "normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding"}
+    assert {e[2] for e in edits if e[1] == "tokenizer.json"} == {"version", "added_tokens", "model", "normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation", "padding"}
     assert [e[3] for e in edits if e[2] == "text_config"] == field_sweep.VALUES  # read as a sub-model's config
     assert {e[2] for e in edits if e[0] == "head"} == {"rms_norm_eps"}  # the head's own fields only
     assert ("head", "config.json", "rms_norm_eps", -1) in edits

@@ -409,6 +409,7 @@ def test_converting_a_gguf_draws_no_bar_of_transformers_own(tmp_path, capfd):
         ("tokenizer.json", {"post_processor": "猫猫猫"}, 'post_processor must be a JSON object or null, not "猫猫猫"', "tokenizer"),  # run 14366
         ("tokenizer.json", {"model": None}, "model must be a JSON object, not null", "tokenizer"),
         ("tokenizer.json", {"truncation": 5}, "truncation must be a JSON object or null, not 5", "tokenizer"),  # "expected struct TruncationParams"
+        ("tokenizer.json", {"version": {"a": 1}}, 'version must be a string, not {"a": 1}', "tokenizer"),  # "invalid type: map, expected a string" (run 14451)
     ],
 )
 def test_a_model_file_field_of_another_type_is_named(tmp_path, name, edit, problem, load):
