@@ -106,10 +106,6 @@ class Verdict:
     path: tuple[int, ...]
     tokens: tuple[int, ...]
 
-    @property
-    def bonus(self) -> int:
-        return self.tokens[-1]
-
 
 @dataclass
 class DraftContext:
