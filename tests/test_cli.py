@@ -228,7 +228,10 @@ def test_the_terminal_lists_a_dozen_mismatches_and_counts_the_rest():
         (["generate", "-p", "{prompt}", "--model", "./no/such/dir"], "not found"),
         (["generate", "-p", "{prompt}", "--dtype", "bfloat16", "--device", "cpu"], "float32"),
         (["bench", "-q", "{prompt}", "--category", "rag"], "no prompts of category"),
-        (["bench", "-q", "{prompt}", "--versus", "nope"], "is not an arm of this run"),
+        (["bench", "-q", "{prompt}", "--versus", "nope"], "is not an arm of this run; give one of: hf-greedy, hf-prompt-lookup, vanilla, trie, prompt-lookup"),
+        # only the arms the run has: none of transformers' in batches, its sampling baseline when sampling
+        (["bench", "-q", "{prompt}", "-b", "2", "-d", "vanilla,trie", "--versus", "nope"], "give one of: vanilla, trie"),
+        (["bench", "-q", "{prompt}", "--temperature", "0.7", "--versus", "hf-greedy"], "give one of: hf-sample, hf-prompt-lookup, vanilla, trie"),
         (["bench", "-q", "{prompt}", "--rounds", "0"], "--rounds must be at least 1 (got 0)"),
         (["generate", "-p", "{dir}"], "is a directory; give a .txt, .jsonl or .json prompt file"),
         (["generate", "-p", "{prompt}", "--tree-choices", "{dir}"], "is a directory; --tree-choices takes a JSON file"),
@@ -657,6 +660,18 @@ def test_bench_reads_questions_from_standard_input_and_says_so(tiny_saved):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["environment"]["questions"] == "standard input" and report["environment"]["prompts"] == 2
     assert {a["arm"]: a["exact_match"] for a in report["arms"]} == {"hf-greedy": 1.0, "hf-prompt-lookup": 1.0, "vanilla": 1.0, "trie": 1.0}
+
+
+def test_a_versus_arm_missing_from_a_batched_grid_lists_only_the_batched_arms(tiny_saved, tmp_path):
+    """A (k, w) grid labels its arms by cell, so `--versus bigram` names none of them; the refusal
+    lists the arms the run has, and a batched run has none of transformers' (it listed hf-greedy
+    and hf-prompt-lookup, which a batched run leaves out)."""
+    args = ["bench", "-q", "-", "--model", str(tiny_saved), "-d", "context-ngram", "--k", "1", "--w", "2..3", "-n", "4", "--plots", str(tmp_path)]
+    result = runner.invoke(app, [*args, "-b", "2", "--versus", "context-ngram"], input=PIPED)
+    assert result.exit_code == 1
+    assert "the arms are: vanilla, context-ngram k=1 w=2, context-ngram k=1 w=3" in result.output, result.output
+    result = runner.invoke(app, [*args, "--versus", "context-ngram"], input=PIPED)
+    assert result.exit_code == 1 and "the arms are: hf-greedy, hf-prompt-lookup, vanilla, context-ngram k=1 w=2" in result.output
 
 
 def test_tune_tree_calibrates_on_questions_from_standard_input(tiny_saved, tmp_path):

@@ -106,8 +106,9 @@ def bench_command(
     layouts = ["tree", "rows"] if verify == "both" else [verify]
     ks = parse_values(drafting.k, "k", 1) if drafting.k is not None else None
     ws = parse_values(drafting.w, "w", 1) if drafting.w is not None else None
-    if versus_arm is not None and versus_arm.split(" ")[0] not in (*HF_ARMS, "vanilla", *drafters):  # labels start with the drafter
-        raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; give one of: {', '.join((*HF_ARMS, 'vanilla', *drafters))}")
+    heads = (*([] if batch_size > 1 else [baseline(sampled), "hf-prompt-lookup"]), "vanilla", *(d for d in drafters if d != "vanilla"))
+    if versus_arm is not None and versus_arm.split(" ")[0] not in heads:  # labels start with the drafter
+        raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; give one of: {', '.join(heads)}")
     prompts = load_prompts(questions, category, limit, per_category)
     for p in prompts:
         prompt_input(p, raw)  # chat messages refuse --raw before the model loads
@@ -120,7 +121,7 @@ def bench_command(
         defaults = rows_options(opts, None, None, engine.profile, 0, engine.target.device.type)
         ks = ks or [defaults.k]
         ws = ws or [defaults.w]
-    arms = make_arms(drafters, opts, ks, ws, layouts, sampled)
+    arms = [a for a in make_arms(drafters, opts, ks, ws, layouts, sampled) if batch_size == 1 or a.drafter not in HF_ARMS]
     if versus_arm is not None and versus_arm not in [a.label for a in arms]:
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; the arms are: {', '.join(a.label for a in arms)}")
     res = drafting.resources(engine, [a.drafter for a in arms])
@@ -128,7 +129,7 @@ def bench_command(
                 "max_new_tokens": max_new_tokens, "rounds": rounds, **sampling_settings, "drafting": drafting.settings()}
     if batch_size > 1:
         settings |= {"batch_size": batch_size, "interleave_batches": interleave_batches}
-        _bench_batched(engine, prompts, every_turn, [a for a in arms if a.drafter not in HF_ARMS], cfg, res, raw, batch_size, rounds, settings,
+        _bench_batched(engine, prompts, every_turn, arms, cfg, res, raw, batch_size, rounds, settings,
                        versus_arm, markdown_out, json_path, json_out, interleave_batches)
         return
 
