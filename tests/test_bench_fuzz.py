@@ -1,0 +1,67 @@
+"""`benchmarks/bench_fuzz.py`: every command line it draws parses as `ngspec bench` options (a
+misspelt option would turn every run into a usage error that the search counts as refused), and
+its report check tells a clean report from one with a differing arm, a near-tie or a missing
+report file."""
+
+import json
+import random
+
+import pytest
+import typer
+
+from conftest import benchmark_script
+from ngspec.cli.app import app
+
+bench_fuzz = benchmark_script("bench_fuzz")
+
+
+def test_every_drawn_command_line_parses(tmp_path):
+    files = bench_fuzz.prompt_files(tmp_path)
+    bench = typer.main.get_command(app).commands["bench"]
+    seen, options = set(), set()
+    for n in range(300):
+        args = bench_fuzz.draw(random.Random(f"0 {n} bench"), files, "heads/h", "datastores/d", tmp_path)
+        assert args[0] == "bench"
+        bench.make_context("bench", args[1:])  # raises on an unknown option or a value of the wrong type
+        seen.update(args[args.index("-d") + 1].split(","))
+        options.update(a for a in args if a.startswith("--"))
+    assert seen == set(bench_fuzz.DRAFTERS)
+    assert {"--versus", "--rounds", "--interleave-batches", "--verify", "--turns", "--json-out", "--markdown", "--temperature", "--k"} <= options
+
+
+def test_without_a_head_the_eagle_drafters_are_not_drawn(tmp_path):
+    files = bench_fuzz.prompt_files(tmp_path)
+    drawn = (bench_fuzz.draw(random.Random(n), files, None, None, tmp_path) for n in range(200))
+    drafters = {d for a in drawn for d in a[a.index("-d") + 1].split(",")}
+    assert drafters == set(bench_fuzz.DRAFTERS) - {"eagle", "eagle+search"}
+
+
+def report(*arms) -> str:
+    return "progress on stderr is not here\n" + json.dumps({"arms": [{"arm": a, "exact_match": e, "largest_tie_margin": t} for a, e, t in arms]})
+
+
+@pytest.mark.parametrize(
+    ("arms", "fault"),
+    [
+        ([("hf-greedy", None, None), ("trie", 1.0, None)], None),
+        ([("vanilla", 1.0, None), ("trie", 0.5, None)], "not identical"),
+        ([("vanilla", 1.0, None), ("search", 1.0, 0.01)], "near-ties"),
+        ([], "no arms"),
+    ],
+)
+def test_a_report_is_checked_arm_by_arm(arms, fault):
+    found = bench_fuzz.check_report(["bench"], report(*arms))
+    assert (found is None) if fault is None else (fault in found)
+
+
+def test_the_report_files_asked_for_must_be_written_and_match(tmp_path):
+    printed = report(("trie", 1.0, None))
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    args = ["bench", "--json-out", str(out), "--markdown", str(md)]
+    assert "was not written" in bench_fuzz.check_report(args, printed)
+    out.write_text(json.dumps({"arms": [{"arm": "vanilla", "exact_match": 1.0, "largest_tie_margin": None}]}))
+    md.write_text("| arm |\n")
+    assert "other arms" in bench_fuzz.check_report(args, printed)
+    out.write_text(printed.splitlines()[-1])
+    assert bench_fuzz.check_report(args, printed) is None
+    assert bench_fuzz.check_report(["bench"], "no report") == "no JSON report on stdout"
