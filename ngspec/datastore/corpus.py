@@ -119,19 +119,24 @@ def looks_local(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or Path(spec).suffix in DATA_SUFFIXES
 
 
-def _is_document(file: Path) -> bool:
-    """Whether a ``.json``/``.jsonl`` file is one JSON document (an array, or an object over several
-    lines) rather than JSON lines: its first line opens an array that is not JSON alone, or the
-    first line is the file's one array, or the whole file is one object whose first line is not
-    JSON alone (a first line cut short, or a stray array before records, is a JSON-lines fault)."""
+def _document(file: Path) -> list[dict] | str | None:
+    """A ``.json``/``.jsonl`` file read as one JSON document (an array, or an object over several
+    lines): its records, or where it stops being valid (``FILE:LINE...: what``); None where it is
+    JSON lines. It is a document where its first line opens an array that is not JSON alone, or the
+    first line is the file's one array, or the whole file is one valid object whose first line is
+    not JSON alone (a first line cut short, or a stray array before records, is a JSON-lines
+    fault, reported at its line)."""
     with open(file, "rb") as f:
         for line in f:
             start = line.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()
             if start.startswith(b"["):  # a pretty array, or a one-line array with nothing after it
-                return not _is_json(start) or not any(rest.strip() for rest in f)
-            if start:  # an object over several lines
-                return start.startswith(b"{") and not _is_json(start) and json_fault(file) is None
-    return False
+                return _json_document(file) if not _is_json(start) or not any(rest.strip() for rest in f) else None
+            if start.startswith(b"{") and not _is_json(start):  # an object over several lines
+                read = _json_document(file)
+                return None if isinstance(read, str) else read
+            if start:
+                return None
+    return None
 
 
 def _json_lines(file: Path) -> Iterator[dict]:
@@ -167,10 +172,10 @@ def _json_file(file: Path) -> Iterator[dict]:
     """A JSON-lines file line by line, or a JSON document whole. `datasets` 5.2 typed a document
     as one block: where a field held strings and other values, every value of it came back as its
     JSON text, quotes and escapes included (BENCHMARKS.md 10zzza)."""
-    if not _is_document(file):
+    read = _document(file)
+    if read is None:
         yield from _json_lines(file)
         return
-    read = _json_document(file)
     if isinstance(read, str):
         raise NgspecError(f"cannot read corpus {read}")
     yield from read
@@ -202,13 +207,6 @@ def _json_document(file: Path) -> list[dict] | str:
     if stray is not None:
         return f"{file}: item {stray} of its array is not a record (a JSON object) but {short(records[stray])}"
     return records
-
-
-def json_fault(file: Path) -> str | None:
-    """Where a JSON document file (an array of records, or one object) stops being valid, as
-    ``FILE:LINE...: what``, or None where Python's reader finds nothing wrong."""
-    read = _json_document(file)
-    return read if isinstance(read, str) else None
 
 
 def _reading_error(spec: str, exc: Exception) -> NgspecError:
