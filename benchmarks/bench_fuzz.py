@@ -25,7 +25,6 @@ Runs are fixed by (seed, run number), so `--first N` continues a search past run
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -33,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cli_fuzz import judge, prompt_files  # the scripts beside this one
+from cli_fuzz import judge, prompt_files, search_options  # the script beside this one
 from ngspec.drafters import REGISTRY, ROW_DRAFTERS
 
 DRAFTERS = list(REGISTRY)  # a drafter added to ngspec is drawn too
@@ -127,15 +126,7 @@ def check_report(args: list[str], output: str) -> str | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=40)
-    parser.add_argument("--first", type=int, default=0, help="the first run's number (runs are fixed by seed and number)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--eagle-head", help="a head directory for eagle and eagle+search (without it they are not drawn)")
-    parser.add_argument("--datastore", help="a datastore for search and eagle+search")
-    parser.add_argument("--out", type=Path, default=Path("bench-out/bench_fuzz"))
-    ns = parser.parse_args()
+    ns = search_options(__doc__.split("\n\n")[0], 40, "bench-out/bench_fuzz").parse_args()
 
     from typer.testing import CliRunner
 

@@ -214,16 +214,22 @@ def held() -> dict:
     return {"rss_gb": rss, "trimmed_rss_gb": trimmed, "tensors_gb": tensors / 2**30, "modules": modules, "objects": count}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=50)
+def search_options(description: str, runs: int, out: str) -> argparse.ArgumentParser:
+    """The options of a search over a command line on a real model (this script, bench_fuzz.py)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--runs", type=int, default=runs)
     parser.add_argument("--first", type=int, default=0, help="the first run's number (runs are fixed by seed and number)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="default")
     parser.add_argument("--eagle-head", help="a head directory for eagle and eagle+search (without it they are not drawn)")
     parser.add_argument("--datastore", help="a datastore for search and eagle+search")
+    parser.add_argument("--out", type=Path, default=Path(out))
+    return parser
+
+
+def main() -> int:
+    parser = search_options(__doc__.split("\n\n")[0], 50, "bench-out/cli_fuzz")
     parser.add_argument("--tree-choices", help="a tune-tree shape file to draw among the static trees")
-    parser.add_argument("--out", type=Path, default=Path("bench-out/cli_fuzz"))
     ns = parser.parse_args()
 
     from typer.testing import CliRunner
