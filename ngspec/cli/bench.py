@@ -106,9 +106,9 @@ def bench_command(
     layouts = ["tree", "rows"] if verify == "both" else [verify]
     ks = parse_values(drafting.k, "k", 1) if drafting.k is not None else None
     ws = parse_values(drafting.w, "w", 1) if drafting.w is not None else None
-    heads = (*([] if batch_size > 1 else [baseline(sampled), "hf-prompt-lookup"]), "vanilla", *(d for d in drafters if d != "vanilla"))
-    if versus_arm is not None and versus_arm.split(" ")[0] not in heads:  # labels start with the drafter
-        raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; give one of: {', '.join(heads)}")
+    arm_names = (*([] if batch_size > 1 else [baseline(sampled), "hf-prompt-lookup"]), "vanilla", *(d for d in drafters if d != "vanilla"))
+    if versus_arm is not None and versus_arm.split(" ")[0] not in arm_names:  # labels start with the drafter
+        raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; give one of: {', '.join(arm_names)}")
     prompts = load_prompts(questions, category, limit, per_category)
     for p in prompts:
         prompt_input(p, raw)  # chat messages refuse --raw before the model loads
