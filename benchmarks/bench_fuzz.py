@@ -9,8 +9,8 @@ emoji, a prompt longer than the context window, MT-bench's two turns, a chat wit
 message, Spec-Bench's rag and summarization questions). A run passes when it
 
 - exits 0, every arm that reports an exact match reports 1.0 (bench checks each arm's tokens
-  against plain decoding: transformers' greedy, or vanilla's sampling with the same seed), no arm
-  reports a near-tie (there are none in float32 on a CPU), and the report files it asked for are
+  against plain decoding: transformers' greedy, or vanilla's sampling with the same seed) and, at
+  batch size 1, those arms report the same number of tokens, no arm reports a near-tie (there are none in float32 on a CPU), and the report files it asked for are
   written (`--json-out` holding the report printed with `--json`); or
 - exits 1 with ngspec's own one-line error, or is refused as a usage error (exit 2),
 
@@ -109,6 +109,9 @@ def check_report(args: list[str], output: str) -> str | None:
     wrong = [(a["arm"], a["exact_match"]) for a in arms if a.get("exact_match") is not None and a["exact_match"] != 1.0]
     if wrong:
         return f"arms not identical to plain decoding: {wrong}"
+    tokens = {a["arm"]: a["tokens"] for a in arms if a.get("exact_match") == 1.0 and "tokens" in a}  # batch size 1 reports them
+    if len(set(tokens.values())) > 1:
+        return f"arms identical to plain decoding report different token counts: {tokens}"
     ties = [(a["arm"], a["largest_tie_margin"]) for a in arms if a.get("largest_tie_margin") is not None]
     if ties:
         return f"near-ties in float32 on a CPU: {ties}"

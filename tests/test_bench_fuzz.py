@@ -54,6 +54,14 @@ def test_a_report_is_checked_arm_by_arm(arms, fault):
     assert (found is None) if fault is None else (fault in found)
 
 
+def test_exact_arms_must_report_the_same_number_of_tokens():
+    arms = [{"arm": "hf-greedy", "exact_match": None, "tokens": 30}, {"arm": "vanilla", "exact_match": 1.0, "tokens": 32},
+            {"arm": "trie", "exact_match": 1.0, "tokens": 32}, {"arm": "hf-prompt-lookup", "exact_match": None, "tokens": 29}]
+    assert bench_fuzz.check_report(["bench"], json.dumps({"arms": arms})) is None
+    arms[2]["tokens"] = 16  # exact over a part of the answer only
+    assert "different token counts: {'vanilla': 32, 'trie': 16}" in bench_fuzz.check_report(["bench"], json.dumps({"arms": arms}))
+
+
 def test_the_report_files_asked_for_must_be_written_and_match(tmp_path):
     printed = report(("trie", 1.0, None))
     out, md = tmp_path / "r.json", tmp_path / "r.md"
