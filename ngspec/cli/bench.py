@@ -106,7 +106,11 @@ def bench_command(
     layouts = ["tree", "rows"] if verify == "both" else [verify]
     ks = parse_values(drafting.k, "k", 1) if drafting.k is not None else None
     ws = parse_values(drafting.w, "w", 1) if drafting.w is not None else None
-    arm_names = (*([] if batch_size > 1 else [baseline(sampled), "hf-prompt-lookup"]), "vanilla", *(d for d in drafters if d != "vanilla"))
+    def run_arms(ks: list[int], ws: list[int]) -> list:
+        """The run's arms: a batched run leaves transformers' out."""
+        return [a for a in make_arms(drafters, opts, ks, ws, layouts, sampled) if batch_size == 1 or a.drafter not in HF_ARMS]
+
+    arm_names = list(dict.fromkeys(a.drafter for a in run_arms([1], [1])))  # before the model loads, whatever the grid
     if versus_arm is not None and versus_arm.split(" ")[0] not in arm_names:  # labels start with the drafter
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; give one of: {', '.join(arm_names)}")
     prompts = load_prompts(questions, category, limit, per_category)
@@ -121,7 +125,7 @@ def bench_command(
         defaults = rows_options(opts, None, None, engine.profile, 0, engine.target.device.type)
         ks = ks or [defaults.k]
         ws = ws or [defaults.w]
-    arms = [a for a in make_arms(drafters, opts, ks, ws, layouts, sampled) if batch_size == 1 or a.drafter not in HF_ARMS]
+    arms = run_arms(ks, ws)
     if versus_arm is not None and versus_arm not in [a.label for a in arms]:
         raise NgspecError(f"--versus {versus_arm!r} is not an arm of this run; the arms are: {', '.join(a.label for a in arms)}")
     res = drafting.resources(engine, [a.drafter for a in arms])
