@@ -239,14 +239,15 @@ def generate_batch(
         if on_finish:
             on_finish(results[row.index])
 
-    def admit(slots: list[int | None]) -> list[_Row]:
-        """Start waiting prompts that fit, one per slot of ``slots`` in order (None: a new row),
-        prefilled together where the target batches prefills; fewer rows when fewer wait.
-        Requests fed since are taken first into the queue, among them any that a row just
-        finished led to (a conversation's next turn): a batch whose last row ends then goes on
-        with them."""
+    def admit(freed: list[int], new_rows: int = 0) -> list[_Row]:
+        """Start waiting prompts that fit, one per slot of ``freed`` in order, then in up to
+        ``new_rows`` new rows, prefilled together where the target batches prefills; fewer rows
+        when fewer wait. Requests fed since are taken first into the queue, among them any that a
+        row just finished led to (a conversation's next turn): a batch whose last row ends then
+        goes on with them."""
         if feed is not None:
             waiting.extend(feed())
+        slots: list[int | None] = [*freed, *[None] * min(new_rows, len(waiting))]  # a batch size far above the prompts costs nothing
         requests: list[Request] = []
         while waiting and len(requests) < len(slots):
             request = waiting.popleft()
@@ -289,7 +290,7 @@ def generate_batch(
     def fill() -> None:
         """New rows for waiting prompts, up to the batch size."""
         if len(rows) < batch.batch_size:
-            rows.extend(admit([None] * (batch.batch_size - len(rows))))
+            rows.extend(admit([], batch.batch_size - len(rows)))
 
     fill()
     while rows:

@@ -251,6 +251,23 @@ def test_a_finished_row_hands_its_slot_to_the_next_prompt_and_stops_alone(tiny, 
     assert finished != list(range(len(prompts)))  # rows finished out of order and were refilled
 
 
+@pytest.mark.parametrize("fed", [False, True])
+def test_a_batch_size_far_above_the_prompts_takes_rows_for_those_that_wait(tiny, prompts_and_expected, fed):
+    """``--batch-size`` is a cap: with 10**12 and three prompts (given, or fed while the batch
+    runs as a server feeds them) the batch took a list of 10**12 new-row slots and ended in a
+    MemoryError."""
+    from ngspec.batch import Request
+    from ngspec.verify import SamplingConfig
+
+    prompts, expected = prompts_and_expected
+    later = [Request(i, prompts[i], 30, SamplingConfig(), Stopper(frozenset())) for i in (1, 2)] if fed else []
+    results, _ = generate_batch(
+        tiny, prompts[:1] if fed else prompts[:3], lambda: make_drafter("trie"), DecodeConfig(max_new_tokens=30), BatchConfig(10**12),
+        lambda: Stopper(frozenset()), feed=(lambda: [later.pop()] if later else []) if fed else None,
+    )
+    assert [r.generation.token_ids for r in results] == expected[:3]
+
+
 @pytest.mark.parametrize("max_new_tokens", [1, 2])
 def test_a_budget_spent_by_the_prefill_stops_a_refilled_row_too(tiny, prompts_and_expected, max_new_tokens):
     """A budget of one token is spent by the prefill's token: the prompts admitted into freed
