@@ -59,6 +59,13 @@ def number(name: str, value: Any, kind: type = int, optional: bool = False) -> i
     return kind(value)
 
 
+def flag(name: str, value: Any) -> bool:
+    """A switch: True or False only (``raw="no"`` would read as True)."""
+    if not isinstance(value, bool):
+        raise NgspecError(f"{name} must be True or False (got {shown(value)})")
+    return value
+
+
 def function(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise NgspecError(f"{name} must be a function or None (got {shown(value)})")
@@ -197,8 +204,8 @@ def drafting_value(name: str, value: Any, hint: Any) -> Any:
         return path(name, value, optional)
     if kind is int:
         return number(name, value, int, optional)
-    if kind is bool and not isinstance(value, bool):
-        raise NgspecError(f"{name} must be True or False (got {shown(value)})")
+    if kind is bool:
+        return flag(name, value)
     if name in ("k", "w") and value is not None:  # one number, or the text `--k` takes
         return str(value)
     return value
@@ -249,6 +256,7 @@ class Speculator:
         if not isinstance(model, (str, os.PathLike)):
             raise NgspecError(f"model must be a name or a path (got {shown(model)})")
         model, profile = os.fspath(model), path("profile", profile)
+        trust_remote_code, target_graphs = flag("trust_remote_code", trust_remote_code), flag("target_graphs", target_graphs)
         drafting = drafting_options(options)
         check_choice(drafter, drafting)  # before the model loads
         engine = load_engine(model, device, dtype, profile, trust_remote_code, quiet=True, target_graphs=target_graphs)
@@ -269,9 +277,11 @@ class Speculator:
         if not isinstance(model, torch.nn.Module):
             hint = f": to load a model by name or path, use Speculator.load({str(model)!r})" if isinstance(model, (str, os.PathLike)) else ""
             raise NgspecError(f"from_model takes a loaded model (a torch.nn.Module; got {shown(model)}){hint}")
+        if tokenizer is not None and not hasattr(tokenizer, "decode"):  # decode alone serves prompts of token ids
+            raise NgspecError(f"tokenizer must be a loaded tokenizer (transformers' AutoTokenizer.from_pretrained(...)) or None (got {shown(tokenizer)})")
         drafting = drafting_options(options)
         where = next(model.parameters()).device
-        if target_graphs and where.type != "cuda":
+        if flag("target_graphs", target_graphs) and where.type != "cuda":
             raise NgspecError(f"target_graphs needs a model on a CUDA GPU (this one is on {where.type})")
         if name is None:
             size = sum(p.numel() for p in model.parameters())
@@ -351,6 +361,7 @@ class Speculator:
         through the chat template, token ids as they are."""
         from ngspec.prompts import encode, encode_messages
 
+        flag("raw", raw)
         if isinstance(prompt, str):
             return encode(self._tokenizer("text prompts"), prompt, raw)
         if hasattr(prompt, "tolist") and getattr(prompt, "ndim", None) is not None:  # a tensor or array of token ids
@@ -396,6 +407,8 @@ class Speculator:
         return self.engine.loaded.tokenizer
 
     def _config(self, max_new_tokens, temperature, top_p, top_k, seed, stop, check) -> DecodeConfig:
+        """The run's settings, each checked for its kind (``check`` too, though the run reads it later)."""
+        flag("check", check)
         sampling = sampling_config(number("temperature", temperature, float), number("top_p", top_p, float), number("top_k", top_k), number("seed", seed, optional=True))
         cfg = decode_config(number("max_new_tokens", max_new_tokens), sampling, stop)
         if cfg.stop_strings:

@@ -148,6 +148,9 @@ class Odd:
         (lambda s: s.generate([1, 2], stop=5), r"stop must be a string or a list of strings \(got 5\)"),
         (lambda s: s.generate([1, 2], stop={"a" * 50: 1}), r"stop must be a string or a list of strings \(got a dict\)"),
         (lambda s: s.generate([1, 2], on_text=5), r"on_text must be a function or None \(got 5\)"),
+        (lambda s: s.generate([1, 2], raw="no"), r"raw must be True or False \(got 'no'\)"),
+        (lambda s: s.generate([1, 2], check="no"), r"check must be True or False \(got 'no'\)"),
+        (lambda s: s.generate_batch([[1, 2]], raw=1), r"raw must be True or False \(got 1\)"),
         (lambda s: s.generate(torch.ones(2, 2, dtype=torch.long)), r"token ids must be one row \(got a Tensor of shape \(2, 2\)\); for several prompts call generate_batch"),
         (lambda s: s.generate(torch.tensor([1.0, 2.0])), r"token ids must be integers \(got a tensor or array of torch.float32\)"),
         (lambda s: s.generate([1, Odd()]), r"a prompt is a str.* \(got a list holding Odd\(\)\)"),
@@ -183,6 +186,8 @@ def test_arguments_of_the_wrong_type_raise_one_clear_error_before_anything_runs(
         ({"drafter": "search", "datastore": 5}, r"datastore must be a path or None \(got 5\)"),
         ({"drafter": "eagle", "eagle_head": Odd()}, r"eagle_head must be a path or None \(got Odd\(\)\)"),
         ({"drafter": "eagle+search", "tree_depth": "5"}, r"tree_depth must be an integer or None \(got '5'\)"),
+        ({"drafter": ["trie"]}, r"unknown drafter \['trie'\]; choose one of"),
+        ({"target_graphs": "no"}, r"target_graphs must be True or False \(got 'no'\)"),
     ],
 )
 def test_drafter_options_of_the_wrong_type_are_refused_by_name(tiny, kwargs, message):
@@ -208,6 +213,8 @@ def test_a_tokenizer_of_another_model_is_refused_as_the_speculator_is_made(tiny)
         (lambda tiny: Speculator.load(None), r"model must be a name or a path \(got None\)"),
         (lambda tiny: Speculator.load(5), r"model must be a name or a path \(got 5\)"),
         (lambda tiny: Speculator.load("default", profile=5), r"profile must be a path or None \(got 5\)"),
+        (lambda tiny: Speculator.load("default", trust_remote_code="yes"), r"trust_remote_code must be True or False \(got 'yes'\)"),
+        (lambda tiny: Speculator.from_model(tiny, "default"), r"tokenizer must be a loaded tokenizer \(.*\) or None \(got 'default'\)$"),
     ],
 )
 def test_a_model_of_the_wrong_kind_is_refused_with_what_to_call(tiny, call, message):

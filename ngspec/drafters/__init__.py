@@ -146,7 +146,7 @@ SEARCHES = frozenset({"search", "eagle+search"})  # read --datastore (optional)
 
 
 def check_drafter(name: str) -> None:
-    if name not in REGISTRY:
+    if not isinstance(name, str) or name not in REGISTRY:  # a list is unhashable: a TypeError in `in`
         raise NgspecError(f"unknown drafter {name!r}; choose one of: {', '.join(REGISTRY)}")
 
 
