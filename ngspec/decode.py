@@ -14,7 +14,7 @@ import torch
 
 from ngspec.architecture import rope_depth
 from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats, table_cost
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, check_text
 from ngspec.perf.online import StepTimes
 from ngspec.static_verify import cold_runs
 from ngspec.target import TargetModel
@@ -41,6 +41,8 @@ class DecodeConfig:
         bad = [s for s in self.stop_strings if not isinstance(s, str) or not s]
         if bad:
             raise NgspecError(f"--stop takes non-empty strings (got {bad[0]!r})")
+        for stop in self.stop_strings:
+            check_text(stop, f"the stop string {stop!r}")
 
 
 @dataclass

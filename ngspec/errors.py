@@ -37,6 +37,21 @@ def json_text_problem(exc: ValueError) -> str:
     return first_sentence(exc)
 
 
+def check_text(text: str, what: str) -> str:
+    """``text``, refused where it is not Unicode text: where it holds a lone surrogate, half of a
+    UTF-16 pair (a JSON escape such as ``\\ud83d`` cut from its other half, or a byte that was not
+    UTF-8 read from the command line). Tokenizers and UTF-8 cannot take one: transformers' fast
+    tokenizers raised "TextEncodeInput must be Union[...]"."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise NgspecError(
+            f"{what} holds a lone surrogate (\\u{ord(text[exc.start]):04x} at character {exc.start}), half of a UTF-16 pair "
+            "and not text (a JSON escape cut from its other half?): remove or replace it"
+        ) from None
+    return text
+
+
 def shown(value: object) -> str:
     """A value as a message shows it: as Python writes it when short, else by its type."""
     text = repr(value)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ngspec.errors import NgspecError, json_error, short
+from ngspec.errors import NgspecError, check_text, json_error, short
 
 
 @dataclass(frozen=True)
@@ -224,6 +224,7 @@ def prompt_ids(tokenizer, prompt: Prompt, raw: bool = False) -> list[int]:
 
 def encode(tokenizer, text: str, raw: bool = False) -> list[int]:
     """Token ids for ``text``: wrapped in the chat template (when the tokenizer has one) unless raw."""
+    check_text(text, "the prompt")
     if not raw and getattr(tokenizer, "chat_template", None):
         return encode_messages(tokenizer, [{"role": "user", "content": text}])
     return list(tokenizer(text)["input_ids"])
@@ -234,6 +235,9 @@ def check_messages(messages: list) -> None:
     bad = [m for m in messages if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str)]
     if bad:
         raise NgspecError(f"a chat message needs a 'role' and a 'content', both strings, not {short(bad[0])}")
+    for i, message in enumerate(messages, 1):
+        check_text(message["role"], f"chat message {i}'s role")
+        check_text(message["content"], f"chat message {i}'s content")
 
 
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:

@@ -517,6 +517,11 @@ def test_datastore_info_checks_contents(tmp_path, tokenizer):
         # a first line nested too deeply stopped with Python's "RecursionError: maximum recursion depth exceeded ..."
         ("deepfirst.jsonl", b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", r"deepfirst.jsonl:1: its JSON is nested too deeply to read"),
         ("deep.json", b'[{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]", r"deep.json: its JSON is nested too deeply to read"),
+        # half of a UTF-16 pair: the tokenizer said "tokenisation failed: TypeError: TextEncodeInput must be Union[...]"
+        ("lone.jsonl", b'{"text": "a \\ud83d\\ude00"}\n{"conversations": [{"value": "a"}, {"value": "b \\uD83D c"}]}\n',
+         r"lone.jsonl:2: field conversations\[1\].value holds a lone surrogate \(\\ud83d at character 2\)"),
+        ("lone.json", b'[{"text": "a"}, {"text": "\\udc00"}]', r"lone.json: item 1 of its array: field text holds a lone surrogate \(\\udc00 at character 0\)"),
+        ("key.json", b'{"te\\udc00xt": "a"}', r"key.json:1: field 'te\\udc00xt' \(its name\) holds a lone surrogate"),
     ],
 )
 def test_a_malformed_json_corpus_is_named_by_its_line_in_one_message(tmp_path, capfd, name, data, says):

@@ -89,6 +89,26 @@ def test_decode_config_rejects_non_positive_budget():
         DecodeConfig(max_new_tokens=0)
 
 
+def test_text_that_is_not_text_is_refused_where_it_would_be_encoded():
+    """A lone surrogate (a JSON escape such as "\\ud800" read alone, or `--stop` given a byte that
+    is not UTF-8): the tokenizer raised "TextEncodeInput must be Union[...]" (a raw prompt, as
+    "TypeError: ..."; through the chat template as a refusal of the messages), and a stop string
+    a UnicodeEncodeError."""
+    from ngspec.models import load_tokenizer
+    from ngspec.prompts import encode, encode_messages
+
+    lone = r"holds a lone surrogate \(\\ud800 at character 2\), half of a UTF-16 pair and not text"
+    tok = load_tokenizer()
+    for raw in (False, True):
+        with pytest.raises(NgspecError, match=f"^the prompt {lone}"):
+            encode(tok, "a \ud800", raw)
+    with pytest.raises(NgspecError, match=f"^chat message 2's content {lone}"):
+        encode_messages(tok, [{"role": "user", "content": "hi"}, {"role": "user", "content": "a \ud800"}])
+    with pytest.raises(NgspecError, match=r"^the stop string '\\udcff' holds a lone surrogate \(\\udcff at character 0\)"):
+        DecodeConfig(stop_strings=("\udcff",))
+    assert encode(tok, "a \U0001f600", True) == encode(tok, json.loads('"a \\ud83d\\ude00"'), True)  # a pair is one character
+
+
 def test_load_txt_and_jsonl(tmp_path):
     txt = tmp_path / "q.txt"
     txt.write_text("What is 2 + 2?\n")

@@ -22,12 +22,14 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ngspec.errors import NgspecError, json_error, json_kind, short
+from ngspec.errors import NgspecError, check_text, json_error, json_kind, short
 
 FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
 ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
 DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# a JSON escape of half a UTF-16 pair: read alone, it is a lone surrogate (`check_text`)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def detect_format(record: dict) -> str:
@@ -165,7 +167,41 @@ def _json_lines(file: Path) -> Iterator[dict]:
             if not isinstance(record, dict):
                 shown = line.strip()[:20].decode("utf-8", "replace").rstrip()
                 raise NgspecError(f"cannot read corpus {file}:{lineno}: a record must be a JSON object (the line starts {shown!r})")
+            if _SURROGATE_ESCAPE.search(line):
+                _check_record_text(record, f"cannot read corpus {file}:{lineno}")
             yield record
+
+
+def _check_record_text(record: dict, what: str) -> None:
+    """Refuse a record holding a lone surrogate in one of its strings (`check_text`), naming the
+    field: the tokenizer would fail on it without saying where ("TextEncodeInput must be
+    Union[...]")."""
+    found = _not_text(record)
+    if found is not None:
+        check_text(found[1], f"{what}: field {found[0]}")
+
+
+def _not_text(value: object, path: str = "") -> tuple[str, str] | None:
+    """The first string of a JSON value (a field's name or value) that holds a lone surrogate, and
+    where it is (``conversations[1].value``); None when there is none."""
+    if isinstance(value, str):
+        return None if _is_text(value) else (path, value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
+        if isinstance(key, str) and not _is_text(key):
+            return f"{where!r} (its name)", key
+        if (found := _not_text(item, where)) is not None:
+            return found
+    return None
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json_file(file: Path) -> Iterator[dict]:
@@ -206,6 +242,9 @@ def _json_document(file: Path) -> list[dict] | str:
     stray = next((i for i, item in enumerate(records) if not isinstance(item, dict)), None)
     if stray is not None:
         return f"{file}: item {stray} of its array is not a record (a JSON object) but {short(records[stray])}"
+    if _SURROGATE_ESCAPE.search(data):
+        for i, record in enumerate(records):
+            _check_record_text(record, f"cannot read corpus {file}: item {i} of its array" if isinstance(document, list) else f"cannot read corpus {file}")
     return records
 
 
