@@ -52,9 +52,11 @@ def turn_ids(tokenizer, prompt: Prompt, answers: list[list[int]], raw: bool = Fa
 class Conversations:
     """The prompts of a run, one per turn asked (``units``, a question's turns one after another),
     and their token ids: a later turn's ids are built once the turns before it have been answered
-    (`answered`). With ``max_length`` (and ``vocab``), a prompt that leaves no room in the context
-    window (or holds a token id the model has no embedding for) is refused, naming it: every first
-    turn at once, a later turn when it is built."""
+    (`answered`). With ``max_length`` (and ``vocab``; `bench`, which stops on a prompt it cannot
+    ask), every first turn is built at once, and a prompt that cannot be encoded, leaves no room in
+    the context window or holds a token id the model has no embedding for is refused naming it: a
+    first turn before anything runs, a later turn when it is built. Without (`generate`, which
+    fails such a prompt alone and names it itself), each is built when asked for."""
 
     def __init__(
         self, tokenizer, prompts: list[Prompt], every_turn: bool, raw: bool = False, max_length: int | None = None, vocab: int | None = None,
@@ -65,21 +67,24 @@ class Conversations:
         self.max_length, self.vocab = max_length, vocab
         self._ids: dict[int, list[int]] = {}
         self._answers: dict[int, list[int]] = {}
-        for i, unit in enumerate(self.units):
-            if unit.turn == 1:
-                self.ids(i)
+        if max_length is not None:
+            for i, unit in enumerate(self.units):
+                if unit.turn == 1:
+                    self.ids(i)
 
     def ids(self, i: int) -> list[int]:
         """Token ids of ``units[i]``; its question's earlier turns must have been answered."""
         if i not in self._ids:
             unit = self.units[i]
             earlier = range(i - unit.turn + 1, i)  # the same question's earlier turns, just before it
-            ids = turn_ids(self.tokenizer, unit, [self._answers[j] for j in earlier], self.raw)
-            if self.max_length is not None:
-                try:
+            try:
+                ids = turn_ids(self.tokenizer, unit, [self._answers[j] for j in earlier], self.raw)
+                if self.max_length is not None:
                     check_prompt(ids, self.max_length, self.vocab)
-                except NgspecError as exc:
-                    raise NgspecError(f"prompt {unit.label}: {exc}") from None
+            except NgspecError as exc:
+                if self.max_length is None:
+                    raise
+                raise NgspecError(f"prompt {unit.label}: {exc}") from None
             self._ids[i] = ids
         return self._ids[i]
 

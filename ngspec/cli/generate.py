@@ -96,8 +96,10 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
     unit_of, ids, later = [], [], []  # by batch index: the unit it asks and its token ids; later turns ready to join
 
     def enqueue(i: int) -> int:
+        """``units[i]``'s batch index (its ids built first: one that cannot be built takes none)."""
+        token_ids = asked.ids(i)
         unit_of.append(i)
-        ids.append(asked.ids(i))
+        ids.append(token_ids)
         return len(ids) - 1
 
     def show(unit: Prompt, record: dict) -> None:
@@ -133,8 +135,14 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
         later.clear()
         return ready
 
-    first = [enqueue(i) for i, unit in enumerate(units) if unit.turn == 1]
-    many_turns = len(units) > len(first)
+    first = []
+    for i, unit in enumerate(units):
+        if unit.turn == 1:
+            try:
+                first.append(enqueue(i))
+            except NgspecError as exc:  # e.g. text that is not text, or a chat template that refuses it
+                _fail(asked, i, str(exc), failed, drafter, json_out)
+    many_turns = any(unit.turn > 1 for unit in units)
     results, report = spec.run_batch([ids[b] for b in first], cfg, batch, on_finish, feed if many_turns else None)
     records = []
     for index, output in checked:
@@ -274,6 +282,8 @@ def generate_command(
             if len(units) > 1:  # a prompt that cannot run fails alone, as in a batch
                 check_prompt(ids, engine.target.max_length, engine.target.vocab)
         except NgspecError as exc:
+            if len(units) == 1:  # the run's one prompt: its error is the run's
+                raise
             _fail(asked, i, str(exc), failed, drafter, json_out)
             continue
         stream = None if json_out else render.TextStream(engine.detokenize)
