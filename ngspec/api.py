@@ -277,12 +277,16 @@ class Speculator:
         if not isinstance(model, torch.nn.Module):
             hint = f": to load a model by name or path, use Speculator.load({str(model)!r})" if isinstance(model, (str, os.PathLike)) else ""
             raise NgspecError(f"from_model takes a loaded model (a torch.nn.Module; got {shown(model)}){hint}")
+        if not hasattr(model, "config") or not callable(getattr(model, "get_input_embeddings", None)) or next(model.parameters(), None) is None:
+            raise NgspecError(f"from_model takes a transformers causal language model (AutoModelForCausalLM.from_pretrained(...); got a {type(model).__name__})")
         if tokenizer is not None and not hasattr(tokenizer, "decode"):  # decode alone serves prompts of token ids
             raise NgspecError(f"tokenizer must be a loaded tokenizer (transformers' AutoTokenizer.from_pretrained(...)) or None (got {shown(tokenizer)})")
         drafting = drafting_options(options)
         where = next(model.parameters()).device
         if flag("target_graphs", target_graphs) and where.type != "cuda":
             raise NgspecError(f"target_graphs needs a model on a CUDA GPU (this one is on {where.type})")
+        if name is not None and not isinstance(name, str):
+            raise NgspecError(f"name must be a string or None (got {shown(name)})")
         if name is None:
             size = sum(p.numel() for p in model.parameters())
             name = getattr(model, "name_or_path", "") or f"{model.config.model_type}-{size}"

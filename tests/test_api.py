@@ -210,6 +210,9 @@ def test_a_tokenizer_of_another_model_is_refused_as_the_speculator_is_made(tiny)
     [
         (lambda tiny: Speculator.from_model(None), r"from_model takes a loaded model \(a torch.nn.Module; got None\)$"),
         (lambda tiny: Speculator.from_model("default"), r"got 'default'\): to load a model by name or path, use Speculator.load\('default'\)"),
+        (lambda tiny: Speculator.from_model(torch.nn.Linear(2, 2)), r"takes a transformers causal language model \(.*; got a Linear\)$"),
+        (lambda tiny: Speculator.from_model(torch.nn.Module()), r"takes a transformers causal language model \(.*; got a Module\)$"),
+        (lambda tiny: Speculator.from_model(tiny, name=["a"]), r"name must be a string or None \(got \['a'\]\)$"),
         (lambda tiny: Speculator.load(None), r"model must be a name or a path \(got None\)"),
         (lambda tiny: Speculator.load(5), r"model must be a name or a path \(got 5\)"),
         (lambda tiny: Speculator.load("default", profile=5), r"profile must be a path or None \(got 5\)"),
