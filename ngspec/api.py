@@ -495,7 +495,12 @@ class Speculator:
         prompts, on_output = batch_prompts(prompts), function("on_output", on_output)
         if not prompts:
             return []
-        ids = [self.encode(p, raw) for p in prompts]
+        ids, raw = [], flag("raw", raw)
+        for i, prompt in enumerate(prompts):
+            try:
+                ids.append(self.encode(prompt, raw))
+            except NgspecError as exc:  # named: which of many prompts it is
+                raise NgspecError(f"prompt {i}: {exc}") from None
         outs: list[Output | None] = [None] * len(ids)
 
         def finished(r: BatchResult) -> None:

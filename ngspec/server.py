@@ -444,6 +444,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             body = self._body()
+            if body.get("stream") is not None and not isinstance(body["stream"], bool):
+                raise BadRequest(f"'stream' must be true or false, not {short(body['stream'])}")
             if body.get("stream"):
                 self._stream(body, chat=path.endswith("chat/completions"))
             else:

@@ -104,6 +104,7 @@ def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
         (lambda s: s.generate([1, 2], top_p=0.0, temperature=1.0), "top_p"),
         (lambda s: s.generate_batch([[1, 2]], batch_size=0), "--batch-size must be at least 1"),
         (lambda s: s.generate_batch([[1, 2]], layout="diagonal"), "--batch-layout must be one of"),
+        (lambda s: s.generate_batch([[1, 2], [1, 200]]), r"^prompt 1: token id 200 is outside the model's vocabulary"),
     ],
 )
 def test_bad_input_raises_one_clear_error(tiny, call, message):

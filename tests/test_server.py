@@ -187,6 +187,9 @@ def test_a_seeded_request_gets_plain_samplings_answer_alone_or_batched(tiny, tin
         ("/v1/completions", {"prompt": [1, 2], "stop": [""]}, 400, "'stop' must be a string or a list"),
         ("/v1/completions", {"prompt": [1, 2], "stop": "x"}, 400, "stop strings need a tokenizer"),
         ("/v1/completions", {"prompt": [1, 999]}, 400, "outside the model's vocabulary"),
+        ("/v1/completions", {"prompt": [[1, 2], [1, 999]]}, 400, r"^prompt 1: token id 999 is outside the model's vocabulary"),
+        # taken as true: "stream": "no" streamed
+        ("/v1/completions", {"prompt": [1, 2], "stream": "no"}, 400, r"^'stream' must be true or false, not \"no\"$"),
         ("/v1/completions", {"prompt": [1] * 600}, 400, "context window is 512"),
         ("/v1/completions", {"prompt": [1, 2], "stream": True}, 400, r"streamed text \(on_text\) need a tokenizer"),
         ("/v1/completions", {"prompt": "text"}, 400, "text prompts need a tokenizer"),
