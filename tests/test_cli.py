@@ -281,6 +281,15 @@ def test_bad_input_one_clear_line(tmp_path, args, message):
     assert "Traceback" not in result.output + result.stderr
 
 
+def test_tune_tree_refuses_a_large_tree_that_no_verification_can_hold(tiny_saved, tmp_path):
+    """--nodes 10**9 calibrated a 299,592-node tree (every node of width 8 and depth 6), drafted
+    whole on every step, on a model whose window holds 512 tokens."""
+    result = invoke("tune-tree", "--model", tiny_saved, "--eagle-head", tiny_saved / "head", "--out", tmp_path / "shape.json", "--nodes", 10**9)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "--nodes 1000000000 is more than one verification can hold in the model's context window (512 tokens)" in result.stderr
+    assert not (tmp_path / "shape.json").exists()
+
+
 def test_a_tree_shape_file_makes_the_tree_static(tmp_path):
     """--tree-choices alone means its static tree (it was ignored under the default dynamic
     tree); --tree dynamic with it is refused above."""

@@ -27,6 +27,13 @@ def test_large_tree_is_connected_and_bounded():
     assert (0,) in tree and (0, 0) in tree
 
 
+@pytest.mark.parametrize("nodes", [1, 5, 30])
+def test_a_large_tree_wider_or_deeper_than_its_nodes_is_the_same_tree(nodes):
+    """Bounds past ``nodes`` change nothing (a width of 10**6 pushed 10**6 candidates per node taken)."""
+    assert large_tree(width=nodes, depth=nodes, nodes=nodes) == large_tree(width=10**6, depth=10**6, nodes=nodes)
+    assert large_tree(width=nodes + 3, depth=nodes + 1, nodes=nodes) == large_tree(width=nodes, depth=nodes, nodes=nodes)
+
+
 def test_prune_keeps_the_most_accepted_nodes_as_a_connected_tree():
     rates = {(0,): 0.6, (1,): 0.1, (0, 0): 0.3, (0, 1): 0.1, (0, 0, 0): 0.1, (2,): 0.0}
     assert prune(rates, 2) == ((0,), (0, 0))

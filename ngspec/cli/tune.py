@@ -94,6 +94,8 @@ def tune_tree_command(
     batch = BatchConfig(batch_size)
     prompts = calibration_prompts(questions, per_category, limit)
     engine = load_engine(model, device, dtype, trust_remote_code=trust_remote_code, target_graphs=target_graphs)
+    if nodes >= engine.target.max_length:  # a verification holds the tree after the prompt, in the window
+        raise NgspecError(f"--nodes {nodes} is more than one verification can hold in the model's context window ({engine.target.max_length} tokens)")
     # one prompt per turn asked; a later turn is built once the large tree's run has answered the
     # turn before it (lossless: plain greedy's answer), and every prompt must fit the context window
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length, engine.target.vocab)

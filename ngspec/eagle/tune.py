@@ -32,7 +32,10 @@ Choice = tuple[int, ...]
 def large_tree(width: int, depth: int, nodes: int) -> tuple[Choice, ...]:
     """The ``nodes`` most plausible rank paths up to ``width`` children and ``depth`` levels,
     under a prior where the child of rank r is taken with weight 1 / (r + 2) (a child always
-    scores below its parent, so the set is a connected tree)."""
+    scores below its parent, so the set is a connected tree). No node of ``nodes`` has more than
+    ``nodes`` children or levels above it, so a wider or deeper bound changes nothing (and a width of
+    a million pushed a million candidates per node taken)."""
+    width, depth = min(width, nodes), min(depth, nodes)
     heap: list[tuple[float, Choice]] = [(-1.0 / (r + 2), (r,)) for r in range(width)]
     heapq.heapify(heap)
     out: list[Choice] = []
