@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from ngspec.decode import check_prompt
 from ngspec.errors import NgspecError
-from ngspec.prompts import Prompt, encode_messages, prompt_ids
+from ngspec.prompts import Prompt, encode, encode_messages, prompt_ids
 
 
 def split_turns(prompts: list[Prompt], every_turn: bool) -> list[Prompt]:
@@ -42,7 +42,7 @@ def turn_ids(tokenizer, prompt: Prompt, answers: list[list[int]], raw: bool = Fa
     said = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
     if raw or not getattr(tokenizer, "chat_template", None):
         text = "\n\n".join(x for pair in zip(prompt.turns, said) for x in pair)
-        return list(tokenizer(f"{text}\n\n{prompt.text}")["input_ids"])
+        return encode(tokenizer, f"{text}\n\n{prompt.text}", raw=True)
     messages = []
     for question, answer in zip(prompt.turns, said):
         messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]

@@ -450,6 +450,11 @@ def test_an_answer_that_would_pass_the_window_stops_there_as_generate_does(tiny_
     assert result.exit_code == 1 and batches == [] and "Traceback" not in result.output
     assert re.search(r"prompt 2 of --prompts: the prompt has \d+ tokens but the model's context window is 512; shorten or drop it", result.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "p.jsonl"]
+    # half a UTF-16 pair: the tokenizer said "TypeError: TextEncodeInput must be Union[...]"
+    prompts.write_text(json.dumps({"prompt": "Question one?"}) + "\n" + json.dumps({"prompt": "a \ud83d b"}) + "\n")
+    result = runner.invoke(app, ["synth-corpus", "--model", str(tiny_saved), "--prompts", str(prompts), "--out", str(tmp_path / "d.jsonl")])
+    assert result.exit_code == 1 and batches == [] and "Traceback" not in result.output
+    assert "prompt 2 of --prompts holds a lone surrogate (\\ud83d at character 2)" in result.stderr
 
 
 def test_a_tokenizer_without_pad_or_eos_token_still_pads_its_batches(tiny_saved, tmp_path):

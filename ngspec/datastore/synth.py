@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ngspec.errors import NgspecError, short
+from ngspec.errors import NgspecError, check_text, short
 from ngspec.staging import staged_file
 from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.prompts import apply_template
@@ -102,10 +102,11 @@ def answer_prompt(tokenizer, instruction: str) -> str:
 
 
 def check_given(loaded: LoadedModel, given: Sequence[str], start: int = 0) -> None:
-    """Refuse, before anything is generated, a given instruction the model cannot answer: its
-    prompt fills the context window. ``start``: how many instructions come before ``given``."""
+    """Refuse, before anything is generated, a given instruction the model cannot answer: it is not
+    text (`check_text`), or its prompt fills the context window. ``start``: how many instructions come before ``given``."""
     window = context_window(loaded.model)
     for number, instruction in enumerate(given, start + 1):
+        check_text(instruction, f"prompt {number} of --prompts")
         ids = loaded.tokenizer(answer_prompt(loaded.tokenizer, instruction), add_special_tokens=False)["input_ids"]
         try:
             check_prompt(ids, window)
