@@ -42,14 +42,22 @@ def check_text(text: str, what: str) -> str:
     UTF-16 pair (a JSON escape such as ``\\ud83d`` cut from its other half, or a byte that was not
     UTF-8 read from the command line). Tokenizers and UTF-8 cannot take one: transformers' fast
     tokenizers raised "TextEncodeInput must be Union[...]"."""
+    at = lone_surrogate_at(text)
+    if at is not None:
+        raise NgspecError(
+            f"{what} holds a lone surrogate (\\u{ord(text[at]):04x} at character {at}), half of a UTF-16 pair "
+            "and not text (a JSON escape cut from its other half?): remove or replace it"
+        )
+    return text
+
+
+def lone_surrogate_at(text: str) -> int | None:
+    """Where ``text`` holds its first lone surrogate (see `check_text`); None when it holds none."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise NgspecError(
-            f"{what} holds a lone surrogate (\\u{ord(text[exc.start]):04x} at character {exc.start}), half of a UTF-16 pair "
-            "and not text (a JSON escape cut from its other half?): remove or replace it"
-        ) from None
-    return text
+        return exc.start
+    return None
 
 
 def shown(value: object) -> str:

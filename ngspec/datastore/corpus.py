@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ngspec.errors import NgspecError, check_text, json_error, json_kind, short
+from ngspec.errors import NgspecError, check_text, json_error, json_kind, lone_surrogate_at, short
 
 FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
 ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
@@ -185,23 +185,15 @@ def _not_text(value: object, path: str = "") -> tuple[str, str] | None:
     """The first string of a JSON value (a field's name or value) that holds a lone surrogate, and
     where it is (``conversations[1].value``); None when there is none."""
     if isinstance(value, str):
-        return None if _is_text(value) else (path, value)
+        return None if lone_surrogate_at(value) is None else (path, value)
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
         where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
-        if isinstance(key, str) and not _is_text(key):
+        if isinstance(key, str) and lone_surrogate_at(key) is not None:
             return f"{where!r} (its name)", key
         if (found := _not_text(item, where)) is not None:
             return found
     return None
-
-
-def _is_text(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _json_file(file: Path) -> Iterator[dict]:

@@ -103,7 +103,8 @@ def answer_prompt(tokenizer, instruction: str) -> str:
 
 def check_given(loaded: LoadedModel, given: Sequence[str], start: int = 0) -> None:
     """Refuse, before anything is generated, a given instruction the model cannot answer: it is not
-    text (`check_text`), or its prompt fills the context window. ``start``: how many instructions come before ``given``."""
+    text (`check_text`), or its prompt fills the context window. ``start``: how many instructions
+    come before ``given``."""
     window = context_window(loaded.model)
     for number, instruction in enumerate(given, start + 1):
         check_text(instruction, f"prompt {number} of --prompts")
