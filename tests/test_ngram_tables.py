@@ -91,6 +91,25 @@ def test_save_load_round_trip_and_refusals(tmp_path, model, tables):
         nt.load_tables(tmp_path)
 
 
+def test_a_table_for_this_model_after_another_anchor_says_so(tmp_path, model, tables):
+    """A table built for a model read with its tokenizer, given for the same model without one (a
+    `Speculator.from_model(model, None, ...)`): it was refused as "built for another model"."""
+    path = tmp_path / "t.npz"
+    nt.save_tables(tables, path, "tiny")
+    assert nt.load_tables(path).anchor == ANCHOR
+    with pytest.raises(NgspecError) as refused:
+        nt.cached_tables(model, "tiny", [], path)
+    assert f"was built for this model read with a tokenizer (each token's next tokens measured after the tokens {ANCHOR}" in str(refused.value)
+    with pytest.raises(NgspecError, match="built for another model"):  # another model after another anchor
+        nt.cached_tables(tiny_model("llama", seed=6), "other", [], path)
+    nt.save_tables(nt.NgramTables(tables.fingerprint, tables.unigram, tables.bigram, tables.extended), path, "tiny")  # as files before anchors
+    with pytest.raises(NgspecError, match="built for another model"):
+        nt.cached_tables(model, "tiny", [], path)
+    nt.save_tables(nt.NgramTables(tables.fingerprint, tables.unigram, tables.bigram, tables.extended, [96]), path, "tiny")
+    with pytest.raises(NgspecError, match=r"\(its anchor is not a list of token ids\)"):
+        nt.load_tables(path)
+
+
 def test_fingerprint_depends_on_weights_and_anchor(model):
     assert nt.model_fingerprint(model, ANCHOR) == nt.model_fingerprint(model, ANCHOR)
     assert nt.model_fingerprint(model, ANCHOR) != nt.model_fingerprint(model, [])

@@ -81,6 +81,7 @@ class NgramTables:
     unigram: np.ndarray  # [UNIGRAM_KEEP] token ids, best first
     bigram: np.ndarray  # [V, K] top-K next tokens per token, best first
     extended: np.ndarray  # [V, K, W] chains: extended[x, j] starts with bigram[x, j]
+    anchor: list[int] | None = None  # the tokens each x followed (None: a file from before they were recorded)
 
     @property
     def vocab_size(self) -> int:
@@ -146,7 +147,7 @@ def extend(bigram: np.ndarray, width: int = WIDTH) -> np.ndarray:
 
 def build_tables(model: PreTrainedModel, anchor: list[int] | None = None, batch_size: int = 512, progress=None) -> NgramTables:
     bigram = bigram_topk(model, TOP_K, batch_size, progress, anchor)
-    return NgramTables(model_fingerprint(model, anchor), unigram_ranking(model), bigram, extend(bigram))
+    return NgramTables(model_fingerprint(model, anchor), unigram_ranking(model), bigram, extend(bigram), list(anchor or []))
 
 
 def _narrow(a: np.ndarray, vocab: int) -> np.ndarray:
@@ -157,6 +158,8 @@ def save_tables(tables: NgramTables, path: Path, model_name: str) -> None:
     """Write whole to a temporary file, then rename (an interrupted build leaves nothing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": TABLE_FORMAT, "fingerprint": tables.fingerprint, "model": model_name, "vocab_size": tables.vocab_size}
+    if tables.anchor is not None:
+        meta["anchor"] = [int(t) for t in tables.anchor]
     with staging.staged_file(path) as tmp, open(tmp, "wb") as fh:
         np.savez(
             fh,
@@ -185,9 +188,13 @@ def _damage(path: Path, exc: Exception) -> str:
     return first_sentence(exc)
 
 
-def load_tables(path: Path, fingerprint: str | None = None, vocab_size: int | None = None) -> NgramTables:
+def load_tables(
+    path: Path, fingerprint: str | None = None, vocab_size: int | None = None, fingerprint_after: Callable[[list[int]], str] | None = None
+) -> NgramTables:
     """Read tables; refuse a damaged file or one made for another model (by fingerprint) or
-    vocabulary."""
+    vocabulary. ``fingerprint_after(anchor)``: this model's fingerprint after another anchor, to
+    tell a table built for this model after other tokens (read with or without its tokenizer)
+    from one built for another model."""
     try:
         with np.load(path) as data:
             meta = json.loads(bytes(data["meta"]).decode())
@@ -205,14 +212,23 @@ def load_tables(path: Path, fingerprint: str | None = None, vocab_size: int | No
         raise NgspecError(f"{path} is a damaged n-gram table file (inconsistent shapes); rebuild it")
     if vocab_size is not None and bigram.shape[0] != vocab_size:
         raise NgspecError(f"{path} was built for a {bigram.shape[0]}-token vocabulary, but this model has {vocab_size}")
+    anchor = meta.get("anchor")
+    if anchor is not None and not (isinstance(anchor, list) and all(type(t) is int and 0 <= t < bigram.shape[0] for t in anchor)):
+        raise NgspecError(f"{path} is a damaged n-gram table file (its anchor is not a list of token ids); rebuild it")
     if fingerprint is not None and meta.get("fingerprint") != fingerprint:
+        if anchor is not None and fingerprint_after is not None and fingerprint_after(anchor) == meta.get("fingerprint"):
+            raise NgspecError(
+                f"{path} was built for this model read with a tokenizer (each token's next tokens measured after the tokens "
+                f"{anchor}: its assistant header or BOS); here the model has no tokenizer or another one, so the table does not "
+                "apply: give the model that tokenizer, or leave out --bigram-table (bigram_table=) and ngspec builds one for it as given"
+            )
         raise NgspecError(
             f"{path} was built for another model ({meta.get('model')}, fingerprint {meta.get('fingerprint')}); "
             "rebuild it for this one with `ngspec build-bigram`"
         )
     if bigram.size and (bigram.max() >= bigram.shape[0] or extended.max() >= bigram.shape[0]):
         raise NgspecError(f"{path} is a damaged n-gram table file (token ids out of range); rebuild it")
-    return NgramTables(str(meta["fingerprint"]), arrays["unigram"], bigram, extended)
+    return NgramTables(str(meta["fingerprint"]), arrays["unigram"], bigram, extended, anchor)
 
 
 def default_table_path(fingerprint: str) -> Path:
@@ -235,7 +251,7 @@ def cached_tables(
     vocab = int(model.get_output_embeddings().weight.shape[0])
     fingerprint = model_fingerprint(model, anchor)
     if path is not None:
-        return load_tables(path, fingerprint, vocab)
+        return load_tables(path, fingerprint, vocab, lambda other: model_fingerprint(model, other))
     path = default_table_path(fingerprint)
     if path.is_file() and not os.environ.get("NGSPEC_REBUILD_TABLES"):
         try:
