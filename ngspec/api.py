@@ -15,8 +15,11 @@ the keyword arguments of `generate`'s options, without the dashes: ``--eagle-hea
 
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
 import os
+import re
 import threading
 import typing
 import warnings
@@ -46,6 +49,46 @@ PROMPT_KINDS = "a prompt is a str, a list of chat messages ({'role': ..., 'conte
 
 # Arguments: Python values checked for their kind, as the CLI's parser checks its text. Ranges are
 # checked where the CLI's options are (`DecodeConfig`, `SamplingConfig`, `BatchConfig`, `Drafting`).
+
+
+# The checks shared with the CLI name its flags ("--batch-size must be at least 1"); the API's
+# methods raise them in its own words (`in_api_words`). A flag's argument is the flag without its
+# dashes, in snake case, but for these:
+FLAG_ARGUMENTS = {"batch-layout": "layout", "head-float32": "head_int8=False", "no-trie-update": "trie_update=False", "no-deepen": "deepen=False"}
+FLAG_WITH_CHOICE = re.compile(r"--([a-z][a-z0-9-]*)(?: (static|dynamic|packed|padded|DIR|FILE)\b)?")
+
+
+def in_api_words(message: str) -> str:
+    """A message written for the CLI in the Python API's words: ``--batch-size`` reads
+    ``batch_size``, ``--batch-layout packed`` ``layout='packed'``. Commands quoted in backticks
+    (```ngspec build-bigram --out```) and flags that are no argument here stay as they are."""
+    known = {n for m in (Speculator.load, Speculator.from_model, Speculator.generate_batch) for n in inspect.signature(m).parameters}
+    known |= {f.name for f in fields(Drafting)}
+
+    def argument(match: re.Match) -> str:
+        flag, value = match.groups()
+        name = FLAG_ARGUMENTS.get(flag, flag.replace("-", "_"))
+        if name.split("=")[0] not in known:
+            return match.group(0)
+        return f"{name}={value!r}" if value and not value.isupper() else name  # a placeholder (DIR) says no more than the name
+
+    parts = message.split("`")
+    parts[::2] = [FLAG_WITH_CHOICE.sub(argument, part) for part in parts[::2]]
+    return "`".join(parts)
+
+
+def api_errors(method: Callable) -> Callable:
+    """``method`` raising its `NgspecError` in the API's words (`in_api_words`)."""
+
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except NgspecError as exc:
+            exc.args = (in_api_words(str(exc)),)
+            raise
+
+    return wrapped
 
 
 def number(name: str, value: Any, kind: type = int, optional: bool = False) -> int | float | None:
@@ -237,6 +280,7 @@ class Speculator:
         self._thread = threading.get_ident()  # the thread that loaded it (see `_warn_other_thread`)
 
     @classmethod
+    @api_errors
     def load(
         cls,
         model: str = "default",
@@ -263,6 +307,7 @@ class Speculator:
         return cls(engine, drafter, drafting)
 
     @classmethod
+    @api_errors
     def from_model(cls, model, tokenizer=None, drafter: str = "trie", *, name: str | None = None, target_graphs: bool = False, **options: Any) -> Speculator:
         """Wrap a transformers causal LM you already loaded (on its device, in its dtype).
         Without a tokenizer, prompts must be token ids and outputs carry no text. ``name`` keys
@@ -343,6 +388,7 @@ class Speculator:
         opts = self.options_for(max(map(len, ids), default=0))
         return self.engine.run_batch(ids, lambda: self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), batch, on_finish, feed)
 
+    @api_errors
     def request(
         self, index: int, prompt: Prompt, max_new_tokens: int = 256, *, raw: bool = False, temperature: float = 0.0,
         top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop: Sequence[str] = (),
@@ -360,6 +406,7 @@ class Speculator:
             on_done=stream and stream.flush,
         )
 
+    @api_errors
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids for a prompt: text through the chat template (unless ``raw``), chat messages
         through the chat template, token ids as they are."""
@@ -431,6 +478,7 @@ class Speculator:
 
     # the user's level: prompts and keyword arguments
 
+    @api_errors
     def generate(
         self,
         prompt: Prompt,
@@ -455,6 +503,7 @@ class Speculator:
             stream.flush()
         return self.checked(out, ids, cfg) if check else out
 
+    @api_errors
     def generate_batch(
         self,
         prompts: Sequence[Prompt],
@@ -492,10 +541,10 @@ class Speculator:
             layout=layout,
             prefill_tokens=number("prefill_tokens", prefill_tokens, optional=True),
         )
-        prompts, on_output = batch_prompts(prompts), function("on_output", on_output)
+        prompts, on_output, raw = batch_prompts(prompts), function("on_output", on_output), flag("raw", raw)
         if not prompts:
             return []
-        ids, raw = [], flag("raw", raw)
+        ids = []
         for i, prompt in enumerate(prompts):
             try:
                 ids.append(self.encode(prompt, raw))

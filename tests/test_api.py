@@ -71,11 +71,11 @@ def test_options_reach_the_drafter(tiny, prompts_and_expected):
     [
         ({"drafter": "tri"}, "unknown drafter"),
         ({"nume_draft": 4}, "did you mean num_draft"),
-        ({"eagle_head": "some/head"}, "--eagle-head is only used by the eagle"),
-        ({"drafter": "eagle"}, "need --eagle-head"),
+        ({"eagle_head": "some/head"}, "^eagle_head is only used by the eagle"),
+        ({"drafter": "eagle"}, r"need eagle_head \(an EAGLE"),
         ({"drafter": "search", "datastore": "no/such/store"}, "no datastore at"),
-        ({"num_draft": 0}, "--num-draft must be >= 1"),
-        ({"drafter": "context-ngram", "k": 0}, "--k must be >= 1"),
+        ({"num_draft": 0}, "^num_draft must be >= 1"),
+        ({"drafter": "context-ngram", "k": 0}, "^k must be >= 1"),
         ({"target_graphs": True}, "target_graphs needs a model on a CUDA GPU"),
     ],
 )
@@ -100,16 +100,31 @@ def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
         (lambda s: s.generate(7), r"a prompt is a str.* \(got int\)"),
         (lambda s: s.generate(torch.tensor(3)), r"token ids must be one row \(got a Tensor of shape \(\)\)"),
         (lambda s: s.generate_batch("one prompt"), "generate_batch takes a list of prompts"),
-        (lambda s: s.generate([1, 2], max_new_tokens=0), "--max-new-tokens must be at least 1"),
+        (lambda s: s.generate([1, 2], max_new_tokens=0), "^max_new_tokens must be at least 1"),
         (lambda s: s.generate([1, 2], top_p=0.0, temperature=1.0), "top_p"),
-        (lambda s: s.generate_batch([[1, 2]], batch_size=0), "--batch-size must be at least 1"),
-        (lambda s: s.generate_batch([[1, 2]], layout="diagonal"), "--batch-layout must be one of"),
+        (lambda s: s.generate_batch([[1, 2]], batch_size=0), "^batch_size must be at least 1"),
+        (lambda s: s.generate_batch([[1, 2]], layout="diagonal"), "^layout must be one of"),
         (lambda s: s.generate_batch([[1, 2], [1, 200]]), r"^prompt 1: token id 200 is outside the model's vocabulary"),
     ],
 )
 def test_bad_input_raises_one_clear_error(tiny, call, message):
     with pytest.raises(NgspecError, match=message):
         call(Speculator.from_model(tiny, drafter="trie"))
+
+
+def test_errors_shared_with_the_cli_name_the_python_arguments():
+    """The checks the CLI shares name its flags; the API raises them in its own words, leaving
+    commands quoted in backticks and flags that are no argument here as they are."""
+    from ngspec.api import in_api_words
+
+    assert in_api_words("--batch-size must be at least 1 (got 0)") == "batch_size must be at least 1 (got 0)"
+    assert in_api_words("--target-graphs verifies the padded layout: leave out --batch-layout packed") == (
+        "target_graphs verifies the padded layout: leave out layout='packed'")
+    assert in_api_words("--tree-choices is a static tree's shape: use --tree static") == "tree_choices is a static tree's shape: use tree='static'"
+    assert in_api_words("the eagle drafters need --eagle-head DIR (a head)") == "the eagle drafters need eagle_head (a head)"
+    assert in_api_words("--head-float32 and --k, --w") == "head_int8=False and k, w"
+    assert in_api_words("rebuild it with `ngspec build-bigram --bigram-table x --out y` or --json") == (
+        "rebuild it with `ngspec build-bigram --bigram-table x --out y` or --json")
 
 
 def test_a_tensor_or_array_of_token_ids_is_a_prompt(tiny):
@@ -242,7 +257,10 @@ def test_sampling_is_checked_against_plain_sampling_and_a_seed_replays_it(tiny, 
 
 
 def test_an_empty_batch_gives_no_outputs(tiny):
-    assert Speculator.from_model(tiny).generate_batch([]) == []
+    spec = Speculator.from_model(tiny)
+    assert spec.generate_batch([]) == []
+    with pytest.raises(NgspecError, match="raw must be True or False"):  # its arguments are checked all the same
+        spec.generate_batch([], raw=None)
 
 
 def test_importing_ngspec_loads_neither_torch_nor_transformers():
@@ -279,7 +297,7 @@ def test_one_stop_string_is_a_string_not_its_characters(default_model):
     out = spec.generate(prompt, max_new_tokens=24, stop="the mat")
     assert out.finish_reason == "stop" and out.text == whole[: whole.index("the mat") + len("the mat")]
     assert spec.generate(prompt, max_new_tokens=24, stop=["the mat"]).text == out.text
-    with pytest.raises(NgspecError, match="--stop takes non-empty strings"):
+    with pytest.raises(NgspecError, match="^stop takes non-empty strings"):
         spec.generate(prompt, max_new_tokens=4, stop=[""])
 
 
