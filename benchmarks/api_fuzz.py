@@ -1,0 +1,425 @@
+"""A random search over the Python API: the values a script hands `Speculator.load`,
+`Speculator.from_model`, `generate` and `generate_batch`, right or wrong in kind and range.
+
+The command-line searches (cli_fuzz, input_fuzz, bench_fuzz, serve_fuzz) send text that Typer or
+JSON has parsed; a script sends Python values: numpy and torch scalars, tensors of ids, a lone
+string where a list was meant, a list where a path was meant, a callback that raises. Probing
+those by hand found 15 faults in one session (BENCHMARKS.md 10zzzc); this search draws them.
+
+Each run makes one `Speculator` for a tiny random Llama saved with the default model's tokenizer
+(mostly `from_model`, now and then `load` from its directory), with a drafter and options drawn
+mostly valid, and calls `generate` or `generate_batch` once with a prompt (text, chat messages,
+token ids as a list, tuple, numpy array or tensor) and keyword arguments, each drawn valid or odd.
+A run passes when it
+
+- returns outputs that hold together (one per prompt, ``new_tokens`` the number of tokens, no
+  more than ``max_new_tokens``, a finish reason that fits, streamed text that adds up to the
+  text, ``on_output`` called once per prompt with its output) and whose tokens are plain
+  decoding's (greedy, or sampling replayed with the output's seed: `ngspec.check`), short of a
+  float32 near-tie, or
+- raises `NgspecError` with one line in the input's words (no Python type names: the judge of
+  input_fuzz), or passes on the exception a callback of ours raised,
+
+and warns nothing. Anything else is a finding, written with the call that made it.
+
+    python benchmarks/api_fuzz.py --runs 300 --first 0 --out bench-out/api_fuzz
+
+Runs are fixed by (seed, run number): ``--first N`` continues a search, ``--only N,M`` replays runs.
+Its first 80 runs found two faults: a bigram table built for the model with its tokenizer, given
+to the same model without one, was refused as "built for another model"; and `generate_batch([],
+raw=None)` returned [] where a batch with prompts refused ``raw``. They also showed the API's
+refusals naming CLI flags ("--batch-layout must be one of ..." for ``layout=``); they now name its
+arguments. An option the drafter does not read (``k=`` for `search`) is ignored, as on the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+from input_fuzz import PYTHON_WORDS, Fixtures
+
+# drafter options' valid values (each run draws valid ones; a run with a fault puts one wrong in)
+NAT = [1, 2, 3, 4, 8]  # small positive counts, right for every count option
+OPTIONS = {
+    "num_draft": NAT + [16, 64],
+    "lookup_ngram": NAT,
+    "lookup_tokens": NAT,
+    "ngram_q": NAT,
+    "search_depth": NAT + [16, 64],
+    "trie_update": [True, False],
+    "deepen": [True, False],
+    "head_int8": [True, False],
+    "k": [1, 2, 4, "2", "1"],
+    "w": [1, 2, 4, "3"],
+    "tree_top_k": [1, 2, 4, 8],
+    "tree_depth": [1, 2, 5],
+    "total_tokens": [1, 4, 16, 32],
+    "draft_vocab": [0, 16, 8192],
+}
+ODD_VALUES = [0, -1, 2.5, None, True, "3", "x", [2], 10**12, float("nan")]
+# which options each drafter reads (eagle's tree options are drawn by `eagle_options`)
+READS = {
+    "vanilla": [],
+    "prompt-lookup": ["lookup_ngram", "lookup_tokens"],
+    "trie": ["num_draft", "trie_update"],
+    "context-ngram": ["k", "w", "ngram_q"],
+    "unigram": ["k", "w"],
+    "bigram": ["k", "w"],
+    "mixed": ["k", "w", "ngram_q"],
+    "eagle": ["draft_vocab", "head_int8"],
+    "search": ["search_depth"],
+    "eagle+search": ["search_depth", "deepen", "tree_top_k", "tree_depth", "total_tokens", "draft_vocab", "head_int8"],
+}
+ODD_DRAFTERS = ["Trie", "eagle-search", None, 3, ["trie"], ""]
+TEXTS = [
+    "Summarise: the cat sat on the mat. The cat sat on the mat. The dog sat on the log.",
+    "def add(a, b):\n    return a + b\n\ndef add(",
+    "猫は🐱です。猫は",
+    " ",
+    "a\x00b",
+]
+ODD_TEXTS = ["", "half \ud83d of an emoji", "long " * 700]  # empty, a lone surrogate, past the 512-token window
+CALLS = {  # generate's keyword arguments: (valid values, wrong ones)
+    "max_new_tokens": ([1, 2, 5, 8, 16, 24, 24, "np.int64(6)"], [0, -1, 2.0, True, None, "8", 600]),
+    "temperature": ([0.0, 0.0, 0, 0.7, 1.0, "np.float32(0.5)"], [-1.0, float("nan"), "0.5", None]),
+    "top_p": ([1.0, 0.9, 0.5], [0.0, 1.5, -0.1, float("nan")]),
+    "top_k": ([0, 1, 5, 50], [-1, 2.5, 10**9]),
+    "seed": ([None, 0, 7, 12345, "np.int64(3)"], [-1, 2**70, 1.5, "7"]),
+    "stop": ([(), ["."], [".", "\n"], ("the",), ["x"] * 40], [".", [""], [None], ["\ud800"], [3], None, ""]),
+    "raw": ([False, True], [1, "no", None]),
+    "check": ([False, True, True], ["yes", 1]),
+}
+BATCH_CALLS = {  # and generate_batch's
+    "batch_size": ([1, 2, 3, 8], [0, -1, 2.5, 10**12, None]),
+    "rearrange_every": ([None, 1, 4], [-1, 1.5]),
+    "rearrange_min_share": ([None, 0.0, 0.5], [1.0, -0.5, 2.0, float("nan"), "0.5"]),
+    "layout": (["padded", "packed"], ["PACKED", "x", None, 3]),
+    "prefill_tokens": ([None, 0, 16, 100_000], [-1, 2.5]),
+}
+# where a run with a fault puts it, and how often
+FAULTS = ["drafter", "option", "unread option", "unknown option", "prompt", "prompts", "argument", "callback", "model"]
+
+
+class Boom(Exception):
+    """What our callbacks raise: it must come out of the call as it went in."""
+
+
+def value_of(text):
+    """A pool's stand-ins for numpy scalars ("np.int64(6)") as the values themselves."""
+    import numpy as np
+
+    if isinstance(text, str) and text.startswith("np."):
+        kind, number = text[3:].rstrip(")").split("(")
+        return getattr(np, kind)(float(number) if "float" in kind else int(number))
+    return text
+
+
+def eagle_options(rng: random.Random, run_dir: Path) -> dict:
+    """A tree for the eagle drafter: dynamic with its sizes, or static with a shape file."""
+    if rng.random() < 0.5:
+        opts = {"tree": "dynamic"} if rng.random() < 0.5 else {}
+        for name in ("tree_top_k", "tree_depth", "total_tokens"):
+            if rng.random() < 0.5:
+                opts[name] = rng.choice(OPTIONS[name])
+        return opts
+    path = run_dir / "choices.json"
+    path.write_text(json.dumps(rng.choice([[[0], [1], [0, 0]], [[0], [0, 0], [0, 0, 0]], [[0]], [[0], [1], [2], [0, 0], [1, 0]]])))
+    return {"tree": "static", "tree_choices": rng.choice([path, str(path)])} if rng.random() < 0.5 else {"tree_choices": path}
+
+
+def drafter_options(rng: random.Random, fx: Fixtures, drafter: str, run_dir: Path) -> dict:
+    """Valid keyword options for ``drafter``: its files and some of the options it reads."""
+    opts = {name: rng.choice(OPTIONS[name]) for name in READS[drafter] if rng.random() < 0.5}
+    if drafter == "trie" and rng.random() < 0.5:
+        opts["ngram_n"] = n = rng.choice([2, 3, 5, 13])
+        opts["prefix_len"] = rng.randrange(1, n)
+    if drafter == "search" and rng.random() < 0.3:
+        opts["prefix_len"] = rng.choice(NAT)
+    if drafter in ("eagle", "eagle+search"):
+        opts["eagle_head"] = rng.choice([fx.model / "head", str(fx.model / "head")])
+    if drafter == "eagle":
+        opts |= eagle_options(rng, run_dir)
+    if drafter in ("search", "eagle+search") and rng.random() < 0.7:
+        opts["datastore"] = rng.choice([fx.datastore, str(fx.datastore)])
+    if drafter in ("unigram", "bigram", "mixed") and rng.random() < 0.5:
+        opts["bigram_table"] = rng.choice([fx.table, str(fx.table)])
+    return opts
+
+
+def messages(rng: random.Random, fault: bool = False):
+    text = rng.choice(TEXTS[:3])
+    if fault:
+        return rng.choice([[{"role": "user"}], [{"role": "user", "content": None}], [{"content": text}],
+                           [{"role": "user", "content": [{"type": "text", "text": text}]}], [{"role": "user", "content": 3}],
+                           [{"role": "user", "content": text}, "x"], [{"role": "user", "content": "\udc00"}]])
+    return rng.choice([[{"role": "user", "content": text}],
+                       [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
+                       [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": text}]])
+
+
+def ids_prompt(rng: random.Random, vocab: int, fault: bool = False):
+    """Token ids in one of the forms a script holds them; with ``fault``, out of range, not
+    integers or in a form that is not a prompt."""
+    import numpy as np
+    import torch
+
+    base = [rng.randrange(vocab) for _ in range(rng.randrange(1, 8))]
+    ids = (base * rng.randrange(1, 6))[: rng.choice([1, 5, 20, 60])]
+    if fault:
+        kind = rng.randrange(6)
+        if kind == 0:
+            ids[rng.randrange(len(ids))] = rng.choice([-1, vocab, 2**70, True, 1.0, "7", None])
+            return ids
+        if kind == 1:
+            return np.array(ids, dtype=np.float32)
+        if kind == 2:
+            return torch.tensor([ids, ids])
+        if kind == 3:
+            return range(1, 1 + len(ids))
+        if kind == 4:
+            return (base * 200)[:600]  # past the window
+        return [[t] for t in ids]
+    form = rng.choice(["list", "list", "tuple", "numpy", "tensor", "tensor2d"])
+    if form == "tuple":
+        return tuple(ids)
+    if form == "numpy":
+        return np.array(ids, dtype=rng.choice([np.int64, np.int32]))
+    if form == "tensor":
+        return torch.tensor(ids)
+    if form == "tensor2d":  # a tokenizer's batch of one (return_tensors="pt")
+        return torch.tensor([ids])
+    return ids
+
+
+def prompt(rng: random.Random, vocab: int, fault: bool = False):
+    kind = rng.random()
+    if fault and kind < 0.1:
+        return rng.choice([None, 3, b"bytes", {"role": "user", "content": "hi"}, []])
+    if kind < 0.4:
+        return rng.choice(ODD_TEXTS if fault else TEXTS)
+    if kind < 0.6:
+        return messages(rng, fault)
+    return ids_prompt(rng, vocab, fault)
+
+
+class Calls:
+    """A callback that records its calls, or raises `Boom` on its first."""
+
+    def __init__(self, raises: bool) -> None:
+        self.raises, self.seen = raises, []
+
+    def __call__(self, *args) -> None:
+        if self.raises:
+            raise Boom("a callback of ours raised")
+        self.seen.append(args)
+
+
+def call_kwargs(rng: random.Random, batch: bool, fault: bool) -> dict:
+    """`generate`'s (or `generate_batch`'s) keyword arguments, each drawn or left out; with
+    ``fault``, one of them wrong."""
+    pools = CALLS | (BATCH_CALLS if batch else {})
+    out = {name: value_of(rng.choice(good)) for name, (good, _) in pools.items() if rng.random() < 0.5}
+    if fault:
+        name = rng.choice(sorted(pools))
+        out[name] = value_of(rng.choice(pools[name][1]))
+    return out
+
+
+def shown(value) -> str:
+    text = repr(value)
+    return text if len(text) < 80 else text[:60] + f"... ({type(value).__name__}, {len(text)} chars)"
+
+
+def call_text(how: str, drafter, opts: dict, method: str, first, kwargs: dict) -> str:
+    args = ", ".join([shown(drafter)] + [f"{k}={shown(v)}" for k, v in opts.items()])
+    call = ", ".join([shown(first)] + [f"{k}={shown(v)}" for k, v in kwargs.items()])
+    return f"Speculator.{how}(model, {args}).{method}({call})"
+
+
+def single(value):
+    """A numpy or torch scalar as the Python number it holds (for our own checks)."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def check_outputs(spec, method: str, prompts: list, kwargs: dict, result) -> tuple[str, str]:
+    """(verdict, detail) for a call that returned: outputs that hold together and match plain
+    decoding (near-ties excepted)."""
+    from ngspec import Output
+    from ngspec.check import check_against_greedy
+
+    outs = [result] if method == "generate" else result
+    if not isinstance(outs, list) or len(outs) != len(prompts) or not all(isinstance(o, Output) for o in outs):
+        return "FINDING", f"returned {shown(result)} for {len(prompts)} prompt(s)"
+    budget = single(kwargs.get("max_new_tokens", 256))
+    cfg = spec._config(kwargs.get("max_new_tokens", 256), kwargs.get("temperature", 0.0), kwargs.get("top_p", 1.0),
+                       kwargs.get("top_k", 0), kwargs.get("seed"), kwargs.get("stop", ()), False)
+    ties = 0
+    for i, (p, out) in enumerate(zip(prompts, outs)):
+        if out.finish_reason == "error":
+            if not out.error or "\n" in out.error or PYTHON_WORDS.search(out.error):
+                return "FINDING", f"prompt {i} failed with {out.error!r}"
+            continue
+        if out.new_tokens != len(out.token_ids) or len(out.token_ids) > budget:
+            return "FINDING", f"prompt {i}: {out.new_tokens} new tokens, {len(out.token_ids)} ids, budget {budget}"
+        if out.finish_reason not in ("eos", "stop", "length", "context") or (out.finish_reason == "length" and len(out.token_ids) != budget):
+            return "FINDING", f"prompt {i}: finish reason {out.finish_reason!r} with {len(out.token_ids)} of {budget} tokens"
+        if out.finish_reason == "stop" and not cfg.stop_strings:
+            return "FINDING", f"prompt {i}: finish reason 'stop' without stop strings"
+        ids = spec.encode(p, kwargs.get("raw", False))
+        if out.prompt_tokens != len(ids):
+            return "FINDING", f"prompt {i}: prompt_tokens {out.prompt_tokens}, but it encodes to {len(ids)}"
+        check = check_against_greedy(spec.engine, ids, out.token_ids, cfg, out.seed)
+        if not check.exact_match:
+            if check.steps is None or check.steps > 16:
+                return "FINDING", f"prompt {i}: differs from plain decoding at token {check.first_mismatch} (margin {check.margin}, {check.steps} steps)"
+            ties += 1
+        if kwargs.get("check") is True and (out.greedy_check is None or out.greedy_check["exact_match"] != check.exact_match):
+            return "FINDING", f"prompt {i}: greedy_check {out.greedy_check} where the oracle says exact_match={check.exact_match}"
+    callback = kwargs.get("on_text" if method == "generate" else "on_output")
+    if isinstance(callback, Calls):
+        if method == "generate" and "".join(a[0] for a in callback.seen) != outs[0].text:
+            return "FINDING", f"streamed text {''.join(a[0] for a in callback.seen)!r} is not the output's {outs[0].text!r}"
+        if method == "generate_batch" and sorted(a[0] for a in callback.seen) != list(range(len(outs))):
+            return "FINDING", f"on_output called for {sorted(a[0] for a in callback.seen)} of {len(outs)} prompts"
+        if method == "generate_batch" and any(o.token_ids != outs[i].token_ids for i, o in callback.seen):
+            return "FINDING", "on_output was handed other tokens than the output returned"
+    return ("near-tie" if ties else "ok"), f"{len(outs)} output(s), {sum(o.new_tokens for o in outs)} tokens"
+
+
+def judge_error(exc: BaseException) -> tuple[str, str]:
+    from ngspec.errors import NgspecError
+
+    if isinstance(exc, Boom):
+        return "propagated", str(exc)
+    message = str(exc)
+    if isinstance(exc, NgspecError) and message and "\n" not in message and not PYTHON_WORDS.search(message):
+        return "refused", message
+    return "FINDING", f"{type(exc).__name__}: {message}"
+
+
+def one_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) -> tuple[str, str, str, str]:
+    """(verdict, detail, the call, a traceback for a finding) for one drawn call: all valid, or
+    (two runs in five) with one fault."""
+    from ngspec import Speculator
+
+    fault = rng.choice(FAULTS) if rng.random() < 0.4 else None
+    method = "generate" if rng.random() < 0.6 else "generate_batch"
+    if fault == "prompts" and method == "generate":
+        fault = "prompt"
+    drafter = rng.choice(list(READS))
+    opts = drafter_options(rng, fx, drafter, run_dir)
+    if fault == "drafter":
+        drafter = rng.choice(ODD_DRAFTERS)
+    elif fault == "option":
+        name = rng.choice(sorted(OPTIONS | {"eagle_head": 0, "datastore": 0, "bigram_table": 0, "tree_choices": 0, "ngram_n": 0, "prefix_len": 0}))
+        opts[name] = rng.choice(ODD_VALUES + [run_dir / "missing", fx.corpus] * (name in ("eagle_head", "datastore", "bigram_table", "tree_choices")))
+    elif fault == "unread option":
+        name = rng.choice(sorted(set(OPTIONS) | {"eagle_head", "datastore", "bigram_table", "tree_choices", "head_graphs", "tree"}))
+        opts[name] = {"eagle_head": fx.model / "head", "datastore": fx.datastore, "bigram_table": fx.table, "tree_choices": [[0]],
+                      "head_graphs": True, "tree": "static"}.get(name) or rng.choice(OPTIONS[name])
+    elif fault == "unknown option":
+        opts[rng.choice(["num_drafts", "eagle-head", "temperature", "max_new_tokens", "Datastore", "batch_size"])] = 1
+    vocab = model.get_input_embeddings().num_embeddings
+    if method == "generate":
+        first = prompt(rng, vocab, fault == "prompt")
+    else:
+        first = [prompt(rng, vocab) for _ in range(rng.choice([0, 1, 2, 3, 5]))]
+        if fault == "prompt" and first:
+            first[rng.randrange(len(first))] = prompt(rng, vocab, True)
+        elif fault in ("prompt", "prompts"):
+            first = rng.choice(["a prompt", {"p": 1}, None, 3, b"ab"])
+        elif rng.random() < 0.1:  # any iterable of prompts
+            first = rng.choice([iter(first), (p for p in first)])
+    listed = [first] if method == "generate" else first
+    if hasattr(first, "__next__"):  # an iterator of prompts: read once, by the call; checked from its list
+        listed = list(first)
+        first = iter(listed)
+    kwargs = call_kwargs(rng, method == "generate_batch", fault == "argument")
+    callback = "on_output" if method == "generate_batch" else "on_text"
+    if rng.random() < 0.3 or fault == "callback":
+        kwargs[callback] = rng.choice([Calls(True), 5, "print"]) if fault == "callback" else Calls(False)
+    how = "load" if rng.random() < 0.15 else "from_model"
+    with_tokenizer = rng.random() < 0.9
+    load_kw = {"device": "auto", "dtype": "auto"}
+    if fault == "model":
+        if how == "load":
+            load_kw[rng.choice(["device", "dtype"])] = rng.choice(["cuda", "tpu", 3, None, "float64", "bfloat16", "int8"])
+        else:
+            load_kw = {"name": rng.choice([3, ["m"], b"m"])}
+    model_args = "(model" + (", None" if how == "from_model" and not with_tokenizer else "") + "".join(
+        f", {k}={shown(v)}" for k, v in load_kw.items() if how == "load" or fault == "model")
+    text = call_text(how, drafter, opts, method, first, kwargs).replace("(model", model_args, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if how == "load":
+                spec = Speculator.load(str(fx.model), drafter, **load_kw, **opts)
+            else:
+                spec = Speculator.from_model(model, tokenizer if with_tokenizer else None, drafter, **(load_kw if fault == "model" else {}), **opts)
+            result = getattr(spec, method)(first, **kwargs)
+            verdict, detail = check_outputs(spec, method, listed, kwargs, result)
+            trace = ""
+        except Exception as exc:  # noqa: BLE001 (judged)
+            verdict, detail = judge_error(exc)
+            trace = traceback.format_exc() if verdict == "FINDING" else ""
+    ours = [w for w in caught if not str(w.message).startswith("ngspec: ")]
+    if ours and verdict != "FINDING":
+        w = ours[0]
+        verdict, detail = "FINDING", f"warned {w.category.__name__}: {w.message} ({Path(w.filename).name}:{w.lineno})"
+    if fault is not None and verdict == "ok" and fault not in ("unread option",):
+        detail = f"{detail} (with a fault: {fault})"
+    return verdict, detail, text, trace
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--first", type=int, default=0, help="the first run's number (runs are fixed by seed and number)")
+    parser.add_argument("--only", default="", help="replay just these runs (comma-separated numbers), not --first/--runs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/api_fuzz"))
+    ns = parser.parse_args()
+    if ns.runs < 1:
+        parser.error("--runs must be at least 1")
+    try:
+        numbers = [int(n) for n in ns.only.split(",")] if ns.only else range(ns.first, ns.first + ns.runs)
+    except ValueError:
+        parser.error(f"--only takes run numbers separated by commas, not {ns.only!r}")
+
+    from typer.testing import CliRunner
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ngspec.cli.app import app
+
+    ns.out.mkdir(parents=True, exist_ok=True)
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp, (ns.out / f"runs-{ns.seed}-{'only' if ns.only else ns.first}.jsonl").open("w") as log:
+        fx = Fixtures(Path(tmp), CliRunner(), app)
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(fx.model).eval(), AutoTokenizer.from_pretrained(fx.model)
+        for n in numbers:
+            run_dir = Path(tmp) / f"run{n}"
+            run_dir.mkdir()
+            start = time.perf_counter()
+            verdict, detail, text, trace = one_run(random.Random(f"{ns.seed} {n}"), fx, model, tokenizer, run_dir)
+            seconds = time.perf_counter() - start
+            counts[verdict] = counts.get(verdict, 0) + 1
+            log.write(json.dumps({"run": n, "verdict": verdict, "detail": detail, "seconds": round(seconds, 2), "call": text,
+                                  **({"traceback": trace[-4000:]} if trace else {})}, ensure_ascii=False) + "\n")
+            log.flush()
+            print(f"{n:5d} {verdict:10s} {seconds:5.1f}s {detail[:110]}", flush=True)
+            if verdict == "FINDING":
+                print("      " + text[:400], flush=True)
+    print(json.dumps(counts))
+    return 1 if counts.get("FINDING") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
