@@ -75,6 +75,8 @@ def test_options_reach_the_drafter(tiny, prompts_and_expected):
         ({"drafter": "eagle"}, r"need eagle_head \(an EAGLE"),
         ({"drafter": "search", "datastore": "no/such/store"}, "no datastore at"),
         ({"num_draft": 0}, "^num_draft must be >= 1"),
+        ({"drafter": "search", "k": 3}, "^k is only used by the context-ngram, unigram, bigram and mixed drafters$"),  # was ignored
+        ({"drafter": "eagle+search", "eagle_head": ".", "head_int8": False, "trie_update": False}, r"^trie_update=False is only used by the trie drafter$"),
         ({"drafter": "context-ngram", "k": 0}, "^k must be >= 1"),
         ({"target_graphs": True}, "target_graphs needs a model on a CUDA GPU"),
     ],

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ngspec.drafters import NEEDS_HEAD, NEEDS_TABLES, SEARCHES, DrafterOptions, Resources
+from ngspec.drafters import NEEDS_HEAD, NEEDS_TABLES, REGISTRY, ROW_DRAFTERS, SEARCHES, DrafterOptions, Resources
 from ngspec.errors import NgspecError
 
 PANEL = "Drafter options"
@@ -62,26 +62,23 @@ class Drafting:
         return {f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else v for f in fields(self)}
 
     def check(self, drafters: list[str]) -> None:
-        """Refuse options no chosen drafter reads and missing files, before any model loads."""
+        """Refuse options no chosen drafter reads (set away from their defaults: `--k 4` for
+        the trie was ignored without a word) and missing files, before any model loads."""
         chosen = set(drafters)
-        if self.bigram_table is not None and not NEEDS_TABLES & chosen:
-            raise NgspecError("--bigram-table is only used by the unigram, bigram and mixed drafters")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != f.default and not READ_BY[f.name] & chosen:
+                flag = OFF_FLAGS.get(f.name) if value is False else None
+                readers = [name for name in REGISTRY if name in READ_BY[f.name]]
+                names = readers[0] if len(readers) == 1 else f"{', '.join(readers[:-1])} and {readers[-1]}"
+                raise NgspecError(f"{flag or '--' + f.name.replace('_', '-')} is only used by the {names} drafter{'s' if len(readers) > 1 else ''}")
         if NEEDS_HEAD & chosen:
             if self.eagle_head is None:
                 raise NgspecError("the eagle drafters need --eagle-head DIR (an EAGLE-1 or EAGLE-3 head; `ngspec train-eagle` makes EAGLE-1 heads)")
             if not self.eagle_head.is_dir():
                 raise NgspecError(f"no EAGLE head directory at {self.eagle_head}")
-        elif self.eagle_head is not None:
-            raise NgspecError("--eagle-head is only used by the eagle and eagle+search drafters")
-        elif self.head_graphs:
-            raise NgspecError("--head-graphs is only used by the eagle and eagle+search drafters")
-        if self.datastore is not None:
-            if not SEARCHES & chosen:
-                raise NgspecError("--datastore is only used by the search and eagle+search drafters")
-            if not self.datastore.exists():
-                raise NgspecError(f"no datastore at {self.datastore} (build one with `ngspec build-datastore`)")
-        if self.deepen and "eagle+search" not in chosen:
-            raise NgspecError("--deepen is only used by the eagle+search drafter")
+        if self.datastore is not None and not self.datastore.exists():
+            raise NgspecError(f"no datastore at {self.datastore} (build one with `ngspec build-datastore`)")
         self.options()
         self.eagle_options()
 
@@ -117,6 +114,27 @@ class Drafting:
 
             store = Datastore.open(self.datastore, engine.loaded.tokenizer)
         return Resources(tables, eagle, store)
+
+
+# the drafters that read each option
+EAGLE_TREE = ("eagle_head", "tree", "tree_top_k", "tree_depth", "total_tokens", "tree_choices", "draft_vocab", "head_int8", "head_graphs")
+READ_BY: dict[str, frozenset[str]] = {
+    "num_draft": frozenset({"trie"}),
+    "ngram_n": frozenset({"trie"}),
+    "prefix_len": frozenset({"trie"}) | SEARCHES,
+    "trie_update": frozenset({"trie"}),
+    "lookup_ngram": frozenset({"prompt-lookup"}),
+    "lookup_tokens": frozenset({"prompt-lookup"}),
+    "k": ROW_DRAFTERS,
+    "w": ROW_DRAFTERS,
+    "ngram_q": frozenset({"context-ngram", "mixed"}),
+    "bigram_table": NEEDS_TABLES,
+    **dict.fromkeys(EAGLE_TREE, NEEDS_HEAD),
+    "datastore": SEARCHES,
+    "search_depth": SEARCHES,
+    "deepen": frozenset({"eagle+search"}),
+}
+OFF_FLAGS = {"trie_update": "--no-trie-update", "head_int8": "--head-float32"}  # a switch on by default, set off
 
 
 def with_drafting_options(command):
