@@ -33,7 +33,7 @@ from ngspec.cli.common import decode_config, fit_rows, load_engine, rows_options
 from ngspec.cli.drafting import Drafting, single_value
 from ngspec.drafters import DrafterOptions, check_drafter, make_drafter
 from ngspec.drafters.eagle import head_graphs_report
-from ngspec.errors import NgspecError, shown
+from ngspec.errors import NgspecError, kind_of, shown
 
 if TYPE_CHECKING:
     from ngspec.batch import BatchConfig, BatchReport, BatchResult, Request
@@ -136,7 +136,7 @@ def batch_prompts(prompts: Any) -> list:
             "row without its padding (list(ids) would read each row whole, pad tokens included)"
         )
     if prompts is None or isinstance(prompts, (Mapping, bytes)) or not isinstance(prompts, Iterable):
-        raise NgspecError(f"generate_batch takes a list of prompts (got {'None' if prompts is None else 'a ' + type(prompts).__name__})")
+        raise NgspecError(f"generate_batch takes a list of prompts (got {'None' if prompts is None else kind_of(prompts)})")
     return list(prompts)
 
 
@@ -323,7 +323,7 @@ class Speculator:
             hint = f": to load a model by name or path, use Speculator.load({str(model)!r})" if isinstance(model, (str, os.PathLike)) else ""
             raise NgspecError(f"from_model takes a loaded model (a torch.nn.Module; got {shown(model)}){hint}")
         if not hasattr(model, "config") or not callable(getattr(model, "get_input_embeddings", None)) or next(model.parameters(), None) is None:
-            raise NgspecError(f"from_model takes a transformers causal language model (AutoModelForCausalLM.from_pretrained(...); got a {type(model).__name__})")
+            raise NgspecError(f"from_model takes a transformers causal language model (AutoModelForCausalLM.from_pretrained(...); got {kind_of(model)})")
         if tokenizer is not None and not hasattr(tokenizer, "decode"):  # decode alone serves prompts of token ids
             raise NgspecError(f"tokenizer must be a loaded tokenizer (transformers' AutoTokenizer.from_pretrained(...)) or None (got {shown(tokenizer)})")
         drafting = drafting_options(options)
@@ -419,12 +419,12 @@ class Speculator:
             if prompt.ndim == 2 and len(prompt) == 1:
                 prompt = prompt[0]  # a tokenizer's batch of one (return_tensors="pt")
             if prompt.ndim != 1:
-                raise NgspecError(f"token ids must be one row (got a {type(prompt).__name__} of shape {tuple(prompt.shape)}); for several prompts call generate_batch")
+                raise NgspecError(f"token ids must be one row (got {kind_of(prompt)} of shape {tuple(prompt.shape)}); for several prompts call generate_batch")
             dtype, prompt = prompt.dtype, prompt.tolist()
             if not all(isinstance(t, int) for t in prompt):
                 raise NgspecError(f"token ids must be integers (got a tensor or array of {dtype})")
         if not isinstance(prompt, (list, tuple)):
-            raise NgspecError(f"{PROMPT_KINDS} (got {type(prompt).__name__})")
+            raise NgspecError(f"{PROMPT_KINDS} (got {'None' if prompt is None else kind_of(prompt)})")
         prompt = list(prompt)
         if prompt and all(isinstance(m, dict) for m in prompt):
             return encode_messages(self._tokenizer("chat messages"), prompt)

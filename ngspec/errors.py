@@ -63,7 +63,13 @@ def lone_surrogate_at(text: str) -> int | None:
 def shown(value: object) -> str:
     """A value as a message shows it: as Python writes it when short, else by its type."""
     text = repr(value)
-    return text if len(text) <= 40 else f"a {type(value).__name__}"
+    return text if len(text) <= 40 else kind_of(value)
+
+
+def kind_of(value: object) -> str:
+    """"a list", "an int": a value by its type's name, with its article."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def json_kind(value: object) -> str:
@@ -77,7 +83,7 @@ def json_kind(value: object) -> str:
     for kinds, words in (((int, float), "a number"), (str, "a string"), ((list, tuple), "a list"), (dict, "a JSON object")):
         if isinstance(value, kinds):
             return words
-    return f"a {type(value).__name__}"
+    return kind_of(value)
 
 
 JSON_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", dict: "a JSON object", list: "a list", NULL: "null"}

@@ -98,8 +98,9 @@ def test_bad_options_are_refused_before_anything_runs(tiny, kwargs, message):
         (lambda s: s.generate([1, True]), "a prompt is a str"),
         (lambda s: s.generate([1, 2.0]), "a prompt is a str"),
         (lambda s: s.generate([]), "the prompt is empty"),
-        (lambda s: s.generate(None), r"a prompt is a str.* \(got NoneType\)"),
-        (lambda s: s.generate(7), r"a prompt is a str.* \(got int\)"),
+        (lambda s: s.generate(None), r"a prompt is a str.* \(got None\)$"),  # was "NoneType"
+        (lambda s: s.generate(7), r"a prompt is a str.* \(got an int\)$"),
+        (lambda s: s.generate_batch(7), r"generate_batch takes a list of prompts \(got an int\)$"),  # was "a int"
         (lambda s: s.generate(torch.tensor(3)), r"token ids must be one row \(got a Tensor of shape \(\)\)"),
         (lambda s: s.generate_batch("one prompt"), "generate_batch takes a list of prompts"),
         (lambda s: s.generate([1, 2], max_new_tokens=0), "^max_new_tokens must be at least 1"),
