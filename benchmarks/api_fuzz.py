@@ -159,11 +159,12 @@ def messages(rng: random.Random, fault: bool = False):
     text = rng.choice(TEXTS[:3])
     if fault:
         return rng.choice([[{"role": "user"}], [{"role": "user", "content": None}], [{"content": text}],
-                           [{"role": "user", "content": [{"type": "text", "text": text}]}], [{"role": "user", "content": 3}],
+                           [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], [{"role": "user", "content": 3}],
                            [{"role": "user", "content": text}, "x"], [{"role": "user", "content": "\udc00"}]])
     return rng.choice([[{"role": "user", "content": text}],
                        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
-                       [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": text}]])
+                       [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": text}],
+                       [{"role": "user", "content": [{"type": "text", "text": "Read: "}, {"type": "text", "text": text}]}]])
 
 
 def ids_prompt(rng: random.Random, vocab: int, fault: bool = False):

@@ -230,6 +230,21 @@ def encode(tokenizer, text: str, raw: bool = False) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
+def joined_parts(messages: list) -> list:
+    """``messages`` with each content given as a list of text parts (``[{"type": "text", "text":
+    ...}]``, as OpenAI's clients send it) joined into one string; other parts (an image) are
+    refused, since a text model cannot read them. Anything else is left for `check_messages`."""
+    out = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                raise NgspecError('only text content parts ({"type": "text", "text": ...}) are supported')
+            m = {**m, "content": "".join(p["text"] for p in content)}
+        out.append(m)
+    return out
+
+
 def check_messages(messages: list) -> None:
     """Every chat message a dict with a string 'role' and a string 'content'."""
     bad = [m for m in messages if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str)]
@@ -241,10 +256,11 @@ def check_messages(messages: list) -> None:
 
 
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids for chat ``messages`` ({'role': ..., 'content': ...}) through the chat template,
-    ready for the assistant's answer."""
+    """Token ids for chat ``messages`` ({'role': ..., 'content': ...}, a content also as a list of
+    text parts) through the chat template, ready for the assistant's answer."""
     if not getattr(tokenizer, "chat_template", None):
         raise NgspecError("chat messages need a tokenizer with a chat template; give text or token ids instead")
+    messages = joined_parts(messages)
     check_messages(messages)
     ids = apply_template(tokenizer, messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):

@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable
 
 from ngspec.errors import NgspecError, short
-from ngspec.prompts import check_messages
+from ngspec.prompts import check_messages, joined_parts
 
 if TYPE_CHECKING:
     from ngspec.api import Output, Speculator
@@ -149,15 +149,8 @@ def chat_messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list of {\"role\": ..., \"content\": ...}")
-    out = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: only text parts can be fed to a text model
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise BadRequest("only text content parts ({\"type\": \"text\", \"text\": ...}) are supported")
-            m = {**m, "content": "".join(p["text"] for p in content)}
-        out.append(m)
     try:
+        out = joined_parts(messages)  # content parts: only text parts can be fed to a text model
         check_messages(out)
     except NgspecError as exc:
         raise BadRequest(str(exc)) from None

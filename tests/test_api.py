@@ -286,6 +286,11 @@ def test_the_default_model_from_text_messages_and_stream_matches_plain_greedy():
     assert spec.engine.detokenize(ids).count("Answer in one sentence.") == 1
     with pytest.raises(NgspecError, match="needs a 'role' and a 'content'"):
         spec.encode([{"role": "user"}])
+    # content as a list of text parts, as OpenAI's clients send it (ngspec serve took them; the API refused them)
+    parts = [chat[0], {"role": "user", "content": [{"type": "text", "text": "What does a "}, {"type": "text", "text": "trie store?"}]}]
+    assert spec.encode(parts) == ids
+    with pytest.raises(NgspecError, match=r"^only text content parts"):
+        spec.encode([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
     record = out.as_dict()
     assert json.loads(json.dumps(record))["token_ids"] == out.token_ids and "error" not in record
 
