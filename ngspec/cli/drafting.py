@@ -117,7 +117,7 @@ class Drafting:
 
 
 # the drafters that read each option
-EAGLE_TREE = ("eagle_head", "tree", "tree_top_k", "tree_depth", "total_tokens", "tree_choices", "draft_vocab", "head_int8", "head_graphs")
+EAGLE_OPTIONS = ("eagle_head", "tree", "tree_top_k", "tree_depth", "total_tokens", "tree_choices", "draft_vocab", "head_int8", "head_graphs")
 READ_BY: dict[str, frozenset[str]] = {
     "num_draft": frozenset({"trie"}),
     "ngram_n": frozenset({"trie"}),
@@ -129,7 +129,7 @@ READ_BY: dict[str, frozenset[str]] = {
     "w": ROW_DRAFTERS,
     "ngram_q": frozenset({"context-ngram", "mixed"}),
     "bigram_table": NEEDS_TABLES,
-    **dict.fromkeys(EAGLE_TREE, NEEDS_HEAD),
+    **dict.fromkeys(EAGLE_OPTIONS, NEEDS_HEAD),
     "datastore": SEARCHES,
     "search_depth": SEARCHES,
     "deepen": frozenset({"eagle+search"}),
