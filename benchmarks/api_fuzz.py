@@ -35,7 +35,6 @@ both refuse it now.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -45,7 +44,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from input_fuzz import PYTHON_WORDS, Fixtures
+from input_fuzz import PYTHON_WORDS, Fixtures, run_numbers
 
 # drafter options' valid values (each run draws valid ones; a run with a fault puts one wrong in)
 NAT = [1, 2, 3, 4, 8]  # small positive counts, right for every count option
@@ -382,19 +381,7 @@ def one_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) -
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--first", type=int, default=0, help="the first run's number (runs are fixed by seed and number)")
-    parser.add_argument("--only", default="", help="replay just these runs (comma-separated numbers), not --first/--runs")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/api_fuzz"))
-    ns = parser.parse_args()
-    if ns.runs < 1:
-        parser.error("--runs must be at least 1")
-    try:
-        numbers = [int(n) for n in ns.only.split(",")] if ns.only else range(ns.first, ns.first + ns.runs)
-    except ValueError:
-        parser.error(f"--only takes run numbers separated by commas, not {ns.only!r}")
+    ns, numbers = run_numbers(__doc__.split("\n\n")[0], "bench-out/api_fuzz")
 
     from typer.testing import CliRunner
     from transformers import AutoModelForCausalLM, AutoTokenizer

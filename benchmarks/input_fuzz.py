@@ -384,20 +384,26 @@ def judge(code: int, output: str, exc: BaseException | None, left: list[str]) ->
     return "FINDING", f"exit code {code}: {last}"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_numbers(description: str, out: str) -> tuple[argparse.Namespace, list[int] | range]:
+    """The options of an in-process search over a tiny model (this script, api_fuzz.py), and the
+    numbers of the runs they ask for: ``--first`` and ``--runs``, or ``--only``'s list."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--first", type=int, default=0, help="the first run's number (runs are fixed by seed and number)")
     parser.add_argument("--only", default="", help="replay just these runs (comma-separated numbers), not --first/--runs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/input_fuzz"))
+    parser.add_argument("--out", type=Path, default=Path(out))
     ns = parser.parse_args()
     if ns.runs < 1:
         parser.error("--runs must be at least 1")
     try:
-        numbers = [int(n) for n in ns.only.split(",")] if ns.only else range(ns.first, ns.first + ns.runs)
+        return ns, [int(n) for n in ns.only.split(",")] if ns.only else range(ns.first, ns.first + ns.runs)
     except ValueError:
         parser.error(f"--only takes run numbers separated by commas, not {ns.only!r}")
+
+
+def main() -> int:
+    ns, numbers = run_numbers(__doc__.split("\n\n")[0], "bench-out/input_fuzz")
 
     from typer.testing import CliRunner
 
