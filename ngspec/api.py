@@ -400,9 +400,10 @@ class Speculator:
         from ngspec.batch import Request
 
         cfg = self._config(max_new_tokens, temperature, top_p, top_k, seed, stop, False)
-        sampling, stream = cfg.sampling, self._text_stream(on_text)
+        index, cancelled = number("index", index), function("cancelled", cancelled)
+        stream = self._text_stream(function("on_text", on_text))
         return Request(
-            index, self.encode(prompt, raw), max_new_tokens, sampling, self.engine.stopper(cfg), stream, cancelled,
+            index, self.encode(prompt, raw), cfg.max_new_tokens, cfg.sampling, self.engine.stopper(cfg), stream, cancelled,
             on_done=stream and stream.flush,
         )
 

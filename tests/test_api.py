@@ -259,6 +259,36 @@ def test_sampling_is_checked_against_plain_sampling_and_a_seed_replays_it(tiny, 
     assert outs[0].token_ids != trie.generate(prompts[0], max_new_tokens=24, temperature=0.7, seed=5).token_ids
 
 
+def test_requests_fed_to_a_running_batch_give_their_plain_greedy_tokens(tiny, prompts_and_expected):
+    """`request` + `run_batch(feed=)`, the path `ngspec serve` batches by: each request its own
+    budget, numpy's integers taken as the others are."""
+    import numpy as np
+
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+
+    prompts, expected = prompts_and_expected
+    spec = Speculator.from_model(tiny, drafter="trie")
+    queue = [spec.request(np.int64(i), p, np.int64(24 - 4 * i)) for i, p in enumerate(prompts[:3])]
+    results, _ = spec.run_batch([], DecodeConfig(), BatchConfig(2), feed=lambda: [queue.pop(0)] if queue else [])
+    assert [r.index for r in results] == [0, 1, 2]
+    assert [r.generation.token_ids for r in results] == [e[: 24 - 4 * i] for i, e in enumerate(expected[:3])]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"index": "a"}, r"^index must be an integer \(got 'a'\)$"),  # results are ordered by index
+        ({"on_text": 5}, r"^on_text must be a function or None \(got 5\)$"),  # was a TypeError mid-batch
+        ({"cancelled": True}, r"^cancelled must be a function or None \(got True\)$"),
+    ],
+)
+def test_a_request_of_the_wrong_kind_is_refused_as_it_is_made(tiny, kwargs, message):
+    spec = Speculator.from_model(tiny)
+    with pytest.raises(NgspecError, match=message):
+        spec.request(**{"index": 0, "prompt": [1, 2, 3], **kwargs})
+
+
 def test_an_empty_batch_gives_no_outputs(tiny):
     spec = Speculator.from_model(tiny)
     assert spec.generate_batch([]) == []
