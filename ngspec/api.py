@@ -428,6 +428,8 @@ class Speculator:
             raise NgspecError(f"{PROMPT_KINDS} (got {'None' if prompt is None else kind_of(prompt)})")
         prompt = list(prompt)
         if prompt and all(isinstance(m, dict) for m in prompt):
+            if raw:  # as the CLI's --raw with chat records
+                raise NgspecError("chat messages go through the chat template; raw=True takes text prompts")
             return encode_messages(self._tokenizer("chat messages"), prompt)
         odd = [t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
         if odd:

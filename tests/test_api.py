@@ -281,6 +281,8 @@ def test_requests_fed_to_a_running_batch_give_their_plain_greedy_tokens(tiny, pr
         ({"index": "a"}, r"^index must be an integer \(got 'a'\)$"),  # results are ordered by index
         ({"on_text": 5}, r"^on_text must be a function or None \(got 5\)$"),  # was a TypeError mid-batch
         ({"cancelled": True}, r"^cancelled must be a function or None \(got True\)$"),
+        # raw=True with chat messages was ignored (they went through the template); the CLI refuses --raw with chat records
+        ({"prompt": [{"role": "user", "content": "hi"}], "raw": True}, r"^chat messages go through the chat template; raw=True takes text prompts$"),
     ],
 )
 def test_a_request_of_the_wrong_kind_is_refused_as_it_is_made(tiny, kwargs, message):
