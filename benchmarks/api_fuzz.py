@@ -88,12 +88,12 @@ TEXTS = [
 ]
 ODD_TEXTS = ["", "half \ud83d of an emoji", "long " * 700]  # empty, a lone surrogate, past the 512-token window
 CALLS = {  # generate's keyword arguments: (valid values, wrong ones)
-    "max_new_tokens": ([1, 2, 5, 8, 16, 24, 24, "np.int64(6)"], [0, -1, 2.0, True, None, "8", 600]),
+    "max_new_tokens": ([1, 2, 5, 8, 16, 24, 24, "np.int64(6)", 600], [0, -1, 2.0, True, None, "8"]),
     "temperature": ([0.0, 0.0, 0, 0.7, 1.0, "np.float32(0.5)"], [-1.0, float("nan"), "0.5", None]),
     "top_p": ([1.0, 0.9, 0.5], [0.0, 1.5, -0.1, float("nan")]),
-    "top_k": ([0, 1, 5, 50], [-1, 2.5, 10**9]),
+    "top_k": ([0, 1, 5, 50, 10**9], [-1, 2.5]),
     "seed": ([None, 0, 7, 12345, "np.int64(3)"], [-1, 2**70, 1.5, "7"]),
-    "stop": ([(), ["."], [".", "\n"], ("the",), ["x"] * 40], [".", [""], [None], ["\ud800"], [3], None, ""]),
+    "stop": ([(), ["."], [".", "\n"], ("the",), ["x"] * 40, "."], [[""], [None], ["\ud800"], [3], ""]),
     "raw": ([False, True], [1, "no", None]),
     "check": ([False, True, True], ["yes", 1]),
 }
