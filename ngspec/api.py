@@ -378,12 +378,14 @@ class Speculator:
                 RuntimeWarning, stacklevel=3,
             )
 
+    @api_errors
     def run_batch(
         self, ids: list[list[int]], cfg: DecodeConfig, batch: BatchConfig, on_finish: Callable[[BatchResult], None] | None = None,
         feed: Callable[[], list[Request]] | None = None,
     ) -> tuple[list[BatchResult], BatchReport]:
         """`generate_batch` with this drafter; ``feed``: requests (from `request`) taken as they
         arrive, until no row is left."""
+        on_finish, feed = function("on_finish", on_finish), function("feed", feed)
         self._warn_other_thread()
         opts = self.options_for(max(map(len, ids), default=0))
         return self.engine.run_batch(ids, lambda: self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), batch, on_finish, feed)

@@ -36,7 +36,7 @@ from ngspec.batch_target import BatchTarget
 from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
 from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token, check_prompt, out_of_room
 from ngspec.eagle.batched import propose_together
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, kind_of
 from ngspec.perf.online import StepTimes
 from ngspec.static_verify import cold_runs
 from ngspec.tree import joint_width, packed_sizes
@@ -170,6 +170,20 @@ class _Row:
             self.request.on_tokens(tokens)
 
 
+def fed_requests(arrived: object, indices: set[int]) -> list[Request]:
+    """What a ``feed`` handed back, checked: a list (or tuple) of `Request`, each with an index
+    this batch has not seen (``indices``, updated): results are keyed by index, so a second
+    request under one would take the first one's result."""
+    if not isinstance(arrived, (list, tuple)) or not all(isinstance(r, Request) for r in arrived):
+        got = "None" if arrived is None else kind_of(arrived) if not isinstance(arrived, (list, tuple)) else f"a list holding {kind_of(next(r for r in arrived if not isinstance(r, Request)))}"
+        raise NgspecError(f"feed must return a list of requests (made by Speculator.request), [] when none arrived; got {got}")
+    for request in arrived:
+        if request.index in indices:
+            raise NgspecError(f"feed gave a request with index {request.index}, which this batch already has: give every request an index of its own")
+        indices.add(request.index)
+    return list(arrived)
+
+
 def check_rope_switch(prompt: Sequence[int], max_new_tokens: int, switch: int | None, batch_size: int) -> None:
     """In a batch one forward's longest position decides every row's rotary frequencies where
     they switch (longrope, `ngspec.architecture.rope_switch`), so a row that could reach the
@@ -210,6 +224,7 @@ def generate_batch(
     results: dict[int, BatchResult] = {}
     report = BatchReport(prefill_tokens=target.prefill_tokens)
     waiting = deque(Request(i, list(p), cfg.max_new_tokens, cfg.sampling, new_stopper()) for i, p in enumerate(prompts))
+    indices = {r.index for r in waiting}
     rows: list[_Row] = []
     # what this batch's verify calls take, fitted per number of rows (a step of fewer rows costs
     # less): rescales the cost table, as at batch 1
@@ -246,7 +261,7 @@ def generate_batch(
         row just finished led to (a conversation's next turn): a batch whose last row ends then
         goes on with them."""
         if feed is not None:
-            waiting.extend(feed())
+            waiting.extend(fed_requests(feed(), indices))
         slots: list[int | None] = [*freed, *[None] * min(new_rows, len(waiting))]  # a batch size far above the prompts costs nothing
         requests: list[Request] = []
         while waiting and len(requests) < len(slots):

@@ -291,6 +291,44 @@ def test_a_request_of_the_wrong_kind_is_refused_as_it_is_made(tiny, kwargs, mess
         spec.request(**{"index": 0, "prompt": [1, 2, 3], **kwargs})
 
 
+def _fed_once(*arrivals):
+    """A feed that hands back ``arrivals`` one per question, then [] (its first opens the batch)."""
+    queue = list(arrivals)
+    return lambda: queue.pop(0) if queue else []
+
+
+@pytest.mark.parametrize(
+    "feed, message",
+    [  # api_fuzz --feed: each was a TypeError or AttributeError from inside the batch
+        (lambda r: _fed_once([r(0)], None), r"^feed must return a list of requests \(made by Speculator.request\), \[\] when none arrived; got None$"),
+        (lambda r: _fed_once([r(0)], r(1)), r"; got a Request$"),
+        (lambda r: _fed_once([r(0)], ["a prompt"]), r"; got a list holding a str$"),
+        (lambda r: [r(0)], r"^feed must be a function or None \(got a list\)$"),
+        # results are keyed by index: the second request under one took the first one's result
+        (lambda r: _fed_once([r(0)], [r(0)]), r"^feed gave a request with index 0, which this batch already has: give every request an index of its own$"),
+        (lambda r: _fed_once([r(2), r(2)]), r"index 2, which this batch already has"),
+    ],
+)
+def test_a_feed_that_hands_back_something_else_than_new_requests_is_refused(tiny, feed, message):
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+
+    spec = Speculator.from_model(tiny)
+    with pytest.raises(NgspecError, match=message):
+        spec.run_batch([], DecodeConfig(), BatchConfig(2), feed=feed(lambda i: spec.request(i, [1, 2, 3, 1, 2], 6)))
+
+
+def test_a_fed_request_may_not_take_the_index_of_a_prompt_given_at_the_start(tiny):
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+
+    spec = Speculator.from_model(tiny)
+    with pytest.raises(NgspecError, match="index 1, which this batch already has"):
+        spec.run_batch([[4, 5, 6], [7, 8]], DecodeConfig(max_new_tokens=4), BatchConfig(1), feed=_fed_once([spec.request(1, [1, 2], 4)]))
+    results, _ = spec.run_batch([[4, 5, 6], [7, 8]], DecodeConfig(max_new_tokens=4), BatchConfig(1), feed=_fed_once([spec.request(2, [1, 2], 4)]))
+    assert [r.index for r in results] == [0, 1, 2] and all(len(r.generation.token_ids) == 4 for r in results)
+
+
 def test_an_empty_batch_gives_no_outputs(tiny):
     spec = Speculator.from_model(tiny)
     assert spec.generate_batch([]) == []
