@@ -24,7 +24,18 @@ and warns nothing. Anything else is a finding, written with the call that made i
 
     python benchmarks/api_fuzz.py --runs 300 --first 0 --out bench-out/api_fuzz
 
-Runs are fixed by (seed, run number): ``--first N`` continues a search, ``--only N,M`` replays runs.
+With ``--feed`` each run is instead a batch a server of one's own would run: requests made with
+`Speculator.request`, each with its settings (some streaming text, some cancelled part-way),
+handed to `run_batch` by a ``feed`` a few at a time. It passes when every request gets one
+result, handed to ``on_finish`` once, that `generate` would have returned (a cancelled one: a
+start of plain decoding), or is refused or propagates as above. Its first 60 runs found a feed
+that hands back None, one request or a list of texts failing with Python's TypeError from inside
+the batch, and two requests under one index sharing one result; both are refused now.
+
+    python benchmarks/api_fuzz.py --feed --runs 300 --first 0 --out bench-out/api_fuzz
+
+Runs are fixed by (seed, run number) (``--feed`` runs apart): ``--first N`` continues a search,
+``--only N,M`` replays runs.
 Its first 80 runs found two faults: a bigram table built for the model with its tokenizer, given
 to the same model without one, was refused as "built for another model"; and `generate_batch([],
 raw=None)` returned [] where a batch with prompts refused ``raw``. They also showed the API's
@@ -43,6 +54,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
+from typing import Callable
 
 from input_fuzz import PYTHON_WORDS, Fixtures, run_numbers
 
@@ -307,7 +319,7 @@ def judge_error(exc: BaseException) -> tuple[str, str]:
 
 
 def one_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) -> tuple[str, str, str, str]:
-    """(verdict, detail, the call, a traceback for a finding) for one drawn call: all valid, or
+    """(verdict, detail, a traceback for a finding, the call) for one drawn call: all valid, or
     (two runs in five) with one fault."""
     from ngspec import Speculator
 
@@ -358,15 +370,25 @@ def one_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) -
     model_args = "(model" + (", None" if how == "from_model" and not with_tokenizer else "") + "".join(
         f", {k}={shown(v)}" for k, v in load_kw.items() if how == "load" or fault == "model")
     text = call_text(how, drafter, opts, method, first, kwargs).replace("(model", model_args, 1)
+
+    def attempt() -> tuple[str, str]:
+        if how == "load":
+            spec = Speculator.load(str(fx.model), drafter, **load_kw, **opts)
+        else:
+            spec = Speculator.from_model(model, tokenizer if with_tokenizer else None, drafter, **(load_kw if fault == "model" else {}), **opts)
+        result = getattr(spec, method)(first, **kwargs)
+        return check_outputs(spec, method, listed, kwargs, result)
+
+    return (*judged(attempt, fault), text)
+
+
+def judged(attempt: Callable[[], tuple[str, str]], fault: str | None) -> tuple[str, str, str]:
+    """(verdict, detail, a traceback for a finding) of a run's ``attempt``: what its check said,
+    or its exception judged; a warning it gave is a finding."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            if how == "load":
-                spec = Speculator.load(str(fx.model), drafter, **load_kw, **opts)
-            else:
-                spec = Speculator.from_model(model, tokenizer if with_tokenizer else None, drafter, **(load_kw if fault == "model" else {}), **opts)
-            result = getattr(spec, method)(first, **kwargs)
-            verdict, detail = check_outputs(spec, method, listed, kwargs, result)
+            verdict, detail = attempt()
             trace = ""
         except Exception as exc:  # noqa: BLE001 (judged)
             verdict, detail = judge_error(exc)
@@ -377,11 +399,159 @@ def one_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) -
         verdict, detail = "FINDING", f"warned {w.category.__name__}: {w.message} ({Path(w.filename).name}:{w.lineno})"
     if fault is not None and verdict == "ok":
         detail = f"{detail} (with a fault: {fault})"
-    return verdict, detail, text, trace
+    return verdict, detail, trace
+
+
+# runs with --feed: `request` + `run_batch(feed=)`, the path a server of one's own batches by
+FEED_FAULTS = ["request", "feed", "callback", "index"]
+ODD_FEEDS = ["None", "one request", "texts", "not callable"]
+
+
+class Cancel:
+    """A ``cancelled`` that says True from its ``after``-th question on (a client that left)."""
+
+    def __init__(self, after: int, raises: bool = False) -> None:
+        self.after, self.raises, self.asked = after, raises, 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        if self.raises and self.asked >= self.after:
+            raise Boom("a cancelled() of ours raised")
+        return self.asked >= self.after
+
+
+def request_kwargs(rng: random.Random, fault: bool) -> dict:
+    """`request`'s keyword arguments: `generate`'s but ``check``; with ``fault``, one wrong."""
+    pools = {name: pool for name, pool in CALLS.items() if name != "check"}
+    pools["max_new_tokens"] = ([1, 2, 5, 8, 16, 24], pools["max_new_tokens"][1])  # rows that end at different steps
+    out = {name: value_of(rng.choice(good)) for name, (good, _) in pools.items() if rng.random() < 0.5}
+    if fault:
+        name = rng.choice(sorted(pools) + ["cancelled", "on_text"])
+        out[name] = value_of(rng.choice(pools[name][1])) if name in pools else rng.choice([5, "x", True])
+    return out
+
+
+def check_fed(spec, prompts: list, settings: list[dict], results: dict, finished: list) -> tuple[str, str]:
+    """(verdict, detail) for fed requests that all ran: one result for each, handed to
+    ``on_finish`` once, as `generate` would return it; a cancelled one a prefix of it."""
+    from ngspec.check import check_against_greedy
+
+    if sorted(results) != list(range(len(prompts))):
+        return "FINDING", f"results for indices {sorted(results)} of {len(prompts)} requests"
+    if sorted(id(r) for r in finished) != sorted(id(r) for r in results.values()):
+        return "FINDING", f"on_finish was called {len(finished)} times for {len(results)} results"
+    verdicts = []
+    for i, (p, kwargs) in enumerate(zip(prompts, settings)):
+        result = results[i]
+        if result.error is not None:
+            if "\n" in result.error or PYTHON_WORDS.search(result.error):
+                return "FINDING", f"request {i} failed with {result.error!r}"
+            verdicts.append("ok")
+            continue
+        ids = spec.encode(p, kwargs.get("raw", False))
+        out = spec.output(result.generation, len(ids))
+        streamed = "".join(a[0] for a in kwargs["on_text"].seen) if isinstance(kwargs.get("on_text"), Calls) else None
+        if out.finish_reason == "cancelled":
+            if not isinstance(kwargs.get("cancelled"), Cancel):
+                return "FINDING", f"request {i} was cancelled without a cancelled()"
+            if not out.token_ids:
+                verdicts.append("ok")
+                continue
+            # plain decoding of as many tokens as the row had made when it was cancelled
+            cfg = spec._config(len(out.token_ids), kwargs.get("temperature", 0.0), kwargs.get("top_p", 1.0),
+                               kwargs.get("top_k", 0), kwargs.get("seed"), kwargs.get("stop", ()), False)
+            check = check_against_greedy(spec.engine, ids, out.token_ids, cfg, out.seed)
+            if not check.exact_match and (check.steps is None or check.steps > 16):
+                return "FINDING", f"request {i} (cancelled) differs from plain decoding at token {check.first_mismatch}"
+            if streamed is not None and out.text is not None and not out.text.startswith(streamed):
+                return "FINDING", f"request {i} (cancelled) streamed {streamed!r}, not a start of {out.text!r}"
+            verdicts.append("ok" if check.exact_match else "near-tie")
+            continue
+        verdict, detail = check_outputs(spec, "generate", [p], kwargs, out)
+        if verdict == "FINDING":
+            return verdict, f"request {i}: {detail}"
+        verdicts.append(verdict)
+    return ("near-tie" if "near-tie" in verdicts else "ok"), f"{len(results)} result(s), {sum(len(r.generation.token_ids) for r in results.values() if r.generation)} tokens"
+
+
+def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) -> tuple[str, str, str, str]:
+    """(verdict, detail, a traceback for a finding, the call) for one drawn server's-eye batch:
+    requests made with their own settings, fed to `run_batch` a few at a time (a feed that comes
+    back empty while rows run, new batches for what arrives after the last row ended, as `ngspec
+    serve` does), some cancelled part-way; (two runs in five) one fault: a request's wrong
+    argument or prompt, a feed that hands back something other than new requests (or an index
+    twice), or a callback that raises."""
+    from ngspec import Speculator
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+
+    fault = rng.choice(FEED_FAULTS) if rng.random() < 0.4 else None
+    drafter = rng.choice(list(READS))
+    opts = drafter_options(rng, fx, drafter, run_dir)
+    with_tokenizer = rng.random() < 0.9
+    vocab = model.get_input_embeddings().num_embeddings
+    prompts = [prompt(rng, vocab) for _ in range(rng.randrange(1, 6))]
+    settings = [request_kwargs(rng, False) for _ in prompts]
+    for p, kwargs in zip(prompts, settings):
+        if isinstance(p, list) and p and isinstance(p[0], dict) and kwargs.get("raw"):
+            del kwargs["raw"]  # chat messages with raw=True: refused, a fault of its own in generate's runs
+    if fault == "request":  # a wrong argument, or a prompt that cannot be one
+        wrong = rng.randrange(len(prompts))
+        if rng.random() < 0.6:
+            settings[wrong] = request_kwargs(rng, True)
+        else:
+            prompts[wrong] = prompt(rng, vocab, True)
+    for kwargs in settings:
+        if rng.random() < 0.3:
+            kwargs["on_text"] = Calls(False)
+        if rng.random() < 0.25:
+            kwargs["cancelled"] = Cancel(rng.randrange(1, 6))
+    raiser = rng.choice(["on_finish", "on_text", "cancelled", "feed"]) if fault == "callback" else None
+    if raiser in ("on_text", "cancelled"):
+        settings[rng.randrange(len(settings))][raiser] = Calls(True) if raiser == "on_text" else Cancel(rng.randrange(1, 4), raises=True)
+    odd_feed = rng.choice(ODD_FEEDS) if fault == "feed" else None
+    batch_size = rng.choice([1, 2, 3, 8])
+    arrivals = [rng.random() < 0.6 for _ in range(40)]  # whether the feed's next question finds a request come
+    text = (f"Speculator.from_model(model{'' if with_tokenizer else ', None'}, {', '.join([shown(drafter)] + [f'{k}={shown(v)}' for k, v in opts.items()])})"
+            f" fed {len(prompts)} request(s) at batch size {batch_size}: "
+            + "; ".join(f"request({i}, {shown(p)}, {', '.join(f'{k}={shown(v)}' for k, v in kw.items())})" for i, (p, kw) in enumerate(zip(prompts, settings)))
+            + (f"; {raiser} raises" if raiser else "") + (f"; the feed hands back {odd_feed}" if odd_feed else "") + (" ; an index twice" if fault == "index" else ""))
+    results, finished = {}, []
+
+    def attempt() -> tuple[str, str]:
+        spec = Speculator.from_model(model, tokenizer if with_tokenizer else None, drafter, **opts)
+        queue = [spec.request(i, p, **kw) for i, (p, kw) in enumerate(zip(prompts, settings))]
+        if fault == "index":
+            queue.insert(rng.randrange(len(queue) + 1), spec.request(rng.randrange(len(queue)), prompts[0], 4))
+        asked, opened = iter(arrivals), [False]
+
+        def feed():
+            if not opened[0]:  # a batch starts with the request that opened it
+                opened[0] = True
+                return [queue.pop(0)]
+            if raiser == "feed" and finished:
+                raise Boom("a feed of ours raised")
+            if odd_feed is not None and len(queue) <= 1:
+                return {"None": None, "one request": queue.pop() if queue else None, "texts": ["a prompt"]}.get(odd_feed, [])
+            return [queue.pop(0)] if queue and next(asked, True) else []
+
+        def on_finish(result):
+            finished.append(result)
+            results[result.index] = result
+            if raiser == "on_finish":
+                raise Boom("an on_finish of ours raised")
+
+        while queue:  # what arrives after a batch's last row ends starts the next batch
+            opened[0] = False
+            spec.run_batch([], DecodeConfig(), BatchConfig(batch_size), on_finish, feed=queue if odd_feed == "not callable" else feed)
+        return check_fed(spec, prompts, settings, results, finished)
+
+    return (*judged(attempt, fault), text)
 
 
 def main() -> int:
-    ns, numbers = run_numbers(__doc__.split("\n\n")[0], "bench-out/api_fuzz")
+    ns, numbers = run_numbers(__doc__.split("\n\n")[0], "bench-out/api_fuzz", {
+        "--feed": "draw `request` + `run_batch(feed=)` batches instead of generate/generate_batch calls (runs of their own)"})
 
     from typer.testing import CliRunner
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -390,14 +560,17 @@ def main() -> int:
 
     ns.out.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
-    with tempfile.TemporaryDirectory() as tmp, (ns.out / f"runs-{ns.seed}-{'only' if ns.only else ns.first}.jsonl").open("w") as log:
+    with tempfile.TemporaryDirectory() as tmp, (ns.out / f"runs-{'feed-' * ns.feed}{ns.seed}-{'only' if ns.only else ns.first}.jsonl").open("w") as log:
         fx = Fixtures(Path(tmp), CliRunner(), app)
         model, tokenizer = AutoModelForCausalLM.from_pretrained(fx.model).eval(), AutoTokenizer.from_pretrained(fx.model)
         for n in numbers:
             run_dir = Path(tmp) / f"run{n}"
             run_dir.mkdir()
             start = time.perf_counter()
-            verdict, detail, text, trace = one_run(random.Random(f"{ns.seed} {n}"), fx, model, tokenizer, run_dir)
+            if ns.feed:
+                verdict, detail, trace, text = feed_run(random.Random(f"{ns.seed} {n} feed"), fx, model, tokenizer, run_dir)
+            else:
+                verdict, detail, trace, text = one_run(random.Random(f"{ns.seed} {n}"), fx, model, tokenizer, run_dir)
             seconds = time.perf_counter() - start
             counts[verdict] = counts.get(verdict, 0) + 1
             log.write(json.dumps({"run": n, "verdict": verdict, "detail": detail, "seconds": round(seconds, 2), "call": text,

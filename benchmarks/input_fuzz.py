@@ -384,10 +384,13 @@ def judge(code: int, output: str, exc: BaseException | None, left: list[str]) ->
     return "FINDING", f"exit code {code}: {last}"
 
 
-def run_numbers(description: str, out: str) -> tuple[argparse.Namespace, list[int] | range]:
+def run_numbers(description: str, out: str, switches: dict[str, str] | None = None) -> tuple[argparse.Namespace, list[int] | range]:
     """The options of an in-process search over a tiny model (this script, api_fuzz.py), and the
-    numbers of the runs they ask for: ``--first`` and ``--runs``, or ``--only``'s list."""
+    numbers of the runs they ask for: ``--first`` and ``--runs``, or ``--only``'s list.
+    ``switches``: a search's own on/off flags, with their help."""
     parser = argparse.ArgumentParser(description=description)
+    for flag, text in (switches or {}).items():
+        parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--first", type=int, default=0, help="the first run's number (runs are fixed by seed and number)")
     parser.add_argument("--only", default="", help="replay just these runs (comma-separated numbers), not --first/--runs")

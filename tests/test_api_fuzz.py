@@ -62,3 +62,24 @@ def test_valid_draws_of_drafter_options_pass_the_checks_made_before_a_model_load
         for n in range(30):
             opts = api_fuzz.drafter_options(random.Random(n), fx, drafter, tmp_path)
             check_choice(drafter, drafting_options(opts))
+
+
+def test_the_check_of_fed_requests_passes_a_true_batch_and_catches_a_wrong_one(spec):
+    """`--feed` runs: one result per request, handed to on_finish once, as `generate` gives it; a
+    cancelled one a start of plain decoding."""
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+
+    prompts = [[5, 6, 7, 5, 6, 7], [9, 8, 9, 8]]
+    settings = [{"max_new_tokens": 8}, {"max_new_tokens": 16, "cancelled": api_fuzz.Cancel(3)}]
+    queue = [spec.request(i, p, **kw) for i, (p, kw) in enumerate(zip(prompts, settings))]
+    finished = []
+    spec.run_batch([], DecodeConfig(), BatchConfig(2), finished.append, feed=lambda: [queue.pop(0)] if queue else [])
+    results = {r.index: r for r in finished}
+    assert results[1].generation.finish_reason == "cancelled" and 0 < len(results[1].generation.token_ids) < 16
+    assert api_fuzz.check_fed(spec, prompts, settings, results, finished)[0] == "ok"
+    assert api_fuzz.check_fed(spec, prompts, settings, {0: results[0]}, finished[:1])[0] == "FINDING"  # a request without a result
+    assert api_fuzz.check_fed(spec, prompts, settings, results, finished + finished[:1])[0] == "FINDING"  # on_finish twice
+    cut = replace(results[1], generation=replace(results[1].generation, token_ids=[(t + 1) % 96 for t in results[1].generation.token_ids]))
+    assert api_fuzz.check_fed(spec, prompts, settings, {0: results[0], 1: cut}, [results[0], cut])[0] == "FINDING"  # not plain decoding's start
+    assert api_fuzz.check_fed(spec, prompts, [settings[0], {"max_new_tokens": 16}], results, finished)[0] == "FINDING"  # cancelled unasked
