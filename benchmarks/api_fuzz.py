@@ -198,7 +198,7 @@ def ids_prompt(rng: random.Random, vocab: int, fault: bool = False):
         if kind == 3:
             return range(1, 1 + len(ids))
         if kind == 4:
-            return (base * 200)[:600]  # past the window
+            return (base * 600)[:600]  # past the window (base: 1 to 7 ids)
         return [[t] for t in ids]
     form = rng.choice(["list", "list", "tuple", "numpy", "tensor", "tensor2d"])
     if form == "tuple":
