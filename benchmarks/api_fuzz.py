@@ -520,20 +520,23 @@ def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) 
 
     def attempt() -> tuple[str, str]:
         spec = Speculator.from_model(model, tokenizer if with_tokenizer else None, drafter, **opts)
-        queue = [spec.request(i, p, **kw) for i, (p, kw) in enumerate(zip(prompts, settings))]
+        # what each of the feed's answers hands back: one request, or with an index fault a request
+        # and a second under its index, together (a later batch may take an index again)
+        queue = [[spec.request(i, p, **kw)] for i, (p, kw) in enumerate(zip(prompts, settings))]
         if fault == "index":
-            queue.insert(rng.randrange(len(queue) + 1), spec.request(rng.randrange(len(queue)), prompts[0], 4))
+            twin = rng.randrange(len(queue))
+            queue[twin].append(spec.request(twin, prompts[0], 4))
         asked, opened = iter(arrivals), [False]
 
         def feed():
             if not opened[0]:  # a batch starts with the request that opened it
                 opened[0] = True
-                return [queue.pop(0)]
+                return queue.pop(0)
             if raiser == "feed" and finished:
                 raise Boom("a feed of ours raised")
             if odd_feed is not None and len(queue) <= 1:
-                return {"None": None, "one request": queue.pop() if queue else None, "texts": ["a prompt"]}.get(odd_feed, [])
-            return [queue.pop(0)] if queue and next(asked, True) else []
+                return {"None": None, "one request": queue.pop()[0] if queue else None, "texts": ["a prompt"]}.get(odd_feed, [])
+            return queue.pop(0) if queue and next(asked, True) else []
 
         def on_finish(result):
             finished.append(result)
@@ -543,7 +546,7 @@ def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) 
 
         while queue:  # what arrives after a batch's last row ends starts the next batch
             opened[0] = False
-            spec.run_batch([], DecodeConfig(), BatchConfig(batch_size), on_finish, feed=queue if odd_feed == "not callable" else feed)
+            spec.run_batch([], DecodeConfig(), BatchConfig(batch_size), on_finish, feed=sum(queue, []) if odd_feed == "not callable" else feed)
         return check_fed(spec, prompts, settings, results, finished)
 
     return (*judged(attempt, fault), text)
