@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.filterwarnings("ignore:ngspec. this Speculator runs on
 @contextmanager
 def serving(spec, batch_size: int = 8, with_server: bool = False):
     server = make_server(spec, port=0, batch_size=batch_size)
+    # as `ngspec serve` does before it serves: on a cold cache the first request would otherwise
+    # wait for the timing (70 s for the default model at batch 8 in one CI run, past a 60 s timeout)
+    spec.engine.batch_costs(batch_size)
     thread = threading.Thread(target=serve, args=(server,), daemon=True)  # generates on that thread
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
