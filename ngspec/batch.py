@@ -174,8 +174,12 @@ def fed_requests(arrived: object, indices: set[int]) -> list[Request]:
     """What a ``feed`` handed back, checked: a list (or tuple) of `Request`, each with an index
     this batch has not seen (``indices``, updated): results are keyed by index, so a second
     request under one would take the first one's result."""
-    if not isinstance(arrived, (list, tuple)) or not all(isinstance(r, Request) for r in arrived):
-        got = "None" if arrived is None else kind_of(arrived) if not isinstance(arrived, (list, tuple)) else f"a list holding {kind_of(next(r for r in arrived if not isinstance(r, Request)))}"
+    if not isinstance(arrived, (list, tuple)):
+        got = "None" if arrived is None else kind_of(arrived)
+    else:
+        odd = [r for r in arrived if not isinstance(r, Request)]
+        got = f"a list holding {kind_of(odd[0])}" if odd else None
+    if got is not None:
         raise NgspecError(f"feed must return a list of requests (made by Speculator.request), [] when none arrived; got {got}")
     for request in arrived:
         if request.index in indices:
