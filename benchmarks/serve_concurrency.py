@@ -62,7 +62,6 @@ def main() -> None:
     ap.add_argument("-d", "--drafter", default="trie")
     args = ap.parse_args()
     spec = Speculator.load("default", drafter=args.drafter)
-    spec.engine.batch_costs(args.batch_size)  # measured once per machine, as `ngspec serve` does at start
     prompts = [p.text for p in load_prompts(args.questions, args.category, args.limit)]
     arms = [1, args.batch_size]
     run_arm(spec, args.batch_size, 2, prompts[:2], 8)  # warm-up

@@ -126,7 +126,6 @@ def main() -> int:
 
     options = {k: v for k, v in (("eagle_head", args.eagle_head), ("datastore", args.datastore)) if v}
     spec = Speculator.load(args.model, drafter=args.drafter, **options)
-    spec.engine.batch_costs(args.batch_size)  # measured once per machine, as `ngspec serve` does at start
     prompts = [p.text for p in load_prompts(args.questions, args.category, args.limit)]
     report = {"drafter": args.drafter, "model": args.model, **soak(spec, prompts, args.requests, args.clients, args.batch_size,
                                                                    args.every, args.max_new_tokens, lambda line: print(line, flush=True))}

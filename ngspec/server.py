@@ -509,11 +509,15 @@ class Server(ThreadingHTTPServer):
 
 def make_server(
     spec: Speculator, host: str = "127.0.0.1", port: int = 8000, max_tokens_default: int = 256, batch_size: int = 8,
-    log: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None,
 ) -> Server:
-    """A server bound to (host, port) (port 0: any free port, read ``server.server_address``).
-    `serve` runs it; ``batch_size``: rows decoded together (concurrent requests, and a completions
-    request's list of prompts). Its `Service` is ``server.service``."""
+    """A server bound to (host, port) (port 0: any free port, read ``server.server_address``),
+    ready to answer: `serve` runs it; ``batch_size``: rows decoded together (concurrent requests,
+    and a completions request's list of prompts). Its `Service` is ``server.service``. ``log``:
+    each request's line; ``say``: start-up messages. The verify costs at ``batch_size`` are
+    measured here (once per machine, then cached), after the port is taken and before any request
+    comes: on a cold cache the first request would otherwise wait for them (70 s for the default
+    model at batch 8 on two cores, past a client's 60 s timeout in one CI run)."""
     service = Service(spec, max_tokens_default, batch_size)
     handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None})
     try:
@@ -521,6 +525,9 @@ def make_server(
     except OSError as exc:
         raise NgspecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     server.service = service
+    if batch_size > 1 and say is not None:
+        say(f"verify costs at batch size {batch_size} (measured once per machine) ...")
+    spec.engine.batch_costs(batch_size)
     return server
 
 

@@ -29,9 +29,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:ngspec. this Speculator runs on
 @contextmanager
 def serving(spec, batch_size: int = 8, with_server: bool = False):
     server = make_server(spec, port=0, batch_size=batch_size)
-    # as `ngspec serve` does before it serves: on a cold cache the first request would otherwise
-    # wait for the timing (70 s for the default model at batch 8 in one CI run, past a 60 s timeout)
-    spec.engine.batch_costs(batch_size)
     thread = threading.Thread(target=serve, args=(server,), daemon=True)  # generates on that thread
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -217,6 +214,23 @@ def test_invalid_json_and_unknown_get_routes(tiny_server):
     assert status == 400 and "not valid JSON" in answer["error"]["message"]
     assert call(tiny_server, "/v1/models")[1]["data"][0]["owned_by"] == "ngspec"
     assert call(tiny_server, "/v2/models")[0] == 404
+
+
+def test_a_server_times_its_batch_costs_once_it_has_its_port_and_before_it_answers(tiny, monkeypatch):
+    """On a cold cache the default model's timing at batch 8 took 70 s, which the first request
+    waited for (past a 60 s client timeout in CI) where a caller of make_server did not time first."""
+    spec = Speculator.from_model(tiny)
+    asked = []
+    monkeypatch.setattr(spec.engine, "batch_costs", lambda batch: asked.append(batch) or spec.engine.target.verify_cost)
+    said = []
+    server = make_server(spec, port=0, batch_size=3, say=said.append)
+    try:
+        assert asked == [3] and said == ["verify costs at batch size 3 (measured once per machine) ..."]
+        with pytest.raises(NgspecError, match="cannot listen"):
+            make_server(spec, port=server.server_address[1], batch_size=5)
+        assert asked == [3]  # a port in use is refused first, without the wait
+    finally:
+        server.server_close()
 
 
 def test_a_port_in_use_is_refused_in_one_line(tiny):

@@ -47,10 +47,7 @@ def serve_command(
     if batch_size < 1:
         raise NgspecError(f"--batch-size must be at least 1 (got {batch_size})")
     spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs), drafter, drafting)
-    server = make_server(spec, host, port, max_tokens, batch_size, log=None if quiet else render.info)
-    if batch_size > 1:  # measured once per machine and cached; before the first request, not during it
-        render.info(f"verify costs at batch size {batch_size} (measured once per machine) ...")
-        spec.engine.batch_costs(batch_size)
+    server = make_server(spec, host, port, max_tokens, batch_size, log=None if quiet else render.info, say=render.info)
     bound_host, bound_port = server.server_address[:2]
     render.info(f"serving {spec.engine.loaded.name} with the {drafter} drafter at http://{bound_host}:{bound_port}/v1 (Ctrl-C stops)")
     try:
