@@ -262,6 +262,13 @@ def single(value):
     return value.item() if hasattr(value, "item") else value
 
 
+def call_config(spec, kwargs: dict, max_new_tokens: int | None = None):
+    """The `DecodeConfig` a call with ``kwargs`` ran by (``max_new_tokens``: another budget)."""
+    budget = kwargs.get("max_new_tokens", 256) if max_new_tokens is None else max_new_tokens
+    return spec._config(budget, kwargs.get("temperature", 0.0), kwargs.get("top_p", 1.0), kwargs.get("top_k", 0),
+                        kwargs.get("seed"), kwargs.get("stop", ()), False)
+
+
 def check_outputs(spec, method: str, prompts: list, kwargs: dict, result) -> tuple[str, str]:
     """(verdict, detail) for a call that returned: outputs that hold together and match plain
     decoding (near-ties excepted)."""
@@ -272,8 +279,7 @@ def check_outputs(spec, method: str, prompts: list, kwargs: dict, result) -> tup
     if not isinstance(outs, list) or len(outs) != len(prompts) or not all(isinstance(o, Output) for o in outs):
         return "FINDING", f"returned {shown(result)} for {len(prompts)} prompt(s)"
     budget = single(kwargs.get("max_new_tokens", 256))
-    cfg = spec._config(kwargs.get("max_new_tokens", 256), kwargs.get("temperature", 0.0), kwargs.get("top_p", 1.0),
-                       kwargs.get("top_k", 0), kwargs.get("seed"), kwargs.get("stop", ()), False)
+    cfg = call_config(spec, kwargs)
     ties = 0
     for i, (p, out) in enumerate(zip(prompts, outs)):
         if out.finish_reason == "error":
@@ -450,7 +456,6 @@ def check_fed(spec, prompts: list, settings: list[dict], results: dict, finished
             continue
         ids = spec.encode(p, kwargs.get("raw", False))
         out = spec.output(result.generation, len(ids))
-        streamed = "".join(a[0] for a in kwargs["on_text"].seen) if isinstance(kwargs.get("on_text"), Calls) else None
         if out.finish_reason == "cancelled":
             if not isinstance(kwargs.get("cancelled"), Cancel):
                 return "FINDING", f"request {i} was cancelled without a cancelled()"
@@ -458,11 +463,10 @@ def check_fed(spec, prompts: list, settings: list[dict], results: dict, finished
                 verdicts.append("ok")
                 continue
             # plain decoding of as many tokens as the row had made when it was cancelled
-            cfg = spec._config(len(out.token_ids), kwargs.get("temperature", 0.0), kwargs.get("top_p", 1.0),
-                               kwargs.get("top_k", 0), kwargs.get("seed"), kwargs.get("stop", ()), False)
-            check = check_against_greedy(spec.engine, ids, out.token_ids, cfg, out.seed)
+            check = check_against_greedy(spec.engine, ids, out.token_ids, call_config(spec, kwargs, len(out.token_ids)), out.seed)
             if not check.exact_match and (check.steps is None or check.steps > 16):
                 return "FINDING", f"request {i} (cancelled) differs from plain decoding at token {check.first_mismatch}"
+            streamed = "".join(a[0] for a in kwargs["on_text"].seen) if isinstance(kwargs.get("on_text"), Calls) else None
             if streamed is not None and out.text is not None and not out.text.startswith(streamed):
                 return "FINDING", f"request {i} (cancelled) streamed {streamed!r}, not a start of {out.text!r}"
             verdicts.append("ok" if check.exact_match else "near-tie")
@@ -526,11 +530,12 @@ def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) 
         if fault == "index":
             twin = rng.randrange(len(queue))
             queue[twin].append(spec.request(twin, prompts[0], 4))
-        asked, opened = iter(arrivals), [False]
+        asked, opened = iter(arrivals), False
 
         def feed():
-            if not opened[0]:  # a batch starts with the request that opened it
-                opened[0] = True
+            nonlocal opened
+            if not opened:  # a batch starts with the request that opened it
+                opened = True
                 return queue.pop(0)
             if raiser == "feed" and finished:
                 raise Boom("a feed of ours raised")
@@ -545,7 +550,7 @@ def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) 
                 raise Boom("an on_finish of ours raised")
 
         while queue:  # what arrives after a batch's last row ends starts the next batch
-            opened[0] = False
+            opened = False
             spec.run_batch([], DecodeConfig(), BatchConfig(batch_size), on_finish, feed=sum(queue, []) if odd_feed == "not callable" else feed)
         return check_fed(spec, prompts, settings, results, finished)
 
