@@ -123,20 +123,22 @@ def path(name: str, value: Any, optional: bool = True) -> Path | None:
     return Path(value).expanduser()
 
 
-def batch_prompts(prompts: Any) -> list:
-    """``generate_batch``'s prompts as a list: any sequence or iterable of prompts. A tensor or
-    array is refused: its rows would be read whole, padding included."""
+def batch_prompts(prompts: Any, method: str) -> list:
+    """``method``'s (`generate_batch`'s, `run_batch`'s) prompts as a list: any sequence or
+    iterable of prompts. A tensor or array is refused: its rows would be read whole, padding
+    included."""
+    alone = "call generate or " if method == "generate_batch" else ""
     if isinstance(prompts, str):  # its characters would be read as prompts, one each
-        raise NgspecError("generate_batch takes a list of prompts; for one text prompt, call generate or pass [prompt]")
+        raise NgspecError(f"{method} takes a list of prompts; for one text prompt, {alone}pass [prompt]")
     if getattr(prompts, "ndim", None) == 1:
-        raise NgspecError("generate_batch takes a list of prompts; for one prompt of token ids, call generate or pass [ids]")
+        raise NgspecError(f"{method} takes a list of prompts; for one prompt of token ids, {alone}pass [ids]")
     if getattr(prompts, "ndim", None) is not None:
         raise NgspecError(
-            f"generate_batch takes a list of prompts, not a {prompts.ndim}-D {type(prompts).__name__}: pass one prompt per "
+            f"{method} takes a list of prompts, not a {prompts.ndim}-D {type(prompts).__name__}: pass one prompt per "
             "row without its padding (list(ids) would read each row whole, pad tokens included)"
         )
     if prompts is None or isinstance(prompts, (Mapping, bytes)) or not isinstance(prompts, Iterable):
-        raise NgspecError(f"generate_batch takes a list of prompts (got {'None' if prompts is None else kind_of(prompts)})")
+        raise NgspecError(f"{method} takes a list of prompts (got {'None' if prompts is None else kind_of(prompts)})")
     return list(prompts)
 
 
@@ -380,12 +382,24 @@ class Speculator:
 
     @api_errors
     def run_batch(
-        self, ids: list[list[int]], cfg: DecodeConfig, batch: BatchConfig, on_finish: Callable[[BatchResult], None] | None = None,
+        self, prompts: Sequence[Prompt], cfg: DecodeConfig, batch: BatchConfig, on_finish: Callable[[BatchResult], None] | None = None,
         feed: Callable[[], list[Request]] | None = None,
     ) -> tuple[list[BatchResult], BatchReport]:
-        """`generate_batch` with this drafter; ``feed``: requests (from `request`) taken as they
+        """A batch of ``batch.batch_size`` rows: ``prompts`` given at the start (as `generate_batch`
+        takes them: text through the chat template, chat messages or token ids; indices 0 on),
+        each decoded by ``cfg``, and requests (from `request`) that ``feed`` hands over as they
         arrive, until no row is left."""
-        on_finish, feed = function("on_finish", on_finish), function("feed", feed)
+        from ngspec.batch import BatchConfig
+        from ngspec.decode import DecodeConfig
+
+        for name, value, kind, where in (("cfg", cfg, DecodeConfig, "ngspec.decode"), ("batch", batch, BatchConfig, "ngspec.batch")):
+            if not isinstance(value, kind):
+                raise NgspecError(f"run_batch's {name} must be a {kind.__name__} (from {where}; got {shown(value)})")
+        ids = self._encoded(batch_prompts(prompts, "run_batch"), False)
+        return self._run_batch(ids, cfg, batch, function("on_finish", on_finish), function("feed", feed))
+
+    def _run_batch(self, ids: list[list[int]], cfg: DecodeConfig, batch: BatchConfig, on_finish, feed) -> tuple[list[BatchResult], BatchReport]:
+        """`run_batch` on prompts encoded and arguments checked."""
         self._warn_other_thread()
         opts = self.options_for(max(map(len, ids), default=0))
         return self.engine.run_batch(ids, lambda: self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), batch, on_finish, feed)
@@ -442,6 +456,16 @@ class Speculator:
         if bad:
             raise NgspecError(f"token id {bad[0]} is outside the model's vocabulary (0..{vocab - 1})")
         return prompt
+
+    def _encoded(self, prompts: list, raw: bool) -> list[list[int]]:
+        """Each of many prompts' token ids; a refusal names which prompt it is."""
+        ids = []
+        for i, prompt in enumerate(prompts):
+            try:
+                ids.append(self.encode(prompt, raw))
+            except NgspecError as exc:
+                raise NgspecError(f"prompt {i}: {exc}") from None
+        return ids
 
     def detokenize(self, ids: list[int]) -> str | None:
         return None if self.engine.loaded.tokenizer is None else self.engine.detokenize(ids)
@@ -546,15 +570,10 @@ class Speculator:
             layout=layout,
             prefill_tokens=number("prefill_tokens", prefill_tokens, optional=True),
         )
-        prompts, on_output, raw = batch_prompts(prompts), function("on_output", on_output), flag("raw", raw)
+        prompts, on_output, raw = batch_prompts(prompts, "generate_batch"), function("on_output", on_output), flag("raw", raw)
         if not prompts:
             return []
-        ids = []
-        for i, prompt in enumerate(prompts):
-            try:
-                ids.append(self.encode(prompt, raw))
-            except NgspecError as exc:  # named: which of many prompts it is
-                raise NgspecError(f"prompt {i}: {exc}") from None
+        ids = self._encoded(prompts, raw)
         outs: list[Output | None] = [None] * len(ids)
 
         def finished(r: BatchResult) -> None:
@@ -563,5 +582,5 @@ class Speculator:
             if on_output is not None:
                 on_output(r.index, outs[r.index])
 
-        self.run_batch(ids, cfg, batch, finished)
+        self._run_batch(ids, cfg, batch, finished, None)
         return [self.checked(out, x, cfg) for out, x in zip(outs, ids)] if check else outs

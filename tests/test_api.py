@@ -329,6 +329,43 @@ def test_a_fed_request_may_not_take_the_index_of_a_prompt_given_at_the_start(tin
     assert [r.index for r in results] == [0, 1, 2] and all(len(r.generation.token_ids) == 4 for r in results)
 
 
+def test_prompts_given_at_the_start_of_a_run_batch_are_taken_as_generate_batch_takes_them(tiny, prompts_and_expected):
+    """Token ids in any of `generate_batch`'s forms, decoded by the `DecodeConfig` given, then a
+    request fed under the next index."""
+    import numpy as np
+
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+
+    prompts, expected = prompts_and_expected
+    spec = Speculator.from_model(tiny, drafter="trie")
+    starts = (np.array(prompts[0]), tuple(prompts[1]), torch.tensor(prompts[2]))
+    results, _ = spec.run_batch(starts, DecodeConfig(max_new_tokens=24), BatchConfig(2), feed=_fed_once([spec.request(3, prompts[3], 24)]))
+    assert [r.generation.token_ids for r in results] == expected[:4]
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [  # api_fuzz --feed: each was a TypeError, AttributeError or IndexError from inside the batch
+        (lambda s, d, b: s.run_batch("a prompt", d(), b(2)), r"^run_batch takes a list of prompts; for one text prompt, pass \[prompt\]$"),
+        (lambda s, d, b: s.run_batch(None, d(), b(2)), r"^run_batch takes a list of prompts \(got None\)$"),
+        (lambda s, d, b: s.run_batch([[1, 2], [3, 10**6]], d(), b(2)), r"^prompt 1: token id 1000000 is outside the model's vocabulary \(0\.\.\d+\)$"),
+        (lambda s, d, b: s.run_batch([[1, 2], "a prompt"], d(), b(2)), r"^prompt 1: text prompts need a tokenizer"),
+        (lambda s, d, b: s.run_batch([], None, b(2)), r"^run_batch's cfg must be a DecodeConfig \(from ngspec.decode; got None\)$"),
+        (lambda s, d, b: s.run_batch([], {"max_new_tokens": 8}, b(2)), r"^run_batch's cfg must be a DecodeConfig \(from ngspec.decode; got \{'max_new_tokens': 8\}\)$"),
+        (lambda s, d, b: s.run_batch([], d(), 4), r"^run_batch's batch must be a BatchConfig \(from ngspec.batch; got 4\)$"),
+        (lambda s, d, b: s.run_batch([], b(4), d()), r"^run_batch's cfg must be a DecodeConfig \(from ngspec.decode; got a BatchConfig\)$"),
+    ],
+)
+def test_run_batch_refuses_its_prompts_and_settings_of_the_wrong_kind_before_any_row_runs(tiny, call, message):
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+
+    spec = Speculator.from_model(tiny)
+    with pytest.raises(NgspecError, match=message):
+        call(spec, DecodeConfig, BatchConfig)
+
+
 def test_an_empty_batch_gives_no_outputs(tiny):
     spec = Speculator.from_model(tiny)
     assert spec.generate_batch([]) == []
