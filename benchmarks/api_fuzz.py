@@ -411,6 +411,13 @@ def judged(attempt: Callable[[], tuple[str, str]], fault: str | None) -> tuple[s
 # runs with --feed: `request` + `run_batch(feed=)`, the path a server of one's own batches by
 FEED_FAULTS = ["request", "feed", "callback", "index"]
 ODD_FEEDS = ["None", "one request", "texts", "not callable"]
+# a batch's prompts given at the start, decoded by one `DecodeConfig`: what a fault there puts wrong
+START_FAULTS = ["prompt", "prompts", "config", "batch"]
+ODD_STARTS = {  # run_batch's first three arguments, as a script might get them wrong
+    "prompts": ["a prompt", None, 3, "tensor2d"],
+    "config": [None, {"max_new_tokens": 8}, 8, "BatchConfig"],
+    "batch": [4, None, {"batch_size": 4}, "DecodeConfig"],
+}
 
 
 class Cancel:
@@ -478,13 +485,18 @@ def check_fed(spec, prompts: list, settings: list[dict], results: dict, finished
     return ("near-tie" if "near-tie" in verdicts else "ok"), f"{len(results)} result(s), {sum(len(r.generation.token_ids) for r in results.values() if r.generation)} tokens"
 
 
-def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) -> tuple[str, str, str, str]:
+def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path, starts_rng: random.Random) -> tuple[str, str, str, str]:
     """(verdict, detail, a traceback for a finding, the call) for one drawn server's-eye batch:
     requests made with their own settings, fed to `run_batch` a few at a time (a feed that comes
     back empty while rows run, new batches for what arrives after the last row ended, as `ngspec
     serve` does), some cancelled part-way; (two runs in five) one fault: a request's wrong
     argument or prompt, a feed that hands back something other than new requests (or an index
-    twice), or a callback that raises."""
+    twice), or a callback that raises. ``starts_rng`` (a stream of its own, so that what ``rng``
+    draws replays as before) draws the first batch's prompts given at the start, in two runs of
+    five, and in a third of those without another fault one wrong: a prompt, the prompts, the
+    `DecodeConfig` or the `BatchConfig`."""
+    import torch
+
     from ngspec import Speculator
     from ngspec.batch import BatchConfig
     from ngspec.decode import DecodeConfig
@@ -516,9 +528,20 @@ def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) 
     odd_feed = rng.choice(ODD_FEEDS) if fault == "feed" else None
     batch_size = rng.choice([1, 2, 3, 8])
     arrivals = [rng.random() < 0.6 for _ in range(40)]  # whether the feed's next question finds a request come
+    starts = [prompt(starts_rng, vocab) for _ in range(starts_rng.randrange(1, 4))] if starts_rng.random() < 0.4 else []
+    start_kwargs = {k: v for k, v in request_kwargs(starts_rng, False).items() if k not in ("raw", "on_text", "cancelled")}
+    start_fault = starts_rng.choice(START_FAULTS) if starts and fault is None and starts_rng.random() < 1 / 3 else None
+    odd_start = starts_rng.choice(ODD_STARTS[start_fault]) if start_fault in ODD_STARTS else None
+    if start_fault == "prompt":
+        starts[starts_rng.randrange(len(starts))] = prompt(starts_rng, vocab, True)
+    if start_fault is not None:
+        fault = f"start {start_fault}"
+    m = len(starts)  # the starts take indices 0..m-1, the fed requests m on
     text = (f"Speculator.from_model(model{'' if with_tokenizer else ', None'}, {', '.join([shown(drafter)] + [f'{k}={shown(v)}' for k, v in opts.items()])})"
             f" fed {len(prompts)} request(s) at batch size {batch_size}: "
-            + "; ".join(f"request({i}, {shown(p)}, {', '.join(f'{k}={shown(v)}' for k, v in kw.items())})" for i, (p, kw) in enumerate(zip(prompts, settings)))
+            + (f"after {m} prompt(s) given at the start, {shown(starts)}, with {start_kwargs}: " if starts else "")
+            + (f"(run_batch's {start_fault} given as {shown(odd_start)}) " if odd_start is not None else "")
+            + "; ".join(f"request({m + i}, {shown(p)}, {', '.join(f'{k}={shown(v)}' for k, v in kw.items())})" for i, (p, kw) in enumerate(zip(prompts, settings)))
             + (f"; {raiser} raises" if raiser else "") + (f"; the feed hands back {odd_feed}" if odd_feed else "") + (" ; an index twice" if fault == "index" else ""))
     results, finished = {}, []
 
@@ -526,10 +549,12 @@ def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) 
         spec = Speculator.from_model(model, tokenizer if with_tokenizer else None, drafter, **opts)
         # what each of the feed's answers hands back: one request, or with an index fault a request
         # and a second under its index, together (a later batch may take an index again)
-        queue = [[spec.request(i, p, **kw)] for i, (p, kw) in enumerate(zip(prompts, settings))]
+        queue = [[spec.request(m + i, p, **kw)] for i, (p, kw) in enumerate(zip(prompts, settings))]
         if fault == "index":
             twin = rng.randrange(len(queue))
-            queue[twin].append(spec.request(twin, prompts[0], 4))
+            # the feed's first answer, in the batch the starts are in, may take a start's index
+            again = starts_rng.randrange(m) if m and twin == 0 and starts_rng.random() < 0.5 else m + twin
+            queue[twin].append(spec.request(again, prompts[0], 4))
         asked, opened = iter(arrivals), False
 
         def feed():
@@ -549,10 +574,15 @@ def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path) 
             if raiser == "on_finish":
                 raise Boom("an on_finish of ours raised")
 
+        given = {"prompts": starts, "config": call_config(spec, start_kwargs), "batch": BatchConfig(batch_size)}
+        if start_fault in ODD_STARTS:
+            given[start_fault] = {"tensor2d": lambda: torch.tensor([[5, 6, 7]]), "BatchConfig": lambda: BatchConfig(batch_size),
+                                  "DecodeConfig": DecodeConfig}.get(odd_start, lambda: odd_start)()
         while queue:  # what arrives after a batch's last row ends starts the next batch
             opened = False
-            spec.run_batch([], DecodeConfig(), BatchConfig(batch_size), on_finish, feed=sum(queue, []) if odd_feed == "not callable" else feed)
-        return check_fed(spec, prompts, settings, results, finished)
+            spec.run_batch(given["prompts"], given["config"], given["batch"], on_finish, feed=sum(queue, []) if odd_feed == "not callable" else feed)
+            given["prompts"] = []  # the starts are the first batch's
+        return check_fed(spec, starts + prompts, [start_kwargs] * m + settings, results, finished)
 
     return (*judged(attempt, fault), text)
 
@@ -576,7 +606,7 @@ def main() -> int:
             run_dir.mkdir()
             start = time.perf_counter()
             if ns.feed:
-                verdict, detail, trace, text = feed_run(random.Random(f"{ns.seed} {n} feed"), fx, model, tokenizer, run_dir)
+                verdict, detail, trace, text = feed_run(random.Random(f"{ns.seed} {n} feed"), fx, model, tokenizer, run_dir, random.Random(f"{ns.seed} {n} starts"))
             else:
                 verdict, detail, trace, text = one_run(random.Random(f"{ns.seed} {n}"), fx, model, tokenizer, run_dir)
             seconds = time.perf_counter() - start
