@@ -417,6 +417,19 @@ def test_one_stop_string_is_a_string_not_its_characters(default_model):
 
 
 @pytest.mark.slow
+def test_text_and_chat_messages_given_at_the_start_of_a_run_batch_go_through_the_chat_template(default_model):
+    """api_fuzz --feed: a text prompt given at the start was read as its characters (a TypeError
+    from inside the batch)."""
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+
+    spec = Speculator.from_model(default_model.model, default_model.tokenizer, "trie")
+    prompts = ["Name three colours.", [{"role": "user", "content": "Count to five."}]]
+    results, _ = spec.run_batch(prompts, DecodeConfig(max_new_tokens=8), BatchConfig(2))
+    assert [r.generation.token_ids for r in results] == [spec.generate(p, max_new_tokens=8).token_ids for p in prompts]
+
+
+@pytest.mark.slow
 def test_eagle_search_with_a_head_and_a_datastore_on_disk(tmp_path, default_model):
     """The path options (eagle_head=, datastore=) are read from disk, and the output is exact."""
     from ngspec.datastore.build import BuildOptions, build_datastore
