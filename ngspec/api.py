@@ -470,9 +470,22 @@ class Speculator:
     def detokenize(self, ids: list[int]) -> str | None:
         return None if self.engine.loaded.tokenizer is None else self.engine.detokenize(ids)
 
-    def output(self, gen: Generation, prompt_tokens: int) -> Output:
-        """A generation as an `Output`, with its text when there is a tokenizer."""
-        return Output.of(gen, prompt_tokens, self.detokenize(gen.token_ids))
+    @api_errors
+    def output(self, result: Generation | BatchResult, prompt_tokens: int) -> Output:
+        """The `Output` of a run's `Generation` or of a `BatchResult` from `run_batch` (a prompt
+        that could not run: finish reason "error" and its error), with its text when there is a
+        tokenizer. ``prompt_tokens``: how many tokens its prompt was."""
+        from ngspec.batch import BatchResult
+        from ngspec.decode import Generation
+
+        prompt_tokens = number("prompt_tokens", prompt_tokens)
+        if isinstance(result, BatchResult):
+            if result.generation is None:
+                return Output.failed(result.error, prompt_tokens)
+            result = result.generation
+        if not isinstance(result, Generation):
+            raise NgspecError(f"output takes a Generation or a BatchResult (got {shown(result)})")
+        return Output.of(result, prompt_tokens, self.detokenize(result.token_ids))
 
     def _text_stream(self, on_text: Callable[[str], None] | None) -> TextDeltas | None:
         """The token callback that hands ``on_text`` the new text (None without ``on_text``)."""
@@ -577,8 +590,7 @@ class Speculator:
         outs: list[Output | None] = [None] * len(ids)
 
         def finished(r: BatchResult) -> None:
-            gen = r.generation
-            outs[r.index] = Output.failed(r.error, len(ids[r.index])) if gen is None else self.output(gen, len(ids[r.index]))
+            outs[r.index] = self.output(r, len(ids[r.index]))
             if on_output is not None:
                 on_output(r.index, outs[r.index])
 

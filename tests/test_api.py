@@ -366,6 +366,25 @@ def test_run_batch_refuses_its_prompts_and_settings_of_the_wrong_kind_before_any
         call(spec, DecodeConfig, BatchConfig)
 
 
+def test_output_makes_a_run_batch_result_an_output_a_failed_one_too(tiny, prompts_and_expected):
+    """``spec.output(result, prompt_tokens)`` in an ``on_finish``: a prompt that could not run
+    gives finish reason "error" (``result.generation`` is None; passing it raised AttributeError)."""
+    from ngspec.batch import BatchConfig
+    from ngspec.decode import DecodeConfig
+
+    prompts, expected = prompts_and_expected
+    spec = Speculator.from_model(tiny)
+    too_long = [1, 2] * tiny.config.max_position_embeddings
+    results, _ = spec.run_batch([prompts[0], too_long], DecodeConfig(max_new_tokens=24), BatchConfig(2))
+    ran, failed = (spec.output(r, len(p)) for r, p in zip(results, [prompts[0], too_long]))
+    assert ran.token_ids == expected[0] and ran.prompt_tokens == len(prompts[0]) and ran == spec.output(results[0].generation, len(prompts[0]))
+    assert failed.finish_reason == "error" and failed.error == results[1].error and failed.prompt_tokens == len(too_long) and failed.token_ids == []
+    with pytest.raises(NgspecError, match=r"^output takes a Generation or a BatchResult \(got None\)$"):
+        spec.output(results[1].generation, len(too_long))
+    with pytest.raises(NgspecError, match=r"^prompt_tokens must be an integer \(got \[1, 2\]\)$"):
+        spec.output(results[0], [1, 2])
+
+
 def test_an_empty_batch_gives_no_outputs(tiny):
     spec = Speculator.from_model(tiny)
     assert spec.generate_batch([]) == []
