@@ -578,9 +578,9 @@ def feed_run(rng: random.Random, fx: Fixtures, model, tokenizer, run_dir: Path, 
                 raise Boom("an on_finish of ours raised")
 
         given = {"prompts": starts, "config": call_config(spec, start_kwargs), "batch": BatchConfig(batch_size)}
+        made = {"tensor2d": lambda: torch.tensor([[5, 6, 7]]), "BatchConfig": lambda: BatchConfig(batch_size), "DecodeConfig": DecodeConfig}
         if start_fault in ODD_STARTS:
-            given[start_fault] = {"tensor2d": lambda: torch.tensor([[5, 6, 7]]), "BatchConfig": lambda: BatchConfig(batch_size),
-                                  "DecodeConfig": DecodeConfig}.get(odd_start, lambda: odd_start)()
+            given[start_fault] = made[odd_start]() if isinstance(odd_start, str) and odd_start in made else odd_start
         while queue:  # what arrives after a batch's last row ends starts the next batch
             opened = False
             spec.run_batch(given["prompts"], given["config"], given["batch"], on_finish, feed=sum(queue, []) if odd_feed == "not callable" else feed)
