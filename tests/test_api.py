@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -581,3 +582,20 @@ def test_a_model_passed_in_times_its_cpu_kernels_under_a_bar_the_first_time_only
     again = tiny_model("llama", seed=0)
     Speculator.from_model(again, drafter="trie")
     assert shown.getvalue() == "" and cpu_linear.current_plan(again) is not None
+
+
+def test_the_own_server_example_answers_every_prompt_as_plain_decoding_does(tiny_saved, tmp_path):
+    """examples/own_server.py, the README's pattern for a server of one's own: requests that
+    arrive from another thread while the batch runs, one JSON line per answer (a prompt that
+    cannot be one answered with its error), each the tokens plain decoding gives it alone."""
+    prompts = ["Summarise: the cat sat on the mat.", "List three primes.", "Say hello.", "Count to ten, please.", "Why is the sky blue?"]
+    lines = [json.dumps({"prompt": p}) for p in prompts] + [json.dumps({"prompt": [10**9]})]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    args = ["--model", str(tiny_saved), "--batch-size", "2", "--max-new-tokens", "12", "--every", "0.02", "--prompts", str(tmp_path / "prompts.jsonl")]
+    script = Path(__file__).parent.parent / "examples" / "own_server.py"
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, check=True)
+    answers = {a["index"]: a for a in map(json.loads, run.stdout.splitlines())}
+    assert sorted(answers) == list(range(len(prompts) + 1))
+    assert answers[len(prompts)]["error"].startswith("token id 1000000000 is outside the model's vocabulary")
+    plain = Speculator.load(str(tiny_saved), drafter="vanilla")
+    assert [answers[i]["token_ids"] for i in range(len(prompts))] == [plain.generate(p, max_new_tokens=12).token_ids for p in prompts]
