@@ -388,6 +388,13 @@ def _load_tokenizer(spec: str, where: Path | str, extra: dict, trust_remote_code
     except CONFIG_ERRORS as exc:  # the tokenizer's own refusal, or the model's config.json it reads
         if _needs_trust(exc):
             raise _untrusted(spec, "the tokenizer of") from exc
+        if isinstance(where, Path) and "Couldn't instantiate the backend tokenizer" in str(exc) and not (where / "tokenizer.json").exists():
+            # transformers asks for sentencepiece or tiktoken, which would not bring back the file
+            present = ", ".join(name for name in TOKENIZER_FILES if (where / name).is_file())
+            raise NgspecError(
+                f"the model directory {where} has no tokenizer.json, and transformers could not build its tokenizer from the "
+                f"files it has ({present}): copy tokenizer.json in from the model's source"
+            ) from exc
         detail = " ".join(str(exc).split()) if type(exc) is ValueError else config_error_message(exc)
         raise NgspecError(f"could not load the tokenizer of {spec!r}: {detail}") from exc
     except Exception as exc:  # the tokenizers library refuses a tokenizer.json with a bare Exception
