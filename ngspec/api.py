@@ -396,10 +396,11 @@ class Speculator:
             if not isinstance(value, kind):
                 raise NgspecError(f"run_batch's {name} must be a {kind.__name__} (from {where}; got {shown(value)})")
         ids = self._encoded(batch_prompts(prompts, "run_batch"), False)
-        return self._run_batch(ids, cfg, batch, function("on_finish", on_finish), function("feed", feed))
+        return self.run_ids(ids, cfg, batch, function("on_finish", on_finish), function("feed", feed))
 
-    def _run_batch(self, ids: list[list[int]], cfg: DecodeConfig, batch: BatchConfig, on_finish, feed) -> tuple[list[BatchResult], BatchReport]:
-        """`run_batch` on prompts encoded and arguments checked."""
+    def run_ids(self, ids: list[list[int]], cfg: DecodeConfig, batch: BatchConfig, on_finish=None, feed=None) -> tuple[list[BatchResult], BatchReport]:
+        """`run_batch` on token ids and arguments its caller has checked (the CLI's prompts, as
+        `run` takes one): a prompt holding an id outside the vocabulary fails alone, in its row."""
         self._warn_other_thread()
         opts = self.options_for(max(map(len, ids), default=0))
         return self.engine.run_batch(ids, lambda: self.new_drafter(opts), fit_rows(cfg, self.drafter, opts), batch, on_finish, feed)
@@ -594,5 +595,5 @@ class Speculator:
             if on_output is not None:
                 on_output(r.index, outs[r.index])
 
-        self._run_batch(ids, cfg, batch, finished, None)
+        self.run_ids(ids, cfg, batch, finished)
         return [self.checked(out, x, cfg) for out, x in zip(outs, ids)] if check else outs

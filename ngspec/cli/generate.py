@@ -143,7 +143,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
             except NgspecError as exc:  # e.g. text that is not text, or a chat template that refuses it
                 _fail(asked, i, str(exc), failed, drafter, json_out)
     many_turns = any(unit.turn > 1 for unit in units)
-    results, report = spec.run_batch([ids[b] for b in first], cfg, batch, on_finish, feed if many_turns else None)
+    results, report = spec.run_ids([ids[b] for b in first], cfg, batch, on_finish, feed if many_turns else None)
     records = []
     for index, output in checked:
         unit = units[unit_of[index]]
