@@ -33,7 +33,7 @@ that hands back None, one request or a list of texts failing with Python's TypeE
 the batch, and two requests under one index sharing one result; both are refused now. In two runs
 of five the first batch also has prompts given at the start (`run_batch`'s first argument, decoded
 by one `DecodeConfig`), drawn from a stream of their own so that the rest replays as before; on
-the code before they were checked, 35 of 100 runs failed inside the batch (a text prompt read as
+the code before they were checked, 32 of 100 runs failed inside the batch (a text prompt read as
 its characters, a `DecodeConfig` of another kind), now refused or run as `generate_batch` runs.
 
     python benchmarks/api_fuzz.py --feed --runs 300 --first 0 --out bench-out/api_fuzz
