@@ -527,7 +527,11 @@ def make_server(
     server.service = service
     if batch_size > 1 and say is not None:
         say(f"verify costs at batch size {batch_size} (measured once per machine) ...")
-    spec.engine.batch_costs(batch_size)
+    try:
+        spec.engine.batch_costs(batch_size)
+    except BaseException:  # Ctrl-C during the timing: give the port back now, not at garbage collection
+        server.server_close()
+        raise
     return server
 
 

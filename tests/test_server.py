@@ -8,6 +8,7 @@ import random
 import re
 import signal
 import subprocess
+import socket
 import sys
 import threading
 import urllib.error
@@ -231,6 +232,26 @@ def test_a_server_times_its_batch_costs_once_it_has_its_port_and_before_it_answe
         assert asked == [3]  # a port in use is refused first, without the wait
     finally:
         server.server_close()
+
+
+def test_a_server_stopped_while_it_times_its_batch_costs_lets_go_of_its_port(tiny, monkeypatch):
+    """Ctrl-C during the timing (70 s on a cold cache) left the bound socket open until the garbage
+    collector found it; the traceback held it, so the port stayed taken."""
+    spec = Speculator.from_model(tiny)
+
+    def interrupted(batch):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(spec.engine, "batch_costs", interrupted)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(KeyboardInterrupt) as interrupt:
+        make_server(spec, port=port, batch_size=3)
+    with socket.socket() as again:  # the port is free again while the traceback still holds the frame
+        again.bind(("127.0.0.1", port))
+        again.listen()
+    assert interrupt.traceback
 
 
 def test_a_port_in_use_is_refused_in_one_line(tiny):
