@@ -144,6 +144,21 @@ def output_directory(out: Path) -> None:
         raise NgspecError(f"cannot write {out}: {exc.strerror or exc}") from None
 
 
+def output_folder(out: Path, flag: str, holds: str) -> None:
+    """Create the directory ``out`` (``flag``'s value, the folder for ``holds``) and check that a
+    file can be written in it, before a long run: a path that cannot be written fails at once,
+    not after the work."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NgspecError(f"{flag} {out} is a file; give a directory for {holds}")
+    _no_file_above(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe_writable(out)
+    except OSError as exc:
+        raise NgspecError(f"cannot write to output directory {out}: {exc.strerror or exc}") from None
+
+
 def probe_writable(directory: Path, name: str = "ngspec") -> None:
     """Make and remove a file of our own in ``directory`` (a unique name, never one that may be in
     use); raises OSError when the directory takes no files."""

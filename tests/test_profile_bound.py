@@ -325,7 +325,20 @@ def test_unknown_shape_and_unwritable_output(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     result = invoke("profile-bound", "--shape", "smollm2-135m", "--out", blocker / "sub")
-    assert result.exit_code == 1 and "cannot write to output directory" in result.output
+    assert result.exit_code == 1 and f"cannot write {blocker / 'sub'}: {blocker} is a file, not a directory" in result.output
+
+
+@pytest.mark.parametrize("where", ["a directory", "under a file"])
+def test_a_save_profile_path_that_cannot_be_written_fails_before_timing(tmp_path, tiny_shape, where):
+    """A directory given as --save-profile was found only after the whole sweep (a bare "Is a
+    directory"), and a path under a file was blamed on --out."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    target = tmp_path if where == "a directory" else blocker / "p.json"
+    result = invoke("profile-bound", "--shape", tiny_shape, "--out", tmp_path / "o", "--k", "1", "--w", "0,1", "--context", "25", "--save-profile", target)
+    message = f"{tmp_path} is a directory; give the path of a file to write" if where == "a directory" else f"cannot write {target}: {blocker} is a file"
+    assert result.exit_code == 1 and message in result.output and "--out" not in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "o" / "profile-tiny.csv").exists()
 
 
 def test_engine_sizes_drafts_from_a_profile_per_context(tmp_path, tiny):

@@ -22,16 +22,6 @@ CPU_GRID = ("1,2,4,8,16", "0,1,2,3,5,7", "25,100,500")
 GRAPHS_GRID = ("1..8", "0..7", "25,100,500")  # trees of up to 57 nodes: every one a captured shape
 
 
-def _check_writable(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise NgspecError(f"--out {out} is a file; give a directory for the CSV, JSON and heatmap")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        staging.probe_writable(out)
-    except OSError as exc:
-        raise NgspecError(f"cannot write to output directory {out}: {exc.strerror or exc}") from None
-
-
 def _load(model: Optional[str], shape: Optional[str], device: torch.device, dtype: torch.dtype, trust_remote_code: bool):
     """(name, model) for --model or --shape."""
     if model and shape:
@@ -111,9 +101,9 @@ def profile_bound_command(
     torch_dtype = pick_dtype(dtype, dev)
     if dev.type == "cpu" and torch_dtype != torch.float32:
         raise NgspecError("on CPU only float32 is supported (bf16/fp16 are for GPUs)")
-    _check_writable(out)
+    staging.output_folder(out, "--out", "the CSV, JSON and heatmap")
     if save_profile is not None:
-        _check_writable(save_profile.parent)
+        staging.output_directory(save_profile)
 
     name, net = _load(model, shape, dev, torch_dtype, trust_remote_code)
     window = context_window(net)
