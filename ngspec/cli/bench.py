@@ -18,7 +18,7 @@ from ngspec.cli.options import (
     DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, TargetGraphsOpt, RawOpt, SeedOpt, TemperatureOpt, TopKOpt, TopPOpt, TrustRemoteCodeOpt,
     asks_every_turn, counted,
 )
-from ngspec.drafters import check_drafter
+from ngspec.drafters import ROW_DRAFTERS, check_drafter
 from ngspec.errors import NgspecError, Stopped
 
 
@@ -120,6 +120,8 @@ def bench_command(
     for path in (markdown_out, json_path):
         if path is not None:
             staging.output_directory(path)
+    if any(len(values or ()) > 1 for values in (ks, ws)) and any(name in ROW_DRAFTERS for name in drafters):  # a grid: heatmaps
+        staging.output_folder(plots, "--plots", "the heatmaps")
     engine = load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs)
     if ks is None or ws is None:  # unset: the profile's (k, w) at the first prompt's length, else the defaults
         defaults = rows_options(opts, None, None, engine.profile, 0, engine.target.device.type)
