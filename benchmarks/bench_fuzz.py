@@ -4,7 +4,8 @@
 (vanilla among them at times), batches, rounds, interleaved batch groups,
 `--verify both`, `--turns`, `--versus` (an arm the run has, or one it lacks), a (k, w) grid for the
 row drafters, `--category`/`--per-category`/`--limit`, sampling, `--raw`, and the report files
-(`--json-out`, `--markdown`, `--plots`). The prompt files are cli_fuzz's (`prompt_files`: CJK and
+(`--json-out`, `--markdown`, `--plots`; in a fifth of the runs one of them a path that cannot be
+written, which must be refused before the model loads). The prompt files are cli_fuzz's (`prompt_files`: CJK and
 emoji, a prompt longer than the context window, MT-bench's two turns, a chat with a system
 message, Spec-Bench's rag and summarization questions). A run passes when it
 
@@ -96,6 +97,21 @@ def draw(rng: random.Random, files: list[Path], head: str | None, datastore: str
     return args
 
 
+def bad_output(rng: random.Random, args: list[str], folder: Path) -> tuple[list[str], bool]:
+    """``args`` with one report path made one that cannot be written (a folder given for a file, a
+    file for a folder, a path under a file), and whether the run writes it (`--plots` only draws
+    a grid's heatmaps, at batch size 1). Drawn by its own generator, so the runs drawn before keep their lines."""
+    blocker = folder / "a-file"
+    blocker.write_text("")
+    flag = rng.choice(["--json-out", "--markdown", "--plots"])
+    bad = rng.choice([blocker, blocker / "sub"] if flag == "--plots" else [folder, blocker / "report"])
+    if flag in args:
+        args = args[: args.index(flag)] + args[args.index(flag) + 2 :]
+    cells = [args[args.index(f) + 1] for f in ("--k", "--w") if f in args]
+    grid = args[args.index("-b") + 1] == "1" and any(d in ROW_DRAFTERS for d in args[args.index("-d") + 1].split(",")) and any("," in c or ".." in c for c in cells)
+    return [*args, flag, str(bad)], flag != "--plots" or grid
+
+
 def check_report(args: list[str], output: str) -> str | None:
     """What is wrong with a finished run's report, or None: an arm whose tokens differ from plain
     decoding or that met a near-tie, or a report file asked for and missing or differing."""
@@ -144,12 +160,18 @@ def main() -> int:
         for n in range(ns.first, ns.first + ns.runs):
             rng = random.Random(f"{ns.seed} {n} bench")
             args = draw(rng, files, ns.eagle_head, ns.datastore, folder)
+            paths = random.Random(f"{ns.seed} {n} paths")
+            written = False
+            if paths.random() < 0.2:
+                args, written = bad_output(paths, args, folder)
             if ns.model != "default":
                 args += ["--model", ns.model]
             start = time.perf_counter()
             result = runner.invoke(app, args)
             verdict, detail = judge(result.exit_code, result.output, result.exception)
-            if verdict == "ok" and (fault := check_report(args, result.stdout)):
+            if written and verdict not in ("FINDING", "refused") and (verdict == "ok" or "loading model" in result.output):
+                verdict, detail = "FINDING", f"a report path that cannot be written was {'accepted' if verdict == 'ok' else 'refused only after the model loaded'}: {detail}"
+            elif verdict == "ok" and (fault := check_report(args, result.stdout)):
                 verdict, detail = "FINDING", fault
             elif verdict == "ok":
                 detail = "report checked"

@@ -41,7 +41,7 @@ def bench_command(
     top_k: TopKOpt = 0,
     seed: SeedOpt = None,
     verify: Annotated[str, typer.Option("--verify", help="tree, rows, or both (every drafter runs in each layout).")] = "tree",
-    plots: Annotated[Path, typer.Option("--plots", help="Directory for the (k, w) heatmaps of a grid sweep.")] = Path("bench-out"),
+    plots: Annotated[Path, typer.Option("--plots", help="Directory for the (k, w) heatmaps of a grid sweep (at batch size 1; a batched grid reports each cell as an arm).")] = Path("bench-out"),
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the report as Markdown to this file.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
     versus_arm: Annotated[Optional[str], typer.Option("--versus", help="Also compare every arm with this one (an arm label, e.g. trie): throughput ratio and its 95% interval, prompts paired. An arm is ahead when the interval's lower end is above 1.")] = None,
@@ -120,7 +120,7 @@ def bench_command(
     for path in (markdown_out, json_path):
         if path is not None:
             staging.output_directory(path)
-    if any(len(values or ()) > 1 for values in (ks, ws)) and any(name in ROW_DRAFTERS for name in drafters):  # a grid: heatmaps
+    if batch_size == 1 and any(len(values or ()) > 1 for values in (ks, ws)) and any(name in ROW_DRAFTERS for name in drafters):  # heatmaps
         staging.output_folder(plots, "--plots", "the heatmaps")
     engine = load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs)
     if ks is None or ws is None:  # unset: the profile's (k, w) at the first prompt's length, else the defaults
