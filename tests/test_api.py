@@ -599,3 +599,20 @@ def test_the_own_server_example_answers_every_prompt_as_plain_decoding_does(tiny
     assert answers[len(prompts)]["error"].startswith("token id 1000000000 is outside the model's vocabulary")
     plain = Speculator.load(str(tiny_saved), drafter="vanilla")
     assert [answers[i]["token_ids"] for i in range(len(prompts))] == [plain.generate(p, max_new_tokens=12).token_ids for p in prompts]
+
+
+def test_the_readmes_api_example_reads_its_prompt_file_as_generate_does(monkeypatch):
+    """The README's first API example read examples/rag_ngspec.txt with its final newline, which
+    `generate --prompt-file` drops: a different prompt, so the two gave different answers (76 and
+    96 tokens on the default model) for what reads as the same request."""
+    import re
+
+    from ngspec.prompts import load_prompts
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    call = re.search(r'spec\.generate\((open\("examples/rag_ngspec\.txt"\)[^,]*),', readme)
+    assert call is not None, "the README's API example no longer reads examples/rag_ngspec.txt"
+    monkeypatch.chdir(root)
+    as_the_readme_reads_it = eval(call.group(1))  # the README's own expression
+    assert as_the_readme_reads_it == load_prompts(root / "examples" / "rag_ngspec.txt")[0].text
