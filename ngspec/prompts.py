@@ -183,7 +183,8 @@ def load_prompts(
     elif kind == "jsonl":
         prompts = [_record_prompt(record, f"{path.name}:{lineno}") for lineno, record in jsonl_records(path, text)]
     else:
-        prompts = [Prompt(path.stem, text.strip("\n"))]
+        # line ends as Python's text mode reads them: a file saved on Windows is the same prompt
+        prompts = [Prompt(path.stem, text.replace("\r\n", "\n").replace("\r", "\n").strip("\n"))]
     if category is not None:
         known = sorted({p.category for p in prompts if p.category})
         prompts = [p for p in prompts if p.category == category]

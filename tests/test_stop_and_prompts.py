@@ -192,6 +192,17 @@ def test_a_byte_order_mark_is_not_part_of_the_first_prompt(tmp_path):
     assert load_prompts(txt)[0].text == "Summarise this."
 
 
+def test_a_txt_prompt_saved_with_windows_line_ends_is_the_same_prompt(tmp_path):
+    """A .txt prompt kept its carriage returns (the file is read as bytes), so a file saved by a
+    Windows editor was another prompt than the same file with Unix line ends, with another answer,
+    and another than Python's open().read() gives. Line ends read as Python's text mode reads them."""
+    text = "Context: a\nb\n\nQuestion?\n"
+    for name, ends in (("unix", "\n"), ("windows", "\r\n"), ("old-mac", "\r")):
+        (tmp_path / f"{name}.txt").write_bytes(text.replace("\n", ends).encode())
+    assert {load_prompts(tmp_path / f"{name}.txt")[0].text for name in ("unix", "windows", "old-mac")} == {"Context: a\nb\n\nQuestion?"}
+    assert load_prompts(tmp_path / "windows.txt")[0].text == open(tmp_path / "windows.txt").read().strip("\n")
+
+
 def test_missing_file_and_unknown_category(tmp_path):
     with pytest.raises(NgspecError, match="not found"):
         load_prompts(tmp_path / "nope.txt")
