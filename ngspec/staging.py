@@ -127,12 +127,13 @@ def _no_file_above(out: Path) -> None:
         raise NgspecError(f"cannot write {out}: {above} is a file, not a directory")
 
 
-def output_directory(out: Path) -> None:
+def output_directory(out: Path, flag: str = "") -> None:
     """Create the directory ``out`` will be written in and check that a file can be written there
     (called before a long run, so that a path that cannot be written fails at once, not after the
-    work); ``out`` itself must not be a directory."""
+    work); ``out`` itself must not be a directory. ``flag``: the option that named it, for the
+    message (a command may write several files)."""
     if Path(out).is_dir():
-        raise NgspecError(f"{out} is a directory; give the path of a file to write")
+        raise NgspecError(f"{flag + ' ' if flag else ''}{out} is a directory; give the path of a file to write")
     _no_file_above(Path(out))
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

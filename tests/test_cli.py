@@ -702,6 +702,8 @@ def test_a_grid_sweeps_plots_folder_that_cannot_be_written_fails_before_the_mode
     message = f"--plots {blocker} is a file; give a directory for the heatmaps" if where == "a file" else f"cannot write {plots}: {blocker} is a file, not a directory"
     assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.output, result.output
     assert not md.exists() and blocker.read_text() == ""
+    result = runner.invoke(app, [*args[:-2], "--json-out", str(tmp_path), "--k", "1", "--w", "2"], input=PIPED)  # two report files: which one
+    assert result.exit_code == 1 and f"--json-out {tmp_path} is a directory; give the path of a file to write" in result.stderr, result.output
     for cells in (["--k", "1", "--w", "2"], ["--k", "1", "--w", "2..3", "-b", "2"]):  # one cell, or a batched grid: no heatmap
         result = runner.invoke(app, [*args[:4], str(tiny_saved), *args[5:], *cells], input=PIPED)
         assert result.exit_code == 0 and md.exists(), result.output

@@ -336,7 +336,7 @@ def test_a_save_profile_path_that_cannot_be_written_fails_before_timing(tmp_path
     blocker.write_text("")
     target = tmp_path if where == "a directory" else blocker / "p.json"
     result = invoke("profile-bound", "--shape", tiny_shape, "--out", tmp_path / "o", "--k", "1", "--w", "0,1", "--context", "25", "--save-profile", target)
-    message = f"{tmp_path} is a directory; give the path of a file to write" if where == "a directory" else f"cannot write {target}: {blocker} is a file"
+    message = f"--save-profile {tmp_path} is a directory; give the path of a file to write" if where == "a directory" else f"cannot write {target}: {blocker} is a file"
     assert result.exit_code == 1 and message in result.output and "--out" not in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "o" / "profile-tiny.csv").exists()
 

@@ -117,9 +117,9 @@ def bench_command(
     for p in prompts:
         prompt_input(p, raw)  # chat messages refuse --raw before the model loads
     asked = len(split_turns(prompts, every_turn))  # one prompt per turn asked
-    for path in (markdown_out, json_path):
+    for flag, path in (("--markdown", markdown_out), ("--json-out", json_path)):
         if path is not None:
-            staging.output_directory(path)
+            staging.output_directory(path, flag)
     if batch_size == 1 and any(len(values or ()) > 1 for values in (ks, ws)) and any(name in ROW_DRAFTERS for name in drafters):  # heatmaps
         staging.output_folder(plots, "--plots", "the heatmaps")
     engine = load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs)

@@ -44,7 +44,7 @@ def build_bigram_command(
     loaded = load_model(model, device, dtype, trust_remote_code)
     anchor = table_anchor(loaded.tokenizer)
     path = out or default_table_path(model_fingerprint(loaded.model, anchor))
-    staging.output_directory(path)  # an unwritable path fails now, not after the tables are built
+    staging.output_directory(path, "--out" if out is not None else "")  # an unwritable path fails now, not after the tables are built
     start = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with render.progress(*columns) as progress:

@@ -103,7 +103,7 @@ def profile_bound_command(
         raise NgspecError("on CPU only float32 is supported (bf16/fp16 are for GPUs)")
     staging.output_folder(out, "--out", "the CSV, JSON and heatmap")
     if save_profile is not None:
-        staging.output_directory(save_profile)
+        staging.output_directory(save_profile, "--save-profile")
 
     name, net = _load(model, shape, dev, torch_dtype, trust_remote_code)
     window = context_window(net)

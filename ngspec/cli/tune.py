@@ -90,7 +90,7 @@ def tune_tree_command(
     if bad:
         raise NgspecError("; ".join(bad))
     every_turn = asks_every_turn(turns)
-    staging.output_directory(out)
+    staging.output_directory(out, "--out")
     batch = BatchConfig(batch_size)
     prompts = calibration_prompts(questions, per_category, limit)
     engine = load_engine(model, device, dtype, trust_remote_code=trust_remote_code, target_graphs=target_graphs)
