@@ -73,3 +73,24 @@ def test_the_report_files_asked_for_must_be_written_and_match(tmp_path):
     out.write_text(printed.splitlines()[-1])
     assert bench_fuzz.check_report(args, printed) is None
     assert bench_fuzz.check_report(["bench"], "no report") == "no JSON report on stdout"
+
+
+@pytest.mark.parametrize(("batch", "cells", "plots_written"), [("1", ["--k", "1,2", "--w", "1"], True), ("2", ["--k", "1,2", "--w", "1"], False), ("1", ["--k", "1", "--w", "2"], False)])
+def test_a_bad_report_path_replaces_the_drawn_one_and_says_whether_bench_writes_it(tmp_path, batch, cells, plots_written):
+    """`bad_output` swaps one report path for one that cannot be written; bench writes --json-out
+    and --markdown always, --plots only for a grid's heatmaps at batch size 1."""
+    bench = typer.main.get_command(app).commands["bench"]
+    args = ["bench", "--json", "-q", "q.jsonl", "-d", "mixed,trie", "-n", "4", "-b", batch, "--markdown", str(tmp_path / "r.md"),
+            "--plots", str(tmp_path / "plots"), *cells]
+    flags = set()
+    for n in range(40):
+        bad, written = bench_fuzz.bad_output(random.Random(n), args, tmp_path)
+        flag, path = bad[-2], bad[-1]
+        flags.add(flag)
+        kept = args[: args.index(flag)] + args[args.index(flag) + 2 :] if flag in args else args
+        assert bad[:-2] == kept  # the rest of the line as drawn, the drawn path of that option gone
+        bench.make_context("bench", bad[1:])
+        blocked = any(p.is_file() for p in [tmp_path / path, *(tmp_path / path).parents])
+        assert blocked or (flag != "--plots" and (tmp_path / path).is_dir()), bad
+        assert written == (flag != "--plots" or plots_written)
+    assert flags == {"--json-out", "--markdown", "--plots"}
