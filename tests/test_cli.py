@@ -106,6 +106,24 @@ def prompt_file(tmp_path):
     return path
 
 
+def test_a_stop_string_typed_with_backslash_n_stops_at_a_newline(tmp_path):
+    """A shell passes `--stop '\\n'` as a backslash and an n, which no answer holds, so the stop
+    never came; it reads as a newline now (\\t a tab, \\\\ a backslash), as in llama.cpp."""
+    prompt = tmp_path / "fruits.txt"
+    prompt.write_text("List three fruits, one per line, nothing else.")
+    result = invoke("generate", "-p", prompt, "-d", "trie", "-n", 48, "--stop", "\\n", "--json")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["finish_reason"] == "stop" and record["text"].endswith("\n") and "\n" not in record["text"][:-1], record["text"]
+
+
+def test_stop_strings_read_backslash_escapes_and_leave_other_backslashes():
+    from ngspec.cli.common import stop_strings
+
+    assert stop_strings(["\\n", "a\\tb", "\\\\n", "\\x", "C:\\d", "\\r\\n", "plain"]) == ["\n", "a\tb", "\\n", "\\x", "C:\\d", "\r\n", "plain"]
+    assert stop_strings(None) is None
+
+
 @pytest.mark.slow
 def test_generate_json_same_tokens_for_every_drafter(prompt_file):
     records = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -26,6 +27,18 @@ def sampling_config(temperature: float, top_p: float, top_k: int, seed: int | No
         return SamplingConfig(temperature, top_p, top_k, seed)
     except ValueError as exc:
         raise NgspecError(str(exc)) from exc
+
+
+STOP_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def stop_strings(values: list[str] | None) -> list[str] | None:
+    """``--stop``'s values with ``\\n``, ``\\t``, ``\\r`` and ``\\\\`` read as a newline, a tab, a
+    carriage return and a backslash: a shell passes ``--stop '\\n'`` as a backslash and an n, which
+    no answer holds. Any other backslash stays as typed."""
+    if values is None:
+        return None
+    return [re.sub(r"\\([ntr\\])", lambda m: STOP_ESCAPES[m.group(1)], value) for value in values]
 
 
 def decode_config(max_new_tokens: int, sampling: SamplingConfig, stop: str | Sequence[str] | None, verify: str = "tree") -> DecodeConfig:

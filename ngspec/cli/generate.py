@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from ngspec.cli import render
-from ngspec.cli.common import decode_config, load_engine, sampling_config
+from ngspec.cli.common import decode_config, load_engine, sampling_config, stop_strings
 from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import (
     DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, TargetGraphsOpt, PromptFileArg, RawOpt, SeedOpt, TrustRemoteCodeOpt,
@@ -255,7 +255,7 @@ def generate_command(
     from ngspec.turns import Conversations
 
     check_choice(drafter, drafting)  # validate everything before loading anything
-    cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop, verify)
+    cfg = decode_config(max_new_tokens, sampling_config(temperature, top_p, top_k, seed), stop_strings(stop), verify)
     every = BatchConfig.rearrange_every if rearrange_every is None else rearrange_every
     min_share = BatchConfig.rearrange_min_share if rearrange_min_share is None else rearrange_min_share
     batch = BatchConfig(batch_size, every, min_share, joint_sizing=not rows_alone, layout=batch_layout, prefill_tokens=prefill_tokens)
