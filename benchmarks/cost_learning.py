@@ -40,13 +40,12 @@ def main() -> int:
         for learn in (True, False):
             fresh = Speculator(spec.engine, ns.drafter)  # the loaded model, with estimates of its own, as a new `generate` run
             gen = fresh.run(ids, DecodeConfig(max_new_tokens=ns.max_new_tokens, learn_costs=learn))
-            steps = gen.stats.steps
             if tokens is None:
                 tokens = gen.token_ids
             row = {
                 "learn_costs": learn, "tokens": len(gen.token_ids), "same_tokens": gen.token_ids == tokens,
-                "tokens_per_call": round(sum(s.accepted for s in steps) / len(steps), 3),
-                "tree_sizes": dict(sorted(Counter(s.tree_size for s in steps).items())),
+                "tokens_per_call": round(fresh.output(gen, len(ids)).mean_tokens_per_call, 3),  # as generate reports it
+                "tree_sizes": dict(sorted(Counter(s.tree_size for s in gen.stats.steps).items())),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
