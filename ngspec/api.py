@@ -167,6 +167,7 @@ class Output:
     greedy_check: dict | None = None
     error: str | None = None  # a batch row that could not run (finish_reason "error")
     seed: int | None = None  # sampling's seed (drawn for the run when none was given): replays its tokens
+    others_cpu_share: float | None = None  # other processes' share of all CPUs' time meanwhile (None: cannot tell)
 
     @classmethod
     def of(cls, gen: Generation, prompt_tokens: int, text: str | None) -> Output:
@@ -190,6 +191,7 @@ class Output:
             finish_reason=gen.finish_reason,
             drafter_stats=gen.drafter_stats,
             seed=gen.seed,
+            others_cpu_share=gen.others_cpu_share,
         )
 
     @classmethod

@@ -37,6 +37,7 @@ from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats
 from ngspec.decode import DecodeConfig, Generation, Stopper, _first_token, check_prompt, out_of_room
 from ngspec.eagle.batched import propose_together
 from ngspec.errors import NgspecError, kind_of
+from ngspec.perf.measured import CpuWatch
 from ngspec.perf.online import StepTimes
 from ngspec.static_verify import cold_runs
 from ngspec.tree import joint_width, packed_sizes
@@ -149,6 +150,7 @@ class _Row:
     request: Request
     drafter: Drafter
     start: float
+    watch: CpuWatch  # others' use of the CPUs since the row's prefill began
     out: list[int] = field(default_factory=list)
     stats: RunStats = field(default_factory=RunStats)
     reason: str | None = None
@@ -252,7 +254,7 @@ def generate_batch(
             row.request.on_done()
         g = Generation(row.out, time.perf_counter() - row.start, row.reason, row.stats,
                        row.drafter.stats() if hasattr(row.drafter, "stats") else None,
-                       None if row.request.draws is None else row.request.draws.seed)
+                       None if row.request.draws is None else row.request.draws.seed, row.watch.share())
         results[row.index] = BatchResult(row.index, g)
         report.new_tokens += len(row.out)
         if on_finish:
@@ -285,14 +287,14 @@ def generate_batch(
         for drafter in drafters:
             target.keep_features = target.keep_features or bool(getattr(drafter, "needs_features", False))
             target.feature_layers = getattr(drafter, "feature_layers", None)
-        t0 = time.perf_counter()
+        t0, watch = time.perf_counter(), CpuWatch()
         logits = target.admit_many([r.prompt for r in requests], slots[: len(requests)])
         took = time.perf_counter() - t0
         report.prefill_seconds += took
         prefill = took / len(requests)  # a shared prefill: each row's share
         started = []
         for request, drafter, first in zip(requests, drafters, logits):
-            row = _Row(request, drafter, t0)
+            row = _Row(request, drafter, t0, watch)
             root = _first_token(first, request.sampling, request.draws)
             row.stats.prefill_seconds = prefill
             row.out, row.reason = row.stopper.cut([], [root])

@@ -15,6 +15,7 @@ import torch
 from ngspec.architecture import rope_depth
 from ngspec.contracts import DraftContext, Drafter, RunStats, StepStats, table_cost
 from ngspec.errors import NgspecError, check_text
+from ngspec.perf.measured import CpuWatch
 from ngspec.perf.online import StepTimes
 from ngspec.static_verify import cold_runs
 from ngspec.target import TargetModel
@@ -53,6 +54,9 @@ class Generation:
     stats: RunStats
     drafter_stats: dict | None = None
     seed: int | None = None  # sampling's seed, drawn for the run when none was given (None: greedy)
+    # other processes' share of all CPUs' time during the run (`CpuWatch`; None where it cannot tell):
+    # beside other work a step slows many times over, unevenly (BENCHMARKS.md 10zzzh)
+    others_cpu_share: float | None = None
 
 
 class Stopper:
@@ -155,7 +159,7 @@ def generate(
     draws = Draws.of(cfg.sampling, prompt)
     stats = RunStats()
 
-    start = time.perf_counter()
+    start, watch = time.perf_counter(), CpuWatch()
     target.keep_features = bool(getattr(drafter, "needs_features", False))
     target.feature_layers = getattr(drafter, "feature_layers", None)  # EAGLE-3 reads three layers
     root = _first_token(target.prefill(prompt), cfg.sampling, draws)
@@ -202,7 +206,7 @@ def generate(
 
     seconds = time.perf_counter() - start
     drafter_stats = drafter.stats() if hasattr(drafter, "stats") else None  # e.g. rows per strategy
-    return Generation(out, seconds, reason, stats, drafter_stats, None if draws is None else draws.seed)
+    return Generation(out, seconds, reason, stats, drafter_stats, None if draws is None else draws.seed, watch.share())
 
 
 def emit(on_tokens: Callable[[list[int]], None] | None, tokens: list[int]) -> None:

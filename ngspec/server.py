@@ -172,6 +172,7 @@ def ngspec_stats(out: Output, drafter: str) -> dict:
         "prefill_share": out.prefill_share,
         "finish_reason": out.finish_reason,
         **({"seed": out.seed} if out.seed is not None else {}),  # sampled: the seed that replays it
+        **({"others_cpu_share": out.others_cpu_share} if out.others_cpu_share is not None else {}),  # busy beside other work?
     }
 
 

@@ -131,3 +131,28 @@ def test_a_default_model_cache_that_cannot_be_written_names_ngspec_cache(monkeyp
     monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path / "file" / "cache"))
     with pytest.raises(NgspecError, match=r"cannot write ngspec's cache .*file/cache, where the default model is converted once .*set NGSPEC_CACHE"):
         default_model_dir()
+
+
+def test_a_watch_reads_what_others_used_since_it_began(ticks):
+    ticks.spend(50, 50, 0)  # before the watch: not counted
+    watch = measured.CpuWatch()
+    ticks.spend(60, 30, 10)
+    assert watch.share() == 0.3
+    ticks.spend(100, 0, 0)  # it keeps counting from its start
+    assert watch.share() == 0.15
+
+
+def test_a_watch_too_short_to_tell_or_without_proc_reads_nothing(ticks, monkeypatch):
+    watch = measured.CpuWatch()
+    ticks.spend(10, 30, 0)
+    assert watch.share() is None  # 40 ticks
+    monkeypatch.setattr(measured, "_cpu_ticks", lambda: None)
+    assert measured.CpuWatch().share() is None
+
+
+def test_a_busy_timing_is_named_with_its_share_and_what_helps(monkeypatch):
+    monkeypatch.setattr(measured, "BUSY_SHARE", 0.2)
+    assert measured.busy_warning(None, "the arms") is None and measured.busy_warning(0.2, "the arms") is None
+    text = measured.busy_warning(0.48, "the arms")
+    assert text.startswith("other processes used 48% of the CPUs while the arms ran: the times are not this machine's alone")
+    assert "GOMP_SPINCOUNT=10000 or OMP_WAIT_POLICY=PASSIVE" in text and "BENCHMARKS.md 10zzzh" in text

@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from ngspec.batch import BatchConfig
 from ngspec.bench.interval import ratio_interval, rounds_interval
-from ngspec.bench.report import SAMPLED_NOTE, interval_text, setup_text, table_lines
+from ngspec.bench.report import SAMPLED_NOTE, busy_text, interval_text, setup_text, table_lines
 from ngspec.bench.runner import arm_drafter, warm_config
 from ngspec.check import GreedyCheck, divergence, margin_text
 from ngspec.decode import DecodeConfig
@@ -432,7 +432,7 @@ def markdown(
     if splits:
         against = "vanilla" if sampled else "transformers' greedy decoding"
         lines += ["", f"Mismatches vs {against}:"] + [f"- {x}" for x in split_lines(splits, labels, sampled)]
-    meta = setup_text(env)
+    meta = setup_text(env) + (f"\n\n**Warning:** {busy}" if (busy := busy_text(env)) else "")
     return (
         f"{meta}\n\n{ceiling_text(ceilings, sampled)}\n\n"
         + how_run(summaries) + "; throughput is total tokens over wall time, against "

@@ -21,6 +21,7 @@ from ngspec.check import GreedyCheck, margin_text
 from ngspec.cpu_linear import cpu_name
 from ngspec.drafters.eagle import head_graphs_report
 from ngspec.perf.device_profile import device_name
+from ngspec.perf.measured import busy_warning
 from ngspec.static_verify import batches_static
 
 
@@ -246,6 +247,15 @@ def environment(engine, settings: dict, eagle=None) -> dict:
     }
 
 
+ARMS = "the arms"  # what a bench run times, as its busy warning names it
+
+
+def busy_text(env: dict) -> str | None:
+    """The warning for a run whose arms were timed while other processes kept the CPUs busy
+    (`environment`'s ``others_cpu_share``), else None."""
+    return busy_warning(env.get("others_cpu_share"), ARMS)
+
+
 def setup_text(env: dict) -> str:
     """A report's setup as one line: ``key: value``, a nested record's keys inline."""
     def value(v):
@@ -269,7 +279,7 @@ def markdown(
     if pairs:  # `versus`
         base = pairs[0]["versus"]
         lines += [""] + table_lines(["arm", f"throughput vs {base}", "95% interval"], [[p["arm"], f"{p['ratio']:.3f}x", interval_text(p["interval"], ".3f")] for p in pairs])
-    meta = setup_text(env)
+    meta = setup_text(env) + (f"\n\n**Warning:** {busy}" if (busy := busy_text(env)) else "")
     ref = reference_arm(list(records)) if records else baseline(False)
     return (
         f"{meta}\n\nSelf-repetition ceiling of the {ref} outputs (token-weighted): {ceiling:.2f}"

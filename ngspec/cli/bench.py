@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 
 from ngspec import staging
 from ngspec.cli import render
-from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config
+from ngspec.cli.common import decode_config, load_engine, rows_options, sampling_config, warn_if_busy
 from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import (
     DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, TargetGraphsOpt, RawOpt, SeedOpt, TemperatureOpt, TopKOpt, TopPOpt, TrustRemoteCodeOpt,
@@ -20,6 +20,7 @@ from ngspec.cli.options import (
 )
 from ngspec.drafters import ROW_DRAFTERS, check_drafter
 from ngspec.errors import NgspecError, Stopped
+from ngspec.perf.measured import CpuWatch
 
 
 @with_drafting_options
@@ -71,7 +72,7 @@ def bench_command(
     Batches, interleaved: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 32 -b 8 --interleave-batches 1 -d trie,eagle+search --eagle-head HEAD --datastore DS --versus trie
     """
     from ngspec.bench.grid import ablation, heatmaps, sweeps
-    from ngspec.bench.report import COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
+    from ngspec.bench.report import ARMS, COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
     from ngspec.bench.runner import HF_ARMS, baseline, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
     from ngspec.prompts import load_prompts, prompt_input, source_name
@@ -139,7 +140,7 @@ def bench_command(
                        versus_arm, markdown_out, json_path, json_out, interleave_batches)
         return
 
-    stopped = None
+    stopped, watch = None, CpuWatch()
     with render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
         task = progress.add_task("bench", total=asked * len(arms) * rounds)
         try:
@@ -147,6 +148,7 @@ def bench_command(
         except Stopped as stop:
             records = stop.measured
             stopped = settings["interrupted"] = f"after {len(records)} of {asked * rounds} prompt runs{' (prompts x rounds)' if rounds > 1 else ''}"
+    settings["others_cpu_share"] = watch.share()
 
     summaries = summarise(records, [a.label for a in arms])
     splits = split_tables(records, [a.label for a in arms])
@@ -178,6 +180,7 @@ def bench_command(
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
         render.json_line(report)
+        warn_if_busy(env["others_cpu_share"], ARMS)
         return _stop(stopped, markdown_out, json_path)
     render.table(f"bench{f' (interrupted {stopped})' if stopped else ''}: {counted(len(prompts), asked)}{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
                  COLUMNS, rows(summaries))
@@ -218,6 +221,7 @@ def bench_command(
         render.info("\n".join([head, *listed(items)]))
     if grids:
         render.info("heatmaps: " + ", ".join(report["plots"]))
+    warn_if_busy(env["others_cpu_share"], ARMS)
     _stop(stopped, markdown_out, json_path)
 
 
@@ -230,7 +234,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     transformers' sampled answers make them, and every row is checked against vanilla's)."""
     from ngspec.batch import BatchConfig
     from ngspec.bench import batched
-    from ngspec.bench.report import SAMPLED_NOTE, environment
+    from ngspec.bench.report import ARMS, SAMPLED_NOTE, environment
     from ngspec.turns import Conversations
 
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length, engine.target.vocab)
@@ -245,12 +249,13 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
             progress.advance(task)
         parts = len(batched.batch_groups(ids, batch_size, groups))
         task = progress.add_task(f"batches of {batch_size}" + (f", {parts} groups" if parts > 1 else ""), total=rounds * len(arms) * parts)
-        stopped = None
+        stopped, watch = None, CpuWatch()
         try:
             runs = batched.run_batched(engine, ids, arms, cfg, res, BatchConfig(batch_size), rounds, lambda arm: progress.advance(task), groups)
         except Stopped as stop:
             runs = stop.measured
             stopped = settings["interrupted"] = f"after {len(runs[arms[0].label])} of {rounds} rounds"
+        settings["others_cpu_share"] = watch.share()
     with render.progress_when_called("rows that differ: where each splits", TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as measured:
         splits = batched.row_splits(engine, runs, ids, reference, cfg, measured)
     labels = [u.label for u in asked.units]
@@ -266,6 +271,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
         render.json_line(report)
+        warn_if_busy(env["others_cpu_share"], ARMS)
         return _stop(stopped, markdown_out, json_path)
     render.table(f"bench{f' (interrupted {stopped})' if stopped else ''}: {counted(len(prompts), len(ids))} in batches of {batch_size}{f', {parts} interleaved groups' if parts > 1 else ''}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
@@ -281,6 +287,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         against = "vanilla's sampled rows" if sampled else "transformers' greedy decoding"
         render.info(f"rows that differ from {against} (a split a few rounding steps wide is a near-tie; float32 on a CPU should give none):\n"
                     + "\n".join(listed([f"- {x}" for x in batched.split_lines(splits, labels, sampled)])))
+    warn_if_busy(env["others_cpu_share"], ARMS)
     _stop(stopped, markdown_out, json_path)
 
 

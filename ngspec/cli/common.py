@@ -161,3 +161,13 @@ def tune_cpu_kernels(model, notify: Callable[[str], None] | None = None) -> None
 
     with timing_bar("timing matrix kernels (rounds)") as rounds:
         tune_linears(model, notify=notify, progress=rounds)
+
+
+def warn_if_busy(share: float | None, what: str) -> None:
+    """Say so when other processes kept the CPUs busy (``share`` of their time, from a
+    `ngspec.perf.measured.CpuWatch`) while ``what`` was timed: its times are off."""
+    from ngspec.cli.render import warning
+    from ngspec.perf.measured import busy_warning
+
+    if (text := busy_warning(share, what)) is not None:
+        warning(text)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from ngspec.cli import render
-from ngspec.cli.common import decode_config, load_engine, sampling_config, stop_strings
+from ngspec.cli.common import decode_config, load_engine, sampling_config, stop_strings, warn_if_busy
 from ngspec.cli.drafting import Drafting, with_drafting_options
 from ngspec.cli.options import (
     DRAFTERS, CategoryOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, ProfileOpt, TargetGraphsOpt, PromptFileArg, RawOpt, SeedOpt, TrustRemoteCodeOpt,
@@ -16,6 +16,7 @@ from ngspec.cli.options import (
 )
 from ngspec.drafters import ROW_DRAFTERS, DrafterOptions
 from ngspec.errors import NgspecError
+from ngspec.perf.measured import CpuWatch
 from ngspec.prompts import STDIN, Prompt, load_prompts, prompt_input
 
 if TYPE_CHECKING:  # torch and transformers load when a command runs, not for --help
@@ -143,7 +144,9 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
             except NgspecError as exc:  # e.g. text that is not text, or a chat template that refuses it
                 _fail(asked, i, str(exc), failed, drafter, json_out)
     many_turns = any(unit.turn > 1 for unit in units)
+    watch = CpuWatch()
     results, report = spec.run_ids([ids[b] for b in first], cfg, batch, on_finish, feed if many_turns else None)
+    others = watch.share()
     records = []
     for index, output in checked:
         unit = units[unit_of[index]]
@@ -155,6 +158,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
         "batch_size": batch.batch_size, "rearrange_every": batch.rearrange_every, "rearrange_min_share": batch.rearrange_min_share,
         "joint_sizing": batch.joint_sizing, "layout": batch.layout, "prompts": len(units), "failed": len(failed),
         "mean_tokens_per_call": sum(len(g.token_ids) for g in done) / calls if calls else 0.0, **report.as_dict(),
+        "others_cpu_share": others,
     }
     if check:
         summary["identical_to_plain"] = sum(r["greedy_check"]["exact_match"] for r in records)
@@ -184,6 +188,7 @@ def _run_batch(spec: Speculator, asked: Conversations, cfg, batch, json_out: boo
                 *([("head graphs", summary["head_graphs"])] if "head_graphs" in summary else []),
             ],
         )
+    warn_if_busy(others, "the batch")
     if failed:
         raise NgspecError(_failures(failed, len(units)))
 
@@ -273,7 +278,7 @@ def generate_command(
     if batch_size > 1:
         _run_batch(spec, asked, cfg, batch, json_out, check)
         return
-    engine, units, failed, records = spec.engine, asked.units, {}, []
+    engine, units, failed, records, watch = spec.engine, asked.units, {}, [], CpuWatch()
     for i, unit in enumerate(units):
         if i in failed:  # a later turn of a question whose earlier turn failed
             continue
@@ -322,6 +327,7 @@ def generate_command(
         )
     if len(units) > 1 and not json_out:
         _totals(records, len(units), len(failed), f"{drafter}: all {len(units)} prompts, one at a time, on {engine.loaded.name} ({engine.target.device})")
+    warn_if_busy(watch.share(), "the prompts" if len(units) > 1 else "the prompt")
     if failed:
         raise NgspecError(_failures(failed, len(units)))
 

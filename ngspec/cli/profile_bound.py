@@ -11,8 +11,10 @@ from rich.text import Text
 
 from ngspec import staging
 from ngspec.cli import render
+from ngspec.cli.common import warn_if_busy
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, TrustRemoteCodeOpt
 from ngspec.errors import NgspecError, Stopped
+from ngspec.perf.measured import CpuWatch
 
 if TYPE_CHECKING:  # torch loads when the command runs, not for --help
     import torch
@@ -20,6 +22,7 @@ if TYPE_CHECKING:  # torch loads when the command runs, not for --help
 GPU_GRID = ("1..32", "0..15", "25,100,500")
 CPU_GRID = ("1,2,4,8,16", "0,1,2,3,5,7", "25,100,500")
 GRAPHS_GRID = ("1..8", "0..7", "25,100,500")  # trees of up to 57 nodes: every one a captured shape
+SWEEP = "the sweep"  # what a busy warning says was timed
 
 
 def _load(model: Optional[str], shape: Optional[str], device: torch.device, dtype: torch.dtype, trust_remote_code: bool):
@@ -125,6 +128,7 @@ def profile_bound_command(
         if wide:
             render.info(f"--target-graphs: {len(wide)} cells wider than {MOST_WIDTH} nodes left out (generate verifies those uncaptured)")
     render.info("measuring peak compute and bandwidth ...")
+    watch = CpuWatch()
     peaks = measure_peaks(dev, torch_dtype)
     # with graphs a shape runs eagerly first and is captured at its second run: two warm-ups
     timer = ForwardTimer(target, max(ks), max(ws), warmup=2 if target_graphs else 1, repeats=repeats)
@@ -159,6 +163,7 @@ def profile_bound_command(
         "peak_tflops": peaks.flops_per_s / 1e12,
         "peak_bandwidth_gbs": peaks.bytes_per_s / 1e9,
         "target_graphs": target_graphs,
+        "others_cpu_share": watch.share(),
         **({"graphs": target.static.report()} if target.static is not None else {}),
         **({"interrupted": stopped} if stopped else {}),
     }
@@ -175,6 +180,7 @@ def profile_bound_command(
         from ngspec.perf.report import report_json
 
         render.json_line(report_json(meta, reports, trans) | {"files": [str(f) for f in files]})
+        warn_if_busy(meta["others_cpu_share"], SWEEP)
         return _stop(stopped, out, save_profile)
     render.summary_table(
         f"{name} on {meta['device']}{f' (interrupted {stopped})' if stopped else ''}",
@@ -201,6 +207,7 @@ def profile_bound_command(
           _transition_text(t.predicted_tokens, t.predicted_kw)] for t in trans],
     )
     render.info("wrote " + ", ".join(str(f) for f in files))
+    warn_if_busy(meta["others_cpu_share"], SWEEP)
     _stop(stopped, out, save_profile)
 
 

@@ -12,9 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ngspec import staging
 from ngspec.cli import render
-from ngspec.cli.common import load_engine
+from ngspec.cli.common import load_engine, warn_if_busy
 from ngspec.cli.options import DeviceOpt, DtypeOpt, JsonOpt, MaxNewTokensOpt, ModelOpt, RawOpt, TrustRemoteCodeOpt, asks_every_turn, counted
 from ngspec.errors import NgspecError
+from ngspec.perf.measured import CpuWatch
 
 MT_BENCH = Path(__file__).resolve().parents[1] / "data" / "mt_bench.jsonl"
 
@@ -123,6 +124,7 @@ def tune_tree_command(
         return render.progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
     render.info(f"calibrating a {len(big)}-node tree on {counted(len(prompts), len(units))}, batch size {batch_size} ...")
+    watch = CpuWatch()
     with progress_bar() as progress:
         task = progress.add_task(f"measuring acceptance of {len(big)} nodes", total=len(units))
         recorder = factory(big)
@@ -181,12 +183,14 @@ def tune_tree_command(
         "searched": {str(m): v for m, v in searched.items()},
         "playoff": {"nodes": list(final.counts), "tokens_per_second": {str(m): v for m, v in final.tokens_per_second.items()},
                     "best_vs_runner_up": final.ratio, "interval": list(final.interval) if final.interval else None},
+        "others_cpu_share": watch.share(),  # while the sizes were timed (and the acceptance measured)
         "acceptance": {json.dumps(list(c)): rates[c] for c in shape},
         "choices": [list(c) for c in shape],
     }
     staging.write_text(out, json.dumps(record, indent=1))
     if json_out:
         render.json_line(record)
+        warn_if_busy(record["others_cpu_share"], "the tree sizes")
         return
     render.table(
         f"tree sizes tried on {engine.loaded.name} ({engine.target.device}), batch size {batch_size}",
@@ -200,3 +204,4 @@ def tune_tree_command(
             lead += ": level on these prompts (more of them, --limit or --per-category, would tell the two apart)"
         render.info(f"playoff of {', '.join(map(str, final.counts))} nodes: {best} nodes ran {lead}")
     render.info(f"best: {best} nodes; shape written to {out} (use: --tree static --tree-choices {out})")
+    warn_if_busy(record["others_cpu_share"], "the tree sizes")

@@ -17,6 +17,11 @@ machine, or with a cache it cannot write, timed its batch costs again for every 
 step slows far more than a 30-token one (every operation waits on a contended thread team), and
 the cost table read every tree up to 30 nodes as free: every later run sized its trees by it
 (BENCHMARKS.md 10zc). Entries cached before this record was kept are measured again.
+
+The same watch (`CpuWatch`) times every run the user reads figures from: each generation
+(`Generation.others_cpu_share`, and so `Output` and `generate --json`), a `bench` run's arms,
+`profile-bound`'s sweep and `tune-tree`'s sizes, which warn above `BUSY_SHARE` (`busy_warning`):
+beside one busy process on two cores the default model decoded 32x slower (10zzzh).
 """
 
 from __future__ import annotations
@@ -64,17 +69,43 @@ def _own_ticks() -> int | None:
         return None
 
 
+class CpuWatch:
+    """Watches the share of all CPUs' time that other processes use from its making to `share()`:
+    a run timed beside other work is slower than the machine is, and not evenly so (a one-token
+    step slows far more than a verify of many tokens: BENCHMARKS.md 10zzzh), so a timed run
+    records it and says when it was above `BUSY_SHARE`."""
+
+    def __init__(self) -> None:
+        self._cpu, self._own = _cpu_ticks(), _own_ticks()
+
+    def share(self) -> float | None:
+        """Others' share so far (to 0.1%); None where it cannot be read (no ``/proc``), or too little time
+        has passed for the counters to tell (a tiny model's table takes a fraction of a second)."""
+        cpu, own = _cpu_ticks(), _own_ticks()
+        if self._cpu is None or self._own is None or cpu is None or own is None or cpu[1] - self._cpu[1] < MIN_TICKS:
+            return None
+        others = (cpu[0] - self._cpu[0]) - (own - self._own)
+        return round(max(0.0, others / (cpu[1] - self._cpu[1])), 3)
+
+
+def busy_warning(share: float | None, what: str) -> str | None:
+    """What to tell a user whose ``what`` (e.g. "the runs") was timed while other processes used
+    ``share`` of the CPUs, or None if that is under `BUSY_SHARE`."""
+    if share is None or share <= BUSY_SHARE:
+        return None
+    return (
+        f"other processes used {share:.0%} of the CPUs while {what} ran: the times are not this machine's alone, and "
+        "unevenly off (shared cores slow some steps many times more than others, so even ratios between runs shift; "
+        "BENCHMARKS.md 10zzzh). Time it with the machine otherwise idle; where runs must share cores, "
+        "GOMP_SPINCOUNT=10000 or OMP_WAIT_POLICY=PASSIVE helps (README, Troubleshooting)."
+    )
+
+
 def _others_share(measure: Callable[[], T]) -> tuple[T, float | None]:
-    """``measure()``, and the share of all CPUs' time other processes used while it ran (None
-    where it cannot be read, or the measurement was too short for the counters to tell: a tiny
-    model's table takes a fraction of a second)."""
-    cpu, own = _cpu_ticks(), _own_ticks()
+    """``measure()``, and the share of all CPUs' time other processes used while it ran."""
+    watch = CpuWatch()
     value = measure()
-    cpu_after, own_after = _cpu_ticks(), _own_ticks()
-    if cpu is None or own is None or cpu_after is None or own_after is None or cpu_after[1] - cpu[1] < MIN_TICKS:
-        return value, None
-    others = (cpu_after[0] - cpu[0]) - (own_after - own)
-    return value, max(0.0, others / (cpu_after[1] - cpu[1]))
+    return value, watch.share()
 
 
 def entry_path(kind: str, setting: str) -> Path:
