@@ -48,3 +48,23 @@ def test_a_missing_name_is_caught():
     (module, name), (other, none) = ngspec_imports(tree)
     assert (module, name, other, none) == ("ngspec.tree", "no_such_function", "ngspec.decode", None)
     assert not hasattr(importlib.import_module(module), name)
+
+
+def test_shared_cores_reads_what_generate_records(tiny_saved, tmp_path):
+    """`shared_cores.py` reads tokens/s and the others' CPU share from `generate --json`, one
+    prompt or a batch's summary (BENCHMARKS.md 10zzzh), with no neighbour here."""
+    import json
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"count to {i}"}) + "\n" for i in range(3)))
+    for args in (["-p", str(BENCHMARKS.parent / "examples" / "rag_ngspec.txt")], ["-p", str(prompts), "-b", "2"]):
+        out = tmp_path / "lines.jsonl"
+        run = subprocess.run([sys.executable, str(BENCHMARKS / "shared_cores.py"), *args, "-m", str(tiny_saved), "-n", "4",
+                              "--settings", "default,threads1", "--neighbours", "none", "--out", str(out)],
+                             capture_output=True, text=True, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [(r["setting"], r["neighbour"]) for r in lines] == [("default", "none"), ("threads1", "none")]
+        assert all(r["tokens_per_second"] > 0 for r in lines) and "tokens the same in every run: True" in run.stdout
