@@ -1,6 +1,6 @@
 """A timed run records the share of the CPUs other processes used meanwhile and says when it was
-high: two ngspec runs at once on two cores each ran several times slower, and `bench`'s ratios
-between arms moved too (BENCHMARKS.md 10zzzh). The share is injected here (`CpuWatch.share`)."""
+high: beside one busy process on two cores the default model decoded 32x slower, and `bench`'s
+ratios between arms moved too (BENCHMARKS.md 10zzzh). The share is injected here (`CpuWatch.share`)."""
 
 from __future__ import annotations
 
