@@ -101,13 +101,6 @@ def busy_warning(share: float | None, what: str) -> str | None:
     )
 
 
-def _others_share(measure: Callable[[], T]) -> tuple[T, float | None]:
-    """``measure()``, and the share of all CPUs' time other processes used while it ran."""
-    watch = CpuWatch()
-    value = measure()
-    return value, watch.share()
-
-
 def entry_path(kind: str, setting: str) -> Path:
     from ngspec.models import cache_dir
 
@@ -130,7 +123,9 @@ def measured_once(kind: str, setting: str, read: Callable[[dict], T | None], mea
                 return value
         except (ValueError, KeyError, TypeError):
             pass  # a damaged entry is measured again and rewritten
-    (value, entry), others = _others_share(measure)
+    watch = CpuWatch()
+    value, entry = measure()
+    others = watch.share()
     _THIS_RUN[path] = value
     if others is not None and others > BUSY_SHARE:
         warnings.warn(
