@@ -100,7 +100,7 @@ def draw(rng: random.Random, files: list[Path], head: str | None, datastore: str
 def bad_output(rng: random.Random, args: list[str], folder: Path) -> tuple[list[str], bool]:
     """``args`` with one report path made one that cannot be written (a folder given for a file, a
     file for a folder, a path under a file), and whether the run writes it (`--plots` only draws
-    a grid's heatmaps, at batch size 1). Drawn by its own generator, so the runs drawn before keep their lines."""
+    a grid's heatmaps). Drawn by its own generator, so the runs drawn before keep their lines."""
     blocker = folder / "a-file"
     blocker.write_text("")
     flag = rng.choice(["--json-out", "--markdown", "--plots"])
@@ -108,13 +108,14 @@ def bad_output(rng: random.Random, args: list[str], folder: Path) -> tuple[list[
     if flag in args:
         args = args[: args.index(flag)] + args[args.index(flag) + 2 :]
     cells = [args[args.index(f) + 1] for f in ("--k", "--w") if f in args]
-    grid = args[args.index("-b") + 1] == "1" and any(d in ROW_DRAFTERS for d in args[args.index("-d") + 1].split(",")) and any("," in c or ".." in c for c in cells)
+    grid = any(d in ROW_DRAFTERS for d in args[args.index("-d") + 1].split(",")) and any("," in c or ".." in c for c in cells)
     return [*args, flag, str(bad)], flag != "--plots" or grid
 
 
 def check_report(args: list[str], output: str) -> str | None:
     """What is wrong with a finished run's report, or None: an arm whose tokens differ from plain
-    decoding or that met a near-tie, or a report file asked for and missing or differing."""
+    decoding or that met a near-tie, or a report file asked for (or a sweep's heatmaps) missing or
+    differing."""
     lines = [line for line in output.splitlines() if line.startswith("{")]
     if not lines:
         return "no JSON report on stdout"
@@ -141,6 +142,9 @@ def check_report(args: list[str], output: str) -> str | None:
         written = Path(args[args.index("--markdown") + 1])
         if not written.is_file() or not written.read_text().strip():
             return f"--markdown {written} was not written"
+    drawn = [Path(p) for p in report.get("plots", [])]
+    if len(drawn) != len(report.get("sweeps", [])) or not all(p.is_file() for p in drawn):
+        return f"the sweeps' heatmaps {[str(p) for p in drawn]} were not all drawn, one per sweep: {report.get('sweeps')}"
     return None
 
 

@@ -75,10 +75,20 @@ def test_the_report_files_asked_for_must_be_written_and_match(tmp_path):
     assert bench_fuzz.check_report(["bench"], "no report") == "no JSON report on stdout"
 
 
-@pytest.mark.parametrize(("batch", "cells", "plots_written"), [("1", ["--k", "1,2", "--w", "1"], True), ("2", ["--k", "1,2", "--w", "1"], False), ("1", ["--k", "1", "--w", "2"], False)])
+def test_every_sweep_must_have_its_heatmaps_drawn(tmp_path):
+    drawn = tmp_path / "bench-mixed-tree-b2.png"
+    sweep = {"drafter": "mixed", "layout": "tree", "best_by_speedup": [1, 2], "best_by_tokens_per_call": [2, 2]}
+    printed = json.dumps({"arms": [{"arm": "vanilla", "exact_match": 1.0}], "sweeps": [sweep], "plots": [str(drawn)]})
+    assert "were not all drawn" in bench_fuzz.check_report(["bench"], printed)
+    drawn.write_bytes(b"png")
+    assert bench_fuzz.check_report(["bench"], printed) is None
+    assert "one per sweep" in bench_fuzz.check_report(["bench"], printed.replace(', "plots": [' + json.dumps(str(drawn)) + "]", ""))
+
+
+@pytest.mark.parametrize(("batch", "cells", "plots_written"), [("1", ["--k", "1,2", "--w", "1"], True), ("2", ["--k", "1,2", "--w", "1"], True), ("2", ["--k", "1", "--w", "2"], False)])
 def test_a_bad_report_path_replaces_the_drawn_one_and_says_whether_bench_writes_it(tmp_path, batch, cells, plots_written):
     """`bad_output` swaps one report path for one that cannot be written; bench writes --json-out
-    and --markdown always, --plots only for a grid's heatmaps at batch size 1."""
+    and --markdown always, --plots only for a grid's heatmaps."""
     bench = typer.main.get_command(app).commands["bench"]
     args = ["bench", "--json", "-q", "q.jsonl", "-d", "mixed,trie", "-n", "4", "-b", batch, "--markdown", str(tmp_path / "r.md"),
             "--plots", str(tmp_path / "plots"), *cells]

@@ -45,6 +45,30 @@ def test_bench_grid_end_to_end(tmp_path):
     assert set(strategies) <= {"context", "bigram"} and sum(s["rows"] for s in strategies.values()) > 0
 
 
+def test_a_batched_grid_sweeps_every_cell_against_vanilla_and_draws_its_own_heatmaps(tiny_saved, tmp_path):
+    """A batched grid was reported arm by arm only: no best cell, no heatmap. Its heatmaps are named
+    by the batch size, so that they keep batch size 1's beside them, and its speedup is against
+    vanilla at that batch size."""
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text('{"prompt": "Say a b a b a b."}\n{"prompt": "Count: 1 2 3 1 2 3"}\n{"prompt": "x y x y"}\n')
+    plots = tmp_path / "plots"
+    result = invoke("bench", "-q", prompts, "--model", tiny_saved, "-n", 8, "-d", "context-ngram", "--k", "1,2", "--w", "1..2",
+                    "-b", 2, "--rounds", 1, "--plots", plots)
+    assert result.exit_code == 0, result.output
+    assert "context-ngram (tree): best by wall time k=" in result.output and "vs vanilla)" in result.output, result.output
+    assert "most tokens per call k=" in result.output and "bench-context-ngram-tree-b2.png" in result.output
+    assert [p.name for p in plots.iterdir()] == ["bench-context-ngram-tree-b2.png"]
+    result = invoke("bench", "-q", prompts, "--model", tiny_saved, "-n", 8, "-d", "context-ngram", "--k", "1,2", "--w", "1",
+                    "-b", 2, "--rounds", 1, "--plots", plots, "--json")
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    cells = {a["arm"]: a for a in report["arms"] if a["arm"].startswith("context-ngram")}
+    assert set(cells) == {"context-ngram k=1 w=1", "context-ngram k=2 w=1"} and all(a["exact_match"] == 1.0 for a in cells.values())
+    [sweep] = report["sweeps"]
+    best = max(cells.values(), key=lambda a: a["speedup"])["arm"]
+    assert (sweep["drafter"], sweep["layout"]) == ("context-ngram", "tree") and best == f"context-ngram k={sweep['best_by_speedup'][0]} w=1"
+    assert report["plots"] == [str(plots / "bench-context-ngram-tree-b2.png")]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -709,21 +709,22 @@ def test_a_versus_arm_missing_from_a_batched_grid_lists_only_the_batched_arms(ti
 @pytest.mark.parametrize("where", ["a file", "under a file"])
 def test_a_grid_sweeps_plots_folder_that_cannot_be_written_fails_before_the_model_loads(tiny_saved, tmp_path, where):
     """A file given as --plots was found only after every arm had run (a bare "File exists"), and
-    the --markdown report of the run was lost with it. Without a grid (or in a batched one) no plot
-    is drawn, so then the folder is neither checked nor made."""
+    the --markdown report of the run was lost with it; a batched grid draws heatmaps too. Without
+    a grid no plot is drawn, so then the folder is neither checked nor made."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     plots = blocker if where == "a file" else blocker / "plots"
     md = tmp_path / "b.md"
     args = ["bench", "-q", "-", "--model", str(tmp_path / "never-loaded"), "-d", "context-ngram", "-n", "4", "--markdown", str(md), "--plots", str(plots)]
-    result = runner.invoke(app, [*args, "--k", "1", "--w", "2..3"], input=PIPED)
     message = f"--plots {blocker} is a file; give a directory for the heatmaps" if where == "a file" else f"cannot write {plots}: {blocker} is a file, not a directory"
-    assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.output, result.output
-    assert not md.exists() and blocker.read_text() == ""
+    for batch in ("1", "2"):
+        result = runner.invoke(app, [*args, "--k", "1", "--w", "2..3", "-b", batch], input=PIPED)
+        assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.output, result.output
+        assert not md.exists() and blocker.read_text() == ""
     result = runner.invoke(app, [*args[:-2], "--json-out", str(tmp_path), "--k", "1", "--w", "2"], input=PIPED)  # two report files: which one
     assert result.exit_code == 1 and f"--json-out {tmp_path} is a directory; give the path of a file to write" in result.stderr, result.output
-    for cells in (["--k", "1", "--w", "2"], ["--k", "1", "--w", "2..3", "-b", "2"]):  # one cell, or a batched grid: no heatmap
-        result = runner.invoke(app, [*args[:4], str(tiny_saved), *args[5:], *cells], input=PIPED)
+    for batch in ("1", "2"):  # one cell: no heatmap
+        result = runner.invoke(app, [*args[:4], str(tiny_saved), *args[5:], "--k", "1", "--w", "2", "-b", batch], input=PIPED)
         assert result.exit_code == 0 and md.exists(), result.output
         md.unlink()
 

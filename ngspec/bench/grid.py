@@ -1,7 +1,8 @@
 """(k, w) sweeps of the row drafters and the mixed strategy's ablation, from bench records.
 
 A sweep is every arm of one drafter and layout at several (k, w): tokens per call and wall-time
-speedup vs hf-greedy per cell, drawn as heatmaps like the learning-free n-gram paper's. The
+speedup per cell (vs hf-greedy; in a batched run vs vanilla at the same batch size), drawn as
+heatmaps like the learning-free n-gram paper's. The
 ablation sums each arm's drafter statistics: rows drafted and tokens accepted per strategy, and
 the rank of the accepted row among the k.
 """
@@ -12,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ngspec.bench.batched import BatchArmSummary
 from ngspec.bench.report import ArmSummary
 from ngspec.bench.runner import Arm, BenchRecord
 from ngspec.drafters import ROW_DRAFTERS
@@ -21,13 +23,13 @@ from ngspec.drafters import ROW_DRAFTERS
 class Sweep:
     drafter: str
     layout: str
-    cells: dict[tuple[int, int], ArmSummary]
+    cells: dict[tuple[int, int], ArmSummary | BatchArmSummary]
 
     def best(self, key: str) -> tuple[tuple[int, int], ArmSummary]:
         return max(self.cells.items(), key=lambda item: getattr(item[1], key) or 0.0)
 
 
-def sweeps(arms: list[Arm], summaries: list[ArmSummary]) -> list[Sweep]:
+def sweeps(arms: list[Arm], summaries: list[ArmSummary] | list[BatchArmSummary]) -> list[Sweep]:
     """Drafter/layout groups that span more than one (k, w) cell."""
     by_label = {s.arm: s for s in summaries}
     groups: dict[tuple[str, str], dict[tuple[int, int], ArmSummary]] = {}
@@ -63,8 +65,8 @@ def ablation(arms: list[Arm], records: list[BenchRecord]) -> list[dict]:
     return out
 
 
-def heatmaps(sweep: Sweep, title: str, path: Path) -> Path:
-    """Tokens per call and speedup vs hf-greedy over (k, w), side by side."""
+def heatmaps(sweep: Sweep, title: str, path: Path, baseline: str = "hf-greedy") -> Path:
+    """Tokens per call and speedup vs ``baseline`` over (k, w), side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,7 +78,7 @@ def heatmaps(sweep: Sweep, title: str, path: Path) -> Path:
     ks = sorted({k for k, _ in sweep.cells})
     ws = sorted({w for _, w in sweep.cells})
     fig, axes = plt.subplots(1, 2, figsize=(2.0 + 0.9 * len(ws) * 2, 1.6 + 0.45 * len(ks)), layout="constrained")
-    for ax, key, label in ((axes[0], "tokens_per_call", "tokens per call"), (axes[1], "speedup", "speedup vs hf-greedy")):
+    for ax, key, label in ((axes[0], "tokens_per_call", "tokens per call"), (axes[1], "speedup", f"speedup vs {baseline}")):
         grid = np.full((len(ks), len(ws)), np.nan)
         for (k, w), s in sweep.cells.items():
             value = getattr(s, key)

@@ -42,7 +42,7 @@ def bench_command(
     top_k: TopKOpt = 0,
     seed: SeedOpt = None,
     verify: Annotated[str, typer.Option("--verify", help="tree, rows, or both (every drafter runs in each layout).")] = "tree",
-    plots: Annotated[Path, typer.Option("--plots", help="Directory for the (k, w) heatmaps of a grid sweep (at batch size 1; a batched grid reports each cell as an arm).")] = Path("bench-out"),
+    plots: Annotated[Path, typer.Option("--plots", help="Directory for the (k, w) heatmaps of a grid sweep: bench-DRAFTER-LAYOUT.png, with --batch-size B bench-DRAFTER-LAYOUT-bB.png.")] = Path("bench-out"),
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the report as Markdown to this file.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json-out", help="Also write the full JSON report to this file.")] = None,
     versus_arm: Annotated[Optional[str], typer.Option("--versus", help="Also compare every arm with this one (an arm label, e.g. trie): throughput ratio and its 95% interval, prompts paired. An arm is ahead when the interval's lower end is above 1.")] = None,
@@ -71,7 +71,7 @@ def bench_command(
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
     Batches, interleaved: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 32 -b 8 --interleave-batches 1 -d trie,eagle+search --eagle-head HEAD --datastore DS --versus trie
     """
-    from ngspec.bench.grid import ablation, heatmaps, sweeps
+    from ngspec.bench.grid import ablation
     from ngspec.bench.report import ARMS, COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
     from ngspec.bench.runner import HF_ARMS, baseline, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
@@ -121,7 +121,7 @@ def bench_command(
     for flag, path in (("--markdown", markdown_out), ("--json-out", json_path)):
         if path is not None:
             staging.output_directory(path, flag)
-    if batch_size == 1 and any(len(values or ()) > 1 for values in (ks, ws)) and any(name in ROW_DRAFTERS for name in drafters):  # heatmaps
+    if any(len(values or ()) > 1 for values in (ks, ws)) and any(name in ROW_DRAFTERS for name in drafters):  # heatmaps
         staging.output_folder(plots, "--plots", "the heatmaps")
     engine = load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs)
     if ks is None or ws is None:  # unset: the profile's (k, w) at the first prompt's length, else the defaults
@@ -137,7 +137,7 @@ def bench_command(
     if batch_size > 1:
         settings |= {"batch_size": batch_size, "interleave_batches": interleave_batches}
         _bench_batched(engine, prompts, every_turn, arms, cfg, res, raw, batch_size, rounds, settings,
-                       versus_arm, markdown_out, json_path, json_out, interleave_batches)
+                       versus_arm, markdown_out, json_path, json_out, plots, interleave_batches)
         return
 
     stopped, watch = None, CpuWatch()
@@ -155,7 +155,6 @@ def bench_command(
     env = environment(engine, settings, res.eagle)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
-    grids = sweeps(arms, summaries)
     abl = ablation(arms, records)
     report["ablation"] = abl
     for title, columns, _, groups in splits:
@@ -163,17 +162,8 @@ def bench_command(
     pairs = versus(records, [a.label for a in arms], versus_arm) if versus_arm is not None else []
     if pairs:
         report["versus"] = pairs
-    report["sweeps"] = [
-        {"drafter": g.drafter, "layout": g.layout, "best_by_speedup": list(g.best("speedup")[0]),
-         "best_by_tokens_per_call": list(g.best("tokens_per_call")[0])}
-        for g in grids
-    ]
-    if grids:
-        plots.mkdir(parents=True, exist_ok=True)
-        report["plots"] = [
-            str(heatmaps(g, f"{g.drafter} ({g.layout}) on {env['model']}, {env['device']}", plots / f"bench-{g.drafter}-{g.layout}.png"))
-            for g in grids
-        ]
+    ref = baseline(sampled)
+    sweep_lines = _sweeps(report, arms, summaries, plots, env, ref)
     if markdown_out is not None:
         staging.write_text(markdown_out, markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records, pairs))
     if json_path is not None:
@@ -186,13 +176,8 @@ def bench_command(
                  COLUMNS, rows(summaries))
     for title, columns, cells, _ in splits:
         render.table(f"{title}; ceiling: the group's self-repetition", columns, cells)
-    for g in grids:
-        (bk, bw), best = g.best("speedup")
-        (tk, tw), most = g.best("tokens_per_call")
-        render.info(
-            f"{g.drafter} ({g.layout}): best by wall time k={bk} w={bw} ({best.speedup:.2f}x); "
-            f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})"
-        )
+    if sweep_lines:
+        render.info("\n".join(sweep_lines))
     if abl:
         render.table(
             "row drafters: rows drafted and tokens accepted per strategy; rank of the accepted row",
@@ -205,7 +190,6 @@ def bench_command(
             ],
         )
     store = f", {ceiling_of(records, True):.2f} when the datastore is searched too" if res.datastore is not None else ""
-    ref = baseline(sampled)
     render.info(f"self-repetition ceiling of the {ref} outputs (token-weighted): {ceiling:.2f}{store}; speedup = total throughput vs {ref}")
     if sampled:
         render.info(SAMPLED_NOTE)
@@ -219,14 +203,12 @@ def bench_command(
     if notes:
         head, *items = notes.strip().splitlines()
         render.info("\n".join([head, *listed(items)]))
-    if grids:
-        render.info("heatmaps: " + ", ".join(report["plots"]))
     warn_if_busy(env["others_cpu_share"], ARMS)
     _stop(stopped, markdown_out, json_path)
 
 
 def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool,
-                   groups: int = 0) -> None:
+                   plots: Path, groups: int = 0) -> None:
     """`bench --batch-size`: every arm's batch over all prompts (each turn asked one; with
     ``groups``, every arm in turn on each group of that many batches' worth), ``rounds`` times,
     against vanilla at the same batch size; every row checked against transformers' greedy
@@ -265,6 +247,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     pairs = batched.versus(summaries, versus_arm) if versus_arm is not None else []
     turns = batched.by_turn(runs, ids, reference, [u.turn for u in asked.units])
     report = batched.to_json(summaries, env, ceilings, pairs, turns, splits, labels)
+    sweep_lines = _sweeps(report, arms, summaries, plots, env, "vanilla", batch_size)
     if markdown_out is not None:
         staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs, turns, sampled, splits, labels))
     if json_path is not None:
@@ -278,6 +261,8 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings, sampled)}")
     if sampled:
         render.info(SAMPLED_NOTE)
+    if sweep_lines:
+        render.info("\n".join(sweep_lines))
     if turns:
         render.table("by turn: tokens/call per row (a later turn is asked after the conversation so far)", batched.turn_columns(turns), batched.turn_rows(turns))
     if pairs:
@@ -289,6 +274,35 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
                     + "\n".join(listed([f"- {x}" for x in batched.split_lines(splits, labels, sampled)])))
     warn_if_busy(env["others_cpu_share"], ARMS)
     _stop(stopped, markdown_out, json_path)
+
+
+def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str, batch_size: int = 1) -> list[str]:
+    """A (k, w) grid's sweeps: each one's best cells into ``report`` ("sweeps") and its heatmaps
+    drawn under ``plots`` ("plots"; a batched run's named by its batch size, so that they keep
+    batch size 1's); the lines that say so on the terminal."""
+    from ngspec.bench.grid import heatmaps, sweeps
+
+    grids = sweeps(arms, summaries)
+    report["sweeps"] = [
+        {"drafter": g.drafter, "layout": g.layout, "best_by_speedup": list(g.best("speedup")[0]),
+         "best_by_tokens_per_call": list(g.best("tokens_per_call")[0])}
+        for g in grids
+    ]
+    if not grids:
+        return []
+    plots.mkdir(parents=True, exist_ok=True)
+    batch = (f", batch size {batch_size}", f"-b{batch_size}") if batch_size > 1 else ("", "")
+    report["plots"] = [
+        str(heatmaps(g, f"{g.drafter} ({g.layout}) on {env['model']}\n{env['device']}{batch[0]}", plots / f"bench-{g.drafter}-{g.layout}{batch[1]}.png", against))
+        for g in grids
+    ]
+    lines = []
+    for g in grids:
+        (bk, bw), best = g.best("speedup")
+        (tk, tw), most = g.best("tokens_per_call")
+        lines.append(f"{g.drafter} ({g.layout}): best by wall time k={bk} w={bw} ({best.speedup:.2f}x vs {against}); "
+                     f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})")
+    return [*lines, "heatmaps: " + ", ".join(report["plots"])]
 
 
 def _stop(stopped: str | None, *paths: Path | None) -> None:
