@@ -102,7 +102,7 @@ def describe(label: str, mine: list[Run], theirs: list[Run], keys: list[str]) ->
     return f"{label}: {throughput_ratio(mine, theirs):.3f}x over {n} prompt{'s' * (n != 1)} or groups ({len(mine)} pairs), {span}"
 
 
-SETUP = ("model", "device", "cpu", "torch_threads", "dtype", "torch", "cudnn_attention", "max_new_tokens", "batch_size",
+SETUP = ("model", "device", "cpu", "torch_threads", "dtype", "torch", "transformers", "cudnn_attention", "max_new_tokens", "batch_size",
          "interleave_batches", "temperature", "top_p", "top_k", "drafting")  # what a pooled file must share
 GRAPHS = ("target_graphs", "batch_target_graphs")  # reports that vary by run: only whether they ran counts
 

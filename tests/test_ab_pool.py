@@ -141,16 +141,17 @@ def setup_result(speedups_by_arm, **env):
 
 def test_bench_files_of_different_setups_are_refused_naming_the_difference_unless_mixed(tmp_path, capsys):
     speedups = {"vanilla": [1.0, 1.0], "eagle+search": [1.1, 1.0], "trie": [1.0, 1.0]}
-    a = setup_result(speedups)
-    b = setup_result(speedups)
+    a = setup_result(speedups, transformers="5.25.0")
+    b = setup_result(speedups, transformers="5.25.0")
     b["environment"]["drafting"]["eagle_head"] = "heads/b"
-    c = setup_result(speedups, cpu="Intel Xeon", category="summarization", rounds=9)  # another host; category and rounds may differ
+    c = setup_result(speedups, cpu="Intel Xeon", category="summarization", rounds=9, transformers="5.26.0")  # another host; category and rounds may differ
     files = [str(write(tmp_path / n, d)) for n, d in (("a.json", a), ("b.json", b), ("c.json", c))]
     with pytest.raises(SystemExit, match="different setups") as refused:
         pool.main(files + ["--arm", "eagle+search", "--versus", "trie"])
     message = str(refused.value)
     assert re.search(r"drafting.eagle_head heads/a \(.*a.json\) against heads/b \(.*b.json\)", message)
     assert re.search(r"cpu AMD EPYC \(.*a.json\) against Intel Xeon \(.*c.json\)", message) and "category" not in message
+    assert re.search(r"transformers 5.25.0 \(.*a.json\) against 5.26.0 \(.*c.json\)", message)
     pool.main(files + ["--arm", "eagle+search", "--versus", "trie", "--mixed"])
     out = capsys.readouterr().out
     assert "note: pooled across different setups (--mixed): cpu AMD EPYC" in out and "drafting.eagle_head heads/a" in out and "over 6 rounds" in out

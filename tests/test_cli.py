@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from ngspec.cli.app import app
 from ngspec.errors import NgspecError
+from ngspec.versions import versions
 
 runner = CliRunner()
 PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog."
@@ -737,6 +738,7 @@ def test_tune_tree_calibrates_on_questions_from_standard_input(tiny_saved, tmp_p
     assert result.exit_code == 0, result.output
     saved = json.loads(shape.read_text())
     assert saved["calibration_questions"] == "standard input" and saved["calibration_prompts"] == 2
+    assert {k: saved[k] for k in ("ngspec", "torch", "transformers", "python")} == versions()  # what tuned it
     assert saved["nodes"] == len(saved["choices"]) >= 2
     run = runner.invoke(app, ["generate", "-p", "-", "--model", str(tiny_saved), "-d", "eagle", "--eagle-head", str(tiny_saved / "head"),
                               "--tree", "static", "--tree-choices", str(shape), "-n", "6", "--check", "--json"], input=PIPED)

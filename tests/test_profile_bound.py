@@ -17,6 +17,7 @@ from ngspec.perf.report import analyse, csv_text, transitions
 from ngspec.perf.roofline import DevicePeaks, cell_cost, forward_cost
 from ngspec.perf.shapes import SHAPES, parameter_count, shape_config
 from ngspec.perf.sweep import Cell, CellResult, ForwardTimer, grid, parse_values, run_sweep
+from ngspec.versions import versions
 from ngspec.target import TargetModel
 
 pytestmark = pytest.mark.tiny_llama_only  # the Qwen2 tiny model runs the lossless matrices (conftest)
@@ -257,6 +258,7 @@ def test_command_end_to_end_on_a_config_file(tmp_path, tiny_shape):
     assert {t["layout"] for t in report["transitions"]} == {"rows", "tree"}
     assert report["peak_tflops"] > 0 and report["peak_bandwidth_gbs"] > 0
     assert report["target_graphs"] is False and "graphs" not in report
+    assert {k: report[k] for k in ("ngspec", "torch", "transformers", "python")} == versions()
     names = sorted(p.name for p in out.iterdir())
     assert names == ["dev.json", "profile-tiny-rows.png", "profile-tiny-tree.png", "profile-tiny.csv", "profile-tiny.json"]
     profile = load_profile(out / "dev.json", "tiny")

@@ -23,6 +23,7 @@ from ngspec.drafters.eagle import head_graphs_report
 from ngspec.perf.device_profile import device_name
 from ngspec.perf.measured import busy_warning
 from ngspec.static_verify import batches_static
+from ngspec.versions import versions
 
 
 @dataclass
@@ -237,7 +238,7 @@ def environment(engine, settings: dict, eagle=None) -> dict:
         "cpu": cpu_name(),  # the host's, on a GPU too: it issues the host work
         "torch_threads": torch.get_num_threads(),
         "dtype": str(engine.target.dtype).removeprefix("torch."),
-        "torch": torch.__version__,
+        **versions(),  # ngspec (and its commit), torch, transformers, Python
         **({"cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled()} if device.type == "cuda" else {}),
         # `--target-graphs`: one prompt at a time, and in batches
         **({"target_graphs": engine.target.static.report()} if engine.target.static is not None else {}),

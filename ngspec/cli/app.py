@@ -11,7 +11,7 @@ import functools
 import os
 import signal
 import warnings
-from typing import Callable
+from typing import Annotated, Callable
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -49,6 +49,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from ngspec.versions import versions
+
+        found = versions()
+        typer.echo(f"ngspec {found.pop('ngspec')} ({', '.join(f'{name} {v}' for name, v in found.items())})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print ngspec's version (with its commit when run from a checkout), torch's, transformers' and Python's, and exit.")] = False,
+) -> None:
+    pass
 
 
 def friendly(command: Callable) -> Callable:

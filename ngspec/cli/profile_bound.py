@@ -81,6 +81,7 @@ def profile_bound_command(
     from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
     from ngspec.static_verify import MOST_WIDTH
     from ngspec.target import TargetModel, context_window
+    from ngspec.versions import versions
 
     layouts = list(LAYOUTS) if layout == "both" else [layout]
     if layout not in (*LAYOUTS, "both"):
@@ -158,7 +159,7 @@ def profile_bound_command(
         "model_shape": model_shape(net),
         "device": device_name(dev),
         "dtype": str(torch_dtype).removeprefix("torch."),
-        "torch": torch.__version__,
+        **versions(),
         "repeats": repeats,
         "peak_tflops": peaks.flops_per_s / 1e12,
         "peak_bandwidth_gbs": peaks.bytes_per_s / 1e9,

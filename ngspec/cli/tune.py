@@ -79,6 +79,7 @@ def tune_tree_command(
     from ngspec.eagle.head import load_draft_vocab, load_head
     from ngspec.eagle.tune import AcceptanceRecorder, SideBySide, acceptance_rates, coarse_then_golden, expected_tokens, large_tree, playoff, prune, rate
     from ngspec.turns import Conversations
+    from ngspec.versions import versions
 
     if not eagle_head.is_dir():
         raise NgspecError(f"no EAGLE head directory at {eagle_head}")
@@ -177,7 +178,7 @@ def tune_tree_command(
     record = {
         "format": "ngspec-tree-shape", "version": 1, "model": engine.loaded.name,
         "model_fingerprint": model_fingerprint(engine.loaded.model), "eagle_head": str(eagle_head),
-        "device": str(engine.target.device), "dtype": str(engine.target.dtype).removeprefix("torch."),
+        "device": str(engine.target.device), "dtype": str(engine.target.dtype).removeprefix("torch."), **versions(),
         "batch_size": batch_size, "head_int8": head_int8 and int8.applies(engine.loaded.model, head), "nodes": len(shape),
         "calibration_questions": calibration_source(questions), "calibration_prompts": len(units), "turns": turns, "calibration_steps": steps["steps"],
         "searched": {str(m): v for m, v in searched.items()},
