@@ -46,9 +46,9 @@ def test_bench_grid_end_to_end(tmp_path):
 
 
 def test_a_batched_grid_sweeps_every_cell_against_vanilla_and_draws_its_own_heatmaps(tiny_saved, tmp_path):
-    """A batched grid was reported arm by arm only: no best cell, no heatmap. Its heatmaps are named
-    by the batch size, so that they keep batch size 1's beside them, and its speedup is against
-    vanilla at that batch size."""
+    """A batched grid was reported arm by arm only: no best cell, no heatmap, no ablation. Its
+    heatmaps are named by the batch size, so that they keep batch size 1's beside them, and its
+    speedup is against vanilla at that batch size."""
     prompts = tmp_path / "q.jsonl"
     prompts.write_text('{"prompt": "Say a b a b a b."}\n{"prompt": "Count: 1 2 3 1 2 3"}\n{"prompt": "x y x y"}\n')
     plots = tmp_path / "plots"
@@ -67,6 +67,10 @@ def test_a_batched_grid_sweeps_every_cell_against_vanilla_and_draws_its_own_heat
     best = max(cells.values(), key=lambda a: a["speedup"])["arm"]
     assert (sweep["drafter"], sweep["layout"]) == ("context-ngram", "tree") and best == f"context-ngram k={sweep['best_by_speedup'][0]} w=1"
     assert report["plots"] == [str(plots / "bench-context-ngram-tree-b2.png")]
+    mixed = invoke("bench", "-q", prompts, "--model", tiny_saved, "-n", 8, "-d", "mixed", "--k", 2, "--w", 2, "-b", 2, "--rounds", 2, "--json")
+    [abl] = json.loads(mixed.stdout.strip().splitlines()[-1])["ablation"]  # every row of both rounds, as batch size 1 sums its prompts
+    assert abl["arm"] == "mixed" and set(abl["strategies"]) <= {"context", "bigram"} and sum(s["rows"] for s in abl["strategies"].values()) > 0
+    assert sum(abl["accepted_row_rank"].values()) <= sum(s["rows"] for s in abl["strategies"].values())
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,7 @@ class BatchRound:
     nodes: int = 0  # draft nodes verified, summed over the rows' steps
     padded: int = 0  # the same, were every row as wide as its step's widest (what a padded step verifies)
     cost_units: float = 0.0  # the steps' cost in plain batched steps by the measured table (`BatchReport.cost_units`)
+    drafter_stats: list[dict] = field(default_factory=list)  # the rows' drafter statistics, of the drafters that keep them (row drafters: rows per strategy)
 
     @property
     def rate(self) -> float:
@@ -161,7 +162,7 @@ def _timed_rounds(engine, ids, arms, cfg, res, batch, rounds, on_progress, group
                     report.seconds, report.new_tokens, sum(g.stats.verify_calls for g in gens), sum(g.stats.draft_seconds for g in gens),
                     report.prefill_seconds, [g.token_ids for g in gens], [g.stats.verify_calls for g in gens],
                     steps=report.steps, nodes=sum(s.tree_size for g in gens for s in g.stats.steps),
-                    padded=report.padded_nodes, cost_units=report.cost_units,
+                    padded=report.padded_nodes, cost_units=report.cost_units, drafter_stats=[g.drafter_stats for g in gens if g.drafter_stats],
                 ))
                 if on_progress:
                     on_progress(arm.label)
@@ -175,7 +176,7 @@ def _joined(parts: list[BatchRound]) -> BatchRound:
         sum(x.seconds for x in parts), sum(x.tokens for x in parts), sum(x.calls for x in parts), sum(x.draft_seconds for x in parts),
         sum(x.prefill_seconds for x in parts), [o for x in parts for o in x.outputs], [c for x in parts for c in x.row_calls],
         [(x.tokens, x.seconds) for x in parts], sum(x.steps for x in parts), sum(x.nodes for x in parts),
-        sum(x.padded for x in parts), sum(x.cost_units for x in parts),
+        sum(x.padded for x in parts), sum(x.cost_units for x in parts), [d for x in parts for d in x.drafter_stats],
     )
 
 
@@ -264,6 +265,11 @@ def split_lines(splits: list[RowSplit], labels: list[str], sampled: bool = False
     reference's top-2 margin there (a near-tie, a few rounding steps wide, or a bug when wide)."""
     ref = "vanilla's" if sampled else "transformers' greedy"
     return [f"{x.arm}, prompt {x.describe(labels[x.row], ref)}" for x in splits]
+
+
+def run_stats(runs: dict[str, list[BatchRound]]) -> dict[str, list[dict]]:
+    """Each arm's drafter statistics, one per row of every round (`grid.ablation`'s input)."""
+    return {label: [d for r in rounds for d in r.drafter_stats] for label, rounds in runs.items()}
 
 
 def ceiling(ids: list[list[int]], reference: list[list[int]], datastore=None) -> float:

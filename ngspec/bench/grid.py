@@ -39,14 +39,20 @@ def sweeps(arms: list[Arm], summaries: list[ArmSummary] | list[BatchArmSummary])
     return [Sweep(d, layout, cells) for (d, layout), cells in groups.items() if len(cells) > 1]
 
 
-def ablation(arms: list[Arm], records: list[BenchRecord]) -> list[dict]:
-    """Per arm with drafter statistics: per strategy rows drafted and tokens accepted; how often
-    the accepted row was the 1st, 2nd, ... of the k."""
+def run_stats(arms: list[Arm], records: list[BenchRecord]) -> dict[str, list[dict]]:
+    """Each arm's drafter statistics, one per prompt run that has them (`ablation`'s input)."""
+    return {arm.label: [r.runs[arm.label].drafter_stats for r in records if r.runs[arm.label].drafter_stats] for arm in arms}
+
+
+def ablation(arms: list[Arm], stats_by_arm: dict[str, list[dict]]) -> list[dict]:
+    """Per arm with drafter statistics (``stats_by_arm``: a run's, one per prompt run or batch
+    row): per strategy rows drafted and tokens accepted; how often the accepted row was the 1st,
+    2nd, ... of the k."""
     out = []
     for arm in arms:
         if arm.drafter not in ROW_DRAFTERS:
             continue  # other drafters' statistics (e.g. the search branch's sources) are not rows
-        stats = [r.runs[arm.label].drafter_stats for r in records if r.runs[arm.label].drafter_stats]
+        stats = stats_by_arm.get(arm.label, [])
         if not stats:
             continue
         rows, tokens, rank = Counter(), Counter(), Counter()

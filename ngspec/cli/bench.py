@@ -71,7 +71,7 @@ def bench_command(
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
     Batches, interleaved: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 32 -b 8 --interleave-batches 1 -d trie,eagle+search --eagle-head HEAD --datastore DS --versus trie
     """
-    from ngspec.bench.grid import ablation
+    from ngspec.bench.grid import ablation, run_stats
     from ngspec.bench.report import ARMS, COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
     from ngspec.bench.runner import HF_ARMS, baseline, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
@@ -155,8 +155,7 @@ def bench_command(
     env = environment(engine, settings, res.eagle)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
-    abl = ablation(arms, records)
-    report["ablation"] = abl
+    abl = report["ablation"] = ablation(arms, run_stats(arms, records))
     for title, columns, _, groups in splits:
         report[f"by_{columns[1]}"] = groups
     pairs = versus(records, [a.label for a in arms], versus_arm) if versus_arm is not None else []
@@ -178,17 +177,7 @@ def bench_command(
         render.table(f"{title}; ceiling: the group's self-repetition", columns, cells)
     if sweep_lines:
         render.info("\n".join(sweep_lines))
-    if abl:
-        render.table(
-            "row drafters: rows drafted and tokens accepted per strategy; rank of the accepted row",
-            ["arm", "strategy", "rows", "tokens accepted", "per row", "accepted row rank (1 = first)"],
-            [
-                [a["arm"] if i == 0 else "", name, str(v["rows"]), str(v["tokens_accepted"]), f"{v['tokens_per_row']:.3f}",
-                 " ".join(f"{r}:{n}" for r, n in a["accepted_row_rank"].items()) if i == 0 else ""]
-                for a in abl
-                for i, (name, v) in enumerate(a["strategies"].items())
-            ],
-        )
+    _ablation_table(abl)
     store = f", {ceiling_of(records, True):.2f} when the datastore is searched too" if res.datastore is not None else ""
     render.info(f"self-repetition ceiling of the {ref} outputs (token-weighted): {ceiling:.2f}{store}; speedup = total throughput vs {ref}")
     if sampled:
@@ -216,6 +205,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     transformers' sampled answers make them, and every row is checked against vanilla's)."""
     from ngspec.batch import BatchConfig
     from ngspec.bench import batched
+    from ngspec.bench.grid import ablation
     from ngspec.bench.report import ARMS, SAMPLED_NOTE, environment
     from ngspec.turns import Conversations
 
@@ -248,6 +238,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     turns = batched.by_turn(runs, ids, reference, [u.turn for u in asked.units])
     report = batched.to_json(summaries, env, ceilings, pairs, turns, splits, labels)
     sweep_lines = _sweeps(report, arms, summaries, plots, env, "vanilla", batch_size)
+    abl = report["ablation"] = ablation(arms, batched.run_stats(runs))
     if markdown_out is not None:
         staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs, turns, sampled, splits, labels))
     if json_path is not None:
@@ -263,6 +254,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         render.info(SAMPLED_NOTE)
     if sweep_lines:
         render.info("\n".join(sweep_lines))
+    _ablation_table(abl)
     if turns:
         render.table("by turn: tokens/call per row (a later turn is asked after the conversation so far)", batched.turn_columns(turns), batched.turn_rows(turns))
     if pairs:
@@ -303,6 +295,21 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
         lines.append(f"{g.drafter} ({g.layout}): best by wall time k={bk} w={bw} ({best.speedup:.2f}x vs {against}); "
                      f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})")
     return [*lines, "heatmaps: " + ", ".join(report["plots"])]
+
+
+def _ablation_table(abl: list[dict]) -> None:
+    """The row drafters' ablation (`grid.ablation`), when the run has one."""
+    if abl:
+        render.table(
+            "row drafters: rows drafted and tokens accepted per strategy; rank of the accepted row",
+            ["arm", "strategy", "rows", "tokens accepted", "per row", "accepted row rank (1 = first)"],
+            [
+                [a["arm"] if i == 0 else "", name, str(v["rows"]), str(v["tokens_accepted"]), f"{v['tokens_per_row']:.3f}",
+                 " ".join(f"{r}:{n}" for r, n in a["accepted_row_rank"].items()) if i == 0 else ""]
+                for a in abl
+                for i, (name, v) in enumerate(a["strategies"].items())
+            ],
+        )
 
 
 def _stop(stopped: str | None, *paths: Path | None) -> None:
