@@ -7,7 +7,8 @@ stop strings, --raw, --turns, verify layout, sizing, compaction, joint prefill, 
 tree, draft vocabulary and int8 or float32 head, datastore, search depth, deepening, the trie's
 and row drafters' options) and runs `generate --json --check`. A run passes when it
 
-- exits 0 and every row it printed is identical to plain decoding (`greedy_check`), or
+- exits 0 and every row it printed is identical to plain decoding (`greedy_check`) and kept to
+  its stop strings (`stop_fault`), or
 - exits 1 with ngspec's own one-line error (rows that ran before or beside a failed prompt are
   still checked), or is refused as a usage error (exit 2),
 
@@ -28,6 +29,7 @@ import argparse
 import gc
 import json
 import random
+import re
 import resource
 import sys
 import tempfile
@@ -42,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 
 DRAFTERS = list(REGISTRY)  # a drafter added to ngspec is drawn too
-STOPS = ["\n", ",", ".", " the", "ngspec", "。", "🐱", "<|im_start|>", "<|im_end|>", "--", "1.", "\n\n", "trie "]
+# as a shell passes them: a real newline, and typed escapes (`--stop '\n'`: a backslash and an n) that ngspec reads as one
+STOPS = ["\n", ",", ".", " the", "ngspec", "。", "🐱", "<|im_start|>", "<|im_end|>", "--", "1.", "\n\n", "trie ", "\\n", "\\n\\n", ".\\n", "\\t", "\\\\"]
 
 
 def prompt_files(folder: Path) -> list[Path]:
@@ -157,9 +160,31 @@ def draw(rng: random.Random, files: list[Path], head: str | None, datastore: str
     return args
 
 
-def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
+TYPED = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}  # the fuzz's own reading of the typed escapes STOPS holds
+
+
+def stop_fault(args: list[str], rows: list[dict]) -> str | None:
+    """A row that went past a --stop string (its text holds one, yet it ended otherwise), or one
+    that ended on a stop string its text lacks; None when every row kept to its stops. A stop
+    that names a special token (``<|im_end|>``) is left out: the text never holds it."""
+    stops = [re.sub(r"\\[nt\\]", lambda m: TYPED[m.group(0)], args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--stop"]
+    plain = [stop for stop in stops if not (stop.startswith("<|") and stop.endswith("|>"))]
+    for row in rows:
+        text, reason = row.get("text"), row.get("finish_reason")
+        if not isinstance(text, str) or not stops:
+            continue
+        held = [stop for stop in plain if stop in text]
+        if held and reason != "stop":
+            return f"prompt {row.get('id')} ended by {reason} with stop string {held[0]!r} in its text"
+        if reason == "stop" and not held and len(plain) == len(stops):
+            return f"prompt {row.get('id')} ended by a stop string its text lacks: {plain}"
+    return None
+
+
+def judge(code: int, output: str, exc: BaseException | None, args: list[str] = ()) -> tuple[str, str]:
     """(verdict, detail): ok, refused (a usage error), ngspec-error (ngspec's one-line error, such as
-    a prompt that failed while the others ran), or a finding."""
+    a prompt that failed while the others ran), or a finding; ``args``, the command line, for
+    `stop_fault`."""
     if exc is not None and not isinstance(exc, SystemExit):
         return "FINDING", f"{type(exc).__name__}: {exc}"
     last = output.strip().splitlines()[-1] if output.strip() else ""
@@ -178,6 +203,8 @@ def judge(code: int, output: str, exc: BaseException | None) -> tuple[str, str]:
     wrong = [r for r in rows if isinstance(r.get("greedy_check"), dict) and not r["greedy_check"]["exact_match"]]
     if wrong:
         return "FINDING", f"{len(wrong)} row(s) not identical: {[r['greedy_check'] for r in wrong]}"
+    if fault := stop_fault(list(args), rows):
+        return "FINDING", fault
     checked = sum(isinstance(r.get("greedy_check"), dict) for r in rows)
     if code == 0:
         return "ok", f"{checked} rows exact"
@@ -256,7 +283,7 @@ def main() -> int:
                 piped = Path(stdin).read_bytes()
             start = time.perf_counter()
             result = runner.invoke(app, args, input=piped)
-            verdict, detail = judge(result.exit_code, result.output, result.exception)
+            verdict, detail = judge(result.exit_code, result.output, result.exception, args)
             counts[verdict] = counts.get(verdict, 0) + 1
             seconds = time.perf_counter() - start
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -63,6 +63,28 @@ def test_verdicts(code, output, exc, verdict):
     assert cli_fuzz.judge(code, output, exc)[0] == verdict
 
 
+@pytest.mark.parametrize(
+    ("stops", "text", "reason", "fault"),
+    [
+        (["\\n"], "one line\n", "stop", None),  # typed: a backslash and an n mean a newline
+        (["\\n"], "one line\\n and on", "length", None),  # ... so the two characters stop nothing
+        (["\\n"], "one line\nand on", "length", "ended by length with stop string '\\n'"),
+        (["\n"], "a\nb", "eos", "ended by eos"),  # a real newline, as a script passes it
+        (["\\\\"], "C:\\", "stop", None),
+        ([".", "\\t"], "no stop here", "stop", "its text lacks"),
+        (["<|im_end|>", "."], "no stop here", "stop", None),  # a special token stops unseen in the text
+        (["<|im_end|>"], "text", "eos", None),
+        ([], "a.\n", "length", None),
+    ],
+)
+def test_a_row_must_end_at_the_first_stop_string_its_text_holds(stops, text, reason, fault):
+    args = ["generate", "-p", "f.txt", *[x for stop in stops for x in ("--stop", stop)], "--json"]
+    found = cli_fuzz.stop_fault(args, [{"id": 1, "text": text, "finish_reason": reason}])
+    assert (found is None) if fault is None else (fault in found), found
+    printed = json.dumps({"id": 1, "text": text, "finish_reason": reason, "greedy_check": {"exact_match": True}})
+    assert cli_fuzz.judge(0, printed, None, args)[0] == ("ok" if fault is None else "FINDING")
+
+
 def test_what_a_run_left_behind_counts_reachable_tensors_and_modules():
     import torch
 
