@@ -53,8 +53,10 @@ def test_a_batched_grid_sweeps_every_cell_against_vanilla_and_draws_its_own_heat
     prompts.write_text('{"prompt": "Say a b a b a b."}\n{"prompt": "Count: 1 2 3 1 2 3"}\n{"prompt": "x y x y"}\n')
     plots = tmp_path / "plots"
     result = invoke("bench", "-q", prompts, "--model", tiny_saved, "-n", 8, "-d", "context-ngram", "--k", "1,2", "--w", "1..2",
-                    "-b", 2, "--rounds", 1, "--plots", plots)
+                    "-b", 2, "--rounds", 1, "--plots", plots, "--markdown", tmp_path / "grid.md")
     assert result.exit_code == 0, result.output
+    md = (tmp_path / "grid.md").read_text()  # the report file keeps the sweep's lines too
+    assert "\nSweeps:\n\n- context-ngram (tree): best by wall time k=" in md and "bench-context-ngram-tree-b2.png" in md
     assert "context-ngram (tree): best by wall time k=" in result.output and "vs vanilla)" in result.output, result.output
     assert "most tokens per call k=" in result.output and "bench-context-ngram-tree-b2.png" in result.output
     assert [p.name for p in plots.iterdir()] == ["bench-context-ngram-tree-b2.png"]
@@ -67,8 +69,12 @@ def test_a_batched_grid_sweeps_every_cell_against_vanilla_and_draws_its_own_heat
     best = max(cells.values(), key=lambda a: a["speedup"])["arm"]
     assert (sweep["drafter"], sweep["layout"]) == ("context-ngram", "tree") and best == f"context-ngram k={sweep['best_by_speedup'][0]} w=1"
     assert report["plots"] == [str(plots / "bench-context-ngram-tree-b2.png")]
-    mixed = invoke("bench", "-q", prompts, "--model", tiny_saved, "-n", 8, "-d", "mixed", "--k", 2, "--w", 2, "-b", 2, "--rounds", 2, "--json")
+    mixed = invoke("bench", "-q", prompts, "--model", tiny_saved, "-n", 8, "-d", "mixed", "--k", 2, "--w", 2, "-b", 2, "--rounds", 2, "--json",
+                   "--markdown", tmp_path / "mixed.md")
     [abl] = json.loads(mixed.stdout.strip().splitlines()[-1])["ablation"]  # every row of both rounds, as batch size 1 sums its prompts
+    md = (tmp_path / "mixed.md").read_text()
+    assert "Sweeps:" not in md and "Row drafters: rows drafted and tokens accepted per strategy" in md
+    assert f"| mixed | {next(iter(abl['strategies']))} | " in md  # the arm on its first strategy's row
     assert abl["arm"] == "mixed" and set(abl["strategies"]) <= {"context", "bigram"} and sum(s["rows"] for s in abl["strategies"].values()) > 0
     assert sum(abl["accepted_row_rank"].values()) <= sum(s["rows"] for s in abl["strategies"].values())
 

@@ -71,6 +71,30 @@ def ablation(arms: list[Arm], stats_by_arm: dict[str, list[dict]]) -> list[dict]
     return out
 
 
+ABLATION_TITLE = "row drafters: rows drafted and tokens accepted per strategy; rank of the accepted row"
+ABLATION_COLUMNS = ["arm", "strategy", "rows", "tokens accepted", "per row", "accepted row rank (1 = first)"]
+
+
+def ablation_rows(abl: list[dict]) -> list[list[str]]:
+    """`ablation`'s table: a row per arm and strategy, the arm and its ranks on its first."""
+    return [
+        [a["arm"] if i == 0 else "", name, str(v["rows"]), str(v["tokens_accepted"]), f"{v['tokens_per_row']:.3f}",
+         " ".join(f"{r}:{n}" for r, n in a["accepted_row_rank"].items()) if i == 0 else ""]
+        for a in abl
+        for i, (name, v) in enumerate(a["strategies"].items())
+    ]
+
+
+def markdown(sweep_lines: list[str], abl: list[dict]) -> str:
+    """A --markdown report's part for a grid's sweeps (their lines) and the ablation: empty without."""
+    from ngspec.bench.report import table_lines
+
+    out = ["", "Sweeps:", "", *[f"- {line}" for line in sweep_lines]] if sweep_lines else []
+    if abl:
+        out += ["", f"{ABLATION_TITLE[0].upper()}{ABLATION_TITLE[1:]}:", "", *table_lines(ABLATION_COLUMNS, ablation_rows(abl))]
+    return "\n".join(out) + "\n" if out else ""
+
+
 def heatmaps(sweep: Sweep, title: str, path: Path, baseline: str = "hf-greedy") -> Path:
     """Tokens per call and speedup vs ``baseline`` over (k, w), side by side."""
     import matplotlib

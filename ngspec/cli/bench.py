@@ -71,7 +71,7 @@ def bench_command(
     Batches: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 24 -b 8 -d trie --versus trie
     Batches, interleaved: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 32 -b 8 --interleave-batches 1 -d trie,eagle+search --eagle-head HEAD --datastore DS --versus trie
     """
-    from ngspec.bench.grid import ablation, run_stats
+    from ngspec.bench import grid
     from ngspec.bench.report import ARMS, COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
     from ngspec.bench.runner import HF_ARMS, baseline, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
@@ -155,7 +155,7 @@ def bench_command(
     env = environment(engine, settings, res.eagle)
     report = to_json(records, summaries, env)
     ceiling = ceiling_of(records)
-    abl = report["ablation"] = ablation(arms, run_stats(arms, records))
+    abl = report["ablation"] = grid.ablation(arms, grid.run_stats(arms, records))
     for title, columns, _, groups in splits:
         report[f"by_{columns[1]}"] = groups
     pairs = versus(records, [a.label for a in arms], versus_arm) if versus_arm is not None else []
@@ -164,7 +164,8 @@ def bench_command(
     ref = baseline(sampled)
     sweep_lines = _sweeps(report, arms, summaries, plots, env, ref)
     if markdown_out is not None:
-        staging.write_text(markdown_out, markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records, pairs))
+        staging.write_text(markdown_out, markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records, pairs)
+                           + grid.markdown(sweep_lines, abl))
     if json_path is not None:
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
@@ -204,8 +205,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     decoding alone, whose answers to earlier turns make the later turns' prompts (sampling:
     transformers' sampled answers make them, and every row is checked against vanilla's)."""
     from ngspec.batch import BatchConfig
-    from ngspec.bench import batched
-    from ngspec.bench.grid import ablation
+    from ngspec.bench import batched, grid
     from ngspec.bench.report import ARMS, SAMPLED_NOTE, environment
     from ngspec.turns import Conversations
 
@@ -238,9 +238,9 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     turns = batched.by_turn(runs, ids, reference, [u.turn for u in asked.units])
     report = batched.to_json(summaries, env, ceilings, pairs, turns, splits, labels)
     sweep_lines = _sweeps(report, arms, summaries, plots, env, "vanilla", batch_size)
-    abl = report["ablation"] = ablation(arms, batched.run_stats(runs))
+    abl = report["ablation"] = grid.ablation(arms, batched.run_stats(runs))
     if markdown_out is not None:
-        staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs, turns, sampled, splits, labels))
+        staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs, turns, sampled, splits, labels) + grid.markdown(sweep_lines, abl))
     if json_path is not None:
         staging.write_text(json_path, json.dumps(report, indent=2))
     if json_out:
@@ -272,9 +272,9 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
     """A (k, w) grid's sweeps: each one's best cells into ``report`` ("sweeps") and its heatmaps
     drawn under ``plots`` ("plots"; a batched run's named by its batch size, so that they keep
     batch size 1's); the lines that say so on the terminal."""
-    from ngspec.bench.grid import heatmaps, sweeps
+    from ngspec.bench import grid
 
-    grids = sweeps(arms, summaries)
+    grids = grid.sweeps(arms, summaries)
     report["sweeps"] = [
         {"drafter": g.drafter, "layout": g.layout, "best_by_speedup": list(g.best("speedup")[0]),
          "best_by_tokens_per_call": list(g.best("tokens_per_call")[0])}
@@ -285,7 +285,7 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
     plots.mkdir(parents=True, exist_ok=True)
     batch = (f", batch size {batch_size}", f"-b{batch_size}") if batch_size > 1 else ("", "")
     report["plots"] = [
-        str(heatmaps(g, f"{g.drafter} ({g.layout}) on {env['model']}\n{env['device']}{batch[0]}", plots / f"bench-{g.drafter}-{g.layout}{batch[1]}.png", against))
+        str(grid.heatmaps(g, f"{g.drafter} ({g.layout}) on {env['model']}\n{env['device']}{batch[0]}", plots / f"bench-{g.drafter}-{g.layout}{batch[1]}.png", against))
         for g in grids
     ]
     lines = []
@@ -299,17 +299,10 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
 
 def _ablation_table(abl: list[dict]) -> None:
     """The row drafters' ablation (`grid.ablation`), when the run has one."""
+    from ngspec.bench import grid
+
     if abl:
-        render.table(
-            "row drafters: rows drafted and tokens accepted per strategy; rank of the accepted row",
-            ["arm", "strategy", "rows", "tokens accepted", "per row", "accepted row rank (1 = first)"],
-            [
-                [a["arm"] if i == 0 else "", name, str(v["rows"]), str(v["tokens_accepted"]), f"{v['tokens_per_row']:.3f}",
-                 " ".join(f"{r}:{n}" for r, n in a["accepted_row_rank"].items()) if i == 0 else ""]
-                for a in abl
-                for i, (name, v) in enumerate(a["strategies"].items())
-            ],
-        )
+        render.table(grid.ABLATION_TITLE, grid.ABLATION_COLUMNS, grid.ablation_rows(abl))
 
 
 def _stop(stopped: str | None, *paths: Path | None) -> None:
