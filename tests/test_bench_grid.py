@@ -39,6 +39,8 @@ def test_bench_grid_end_to_end(tmp_path):
     assert {"mixed k=1 w=2 (tree)", "mixed k=2 w=2 (rows)"} <= set(arms)
     assert all(a["exact_match"] == 1.0 for a in arms.values())
     assert {(s["drafter"], s["layout"]) for s in report["sweeps"]} == {("mixed", "tree"), ("mixed", "rows")}
+    for sweep in report["sweeps"]:  # the fastest cell against the next: one prompt gives no interval
+        assert sweep["best_vs_runner_up"] >= 1.0 and sweep["interval_95"] is None and sweep["runner_up_by_speedup"] != sweep["best_by_speedup"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-mixed-rows.png", "bench-mixed-tree.png"]
     ablation = {a["arm"]: a for a in report["ablation"]}
     strategies = ablation["mixed k=2 w=2 (tree)"]["strategies"]
@@ -57,7 +59,8 @@ def test_a_batched_grid_sweeps_every_cell_against_vanilla_and_draws_its_own_heat
     assert result.exit_code == 0, result.output
     md = (tmp_path / "grid.md").read_text()  # the report file keeps the sweep's lines too
     assert "\nSweeps:\n\n- context-ngram (tree): best by wall time k=" in md and "bench-context-ngram-tree-b2.png" in md
-    assert "context-ngram (tree): best by wall time k=" in result.output and "vs vanilla)" in result.output, result.output
+    assert "context-ngram (tree): best by wall time k=" in result.output and "x vs vanilla; " in result.output, result.output
+    assert "the runner-up k=" in result.output and "no interval from one round" in result.output
     assert "most tokens per call k=" in result.output and "bench-context-ngram-tree-b2.png" in result.output
     assert [p.name for p in plots.iterdir()] == ["bench-context-ngram-tree-b2.png"]
     result = invoke("bench", "-q", prompts, "--model", tiny_saved, "-n", 8, "-d", "context-ngram", "--k", "1,2", "--w", "1",
@@ -66,8 +69,10 @@ def test_a_batched_grid_sweeps_every_cell_against_vanilla_and_draws_its_own_heat
     cells = {a["arm"]: a for a in report["arms"] if a["arm"].startswith("context-ngram")}
     assert set(cells) == {"context-ngram k=1 w=1", "context-ngram k=2 w=1"} and all(a["exact_match"] == 1.0 for a in cells.values())
     [sweep] = report["sweeps"]
-    best = max(cells.values(), key=lambda a: a["speedup"])["arm"]
-    assert (sweep["drafter"], sweep["layout"]) == ("context-ngram", "tree") and best == f"context-ngram k={sweep['best_by_speedup'][0]} w=1"
+    best, runner_up = sorted(cells.values(), key=lambda a: a["speedup"], reverse=True)
+    assert (sweep["drafter"], sweep["layout"]) == ("context-ngram", "tree") and best["arm"] == f"context-ngram k={sweep['best_by_speedup'][0]} w=1"
+    assert runner_up["arm"] == f"context-ngram k={sweep['runner_up_by_speedup'][0]} w=1" and sweep["interval_95"] is None  # one round
+    assert sweep["best_vs_runner_up"] == pytest.approx(best["tokens_per_second"] / runner_up["tokens_per_second"])
     assert report["plots"] == [str(plots / "bench-context-ngram-tree-b2.png")]
     mixed = invoke("bench", "-q", prompts, "--model", tiny_saved, "-n", 8, "-d", "mixed", "--k", 2, "--w", 2, "-b", 2, "--rounds", 2, "--json",
                    "--markdown", tmp_path / "mixed.md")
@@ -77,6 +82,33 @@ def test_a_batched_grid_sweeps_every_cell_against_vanilla_and_draws_its_own_heat
     assert f"| mixed | {next(iter(abl['strategies']))} | " in md  # the arm on its first strategy's row
     assert abl["arm"] == "mixed" and set(abl["strategies"]) <= {"context", "bigram"} and sum(s["rows"] for s in abl["strategies"].values()) > 0
     assert sum(abl["accepted_row_rank"].values()) <= sum(s["rows"] for s in abl["strategies"].values())
+
+
+@pytest.mark.parametrize(
+    ("interval", "said"),
+    [((1.02, 1.09), "1.050x the runner-up k=2 w=1, 95% interval 1.020-1.090x"),
+     ((0.97, 1.12), "level with the runner-up k=2 w=1: 1.050x, 95% interval 0.970-1.120x"),
+     (None, "1.050x the runner-up k=2 w=1, no interval from one prompt")],
+)
+def test_a_sweep_says_whether_its_fastest_cell_is_told_apart_from_the_runner_up(tmp_path, interval, said):
+    from types import SimpleNamespace
+
+    from ngspec.cli.bench import _sweeps
+
+    arms = make_arms(["mixed"], DrafterOptions(), [1, 2, 4], [1], ["tree"])
+    speed = {"mixed k=1 w=1": 1.10, "mixed k=2 w=1": 1.15, "mixed k=4 w=1": 1.20}
+    summaries = [SimpleNamespace(arm=a.label, speedup=speed.get(a.label, 1.0), tokens_per_call=2.0 + speed.get(a.label, 0)) for a in arms]
+    asked = []
+
+    def paired(arm, base):
+        asked.append((arm, base))
+        return 1.05, interval
+
+    report = {}
+    lines = _sweeps(report, arms, summaries, tmp_path, {"model": "m", "device": "cpu"}, "hf-greedy", paired)
+    assert asked == [("mixed k=4 w=1", "mixed k=2 w=1")]
+    assert lines[0] == f"mixed (tree): best by wall time k=4 w=1 (1.20x vs hf-greedy; {said}); most tokens per call k=4 w=1 (3.20)"
+    assert report["sweeps"][0]["runner_up_by_speedup"] == [2, 1] and report["sweeps"][0]["interval_95"] == (list(interval) if interval else None)
 
 
 @pytest.mark.parametrize(

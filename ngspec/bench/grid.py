@@ -25,8 +25,12 @@ class Sweep:
     layout: str
     cells: dict[tuple[int, int], ArmSummary | BatchArmSummary]
 
-    def best(self, key: str) -> tuple[tuple[int, int], ArmSummary]:
-        return max(self.cells.items(), key=lambda item: getattr(item[1], key) or 0.0)
+    def ranked(self, key: str) -> list[tuple[tuple[int, int], ArmSummary | BatchArmSummary]]:
+        """The cells, highest ``key`` first."""
+        return sorted(self.cells.items(), key=lambda item: getattr(item[1], key) or 0.0, reverse=True)
+
+    def best(self, key: str) -> tuple[tuple[int, int], ArmSummary | BatchArmSummary]:
+        return self.ranked(key)[0]
 
 
 def sweeps(arms: list[Arm], summaries: list[ArmSummary] | list[BatchArmSummary]) -> list[Sweep]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -162,7 +162,12 @@ def bench_command(
     if pairs:
         report["versus"] = pairs
     ref = baseline(sampled)
-    sweep_lines = _sweeps(report, arms, summaries, plots, env, ref)
+
+    def paired(arm: str, base: str) -> tuple[float, tuple[float, float] | None]:
+        [pair] = versus(records, [arm, base], base)
+        return pair["ratio"], pair["interval"]
+
+    sweep_lines = _sweeps(report, arms, summaries, plots, env, ref, paired)
     if markdown_out is not None:
         staging.write_text(markdown_out, markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records, pairs)
                            + grid.markdown(sweep_lines, abl))
@@ -237,7 +242,12 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     pairs = batched.versus(summaries, versus_arm) if versus_arm is not None else []
     turns = batched.by_turn(runs, ids, reference, [u.turn for u in asked.units])
     report = batched.to_json(summaries, env, ceilings, pairs, turns, splits, labels)
-    sweep_lines = _sweeps(report, arms, summaries, plots, env, "vanilla", batch_size)
+
+    def paired(arm: str, base: str) -> tuple[float, tuple[float, float] | None]:
+        [pair] = batched.versus([s for s in summaries if s.arm in (arm, base)], base)
+        return pair["ratio"], pair["interval_95"]
+
+    sweep_lines = _sweeps(report, arms, summaries, plots, env, "vanilla", paired, batch_size)
     abl = report["ablation"] = grid.ablation(arms, batched.run_stats(runs))
     if markdown_out is not None:
         staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs, turns, sampled, splits, labels) + grid.markdown(sweep_lines, abl))
@@ -268,18 +278,32 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     _stop(stopped, markdown_out, json_path)
 
 
-def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str, batch_size: int = 1) -> list[str]:
-    """A (k, w) grid's sweeps: each one's best cells into ``report`` ("sweeps") and its heatmaps
-    drawn under ``plots`` ("plots"; a batched run's named by its batch size, so that they keep
-    batch size 1's); the lines that say so on the terminal."""
+def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str, paired: Callable, batch_size: int = 1) -> list[str]:
+    """A (k, w) grid's sweeps: each one's best cells into ``report`` ("sweeps"), the fastest
+    against the runner-up (``paired(arm, base)``: the ratio and its 95% interval, None from one
+    prompt or round), and its heatmaps drawn under ``plots`` ("plots"; a batched run's named by its
+    batch size, so that they keep batch size 1's); the lines that say so on the terminal."""
     from ngspec.bench import grid
+    from ngspec.bench.report import interval_text
 
     grids = grid.sweeps(arms, summaries)
-    report["sweeps"] = [
-        {"drafter": g.drafter, "layout": g.layout, "best_by_speedup": list(g.best("speedup")[0]),
-         "best_by_tokens_per_call": list(g.best("tokens_per_call")[0])}
-        for g in grids
-    ]
+    report["sweeps"], lines = [], []
+    for g in grids:
+        ((bk, bw), best), ((rk, rw), runner_up) = g.ranked("speedup")[:2]
+        (tk, tw), most = g.best("tokens_per_call")
+        ratio, interval = paired(best.arm, runner_up.arm)
+        report["sweeps"].append({
+            "drafter": g.drafter, "layout": g.layout, "best_by_speedup": [bk, bw], "best_by_tokens_per_call": [tk, tw],
+            "runner_up_by_speedup": [rk, rw], "best_vs_runner_up": ratio, "interval_95": list(interval) if interval else None,
+        })
+        if interval is None:
+            against_next = f"{ratio:.3f}x the runner-up k={rk} w={rw}, no interval from one {'round' if batch_size > 1 else 'prompt'}"
+        elif interval[0] <= 1.0 <= interval[1]:
+            against_next = f"level with the runner-up k={rk} w={rw}: {ratio:.3f}x, 95% interval {interval_text(interval, '.3f')}"
+        else:
+            against_next = f"{ratio:.3f}x the runner-up k={rk} w={rw}, 95% interval {interval_text(interval, '.3f')}"
+        lines.append(f"{g.drafter} ({g.layout}): best by wall time k={bk} w={bw} ({best.speedup:.2f}x vs {against}; {against_next}); "
+                     f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})")
     if not grids:
         return []
     plots.mkdir(parents=True, exist_ok=True)
@@ -288,12 +312,6 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
         str(grid.heatmaps(g, f"{g.drafter} ({g.layout}) on {env['model']}\n{env['device']}{batch[0]}", plots / f"bench-{g.drafter}-{g.layout}{batch[1]}.png", against))
         for g in grids
     ]
-    lines = []
-    for g in grids:
-        (bk, bw), best = g.best("speedup")
-        (tk, tw), most = g.best("tokens_per_call")
-        lines.append(f"{g.drafter} ({g.layout}): best by wall time k={bk} w={bw} ({best.speedup:.2f}x vs {against}); "
-                     f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})")
     return [*lines, "heatmaps: " + ", ".join(report["plots"])]
 
 
