@@ -112,7 +112,7 @@ def test_every_timed_run_reads_the_datastore_cold():
         def run_batch(self, ids, new_drafter, cfg, batch):
             runs.append((store.warm, cfg.max_new_tokens))
             store.warm = True  # this run's reads
-            gen = SimpleNamespace(token_ids=[1], stats=SimpleNamespace(verify_calls=1, draft_seconds=0.0, steps=[]))
+            gen = SimpleNamespace(token_ids=[1], stats=SimpleNamespace(verify_calls=1, draft_seconds=0.0, steps=[]), drafter_stats=None)
             return [SimpleNamespace(error=None, generation=gen) for _ in ids], _report(seconds=1.0, new_tokens=len(ids))
 
     out = run_batched(Engine(), [[1], [2]], [Arm("trie", "trie"), Arm("search", "search")], DecodeConfig(max_new_tokens=64), Resources(datastore=store), BatchConfig(2), rounds=2)
@@ -169,7 +169,7 @@ class _Recorder:
         drafter = new_drafter()
         arm = drafter.name
         self.runs.append((arm, [x[0] for x in ids], cfg.max_new_tokens, drafter.calibration))
-        gens = [SimpleNamespace(token_ids=list(x), stats=SimpleNamespace(verify_calls=len(x), draft_seconds=0.0, steps=[])) for x in ids]
+        gens = [SimpleNamespace(token_ids=list(x), stats=SimpleNamespace(verify_calls=len(x), draft_seconds=0.0, steps=[]), drafter_stats=None) for x in ids]
         results = [SimpleNamespace(index=i, error=None, generation=g) for i, g in enumerate(gens)]
         if self.fail and self.fail[0] == arm and self.fail[1] in [x[0] for x in ids]:
             results[[x[0] for x in ids].index(self.fail[1])].error = "too long"
