@@ -2,8 +2,8 @@
 
 A sweep is every arm of one drafter and layout at several (k, w): tokens per call and wall-time
 speedup per cell (vs hf-greedy; in a batched run vs vanilla at the same batch size), drawn as
-heatmaps like the learning-free n-gram paper's. The
-ablation sums each arm's drafter statistics: rows drafted and tokens accepted per strategy, and
+heatmaps like the learning-free n-gram paper's. The ablation sums each arm's drafter statistics
+(of its prompt runs, or of its batch rows): rows drafted and tokens accepted per strategy, and
 the rank of the accepted row among the k.
 """
 
@@ -36,7 +36,7 @@ class Sweep:
 def sweeps(arms: list[Arm], summaries: list[ArmSummary] | list[BatchArmSummary]) -> list[Sweep]:
     """Drafter/layout groups that span more than one (k, w) cell."""
     by_label = {s.arm: s for s in summaries}
-    groups: dict[tuple[str, str], dict[tuple[int, int], ArmSummary]] = {}
+    groups: dict[tuple[str, str], dict[tuple[int, int], ArmSummary | BatchArmSummary]] = {}
     for arm in arms:
         if arm.grid_cell is not None:
             groups.setdefault((arm.drafter, arm.verify), {})[arm.grid_cell] = by_label[arm.label]
