@@ -288,6 +288,8 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
 
     grids = grid.sweeps(arms, summaries)
     report["sweeps"], lines = [], []
+    if not grids:
+        return []
     for g in grids:
         ((bk, bw), best), ((rk, rw), runner_up) = g.ranked("speedup")[:2]
         (tk, tw), most = g.best("tokens_per_call")
@@ -296,16 +298,12 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
             "drafter": g.drafter, "layout": g.layout, "best_by_speedup": [bk, bw], "best_by_tokens_per_call": [tk, tw],
             "runner_up_by_speedup": [rk, rw], "best_vs_runner_up": ratio, "interval_95": list(interval) if interval else None,
         })
-        if interval is None:
-            against_next = f"{ratio:.3f}x the runner-up k={rk} w={rw}, no interval from one {'round' if batch_size > 1 else 'prompt'}"
-        elif interval[0] <= 1.0 <= interval[1]:
-            against_next = f"level with the runner-up k={rk} w={rw}: {ratio:.3f}x, 95% interval {interval_text(interval, '.3f')}"
-        else:
-            against_next = f"{ratio:.3f}x the runner-up k={rk} w={rw}, 95% interval {interval_text(interval, '.3f')}"
+        runner, span = f"the runner-up k={rk} w={rw}", (f"95% interval {interval_text(interval, '.3f')}" if interval
+                                                         else f"no interval from one {'round' if batch_size > 1 else 'prompt'}")
+        level = interval is not None and interval[0] <= 1.0 <= interval[1]
+        against_next = f"level with {runner}: {ratio:.3f}x, {span}" if level else f"{ratio:.3f}x {runner}, {span}"
         lines.append(f"{g.drafter} ({g.layout}): best by wall time k={bk} w={bw} ({best.speedup:.2f}x vs {against}; {against_next}); "
                      f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})")
-    if not grids:
-        return []
     plots.mkdir(parents=True, exist_ok=True)
     batch = (f", batch size {batch_size}", f"-b{batch_size}") if batch_size > 1 else ("", "")
     report["plots"] = [
