@@ -91,12 +91,14 @@ def test_a_batched_grid_sweeps_every_cell_against_vanilla_and_draws_its_own_heat
 
 
 @pytest.mark.parametrize(
-    ("interval", "said"),
-    [((1.02, 1.09), "1.050x the runner-up k=2 w=1, 95% interval 1.020-1.090x"),
-     ((0.97, 1.12), "level with the runner-up k=2 w=1: 1.050x, 95% interval 0.970-1.120x"),
-     (None, "1.050x the runner-up k=2 w=1, no interval from one prompt")],
+    ("interval", "batch_size", "said"),
+    [((1.02, 1.09), 1, "1.050x the runner-up k=2 w=1, 95% interval 1.020-1.090x"),
+     ((0.97, 1.12), 1, "level with the runner-up k=2 w=1: 1.050x, 95% interval 0.970-1.120x; more prompts (--limit) narrow it"),
+     ((0.97, 1.12), 4, "level with the runner-up k=2 w=1: 1.050x, 95% interval 0.970-1.120x; more --rounds narrow it"),
+     (None, 1, "1.050x the runner-up k=2 w=1, no interval from one prompt"),
+     (None, 4, "1.050x the runner-up k=2 w=1, no interval from one round")],
 )
-def test_a_sweep_says_whether_its_fastest_cell_is_told_apart_from_the_runner_up(tmp_path, interval, said):
+def test_a_sweep_says_whether_its_fastest_cell_is_told_apart_from_the_runner_up(tmp_path, interval, batch_size, said):
     from types import SimpleNamespace
 
     from ngspec.cli.bench import _sweeps
@@ -111,7 +113,7 @@ def test_a_sweep_says_whether_its_fastest_cell_is_told_apart_from_the_runner_up(
         return 1.05, interval
 
     report = {}
-    lines = _sweeps(report, arms, summaries, tmp_path, {"model": "m", "device": "cpu"}, "hf-greedy", paired)
+    lines = _sweeps(report, arms, summaries, tmp_path, {"model": "m", "device": "cpu"}, "hf-greedy", paired, batch_size)
     assert asked == [("mixed k=4 w=1", "mixed k=2 w=1")]
     assert lines[0] == f"mixed (tree): best by wall time k=4 w=1 (1.20x vs hf-greedy; {said}); most tokens per call k=4 w=1 (3.20)"
     assert report["sweeps"][0]["runner_up_by_speedup"] == [2, 1] and report["sweeps"][0]["interval_95"] == (list(interval) if interval else None)

@@ -301,7 +301,8 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
         runner, span = f"the runner-up k={rk} w={rw}", (f"95% interval {interval_text(interval, '.3f')}" if interval
                                                          else f"no interval from one {'round' if batch_size > 1 else 'prompt'}")
         level = interval is not None and interval[0] <= 1.0 <= interval[1]
-        against_next = f"level with {runner}: {ratio:.3f}x, {span}" if level else f"{ratio:.3f}x {runner}, {span}"
+        narrower = "more --rounds narrow it" if batch_size > 1 else "more prompts (--limit) narrow it"  # --rounds' help: which does
+        against_next = f"level with {runner}: {ratio:.3f}x, {span}; {narrower}" if level else f"{ratio:.3f}x {runner}, {span}"
         lines.append(f"{g.drafter} ({g.layout}): best by wall time k={bk} w={bw} ({best.speedup:.2f}x vs {against}; {against_next}); "
                      f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})")
     plots.mkdir(parents=True, exist_ok=True)
