@@ -140,7 +140,13 @@ def default_model_dir() -> Path:
             ) from None
         with staging.exclusive(out.parent / f".{out.name}.lock"):  # two first runs at once convert it once
             if not (out / "config.json").is_file():
-                convert_gguf(embedded_gguf(), out)
+                try:
+                    convert_gguf(embedded_gguf(), out)
+                except OSError as exc:  # a full disk, mostly: the converted model takes about 520 MB
+                    raise NgspecError(
+                        f"cannot convert the default model into ngspec's cache ({staging.os_error_message(exc)}); it takes "
+                        "about 520 MB: make room there, or set NGSPEC_CACHE to a directory with room"
+                    ) from None
     return out
 
 

@@ -8,6 +8,7 @@ leftovers from a live writer's work and remove them; one made elsewhere is never
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -43,6 +44,10 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
+    except Exception as exc:
+        if (full := _full_device(exc, out, tmp)) is not None:
+            raise full from exc
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -179,8 +184,45 @@ def staged_file(out: Path) -> Iterator[Path]:
     try:
         yield tmp
         tmp.replace(out)
+    except Exception as exc:
+        if (full := _full_device(exc, out, tmp)) is not None:
+            raise full from exc
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+FULL_BYTES = 1 << 20  # free bytes under which a write that failed without saying why is put down to a full device
+_FULL_WORDS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+def _full_device(exc: Exception, out: Path, tmp: Path) -> OSError | None:
+    """The plain OSError (ENOSPC or EDQUOT, naming ``out``) for ``exc``, raised while ``out`` was
+    written through ``tmp``, when it came from a full device (or quota); None for anything else.
+    The writers we use say so in their own ways: Python's and numpy's OSError with the errno but no
+    file name ("No space left on device" alone), safetensors in its text ("I/O error: No space
+    left on device (os error 28)"), and numpy's short write ("46791 requested and 27616 written")
+    and torch's ("[enforce fail at inline_container.cc:672] . unexpected pos 201088 vs 200976")
+    not at all: those two count as a full device when it has under `FULL_BYTES` free, the
+    temporary still on it. ngspec's own errors pass as they are (they may quote such an error)."""
+    if isinstance(exc, NgspecError):
+        return None
+    code = getattr(exc, "errno", None)
+    if code not in _FULL_WORDS:
+        code = next((c for c, words in _FULL_WORDS.items() if words in str(exc)), None)
+    if code is None and isinstance(exc, (OSError, RuntimeError)) and getattr(exc, "errno", None) is None:
+        free = _free_bytes(tmp.parent)
+        code = errno.ENOSPC if free is not None and free < FULL_BYTES else None
+    if code is None or (isinstance(exc, OSError) and exc.filename is not None):
+        return None  # not a full device, or an OSError that already says so about its file
+    return OSError(code, _FULL_WORDS[code], str(out))
 
 
 def keep_in_cache(path: Path, write: Callable[[Path], None], what: str) -> bool:

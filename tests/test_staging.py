@@ -1,6 +1,7 @@
 import os
 
 import pytest
+from safetensors import SafetensorError
 
 from ngspec import staging
 from ngspec.errors import NgspecError
@@ -277,3 +278,57 @@ def test_a_temporary_name_says_where_and_by_whom_it_was_made(tmp_path):
         assert match is None and name.startswith(f".store.tmp-{os.getpid()}-")
     else:
         assert (match["place"], int(match["pid"])) == (staging._PLACE, os.getpid())
+
+
+@pytest.mark.parametrize(
+    ("raised", "free", "said"),
+    [  # what each writer raised on a 200 KiB tmpfs that filled (numpy, torch, safetensors, Python)
+        (OSError("46791 requested and 27616 written"), 0, "No space left on device"),
+        (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 201088 vs 200976"), 0, "No space left on device"),
+        (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"), 10**9, "No space left on device"),
+        (OSError(28, "No space left on device"), 10**9, "No space left on device"),
+        (OSError(122, "Disk quota exceeded"), 10**9, "Disk quota exceeded"),
+    ],
+)
+def test_a_write_that_fills_the_device_says_so_naming_the_output(tmp_path, monkeypatch, raised, free, said):
+    """A full device is named as one, at the user's path, however the library that wrote said it
+    (numpy's short write and torch's "unexpected pos" say nothing of why: the device's free space
+    tells), and the temporary is removed."""
+    monkeypatch.setattr(staging, "_free_bytes", lambda directory: free)
+    for staged, out in ((staging.staged_file, tmp_path / "table.npz"), (lambda out: staging.staged_directory(out, force=False), tmp_path / "store")):
+        with pytest.raises(OSError) as failed:
+            with staged(out) as tmp:
+                (tmp / "sa.npy" if tmp.is_dir() else tmp).write_bytes(b"half")
+                raise raised
+        assert failed.type is OSError and failed.value.strerror == said and failed.value.filename == str(out)
+        assert failed.value.__cause__ is raised and staging.os_error_message(failed.value) == f"{said}: {out}"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 201088 vs 200976"),  # with room: not the device
+     ValueError("a bad record"), OSError(28, "No space left on device", "/out/.t.npz.tmp-1"),  # names its file already
+     NgspecError("stopped (No space left on device, writing c.jsonl) after 2 records")],  # ngspec's own words
+)
+def test_other_write_failures_pass_as_they_are(tmp_path, monkeypatch, raised):
+    monkeypatch.setattr(staging, "_free_bytes", lambda directory: 10**9 if isinstance(raised, RuntimeError) else 0)
+    with pytest.raises(type(raised)) as failed:
+        with staging.staged_file(tmp_path / "t.npz"):
+            raise raised
+    assert failed.value is raised and list(tmp_path.iterdir()) == []
+
+
+def test_a_full_cache_says_where_the_default_model_goes_and_what_it_needs(tmp_path, monkeypatch):
+    from ngspec import models
+
+    monkeypatch.setenv("NGSPEC_CACHE", str(tmp_path))
+
+    def convert(gguf, out):
+        raise OSError(28, "No space left on device", str(out))
+
+    monkeypatch.setattr(models, "convert_gguf", convert)
+    monkeypatch.setattr(models, "embedded_gguf", lambda: tmp_path / "model.gguf")
+    with pytest.raises(NgspecError, match=r"^cannot convert the default model into ngspec's cache \(No space left on device: .*/models/smollm2-135m-instruct\); "
+                                          r"it takes about 520 MB: make room there, or set NGSPEC_CACHE to a directory with room$"):
+        models.default_model_dir()

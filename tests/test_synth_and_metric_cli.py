@@ -189,6 +189,48 @@ def test_interrupted_synthesis_keeps_finished_records_beside_the_output(tmp_path
     assert write_jsonl(records(99), out, force=False) == 5 and out.is_file()
 
 
+def test_synthesis_on_a_full_disk_keeps_the_records_written_whole(tmp_path, monkeypatch):
+    """The disk fills in the middle of the third record: the two before it are kept as the
+    interrupted run's (the part of the third cut off), so the same command continues once there
+    is room, instead of an hour's records going with the temporary file."""
+    import errno
+    import pathlib
+
+    from ngspec.datastore.synth import partial_path, write_jsonl
+
+    real_open, room = pathlib.Path.open, 2 * len(json.dumps({"instruction": "q0", "response": "a0"}) + "\n") + 10
+
+    class FillingUp:
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, data):
+            if self.written + len(data) > room:
+                self.f.write(data[: room - self.written])  # in part, as a full device takes it
+                self.f.flush()
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written += len(data)
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(pathlib.Path, "open", lambda self, *a, **k: FillingUp(real_open(self, *a, **k)) if ".tmp-" in self.name else real_open(self, *a, **k))
+    out = tmp_path / "corpus.jsonl"
+    records = ({"instruction": f"q{i}", "response": f"a{i}"} for i in range(5))
+    with pytest.raises(NgspecError, match=r"^stopped \(No space left on device, writing .*corpus.jsonl\) after 2 records; they are in .*corpus.partial.jsonl .*Mend that and run the same command"):
+        write_jsonl(records, out, force=False)
+    monkeypatch.undo()
+    assert [json.loads(line)["instruction"] for line in partial_path(out).read_text().splitlines()] == ["q0", "q1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.partial.jsonl"]
+
+
 def test_two_writers_of_one_corpus_each_write_their_own_file(tmp_path):
     """Two `synth-corpus` runs given the same ``--out`` at once: the second's write, made while
     the first is between records, neither truncates nor moves the first's; each lands whole (the

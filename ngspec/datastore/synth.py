@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import operator
+import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,25 +242,29 @@ def write_jsonl(records: Iterator[dict], out: Path, force: bool, carried: Sequen
     ``out``, through a temporary file of this call's own (`staging.staged_file`) renamed at the
     end, which also removes `partial_path`. When interrupted (Ctrl-C, SIGTERM) the finished
     records are not thrown away: they go to `partial_path` (complete records only; ``out`` itself
-    is never half-written), and the error says that the same command continues from there."""
+    is never half-written), and the error says that the same command continues from there. So
+    when the disk fills (a record written in part is cut off)."""
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
+    count = whole = 0  # records and bytes written whole
     with staged_file(out) as tmp:
         try:
-            with tmp.open("w") as f:
+            with tmp.open("wb") as f:
                 for record in itertools.chain(carried, records):
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+                    f.write(line)
                     f.flush()
-                    count += 1
-        except KeyboardInterrupt:
+                    count, whole = count + 1, whole + len(line)
+        except (KeyboardInterrupt, OSError) as exc:
             if not count:
                 raise
+            os.truncate(tmp, whole)
             tmp.replace(partial_path(out))
+            why, then = ("interrupted", "Run") if isinstance(exc, KeyboardInterrupt) else (f"stopped ({exc.strerror or exc}, writing {out})", "Mend that and run")
             raise NgspecError(
-                f"interrupted after {count} records; they are in {partial_path(out)} (complete records only; "
-                f"{out} was not written). Run the same command again to continue from there."
+                f"{why} after {count} records; they are in {partial_path(out)} (complete records only; "
+                f"{out} was not written). {then} the same command again to continue from there."
             ) from None
     partial_path(out).unlink(missing_ok=True)
     return count

@@ -62,8 +62,12 @@ def save_figure(fig, path: Path) -> Path:
 
     import matplotlib.pyplot as plt
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
-        fig.savefig(path, dpi=90)
-    plt.close(fig)
+    from ngspec.staging import staged_file
+
+    try:
+        with warnings.catch_warnings(), staged_file(path) as tmp:  # whole or not at all, as every output
+            warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
+            fig.savefig(tmp, format=path.suffix.removeprefix(".") or "png", dpi=90)
+    finally:
+        plt.close(fig)
     return path
