@@ -108,3 +108,36 @@ def first_sentence(exc: Exception) -> str:
     if not text:
         return "it ends early" if isinstance(exc, EOFError) else type(exc).__name__
     return re.split(r"(?<=\.)\s", text.splitlines()[0])[0]
+
+
+_SIZE = r"([\d.]+ ?[KMGT]?i?B)"
+_OOM_WORDS = re.compile(r"out of memory|can't allocate memory|not enough memory", re.IGNORECASE)
+
+
+def out_of_memory(exc: BaseException, less: str = "") -> str | None:
+    """One line for an allocation that failed, or None for anything else: torch's CUDA error
+    ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of
+    which 1.06 GiB is free. ..." and a paragraph more), its CPU allocator's ("[enforce fail at
+    alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate
+    13960068 bytes. Error code 12 ..."), or Python's MemoryError. ``less``: the options that ask
+    for less memory at once, for the advice."""
+    text = str(exc)
+    if not isinstance(exc, MemoryError) and not (isinstance(exc, RuntimeError) and _OOM_WORDS.search(text)):
+        return None
+    where = "on the CPU"
+    if (gpu := re.search(r"\bGPU (\d+)", text)) is not None or "CUDA" in text:
+        where = f"on GPU {gpu.group(1)}" if gpu else "on the GPU"
+    elif "MPS" in text:
+        where = "on the Apple GPU (MPS)"
+    asked = re.search(r"[Tt]ried to allocate " + _SIZE, text)
+    if asked is None and (count := re.search(r"tried to allocate (\d+) bytes", text)) is not None:
+        asked = f"{int(count.group(1)) / 2**20:.1f} MiB"
+    else:
+        asked = asked and asked.group(1)
+    free = re.search(r"total capacity of " + _SIZE + r" of which " + _SIZE + " is free", text)
+    said = f"out of memory {where}" + (f": torch could not allocate {asked} more" if asked else "") + (
+        f" ({free.group(2)} of {free.group(1)} free)" if free else "")
+    advice = f"ask for less at once: {less}; or free memory" if less else "ask for less at once, or free memory"
+    if "expandable_segments" in text:
+        advice += " (torch also suggests PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation)"
+    return f"{said}; {advice}"

@@ -32,7 +32,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable
 
-from ngspec.errors import NgspecError, short
+from ngspec.errors import NgspecError, out_of_memory, short
 from ngspec.prompts import check_messages, joined_parts
 
 if TYPE_CHECKING:
@@ -449,7 +449,8 @@ class Handler(BaseHTTPRequestHandler):
         except BrokenPipeError:  # the client went away mid-stream
             pass
         except Exception as exc:  # never a traceback to the client; the server keeps serving
-            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+            said = out_of_memory(exc, "a smaller max_tokens, or fewer prompts in one request") or f"{type(exc).__name__}: {exc}"
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, said)
 
     def _body(self) -> dict:
         try:

@@ -630,6 +630,51 @@ def test_a_failed_command_exits_without_its_exception_chain(error, capsys):
     assert capsys.readouterr().err.strip()  # and its one-line message was shown
 
 
+CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free. "
+            "Including non-PyTorch memory, this process has 78.12 GiB memory in use. Of the allocated memory 76.50 GiB is allocated by "
+            "PyTorch, and 1.10 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management")
+CPU_OOM = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 13960068 "
+           "bytes. Error code 12 (Cannot allocate memory)")  # what `generate -b 4` raised under `ulimit -v 2500000`
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [(lambda: __import__("torch").OutOfMemoryError(CUDA_OOM), "out of memory on GPU 0: torch could not allocate 2.00 GiB more (1.06 GiB of 79.19 GiB free); "
+      "ask for less at once: a smaller --batch-size or --max-new-tokens, or a smaller draft tree (--num-draft, --total-tokens, --tree-choices); "
+      "or free memory (torch also suggests PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation)"),
+     (lambda: RuntimeError(CPU_OOM), "out of memory on the CPU: torch could not allocate 13.3 MiB more; ask for less at once: a smaller --batch-size "
+      "or --max-new-tokens, or a smaller draft tree (--num-draft, --total-tokens, --tree-choices); or free memory"),
+     (MemoryError, "out of memory on the CPU; ask for less at once: a smaller --batch-size or --max-new-tokens, or a smaller draft tree "
+      "(--num-draft, --total-tokens, --tree-choices); or free memory"),
+     (lambda: RuntimeError("The size of tensor a (4) must match the size of tensor b (5)"), None)],  # not memory: as before
+)
+def test_running_out_of_memory_is_one_line_with_what_asks_for_less(error, said, capsys):
+    """torch's allocation errors (a paragraph on a GPU) become one line saying where memory ran
+    out, how much was asked for, and which of the command's options ask for less."""
+    import typer
+
+    from ngspec.cli.app import LESS_AT_ONCE, friendly
+
+    def command():
+        raise error()
+
+    with pytest.raises(typer.Exit) as info:
+        friendly(command, LESS_AT_ONCE["generate"])()
+    assert info.value.exit_code == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {said}" if said else err.startswith("error: RuntimeError: The size of tensor a") and "NGSPEC_DEBUG" in err
+
+
+def test_every_command_that_runs_a_model_names_options_it_has_for_less_memory():
+    from ngspec.cli.app import LESS_AT_ONCE
+
+    for command, options in LESS_AT_ONCE.items():
+        text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "300"}).output
+        for option in re.findall(r"--[a-z-]+", options):
+            assert option in text, (command, option)
+
+
 def test_generate_keeps_a_category_and_the_first_prompts(tmp_path):
     """`--category` and `--limit` pick prompts of a question file, as `bench` does; an unknown
     category is refused in one line naming those there are, before the model loads."""

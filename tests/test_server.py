@@ -210,6 +210,31 @@ def test_a_bad_request_gets_one_clear_message_and_the_server_keeps_serving(tiny_
     assert call(tiny_server, "/health")[1] == {"status": "ok"}
 
 
+def test_a_request_that_runs_out_of_memory_gets_one_line_and_the_server_keeps_serving(tiny, monkeypatch):
+    """torch's CUDA paragraph becomes the CLI's one line, with what a client can ask less of; the
+    next request is answered."""
+    import torch
+
+    spec = Speculator.from_model(tiny, drafter="trie")
+    real, failed = spec.generate, []
+
+    def once_out_of_memory(*args, **kwargs):
+        if not failed:
+            failed.append(1)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+                                         "1.06 GiB is free. Including non-PyTorch memory, this process has 78.12 GiB memory in use.")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(spec, "generate", once_out_of_memory)
+    with serving(spec, batch_size=1) as url:
+        status, answer = call(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4})
+        assert status == 500 and answer["error"]["type"] == "server_error"
+        assert answer["error"]["message"] == ("out of memory on GPU 0: torch could not allocate 2.00 GiB more (1.06 GiB of 79.19 GiB free); "
+                                              "ask for less at once: a smaller max_tokens, or fewer prompts in one request; or free memory")
+        status, answer = call(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4})
+        assert status == 200 and 1 <= len(answer["choices"][0]["token_ids"]) <= 4
+
+
 def test_invalid_json_and_unknown_get_routes(tiny_server):
     status, answer = call(tiny_server, "/v1/completions", raw=b"{bad")
     assert status == 400 and "not valid JSON" in answer["error"]["message"]

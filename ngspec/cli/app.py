@@ -17,7 +17,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ngspec.cli import render
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, out_of_memory
 from ngspec.staging import os_error_message
 
 
@@ -68,7 +68,23 @@ def _options(
     pass
 
 
-def friendly(command: Callable) -> Callable:
+_TREE = "a smaller draft tree (--num-draft, --total-tokens, --tree-choices)"
+LESS_AT_ONCE = {  # by command: the options that ask for less memory at once, for an out-of-memory error's advice
+    "generate": f"a smaller --batch-size or --max-new-tokens, or {_TREE}",
+    "bench": f"a smaller --batch-size or --max-new-tokens, or {_TREE}",
+    "serve": f"a smaller --batch-size, or {_TREE}",
+    "tune-tree": "fewer --nodes, a smaller --batch-size or --max-new-tokens",
+    "train-eagle": "a smaller --max-len or --max-records",
+    "synth-corpus": "a smaller --batch-size or --max-new-tokens",
+    "build-bigram": "a smaller --batch-size",
+    "build-datastore": "fewer --max-records",
+}
+
+
+def friendly(command: Callable, less: str = "") -> Callable:
+    """``command`` with its errors as one line on stderr (``less``: what asks for less memory,
+    for the advice of an out-of-memory error)."""
+
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         debug = os.environ.get("NGSPEC_DEBUG")
@@ -100,7 +116,7 @@ def friendly(command: Callable) -> Callable:
         except Exception as exc:
             if debug:
                 raise
-            message, code = f"{type(exc).__name__}: {exc} (set NGSPEC_DEBUG=1 for the traceback)", 1
+            message, code = out_of_memory(exc, less) or f"{type(exc).__name__}: {exc} (set NGSPEC_DEBUG=1 for the traceback)", 1
         # raised outside the handlers, so the exit carries no exception chain: a command run in
         # process (tests, a notebook) that failed released its frames, model and caches at once
         # (chained, a failed batched EAGLE run kept its model's weights mapped: 0.5 GB a run)
@@ -135,7 +151,7 @@ def _register() -> None:
         ("profile-bound", profile_bound_command, "Time verification over (k rows, w tokens, context) next to a roofline prediction."),
     ]
     for name, command, short in commands:
-        app.command(name, short_help=short, cls=_Command)(friendly(command))
+        app.command(name, short_help=short, cls=_Command)(friendly(command, LESS_AT_ONCE.get(name, "")))
 
 
 _register()
