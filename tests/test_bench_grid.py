@@ -113,8 +113,10 @@ def test_a_sweep_says_whether_its_fastest_cell_is_told_apart_from_the_runner_up(
         return 1.05, interval
 
     report = {}
-    lines = _sweeps(report, arms, summaries, tmp_path, {"model": "m", "device": "cpu"}, "hf-greedy", paired, batch_size)
+    lines, draws = _sweeps(report, arms, summaries, tmp_path, {"model": "m", "device": "cpu"}, "hf-greedy", paired, batch_size)
     assert asked == [("mixed k=4 w=1", "mixed k=2 w=1")]
+    assert len(draws) == 1 and not list(tmp_path.iterdir())  # drawn once the report is shown (`_finish`)
+    assert draws[0]() == tmp_path / report["plots"][0].rsplit("/", 1)[-1] and (tmp_path / report["plots"][0].rsplit("/", 1)[-1]).is_file()
     assert lines[0] == f"mixed (tree): best by wall time k=4 w=1 (1.20x vs hf-greedy; {said}); most tokens per call k=4 w=1 (3.20)"
     assert report["sweeps"][0]["runner_up_by_speedup"] == [2, 1] and report["sweeps"][0]["interval_95"] == (list(interval) if interval else None)
 
@@ -157,3 +159,14 @@ def test_drafters_may_be_repeated_or_comma_separated():
 
     assert split_names(["vanilla,trie", "eagle+search", " search , "]) == ["vanilla", "trie", "eagle+search", "search"]
     assert split_names(["trie"]) == ["trie"]
+
+
+def test_an_arm_that_drafted_no_row_says_so_in_the_ablation():
+    """context-ngram on a context without repeats drafts nothing: its arm is a row saying so, not
+    a table with a header and no rows."""
+    from ngspec.bench import grid
+
+    abl = [{"arm": "context-ngram k=1 w=1", "strategies": {}, "accepted_row_rank": {}},
+           {"arm": "mixed k=2 w=1", "strategies": {"bigram": {"rows": 4, "tokens_accepted": 2, "tokens_per_row": 0.5}}, "accepted_row_rank": {1: 2}}]
+    assert grid.ablation_rows(abl) == [["context-ngram k=1 w=1", "no rows drafted", "0", "0", "0.000", ""],
+                                       ["mixed k=2 w=1", "bigram", "4", "2", "0.500", "1:2"]]

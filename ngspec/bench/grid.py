@@ -80,12 +80,13 @@ ABLATION_COLUMNS = ["arm", "strategy", "rows", "tokens accepted", "per row", "ac
 
 
 def ablation_rows(abl: list[dict]) -> list[list[str]]:
-    """`ablation`'s table: a row per arm and strategy, the arm and its ranks on its first."""
+    """`ablation`'s table: a row per arm and strategy, the arm and its ranks on its first; an arm
+    that drafted no row says so (context-ngram finds nothing in a context without repeats)."""
     return [
         [a["arm"] if i == 0 else "", name, str(v["rows"]), str(v["tokens_accepted"]), f"{v['tokens_per_row']:.3f}",
          " ".join(f"{r}:{n}" for r, n in a["accepted_row_rank"].items()) if i == 0 else ""]
         for a in abl
-        for i, (name, v) in enumerate(a["strategies"].items())
+        for i, (name, v) in enumerate(a["strategies"].items() or [("no rows drafted", {"rows": 0, "tokens_accepted": 0, "tokens_per_row": 0.0})])
     ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from pathlib import Path
@@ -72,7 +73,7 @@ def bench_command(
     Batches, interleaved: ngspec bench -q ../shared/data/spec_bench/question.jsonl --category rag --limit 32 -b 8 --interleave-batches 1 -d trie,eagle+search --eagle-head HEAD --datastore DS --versus trie
     """
     from ngspec.bench import grid
-    from ngspec.bench.report import ARMS, COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
+    from ngspec.bench.report import COLUMNS, SAMPLED_NOTE, ceiling_of, environment, interval_text, markdown, mismatch_notes, rows, split_tables, summarise, to_json, versus
     from ngspec.bench.runner import HF_ARMS, baseline, make_arms, run_bench
     from ngspec.perf.sweep import parse_values
     from ngspec.prompts import load_prompts, prompt_input, source_name
@@ -167,16 +168,12 @@ def bench_command(
         [pair] = versus(records, [arm, base], base)
         return pair["ratio"], pair["interval"]
 
-    sweep_lines = _sweeps(report, arms, summaries, plots, env, ref, paired)
-    if markdown_out is not None:
-        staging.write_text(markdown_out, markdown(summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records, pairs)
-                           + grid.markdown(sweep_lines, abl))
-    if json_path is not None:
-        staging.write_text(json_path, json.dumps(report, indent=2))
+    sweep_lines, heatmaps = _sweeps(report, arms, summaries, plots, env, ref, paired)
+    files = _files(heatmaps, report, json_path, markdown_out, lambda: markdown(
+        summaries, env, ceiling, ceiling_of(records, True) if res.datastore is not None else None, records, pairs) + grid.markdown(sweep_lines, abl))
     if json_out:
         render.json_line(report)
-        warn_if_busy(env["others_cpu_share"], ARMS)
-        return _stop(stopped, markdown_out, json_path)
+        return _finish(files, env, stopped, markdown_out, json_path)
     render.table(f"bench{f' (interrupted {stopped})' if stopped else ''}: {counted(len(prompts), asked)}{f', {rounds} rounds' if rounds > 1 else ''}, {max_new_tokens} new tokens, {env['device']}, {env['dtype']}",
                  COLUMNS, rows(summaries))
     for title, columns, cells, _ in splits:
@@ -198,8 +195,7 @@ def bench_command(
     if notes:
         head, *items = notes.strip().splitlines()
         render.info("\n".join([head, *listed(items)]))
-    warn_if_busy(env["others_cpu_share"], ARMS)
-    _stop(stopped, markdown_out, json_path)
+    _finish(files, env, stopped, markdown_out, json_path)
 
 
 def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool, batch_size: int, rounds: int, settings: dict, versus_arm, markdown_out, json_path, json_out: bool,
@@ -211,7 +207,7 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
     transformers' sampled answers make them, and every row is checked against vanilla's)."""
     from ngspec.batch import BatchConfig
     from ngspec.bench import batched, grid
-    from ngspec.bench.report import ARMS, SAMPLED_NOTE, environment
+    from ngspec.bench.report import SAMPLED_NOTE, environment
     from ngspec.turns import Conversations
 
     asked = Conversations(engine.loaded.tokenizer, prompts, every_turn, raw, engine.target.max_length, engine.target.vocab)
@@ -247,16 +243,13 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         [pair] = batched.versus([s for s in summaries if s.arm in (arm, base)], base)
         return pair["ratio"], pair["interval_95"]
 
-    sweep_lines = _sweeps(report, arms, summaries, plots, env, "vanilla", paired, batch_size)
+    sweep_lines, heatmaps = _sweeps(report, arms, summaries, plots, env, "vanilla", paired, batch_size)
     abl = report["ablation"] = grid.ablation(arms, batched.run_stats(runs))
-    if markdown_out is not None:
-        staging.write_text(markdown_out, batched.markdown(summaries, env, ceilings, pairs, turns, sampled, splits, labels) + grid.markdown(sweep_lines, abl))
-    if json_path is not None:
-        staging.write_text(json_path, json.dumps(report, indent=2))
+    files = _files(heatmaps, report, json_path, markdown_out, lambda: batched.markdown(
+        summaries, env, ceilings, pairs, turns, sampled, splits, labels) + grid.markdown(sweep_lines, abl))
     if json_out:
         render.json_line(report)
-        warn_if_busy(env["others_cpu_share"], ARMS)
-        return _stop(stopped, markdown_out, json_path)
+        return _finish(files, env, stopped, markdown_out, json_path)
     render.table(f"bench{f' (interrupted {stopped})' if stopped else ''}: {counted(len(prompts), len(ids))} in batches of {batch_size}{f', {parts} interleaved groups' if parts > 1 else ''}, {rounds} round(s), {settings['max_new_tokens']} new tokens, {env['device']}, {env['dtype']}",
                  batched.COLUMNS, batched.rows(summaries))
     render.info(f"tok/s over all rows, against vanilla at batch size {batch_size}; tokens/call per row. {batched.ceiling_text(ceilings, sampled)}")
@@ -274,22 +267,23 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
         against = "vanilla's sampled rows" if sampled else "transformers' greedy decoding"
         render.info(f"rows that differ from {against} (a split a few rounding steps wide is a near-tie; float32 on a CPU should give none):\n"
                     + "\n".join(listed([f"- {x}" for x in batched.split_lines(splits, labels, sampled)])))
-    warn_if_busy(env["others_cpu_share"], ARMS)
-    _stop(stopped, markdown_out, json_path)
+    _finish(files, env, stopped, markdown_out, json_path)
 
 
-def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str, paired: Callable, batch_size: int = 1) -> list[str]:
+def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str, paired: Callable,
+            batch_size: int = 1) -> tuple[list[str], list[Callable[[], object]]]:
     """A (k, w) grid's sweeps: each one's best cells into ``report`` ("sweeps"), the fastest
     against the runner-up (``paired(arm, base)``: the ratio and its 95% interval, None from one
-    prompt or round), and its heatmaps drawn under ``plots`` ("plots"; a batched run's named by its
-    batch size, so that they keep batch size 1's); the lines that say so on the terminal."""
+    prompt or round), and its heatmaps' paths under ``plots`` ("plots"; a batched run's named by
+    its batch size, so that they keep batch size 1's); the lines that say so on the terminal, and
+    what draws each heatmap (`_finish` draws them, after the report is shown)."""
     from ngspec.bench import grid
     from ngspec.bench.report import interval_text
 
     grids = grid.sweeps(arms, summaries)
     report["sweeps"], lines = [], []
     if not grids:
-        return []
+        return [], []
     for g in grids:
         ((bk, bw), best), ((rk, rw), runner_up) = g.ranked("speedup")[:2]
         (tk, tw), most = g.best("tokens_per_call")
@@ -307,11 +301,34 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
                      f"most tokens per call k={tk} w={tw} ({most.tokens_per_call:.2f})")
     plots.mkdir(parents=True, exist_ok=True)
     batch = (f", batch size {batch_size}", f"-b{batch_size}") if batch_size > 1 else ("", "")
-    report["plots"] = [
-        str(grid.heatmaps(g, f"{g.drafter} ({g.layout}) on {env['model']}\n{env['device']}{batch[0]}", plots / f"bench-{g.drafter}-{g.layout}{batch[1]}.png", against))
-        for g in grids
-    ]
-    return [*lines, "heatmaps: " + ", ".join(report["plots"])]
+    paths = [plots / f"bench-{g.drafter}-{g.layout}{batch[1]}.png" for g in grids]
+    report["plots"] = [str(path) for path in paths]
+    draws = [functools.partial(grid.heatmaps, g, f"{g.drafter} ({g.layout}) on {env['model']}\n{env['device']}{batch[0]}", path, against)
+             for g, path in zip(grids, paths)]
+    return [*lines, "heatmaps: " + ", ".join(report["plots"])], draws
+
+
+def _files(heatmaps: list[Callable[[], object]], report: dict, json_path: Path | None, markdown_out: Path | None,
+           markdown_text: Callable[[], str]) -> list[Callable[[], object]]:
+    """What writes the run's files: its heatmaps, then ``--markdown`` and ``--json-out``."""
+    files = list(heatmaps)
+    if markdown_out is not None:
+        files.append(lambda: staging.write_text(markdown_out, markdown_text()))
+    if json_path is not None:
+        files.append(lambda: staging.write_text(json_path, json.dumps(report, indent=2)))
+    return files
+
+
+def _finish(files: list[Callable[[], object]], env: dict, stopped: str | None, markdown_out: Path | None, json_path: Path | None) -> None:
+    """After the report is shown: write its files (last, so that a disk that fills during a long
+    run costs the files, not the figures already on the terminal), warn if other work shared the
+    CPUs, and exit non-zero if the run was interrupted."""
+    from ngspec.bench.report import ARMS
+
+    for write in files:
+        write()
+    warn_if_busy(env["others_cpu_share"], ARMS)
+    _stop(stopped, markdown_out, json_path)
 
 
 def _ablation_table(abl: list[dict]) -> None:
