@@ -630,6 +630,37 @@ def test_a_failed_command_exits_without_its_exception_chain(error, capsys):
     assert capsys.readouterr().err.strip()  # and its one-line message was shown
 
 
+def test_output_piped_into_a_reader_that_stops_ends_quietly(capsys):
+    """`ngspec generate ... | head -c 20`: the pipe closes under us; Unix tools stop without a word
+    (a shell reports 141, 128 + SIGPIPE), where we printed "error: Broken pipe"."""
+    import typer
+
+    from ngspec.cli.app import friendly
+
+    def command():
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(typer.Exit) as info:
+        friendly(command)()
+    assert info.value.exit_code == 141 and capsys.readouterr().err == ""
+
+
+def test_a_real_pipe_closed_by_its_reader_ends_the_command_quietly(tiny_saved, tmp_path):
+    """The reader takes the first prompt's line and closes the pipe: seven prompts are still to
+    be written into it."""
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Count to {n}: 1 2 3"}) + "\n" for n in range(8)))
+    command = [sys.executable, "-m", "ngspec.cli.app", "generate", "-p", str(prompts), "--model", str(tiny_saved), "-n", "64", "--json"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as run:
+        assert run.stdout.read(1) == "{"
+        run.stdout.close()
+        err = run.stderr.read()
+        assert run.wait(timeout=300) == 141 and "error" not in err and "Exception" not in err, err
+
+
 CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free. "
             "Including non-PyTorch memory, this process has 78.12 GiB memory in use. Of the allocated memory 76.50 GiB is allocated by "
             "PyTorch, and 1.10 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import warnings
 from typing import Annotated, Callable
 
@@ -81,6 +82,16 @@ LESS_AT_ONCE = {  # by command: the options that ask for less memory at once, fo
 }
 
 
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that Python's flush of it at exit, into the closed
+    pipe, prints nothing ("Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file behind sys.stdout (a test's runner)
+        pass
+
+
 def friendly(command: Callable, less: str = "") -> Callable:
     """``command`` with its errors as one line on stderr (``less``: what asks for less memory,
     for the advice of an out-of-memory error)."""
@@ -109,6 +120,9 @@ def friendly(command: Callable, less: str = "") -> Callable:
             message, code = "interrupted", 130
         except (typer.Exit, typer.Abort):
             raise
+        except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly, as Unix tools do
+            _quiet_stdout()
+            raise typer.Exit(141) from None  # 128 + SIGPIPE, what a shell reports for a tool the signal stopped
         except OSError as exc:  # a path that cannot be read or written, a full disk
             if debug:
                 raise
