@@ -48,7 +48,9 @@ class LoadedModel:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("NGSPEC_CACHE", Path.home() / ".cache" / "ngspec"))
+    """``$NGSPEC_CACHE`` (``~`` expanded), else ``~/.cache/ngspec``; set but empty counts as unset
+    (it read as the current directory, which then took the 520 MB converted model)."""
+    return Path(os.environ.get("NGSPEC_CACHE") or Path.home() / ".cache" / "ngspec").expanduser()
 
 
 def pick_device(device: str = "auto") -> torch.device:

@@ -332,3 +332,13 @@ def test_a_full_cache_says_where_the_default_model_goes_and_what_it_needs(tmp_pa
     with pytest.raises(NgspecError, match=r"^cannot convert the default model into ngspec's cache \(No space left on device: .*/models/smollm2-135m-instruct\); "
                                           r"it takes about 520 MB: make room there, or set NGSPEC_CACHE to a directory with room$"):
         models.default_model_dir()
+
+
+@pytest.mark.parametrize(("value", "where"), [("", "~/.cache/ngspec"), ("~/ngc", "~/ngc"), ("/data/ngc", "/data/ngc")])
+def test_the_cache_is_where_ngspec_cache_says_and_at_home_when_it_is_empty(monkeypatch, value, where):
+    from pathlib import Path
+
+    from ngspec.models import cache_dir
+
+    monkeypatch.setenv("NGSPEC_CACHE", value)
+    assert cache_dir() == Path(where).expanduser()
