@@ -349,7 +349,7 @@ def tune_linears(
     param = next(model.parameters())
     if param.device.type != "cpu" or param.dtype != torch.float32:
         return None
-    forced = os.environ.get("NGSPEC_CPU_KERNELS", "auto")
+    forced = os.environ.get("NGSPEC_CPU_KERNELS", "").strip() or "auto"
     if forced == "linear":
         return None
     if forced != "auto":

@@ -2,6 +2,7 @@
 how such messages quote what they refuse."""
 
 import json
+import os
 import re
 
 NULL = type(None)
@@ -141,3 +142,9 @@ def out_of_memory(exc: BaseException, less: str = "") -> str | None:
     if "expandable_segments" in text:
         advice += " (torch also suggests PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation)"
     return f"{said}; {advice}"
+
+
+def env_switch(name: str) -> bool:
+    """Whether the environment turns ``name`` on (NGSPEC_DEBUG, NGSPEC_RECALIBRATE, ...): set to
+    anything but empty, 0, false, no or off. ``NGSPEC_DEBUG=0`` used to turn tracebacks on."""
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")

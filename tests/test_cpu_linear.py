@@ -126,6 +126,8 @@ def test_small_models_keep_ordinary_layers_unless_a_kernel_is_forced(monkeypatch
     monkeypatch.setenv("NGSPEC_CPU_KERNELS", "fastest")
     with pytest.raises(NgspecError, match="NGSPEC_CPU_KERNELS"):
         tune_linears(tiny_model("llama"))
+    monkeypatch.setenv("NGSPEC_CPU_KERNELS", "")  # set but empty: auto, as unset (it was refused as '')
+    assert tune_linears(tiny_model("qwen2")) is None
 
 
 def test_large_models_are_measured_once_and_read_from_the_cache(monkeypatch, tmp_path, quiet_machine):

@@ -342,3 +342,33 @@ def test_the_cache_is_where_ngspec_cache_says_and_at_home_when_it_is_empty(monke
 
     monkeypatch.setenv("NGSPEC_CACHE", value)
     assert cache_dir() == Path(where).expanduser()
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, False), ("", False), ("0", False), ("false", False), ("No", False), (" off ", False),
+                                          ("1", True), ("yes", True), ("true", True), ("2", True)])
+def test_an_environment_switch_is_off_when_empty_or_zero(monkeypatch, value, on):
+    """NGSPEC_DEBUG=0 turned tracebacks on, NGSPEC_RECALIBRATE=0 timed everything again."""
+    from ngspec.errors import env_switch
+
+    if value is None:
+        monkeypatch.delenv("NGSPEC_DEBUG", raising=False)
+    else:
+        monkeypatch.setenv("NGSPEC_DEBUG", value)
+    assert env_switch("NGSPEC_DEBUG") is on
+
+
+def test_debug_set_to_zero_keeps_the_one_line_error(monkeypatch, capsys):
+    import typer
+
+    from ngspec.cli.app import friendly
+
+    def command():
+        raise RuntimeError("a bug")
+
+    monkeypatch.setenv("NGSPEC_DEBUG", "0")
+    with pytest.raises(typer.Exit):
+        friendly(command)()
+    assert capsys.readouterr().err.startswith("error: RuntimeError: a bug")
+    monkeypatch.setenv("NGSPEC_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="a bug"):
+        friendly(command)()

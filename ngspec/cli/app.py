@@ -18,7 +18,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ngspec.cli import render
-from ngspec.errors import NgspecError, out_of_memory
+from ngspec.errors import NgspecError, env_switch, out_of_memory
 from ngspec.staging import os_error_message
 
 
@@ -98,7 +98,7 @@ def friendly(command: Callable, less: str = "") -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        debug = os.environ.get("NGSPEC_DEBUG")
+        debug = env_switch("NGSPEC_DEBUG")
         try:
             with warnings.catch_warnings():
                 shown = warnings.showwarning

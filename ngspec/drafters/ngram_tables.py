@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from transformers import PreTrainedModel
 
 from ngspec import staging
 from ngspec.architecture import sliding_window
-from ngspec.errors import NgspecError, first_sentence
+from ngspec.errors import NgspecError, env_switch, first_sentence
 from ngspec.kv import cache_argument, make_cache
 from ngspec.rows import forward_rows
 
@@ -253,7 +252,7 @@ def cached_tables(
     if path is not None:
         return load_tables(path, fingerprint, vocab, lambda other: model_fingerprint(model, other))
     path = default_table_path(fingerprint)
-    if path.is_file() and not os.environ.get("NGSPEC_REBUILD_TABLES"):
+    if path.is_file() and not env_switch("NGSPEC_REBUILD_TABLES"):
         try:
             return load_tables(path, fingerprint, vocab)
         except NgspecError as exc:

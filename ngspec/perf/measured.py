@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from ngspec import staging
+from ngspec.errors import env_switch
 
 T = TypeVar("T")
 
@@ -115,7 +115,7 @@ def measured_once(kind: str, setting: str, read: Callable[[dict], T | None], mea
     path = entry_path(kind, setting)
     if path in _THIS_RUN:
         return _THIS_RUN[path]  # type: ignore[return-value]
-    if path.is_file() and not os.environ.get("NGSPEC_RECALIBRATE"):
+    if path.is_file() and not env_switch("NGSPEC_RECALIBRATE"):
         try:
             entry = json.loads(path.read_text())
             value = read(entry) if "others_cpu_share" in entry else None  # older entries: not known to be quiet
