@@ -125,16 +125,10 @@ def out_of_memory(exc: BaseException, less: str = "") -> str | None:
     text = str(exc)
     if not isinstance(exc, MemoryError) and not (isinstance(exc, RuntimeError) and _OOM_WORDS.search(text)):
         return None
-    where = "on the CPU"
-    if (gpu := re.search(r"\bGPU (\d+)", text)) is not None or "CUDA" in text:
-        where = f"on GPU {gpu.group(1)}" if gpu else "on the GPU"
-    elif "MPS" in text:
-        where = "on the Apple GPU (MPS)"
-    asked = re.search(r"[Tt]ried to allocate " + _SIZE, text)
-    if asked is None and (count := re.search(r"tried to allocate (\d+) bytes", text)) is not None:
-        asked = f"{int(count.group(1)) / 2**20:.1f} MiB"
-    else:
-        asked = asked and asked.group(1)
+    gpu = re.search(r"\bGPU (\d+)", text)
+    where = f"on GPU {gpu.group(1)}" if gpu else "on the GPU" if "CUDA" in text else "on the CPU"
+    size, count = re.search(r"[Tt]ried to allocate " + _SIZE, text), re.search(r"tried to allocate (\d+) bytes", text)
+    asked = size.group(1) if size else f"{int(count.group(1)) / 2**20:.1f} MiB" if count else None
     free = re.search(r"total capacity of " + _SIZE + r" of which " + _SIZE + " is free", text)
     said = f"out of memory {where}" + (f": torch could not allocate {asked} more" if asked else "") + (
         f" ({free.group(2)} of {free.group(1)} free)" if free else "")

@@ -242,8 +242,8 @@ def write_jsonl(records: Iterator[dict], out: Path, force: bool, carried: Sequen
     ``out``, through a temporary file of this call's own (`staging.staged_file`) renamed at the
     end, which also removes `partial_path`. When interrupted (Ctrl-C, SIGTERM) the finished
     records are not thrown away: they go to `partial_path` (complete records only; ``out`` itself
-    is never half-written), and the error says that the same command continues from there. So
-    when the disk fills (a record written in part is cut off)."""
+    is never half-written), and the error says that the same command continues from there. The
+    same when the disk fills (a record written in part is cut off)."""
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
