@@ -212,17 +212,14 @@ def _full_device(exc: Exception, out: Path, tmp: Path) -> OSError | None:
     and torch's ("[enforce fail at inline_container.cc:672] . unexpected pos 201088 vs 200976")
     not at all: those two count as a full device when it has under `FULL_BYTES` free, the
     temporary still on it. ngspec's own errors pass as they are (they may quote such an error)."""
-    if isinstance(exc, NgspecError):
-        return None
-    code = getattr(exc, "errno", None)
-    if code not in _FULL_WORDS:
-        code = next((c for c, words in _FULL_WORDS.items() if words in str(exc)), None)
-    if code is None and isinstance(exc, (OSError, RuntimeError)) and getattr(exc, "errno", None) is None:
+    if isinstance(exc, NgspecError) or (isinstance(exc, OSError) and exc.filename is not None):
+        return None  # ngspec's own words, or an OSError that already names its file
+    said = getattr(exc, "errno", None)
+    code = said if said in _FULL_WORDS else next((c for c, words in _FULL_WORDS.items() if words in str(exc)), None)
+    if code is None and said is None and isinstance(exc, (OSError, RuntimeError)):
         free = _free_bytes(tmp.parent)
         code = errno.ENOSPC if free is not None and free < FULL_BYTES else None
-    if code is None or (isinstance(exc, OSError) and exc.filename is not None):
-        return None  # not a full device, or an OSError that already says so about its file
-    return OSError(code, _FULL_WORDS[code], str(out))
+    return None if code is None else OSError(code, _FULL_WORDS[code], str(out))
 
 
 def keep_in_cache(path: Path, write: Callable[[Path], None], what: str) -> bool:
