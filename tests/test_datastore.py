@@ -190,6 +190,30 @@ def test_bad_builds_leave_nothing(tmp_path, tokenizer, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 
+@pytest.mark.parametrize("raised", [OSError("46791 requested and 0 written"), OSError(28, "No space left on device")])
+def test_a_disk_that_fills_while_tokenising_is_named_at_the_output(tmp_path, tokenizer, monkeypatch, raised):
+    """The tokens are written in a forked child: its OSError reaches the parent whole, where
+    staging names the full device at the output, as for any other write (it said "tokenisation
+    failed: OSError: 46791 requested and 0 written" on a full tmpfs: numpy's short write)."""
+    import ngspec.datastore.build as build_module
+    from ngspec import staging
+
+    class Ids:
+        def __len__(self):
+            return 1
+
+        def tofile(self, handle):
+            raise type(raised)(*raised.args)
+
+    monkeypatch.setattr(build_module, "pack_documents", lambda ids, dtype: Ids())
+    monkeypatch.setattr(staging, "_free_bytes", lambda directory: 0)
+    good = write_jsonl(tmp_path / "good.jsonl", [{"text": "hello world"}])
+    with pytest.raises(OSError) as failed:
+        build_datastore(str(good), tokenizer, "smol", tmp_path / "out", BuildOptions())
+    assert staging.os_error_message(failed.value) == f"No space left on device: {tmp_path / 'out'}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.jsonl"]
+
+
 def test_existing_output_needs_force_and_corruption_is_detected(tmp_path, tokenizer):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}, {"text": "four five"}])
     out = tmp_path / "ds"

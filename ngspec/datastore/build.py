@@ -93,6 +93,8 @@ def _tokenize_child(corpus: str, tokenizer, opts: BuildOptions, path: Path, conn
         conn.send(("done", done))
     except NgspecError as exc:
         conn.send(("error", str(exc)))
+    except OSError as exc:  # a full disk above all: raised again in the parent, where staging names it at the output
+        conn.send(("raise", OSError(exc.errno, exc.strerror, exc.filename) if exc.errno else OSError(str(exc))))
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
         conn.send(("error", f"tokenisation failed: {type(exc).__name__}: {exc}"))
     finally:
@@ -137,6 +139,8 @@ def tokenize_corpus(corpus: str, tokenizer, opts: BuildOptions, path: Path, on_b
                     on_batch(message[1])
             elif message[0] == "error":
                 raise NgspecError(message[1])
+            elif message[0] == "raise":
+                raise message[1]
             else:
                 return message[1]
     finally:
