@@ -82,6 +82,42 @@ def test_a_command_that_hits_an_os_error_prints_one_line(monkeypatch):
     assert result.output.strip().splitlines() == ["error: Permission denied: /out/bench.json (set NGSPEC_DEBUG=1 for the traceback)"]
 
 
+def test_files_written_in_turn_name_the_ones_kept_when_one_fails(tmp_path):
+    """`write_each`: the first write's OSError passes as it is; a later one's names the files
+    written whole before it, which stay."""
+    def full(path):
+        raise OSError(28, "No space left on device", str(path))
+
+    a, b, c = tmp_path / "a.csv", tmp_path / "b.json", tmp_path / "c.png"
+    with pytest.raises(OSError) as first:
+        staging.write_each([(a, lambda: full(a)), (b, lambda: staging.write_text(b, "{}"))])
+    assert type(first.value) is OSError and first.value.filename == str(a) and not b.exists()
+    with pytest.raises(NgspecError) as later:
+        staging.write_each([(a, lambda: staging.write_text(a, "x")), (b, lambda: staging.write_text(b, "{}")), (c, lambda: full(c))])
+    assert str(later.value) == f"No space left on device: {c}; written whole before it: {a}, {b}"
+    assert sorted(tmp_path.iterdir()) == [a, b]
+
+
+def test_a_full_disk_is_said_without_offering_a_traceback(monkeypatch):
+    """A full disk (or quota) is the whole story: the line names the path and no traceback is
+    offered, as it is for an OSError that may be ngspec's fault (above)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import friendly
+
+    monkeypatch.delenv("NGSPEC_DEBUG", raising=False)
+    for code, words in ((28, "No space left on device"), (122, "Disk quota exceeded")):
+        def command():
+            raise OSError(code, words, "/out/.bench.json.tmp")
+
+        demo = typer.Typer()
+        demo.command()(friendly(command))
+        result = CliRunner().invoke(demo, [])
+        assert result.exit_code == 1
+        assert result.output.strip().splitlines() == [f"error: {words}: /out/bench.json"]
+
+
 def test_output_directory_refuses_a_place_that_cannot_be_written(tmp_path, monkeypatch):
     """A directory that exists but takes no files (read-only, or /proc) fails before the work."""
 

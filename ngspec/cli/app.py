@@ -7,6 +7,7 @@ ngspec's own warnings (a measurement timed on a busy machine) are one line on st
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -126,7 +127,9 @@ def friendly(command: Callable, less: str = "") -> Callable:
         except OSError as exc:  # a path that cannot be read or written, a full disk
             if debug:
                 raise
-            message, code = f"{os_error_message(exc)} (set NGSPEC_DEBUG=1 for the traceback)", 1
+            # a full disk is the whole story; another OSError may be ngspec's fault, so the traceback is offered
+            hint = "" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else " (set NGSPEC_DEBUG=1 for the traceback)"
+            message, code = os_error_message(exc) + hint, 1
         except Exception as exc:
             if debug:
                 raise
