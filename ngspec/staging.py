@@ -246,6 +246,21 @@ def write_text(out: Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def write_each(writes: list[tuple[Path, Callable[[], object]]]) -> None:
+    """Write a command's files (``(path, what writes it)`` pairs) in turn, each whole or not at
+    all; when one fails after others were written (a disk that fills), the message names those,
+    which stay: they are whole, and each may have cost a long run."""
+    written: list[Path] = []
+    for path, write in writes:
+        try:
+            write()
+        except OSError as exc:
+            if not written:
+                raise
+            raise NgspecError(f"{os_error_message(exc)}; written whole before it: {', '.join(map(str, written))}") from exc
+        written.append(path)
+
+
 _STAND_IN = re.compile(r"\.(.+)\.tmp(-.*)?")
 
 

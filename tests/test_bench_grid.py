@@ -116,7 +116,8 @@ def test_a_sweep_says_whether_its_fastest_cell_is_told_apart_from_the_runner_up(
     lines, draws = _sweeps(report, arms, summaries, tmp_path, {"model": "m", "device": "cpu"}, "hf-greedy", paired, batch_size)
     assert asked == [("mixed k=4 w=1", "mixed k=2 w=1")]
     assert len(draws) == 1 and not list(tmp_path.iterdir())  # drawn once the report is shown (`_finish`)
-    assert draws[0]() == tmp_path / report["plots"][0].rsplit("/", 1)[-1] and (tmp_path / report["plots"][0].rsplit("/", 1)[-1]).is_file()
+    path, draw = draws[0]
+    assert str(path) == report["plots"][0] and draw() == path and path.is_file()
     assert lines[0] == f"mixed (tree): best by wall time k=4 w=1 (1.20x vs hf-greedy; {said}); most tokens per call k=4 w=1 (3.20)"
     assert report["sweeps"][0]["runner_up_by_speedup"] == [2, 1] and report["sweeps"][0]["interval_95"] == (list(interval) if interval else None)
 

@@ -271,12 +271,12 @@ def _bench_batched(engine, prompts, every_turn: bool, arms, cfg, res, raw: bool,
 
 
 def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str, paired: Callable,
-            batch_size: int = 1) -> tuple[list[str], list[Callable[[], object]]]:
+            batch_size: int = 1) -> tuple[list[str], list[tuple[Path, Callable[[], object]]]]:
     """A (k, w) grid's sweeps: each one's best cells into ``report`` ("sweeps"), the fastest
     against the runner-up (``paired(arm, base)``: the ratio and its 95% interval, None from one
     prompt or round), and its heatmaps' paths under ``plots`` ("plots"; a batched run's named by
     its batch size, so that they keep batch size 1's); the lines that say so on the terminal, and
-    what draws each heatmap (`_finish` draws them, after the report is shown)."""
+    each heatmap's path with what draws it (`_finish` draws them, after the report is shown)."""
     from ngspec.bench import grid
     from ngspec.bench.report import interval_text
 
@@ -303,30 +303,30 @@ def _sweeps(report: dict, arms, summaries, plots: Path, env: dict, against: str,
     batch = (f", batch size {batch_size}", f"-b{batch_size}") if batch_size > 1 else ("", "")
     paths = [plots / f"bench-{g.drafter}-{g.layout}{batch[1]}.png" for g in grids]
     report["plots"] = [str(path) for path in paths]
-    draws = [functools.partial(grid.heatmaps, g, f"{g.drafter} ({g.layout}) on {env['model']}\n{env['device']}{batch[0]}", path, against)
+    draws = [(path, functools.partial(grid.heatmaps, g, f"{g.drafter} ({g.layout}) on {env['model']}\n{env['device']}{batch[0]}", path, against))
              for g, path in zip(grids, paths)]
     return [*lines, "heatmaps: " + ", ".join(report["plots"])], draws
 
 
-def _files(heatmaps: list[Callable[[], object]], report: dict, json_path: Path | None, markdown_out: Path | None,
-           markdown_text: Callable[[], str]) -> list[Callable[[], object]]:
-    """What writes the run's files: its heatmaps, then ``--markdown`` and ``--json-out``."""
+def _files(heatmaps: list[tuple[Path, Callable[[], object]]], report: dict, json_path: Path | None, markdown_out: Path | None,
+           markdown_text: Callable[[], str]) -> list[tuple[Path, Callable[[], object]]]:
+    """The run's files and what writes each: its heatmaps, then ``--markdown`` and ``--json-out``."""
     files = list(heatmaps)
     if markdown_out is not None:
-        files.append(lambda: staging.write_text(markdown_out, markdown_text()))
+        files.append((markdown_out, lambda: staging.write_text(markdown_out, markdown_text())))
     if json_path is not None:
-        files.append(lambda: staging.write_text(json_path, json.dumps(report, indent=2)))
+        files.append((json_path, lambda: staging.write_text(json_path, json.dumps(report, indent=2))))
     return files
 
 
-def _finish(files: list[Callable[[], object]], env: dict, stopped: str | None, markdown_out: Path | None, json_path: Path | None) -> None:
+def _finish(files: list[tuple[Path, Callable[[], object]]], env: dict, stopped: str | None, markdown_out: Path | None,
+            json_path: Path | None) -> None:
     """After the report is shown: write its files (last, so that a disk that fills during a long
     run costs the files, not the figures already on the terminal), warn if other work shared the
     CPUs, and exit non-zero if the run was interrupted."""
     from ngspec.bench.report import ARMS
 
-    for write in files:
-        write()
+    staging.write_each(files)
     warn_if_busy(env["others_cpu_share"], ARMS)
     _stop(stopped, markdown_out, json_path)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -76,7 +77,7 @@ def profile_bound_command(
     from ngspec.perf.costs import model_shape
     from ngspec.perf.device_profile import build_profile, device_name, save_profile as write_profile
     from ngspec.perf.plots import heatmap
-    from ngspec.perf.report import analyse, transitions, write_outputs
+    from ngspec.perf.report import analyse, report_files, transitions
     from ngspec.perf.roofline import measure_peaks
     from ngspec.perf.sweep import LAYOUTS, ForwardTimer, grid, parse_values, run_sweep
     from ngspec.static_verify import MOST_WIDTH
@@ -169,18 +170,19 @@ def profile_bound_command(
         **({"interrupted": stopped} if stopped else {}),
     }
     stem = f"profile-{name.replace('/', '_')}"
-    files = write_outputs(out, stem, meta, reports, trans)
+    files = [*report_files(out, stem, meta, reports, trans)]
     for lay in layouts:
         title = f"{name}, {meta['dtype']}, layout {lay}{', CUDA graphs' if target_graphs else ''}\n{meta['device']}"
-        files.append(heatmap(reports, lay, title, out / f"{stem}-{lay}.png"))
+        files.append((out / f"{stem}-{lay}.png", functools.partial(heatmap, reports, lay, title, out / f"{stem}-{lay}.png")))
     if save_profile is not None and not stopped:  # a profile sizes drafts at every context: not from part of them
-        write_profile(save_profile, build_profile(meta, reports, max_slowdown))
-        files.append(save_profile)
+        files.append((save_profile, functools.partial(write_profile, save_profile, build_profile(meta, reports, max_slowdown))))
 
+    # the files are written after the report is shown: a disk that fills costs the files, not the figures
     if json_out:
         from ngspec.perf.report import report_json
 
-        render.json_line(report_json(meta, reports, trans) | {"files": [str(f) for f in files]})
+        render.json_line(report_json(meta, reports, trans) | {"files": [str(path) for path, _ in files]})
+        staging.write_each(files)
         warn_if_busy(meta["others_cpu_share"], SWEEP)
         return _stop(stopped, out, save_profile)
     render.summary_table(
@@ -207,7 +209,8 @@ def profile_bound_command(
         [[t.layout, str(t.context), _transition_text(t.measured_tokens, t.measured_kw),
           _transition_text(t.predicted_tokens, t.predicted_kw)] for t in trans],
     )
-    render.info("wrote " + ", ".join(str(f) for f in files))
+    staging.write_each(files)
+    render.info("wrote " + ", ".join(str(path) for path, _ in files))
     warn_if_busy(meta["others_cpu_share"], SWEEP)
     _stop(stopped, out, save_profile)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from transformers import PretrainedConfig
 
@@ -116,13 +118,10 @@ def report_json(meta: dict, reports: list[CellReport], trans: list[Transition]) 
     }
 
 
-def write_outputs(out_dir: Path, stem: str, meta: dict, reports: list[CellReport], trans: list[Transition]) -> list[Path]:
-    """``<stem>.csv`` and ``<stem>.json`` in ``out_dir`` (written whole, then renamed)."""
+def report_files(out_dir: Path, stem: str, meta: dict, reports: list[CellReport], trans: list[Transition]) -> list[tuple[Path, Callable[[], None]]]:
+    """``<stem>.csv`` and ``<stem>.json`` in ``out_dir``, each with what writes it (whole, then
+    renamed: `staging.write_each`)."""
     import json
 
-    written = []
-    for suffix, text in ((".csv", csv_text(reports)), (".json", json.dumps(report_json(meta, reports, trans), indent=1))):
-        path = out_dir / f"{stem}{suffix}"
-        staging.write_text(path, text)
-        written.append(path)
-    return written
+    texts = ((".csv", csv_text(reports)), (".json", json.dumps(report_json(meta, reports, trans), indent=1)))
+    return [(out_dir / f"{stem}{suffix}", functools.partial(staging.write_text, out_dir / f"{stem}{suffix}", text)) for suffix, text in texts]
