@@ -72,6 +72,31 @@ def test_interrupted_run_resumes_to_the_same_head(tmp_path, model, monkeypatch):
         torch.testing.assert_close(a, b, msg=k)
 
 
+@pytest.mark.parametrize("every, resumes", [(2, "resumes from its last checkpoint"), (1000, "trains again (no checkpoint was due)")])
+def test_a_head_that_cannot_be_saved_says_what_a_rerun_keeps(tmp_path, model, monkeypatch, every, resumes):
+    """A disk that fills at the end of training (`benchmarks/full_disk.py`): it said only "No space
+    left on device: OUT/model.safetensors", leaving the user to guess whether the training was
+    lost; the checkpoint stays, and the same run again resumes from it and saves the head."""
+    from ngspec.eagle.train import CHECKPOINT
+
+    data = examples(seed=1)
+    feats = target_features(model, data)
+    opts = TrainOptions(epochs=3, batch_tokens=70, noise=0.0, checkpoint_every=every)
+
+    def full(head, directory):
+        raise OSError(28, "No space left on device", str(directory / ".model.safetensors.tmp-1"))
+
+    monkeypatch.setattr(train_module, "save_head", full)
+    with pytest.raises(NgspecError) as failed:
+        train_head(model, data, feats, tmp_path, opts)
+    assert str(failed.value) == (f"the head is trained but could not be saved (No space left on device: {tmp_path / 'model.safetensors'}); "
+                                 f"make room and run the same command again: it {resumes}")  # no features stored (the CLI's are)
+    assert (tmp_path / CHECKPOINT).is_file() == (every == 2)
+    monkeypatch.undo()
+    train_head(model, data, feats, tmp_path, opts)
+    assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / CHECKPOINT).exists()
+
+
 def test_checkpoint_from_other_options_is_refused(tmp_path, model, monkeypatch):
     data = examples(seed=2)
     feats = target_features(model, data)

@@ -413,8 +413,14 @@ def train_head(
         checkpoint()  # nothing learned so far is lost; run again to resume
         raise
     head.eval()
-    save_head(head, out)
-    save_draft_vocab(out, (ex.taught.tolist() for ex in train), prior)
+    try:
+        save_head(head, out)
+        save_draft_vocab(out, (ex.taught.tolist() for ex in train), prior)
+    except OSError as exc:  # a disk that fills at the end: say what a rerun keeps of the work
+        kept = [f"reuses the target's features stored in {out / FEATURES}"] if (out / FEATURES).is_dir() else []
+        kept.append("resumes from its last checkpoint" if ckpt.is_file() else "trains again (no checkpoint was due)")
+        raise NgspecError(f"the head is trained but could not be saved ({staging.os_error_message(exc)}); make room and run the same "
+                          f"command again: it {(' and ' if ckpt.is_file() else ' but ').join(kept)}") from exc
     ckpt.unlink(missing_ok=True)
     shutil.rmtree(out / FEATURES, ignore_errors=True)  # the stored feature pass (`target_features`), no longer needed
     return head, log
