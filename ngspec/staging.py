@@ -37,8 +37,10 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
         _sweep(out.parent)
         tmp = _stand_in(out)
         tmp.mkdir()  # with the usual permissions (a shared cache or datastore stays readable to others)
-    except OSError as exc:
-        raise NgspecError(f"cannot write {out}: {exc.strerror or exc} ({exc.filename or out.parent})") from None
+    except OSError as exc:  # the path that refused, unless it is our own temporary (no inodes left: ENOSPC at its mkdir)
+        where = exc.filename or out.parent
+        where = "" if _STAND_IN.fullmatch(Path(where).name) else f" ({where})"
+        raise NgspecError(f"cannot write {out}: {exc.strerror or exc}{where}") from None
     try:
         yield tmp
         if out.exists():

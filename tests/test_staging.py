@@ -118,6 +118,28 @@ def test_a_full_disk_is_said_without_offering_a_traceback(monkeypatch):
         assert result.output.strip().splitlines() == [f"error: {words}: /out/bench.json"]
 
 
+def test_a_directory_that_cannot_be_made_names_the_place_not_our_temporary(tmp_path, monkeypatch):
+    """A tmpfs out of inodes refused the temporary's mkdir; the message named it
+    ("cannot write ds: No space left on device (/tmp/tt/.ds.tmp-f89003fc-28344-829acd81)")."""
+    real = type(tmp_path).mkdir
+
+    def no_inodes(self, *args, **kwargs):
+        if self.name.startswith(".store.tmp"):
+            raise OSError(28, "No space left on device", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(tmp_path), "mkdir", no_inodes)
+    with pytest.raises(NgspecError) as failed:
+        with staging.staged_directory(tmp_path / "store", force=False):
+            pass
+    assert str(failed.value) == f"cannot write {tmp_path / 'store'}: No space left on device"
+    monkeypatch.setattr(type(tmp_path), "mkdir", lambda self, *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied", str(self))))
+    with pytest.raises(NgspecError) as refused:
+        with staging.staged_directory(tmp_path / "sub" / "store", force=False):
+            pass
+    assert str(refused.value) == f"cannot write {tmp_path / 'sub' / 'store'}: Permission denied ({tmp_path / 'sub'})"  # the place that refused
+
+
 def test_output_directory_refuses_a_place_that_cannot_be_written(tmp_path, monkeypatch):
     """A directory that exists but takes no files (read-only, or /proc) fails before the work."""
 
