@@ -842,6 +842,36 @@ def test_tune_tree_calibrates_on_questions_from_standard_input(tiny_saved, tmp_p
     assert [json.loads(line)["greedy_check"]["exact_match"] for line in run.stdout.strip().splitlines()] == [True, True]
 
 
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_tuned_shape_that_cannot_be_written_is_not_lost(tiny_saved, tmp_path, monkeypatch, json_out):
+    """A disk that fills at the end of `tune-tree` (`benchmarks/full_disk.py`): the shape was lost
+    with its file, after a tuning that may take hours. The report is shown first, then the shape
+    goes to stdout as JSON when its file cannot be written, and `generate` loads it from there."""
+    from ngspec import staging
+
+    shape = tmp_path / "shape.json"
+
+    def full(out, text):
+        raise OSError(28, "No space left on device", str(out))
+
+    monkeypatch.setattr(staging, "write_text", full)
+    args = ["tune-tree", "-q", "-", "--model", str(tiny_saved), "--eagle-head", str(tiny_saved / "head"), "-n", "8", "--nodes", "12", "--depth", "3",
+            "--out", str(shape), *(["--json"] if json_out else [])]
+    result = runner.invoke(app, args, input=PIPED)
+    assert result.exit_code == 1 and not shape.exists()
+    assert " ".join(result.stderr.split()).endswith(f"error: No space left on device: {shape}; the tuned shape is the JSON record on stdout: save it to "
+                                                    "a file (where there is room) and load it with --tree static --tree-choices FILE")
+    if not json_out:
+        assert "tree sizes tried on" in result.stdout  # the report, then the record
+    record = result.stdout.strip().splitlines()[-1]
+    assert json.loads(record)["format"] == "ngspec-tree-shape"
+    monkeypatch.undo()
+    shape.write_text(record)
+    run = runner.invoke(app, ["generate", "-p", "-", "--model", str(tiny_saved), "-d", "eagle", "--eagle-head", str(tiny_saved / "head"),
+                              "--tree", "static", "--tree-choices", str(shape), "-n", "4", "--json"], input=PIPED)
+    assert run.exit_code == 0, run.output
+
+
 def test_a_damaged_head_is_refused_by_generate_in_one_line_with_exit_code_1(tiny_saved, tmp_path):
     """The CLI end of `load_head`'s damaged-weights message: it said "SafetensorError: Error while
     deserializing header ..." (input_fuzz runs 10578, 11446)."""

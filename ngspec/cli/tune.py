@@ -188,9 +188,9 @@ def tune_tree_command(
         "acceptance": {json.dumps(list(c)): rates[c] for c in shape},
         "choices": [list(c) for c in shape],
     }
-    staging.write_text(out, json.dumps(record, indent=1))
     if json_out:
         render.json_line(record)
+        _write_shape(out, record, shown=True)
         warn_if_busy(record["others_cpu_share"], "the tree sizes")
         return
     render.table(
@@ -204,5 +204,19 @@ def tune_tree_command(
         if final.interval is not None and final.interval[0] <= 1.0:
             lead += ": level on these prompts (more of them, --limit or --per-category, would tell the two apart)"
         render.info(f"playoff of {', '.join(map(str, final.counts))} nodes: {best} nodes ran {lead}")
+    _write_shape(out, record, shown=False)
     render.info(f"best: {best} nodes; shape written to {out} (use: --tree static --tree-choices {out})")
     warn_if_busy(record["others_cpu_share"], "the tree sizes")
+
+
+def _write_shape(out: Path, record: dict, shown: bool) -> None:
+    """Write the tuned shape, after the report is shown; when it cannot be written (a disk that
+    fills), the shape goes to stdout as JSON (``shown``: it is there already), so that the tuning,
+    which may have taken hours, is not lost."""
+    try:
+        staging.write_text(out, json.dumps(record, indent=1))
+    except OSError as exc:
+        if not shown:
+            render.json_line(record)
+        raise NgspecError(f"{staging.os_error_message(exc)}; the tuned shape is the JSON record on stdout: save it to a file "
+                          "(where there is room) and load it with --tree static --tree-choices FILE") from exc
