@@ -276,6 +276,30 @@ def test_fine_tuning_a_missing_head_fails_before_the_feature_pass(tmp_path):
     assert not (tmp_path / "h").exists()
 
 
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_training_report_that_cannot_be_written_leaves_no_doubt_about_the_head(tiny_saved, tmp_path, monkeypatch, json_out):
+    """A disk that fills at train_report.json, the last file: the head is saved by then, and the
+    message says so; the report is shown before it is written (it was written first)."""
+    from ngspec import staging
+
+    real = staging.write_text
+
+    def full_at_the_report(out, text):
+        if out.name == "train_report.json":
+            raise OSError(28, "No space left on device", str(out))
+        return real(out, text)
+
+    monkeypatch.setattr(staging, "write_text", full_at_the_report)
+    out = tmp_path / "head"
+    result = runner.invoke(app, ["train-eagle", "--model", str(tiny_saved), "-c", "corpora/smollm2-self.jsonl", "--out", str(out), "--max-records", "4",
+                                 "--epochs", "1", "--holdout", "1", "--eval-tokens", "4", *(["--json"] if json_out else [])])
+    assert result.exit_code == 1
+    assert " ".join(result.stderr.split()).endswith(f"error: No space left on device: {out / 'train_report.json'}; the head itself is saved in {out} "
+                                                    "(only its training report is missing)")
+    assert (out / "model.safetensors").is_file() and not (out / "train_report.json").exists()
+    assert ('"evaluation"' if json_out else "head written to") in result.stdout
+
+
 @pytest.mark.slow
 def test_train_eagle_command_on_the_default_model(tmp_path):
     out = tmp_path / "head"

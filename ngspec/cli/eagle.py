@@ -54,7 +54,7 @@ def train_eagle_command(
     from ngspec.datastore.corpus import iter_records
     from ngspec.drafters.eagle import EagleOptions
     from ngspec.eagle.head import WEIGHTS
-    from ngspec.eagle.train import CHECKPOINT, FEATURES, TrainOptions, evaluate, examples_from_records, initial_head, target_features, train_head, write_report
+    from ngspec.eagle.train import CHECKPOINT, FEATURES, TrainOptions, evaluate, examples_from_records, initial_head, target_features, train_head
     from ngspec.engine import Engine
     from ngspec.models import load_model
 
@@ -110,10 +110,9 @@ def train_eagle_command(
         render.info("measuring acceptance on the held-out prompts ...")
         report["evaluation"] = evaluate(Engine(loaded), head, held, eval_tokens, EagleOptions())
     report["log"] = log
-    write_report(out, report)
     if json_out:
         render.json_line({k: v for k, v in report.items() if k != "log"})
-        return
+        return _write_report(out, report)
     final = report["final"] or {}
     rows = [
         ("training examples / tokens", f"{len(train)} / {report['train_tokens']:,}"
@@ -129,3 +128,15 @@ def train_eagle_command(
                  ("held-out outputs identical to greedy", f"{ev['identical_to_greedy']} / {ev['prompts']}")]
     rows.append(("head written to", str(out)))
     render.summary_table(f"EAGLE head for {loaded.name}", rows)
+    _write_report(out, report)
+
+
+def _write_report(out: Path, report: dict) -> None:
+    """``train_report.json``, after the report is shown: the head is saved by then, which a disk
+    that fills here must not leave in doubt."""
+    from ngspec.eagle.train import write_report
+
+    try:
+        write_report(out, report)
+    except OSError as exc:
+        raise NgspecError(f"{staging.os_error_message(exc)}; the head itself is saved in {out} (only its training report is missing)") from exc
