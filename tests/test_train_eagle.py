@@ -83,15 +83,16 @@ def test_a_head_that_cannot_be_saved_says_what_a_rerun_keeps(tmp_path, model, mo
     feats = target_features(model, data)
     opts = TrainOptions(epochs=3, batch_tokens=70, noise=0.0, checkpoint_every=every)
 
-    def full(head, directory):
-        raise OSError(28, "No space left on device", str(directory / ".model.safetensors.tmp-1"))
+    def full(directory, responses, prior=None):  # at the last file, the head's weights saved
+        raise OSError(28, "No space left on device", str(directory / ".draft_vocab.json.tmp-1"))
 
-    monkeypatch.setattr(train_module, "save_head", full)
+    monkeypatch.setattr(train_module, "save_draft_vocab", full)
     with pytest.raises(NgspecError) as failed:
         train_head(model, data, feats, tmp_path, opts)
-    assert str(failed.value) == (f"the head is trained but could not be saved (No space left on device: {tmp_path / 'model.safetensors'}); "
+    assert str(failed.value) == (f"the head is trained but could not be saved (No space left on device: {tmp_path / 'draft_vocab.json'}); "
                                  f"make room and run the same command again: it {resumes}")  # no features stored (the CLI's are)
     assert (tmp_path / CHECKPOINT).is_file() == (every == 2)
+    assert not (tmp_path / "model.safetensors").exists() and not (tmp_path / "config.json").exists()  # no head in part: the CLI's rerun would refuse --out
     monkeypatch.undo()
     train_head(model, data, feats, tmp_path, opts)
     assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / CHECKPOINT).exists()
