@@ -170,7 +170,7 @@ def profile_bound_command(
         **({"interrupted": stopped} if stopped else {}),
     }
     stem = f"profile-{name.replace('/', '_')}"
-    files = [*report_files(out, stem, meta, reports, trans)]
+    files = report_files(out, stem, meta, reports, trans)
     for lay in layouts:
         title = f"{name}, {meta['dtype']}, layout {lay}{', CUDA graphs' if target_graphs else ''}\n{meta['device']}"
         files.append((out / f"{stem}-{lay}.png", functools.partial(heatmap, reports, lay, title, out / f"{stem}-{lay}.png")))
