@@ -135,6 +135,7 @@ def benchmark_script(name: str):
         sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import would: a dataclass in it looks its module up there
     spec.loader.exec_module(module)
     return module
 
