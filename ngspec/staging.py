@@ -195,7 +195,7 @@ def staged_file(out: Path) -> Iterator[Path]:
 
 
 FULL_BYTES = 1 << 20  # free bytes under which a write that failed without saying why is put down to a full device
-_FULL_WORDS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+FULL_WORDS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}  # the errnos of a full device
 
 
 def _free_bytes(directory: Path) -> int | None:
@@ -217,11 +217,11 @@ def _full_device(exc: Exception, out: Path, tmp: Path) -> OSError | None:
     if isinstance(exc, NgspecError) or (isinstance(exc, OSError) and exc.filename is not None):
         return None  # ngspec's own words, or an OSError that already names its file
     said = getattr(exc, "errno", None)
-    code = said if said in _FULL_WORDS else next((c for c, words in _FULL_WORDS.items() if words in str(exc)), None)
+    code = said if said in FULL_WORDS else next((c for c, words in FULL_WORDS.items() if words in str(exc)), None)
     if code is None and said is None and isinstance(exc, (OSError, RuntimeError)):
         free = _free_bytes(tmp.parent)
         code = errno.ENOSPC if free is not None and free < FULL_BYTES else None
-    return None if code is None else OSError(code, _FULL_WORDS[code], str(out))
+    return None if code is None else OSError(code, FULL_WORDS[code], str(out))
 
 
 def keep_in_cache(path: Path, write: Callable[[Path], None], what: str) -> bool:

@@ -7,7 +7,6 @@ ngspec's own warnings (a measurement timed on a busy machine) are one line on st
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
 import signal
@@ -20,7 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ngspec.cli import render
 from ngspec.errors import NgspecError, env_switch, out_of_memory
-from ngspec.staging import os_error_message
+from ngspec.staging import FULL_WORDS, os_error_message
 
 
 class _FlagsNameNoType:
@@ -128,7 +127,7 @@ def friendly(command: Callable, less: str = "") -> Callable:
             if debug:
                 raise
             # a full disk is the whole story; another OSError may be ngspec's fault, so the traceback is offered
-            hint = "" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else " (set NGSPEC_DEBUG=1 for the traceback)"
+            hint = "" if exc.errno in FULL_WORDS else " (set NGSPEC_DEBUG=1 for the traceback)"
             message, code = os_error_message(exc) + hint, 1
         except Exception as exc:
             if debug:
