@@ -25,12 +25,15 @@ from ngspec.errors import NgspecError
 
 @contextmanager
 def staged_directory(out: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary directory beside ``out``; on success it replaces ``out`` atomically."""
+    """Yield a temporary directory beside ``out``; on success it takes ``out``'s place (see
+    `_move_into_place`). A link at ``out`` stays: the directory goes where it points (another disk,
+    say), and the temporary is made beside it there."""
     out = Path(out)
     if out.exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     if out.exists() and not out.is_dir():
         raise NgspecError(f"{out} is a file; --force replaces a directory only, give another path")
+    out = _followed(out)
     _no_file_above(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -43,9 +46,7 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
         raise NgspecError(f"cannot write {out}: {exc.strerror or exc}{where}") from None
     try:
         yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        _move_into_place(tmp, out, force)
     except Exception as exc:
         if (full := _full_device(exc, out, tmp)) is not None:
             raise full from exc
@@ -53,6 +54,30 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _followed(out: Path) -> Path:
+    """Where ``out`` writes to: the path a link there names (even one that names nothing yet)."""
+    return out.resolve() if out.is_symlink() else out
+
+
+def _move_into_place(new: Path, out: Path, force: bool) -> None:
+    """Rename the directory ``new`` to ``out``. An ``out`` there already (``force``) is moved aside
+    first and removed only once ``new`` is in place, so an interruption never leaves it half
+    removed; one that another command made while this one ran is not removed without ``force``."""
+    if not out.exists():
+        new.rename(out)
+        return
+    if not force:
+        raise NgspecError(f"{out} was made by another command while this one ran; it is left as it is (use --force to replace it)")
+    old = _stand_in(out)
+    out.rename(old)
+    try:
+        new.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
@@ -180,7 +205,7 @@ def staged_file(out: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``out``, unique to this call (two processes writing the same
     cache entry at once each write their own and the last rename wins, whole); on success it
     replaces ``out`` atomically, otherwise it is removed."""
-    out = Path(out)
+    out = _followed(Path(out))  # a link stays; the file it names is replaced, as a shell's `>` writes
     _sweep(out.parent)
     tmp = _stand_in(out)  # made by the caller, with its usual permissions
     try:

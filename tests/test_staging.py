@@ -430,3 +430,79 @@ def test_debug_set_to_zero_keeps_the_one_line_error(monkeypatch, capsys):
     monkeypatch.setenv("NGSPEC_DEBUG", "1")
     with pytest.raises(RuntimeError, match="a bug"):
         friendly(command)()
+
+
+def test_force_through_a_link_replaces_the_directory_it_points_to(tmp_path):
+    """A datastore kept on another disk behind a link: --force rebuilds it there, beside the old
+    one (so on that disk), and the link stays. It failed after the build: "Cannot call rmtree on a
+    symbolic link"."""
+    real = tmp_path / "big" / "store"
+    real.mkdir(parents=True)
+    (real / "old.npy").write_text("old")
+    link = tmp_path / "store"
+    link.symlink_to(real)
+    with pytest.raises(NgspecError, match="already exists"):
+        with staging.staged_directory(link, force=False):
+            pytest.fail("no work starts")
+    with staging.staged_directory(link, force=True) as tmp:
+        assert tmp.parent == real.parent
+        (tmp / "sa.npy").write_text("new")
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert sorted(p.name for p in real.iterdir()) == ["sa.npy"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "store"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["store"]
+    ahead = tmp_path / "later"  # a link made before the build, to where the datastore should go
+    ahead.symlink_to(tmp_path / "big" / "later")
+    with staging.staged_directory(ahead, force=False) as tmp:
+        (tmp / "sa.npy").write_text("new")
+    assert ahead.is_symlink() and (tmp_path / "big" / "later" / "sa.npy").read_text() == "new"
+
+
+def test_a_replaced_directory_stays_whole_until_the_new_one_is_in_place(tmp_path, monkeypatch):
+    """--force moves the old directory aside and removes it only once the new one is in place: an
+    interruption never leaves it half removed (it was removed first, then the new one moved in)."""
+    out = tmp_path / "store"
+    out.mkdir()
+    (out / "sa.npy").write_text("old")
+    rename, moves_in = type(out).rename, []
+
+    def interrupted(self, target):
+        if str(target) == str(out) and not moves_in:  # the new directory's move into place
+            moves_in.append(self)
+            raise KeyboardInterrupt
+        return rename(self, target)
+
+    monkeypatch.setattr(type(out), "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with staging.staged_directory(out, force=True) as tmp:
+            (tmp / "sa.npy").write_text("new")
+    monkeypatch.undo()
+    assert moves_in and (out / "sa.npy").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["store"]
+    with staging.staged_directory(out, force=True) as tmp:
+        (tmp / "sa.npy").write_text("new")
+    assert (out / "sa.npy").read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["store"]
+
+
+def test_an_output_made_by_another_command_meanwhile_is_kept_without_force(tmp_path):
+    """Two builds to one path started together: the one that ends second does not remove the
+    other's datastore unless --force said so."""
+    out = tmp_path / "store"
+    with pytest.raises(NgspecError, match=f"{out} was made by another command while this one ran; it is left as it is"):
+        with staging.staged_directory(out, force=False) as tmp:
+            (tmp / "sa.npy").write_text("ours")
+            out.mkdir()
+            (out / "sa.npy").write_text("theirs")
+    assert (out / "sa.npy").read_text() == "theirs" and [p.name for p in tmp_path.iterdir()] == ["store"]
+
+
+def test_a_file_written_through_a_link_lands_where_it_points(tmp_path):
+    """As a shell's `>` does: the link stays, the file it names gets the text (written beside it)."""
+    real = tmp_path / "elsewhere" / "shape.json"
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "shape.json"
+    link.symlink_to(real)
+    staging.write_text(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+    assert [p.name for p in real.parent.iterdir()] == ["shape.json"]
