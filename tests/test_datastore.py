@@ -4,6 +4,7 @@ import json
 import logging
 import random
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,6 +227,36 @@ def test_existing_output_needs_force_and_corruption_is_detected(tmp_path, tokeni
     (out / "tokens.npy").write_bytes(data[: len(data) - 4])
     with pytest.raises(NgspecError, match="corrupt or truncated"):
         Datastore.open(out)
+
+
+def test_force_replaces_only_a_datastore(tmp_path, tokenizer, monkeypatch):
+    """--force on a directory that is not a datastore (a mistyped --out: a project, the home
+    directory, ".") is refused before any work: it would have been removed whole after the build."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three"}])
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("keep me")
+    (project / "sa.npy").write_text("")
+    with pytest.raises(NgspecError, match=fr"^{project} holds files other than a datastore's \(notes.txt\): --force replaces a datastore only; give another --out$"):
+        build_datastore(str(corpus), tokenizer, "smol", project, BuildOptions(), force=True)
+    assert (project / "notes.txt").read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "project"]
+    monkeypatch.chdir(project)
+    for here in (".", "./", ".."):
+        with pytest.raises(NgspecError, match="(is|holds) the current directory.*; give another --out$"):
+            build_datastore(str(corpus), tokenizer, "smol", Path(here), BuildOptions(), force=True)
+    empty = tmp_path / "empty"  # made ahead for the datastore, or a damaged datastore: replaced
+    empty.mkdir()
+    (project / "notes.txt").unlink()
+    monkeypatch.chdir(tmp_path)
+    for out in (empty, project):
+        build_datastore(str(corpus), tokenizer, "smol", out, BuildOptions(), force=True)
+        assert sorted(p.name for p in out.iterdir()) == ["meta.json", "sa.npy", "tokens.npy"]
+    monkeypatch.chdir(empty)
+    with pytest.raises(NgspecError, match="^. is the current directory: --force would remove it under the shell; give another --out$"):
+        build_datastore(str(corpus), tokenizer, "smol", Path("."), BuildOptions(), force=True)
+    with pytest.raises(NgspecError, match=f"^{tmp_path} holds the current directory"):
+        build_datastore(str(corpus), tokenizer, "smol", tmp_path, BuildOptions(), force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "empty", "project"]
 
 
 @pytest.mark.parametrize("meta", [

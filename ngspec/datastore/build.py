@@ -18,7 +18,7 @@ import numpy as np
 
 from ngspec.datastore.corpus import FORMATS, detect_format, documents, iter_records
 from ngspec.datastore.format import (
-    DatastoreMeta, pack_documents, token_dtype, tokenizer_fingerprint, write_datastore,
+    FILES, DatastoreMeta, pack_documents, token_dtype, tokenizer_fingerprint, write_datastore,
 )
 from ngspec.datastore.suffix import suffix_array
 from ngspec.errors import NgspecError
@@ -151,6 +151,21 @@ def tokenize_corpus(corpus: str, tokenizer, opts: BuildOptions, path: Path, on_b
             proc.join()
 
 
+def _check_replaceable(out: Path) -> None:
+    """Refuse to let --force remove anything but a datastore (its files alone, whole or damaged)
+    or an empty directory, or the directory the command runs in: a mistyped --out (a project,
+    the home directory, ".") would be removed whole after the build."""
+    here, where = Path.cwd().resolve(), out.resolve()
+    if where == here:
+        raise NgspecError(f"{out} is the current directory: --force would remove it under the shell; give another --out")
+    if where in here.parents:
+        raise NgspecError(f"{out} holds the current directory: --force would remove it; give another --out")
+    others = sorted(p.name for p in out.iterdir() if p.name not in FILES)
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise NgspecError(f"{out} holds files other than a datastore's ({shown}): --force replaces a datastore only; give another --out")
+
+
 def build_datastore(
     corpus: str,
     tokenizer,
@@ -165,6 +180,8 @@ def build_datastore(
     start = time.perf_counter()
     if Path(out).exists() and not force:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
+    if Path(out).is_dir():
+        _check_replaceable(Path(out))
     with staged_directory(Path(out), force) as tmp:
         raw = tmp / "tokens.raw"
         done = tokenize_corpus(corpus, tokenizer, opts, raw, on_batch)
