@@ -33,7 +33,7 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
         raise NgspecError(f"{out} already exists (use --force to replace it)")
     if out.exists() and not out.is_dir():
         raise NgspecError(f"{out} is a file; --force replaces a directory only, give another path")
-    out = _followed(out)
+    out = followed(out)
     _no_file_above(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +56,7 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _followed(out: Path) -> Path:
+def followed(out: Path) -> Path:
     """Where ``out`` writes to: the path a link there names (even one that names nothing yet)."""
     return out.resolve() if out.is_symlink() else out
 
@@ -205,7 +205,7 @@ def staged_file(out: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``out``, unique to this call (two processes writing the same
     cache entry at once each write their own and the last rename wins, whole); on success it
     replaces ``out`` atomically, otherwise it is removed."""
-    out = _followed(Path(out))  # a link stays; the file it names is replaced, as a shell's `>` writes
+    out = followed(Path(out))  # a link stays; the file it names is replaced, as a shell's `>` writes
     _sweep(out.parent)
     tmp = _stand_in(out)  # made by the caller, with its usual permissions
     try:

@@ -49,7 +49,7 @@ def test_the_judge_on_a_disk_without_inodes_and_on_kept_records(tmp_path):
     assert full_disk.judge(datastore, tmp_path, 1, f"error: cannot write {tmp_path}/ds: No space left on device\n", inodes=False) == []
     assert full_disk.judge(datastore, tmp_path, 0, "", inodes=False)[0].startswith("exit code 0, expected 1")
     (tmp_path / "c.partial.jsonl").write_bytes(b'{"instruction": "a", "response": "b"}\n{"instruction": "c", "resp')
-    said = f"error: stopped (No space left on device, writing {tmp_path}/c.jsonl) after 1 record; they are in {tmp_path}/c.partial.jsonl"
+    said = f"error: stopped (No space left on device, writing {tmp_path}/c.jsonl) after 1 record; it is in {tmp_path}/c.partial.jsonl"
     assert full_disk.judge(case("synth-corpus"), tmp_path, 1, said) == ["c.partial.jsonl line 2 is not a whole record"]
 
 

@@ -189,6 +189,29 @@ def test_interrupted_synthesis_keeps_finished_records_beside_the_output(tmp_path
     assert write_jsonl(records(99), out, force=False) == 5 and out.is_file()
 
 
+def test_an_interrupted_synthesis_through_a_link_keeps_its_records_where_the_link_points(tmp_path):
+    """--out a link to a file on another disk: the records kept by an interrupted run go beside
+    the file it names (where the run was writing: a rename to the link's side may cross devices
+    and fail, losing them), and the next run through the link finds them there."""
+    from ngspec.datastore.synth import partial_path, write_jsonl
+
+    def records(stop_after):
+        for i in range(3):
+            if i == stop_after:
+                raise KeyboardInterrupt
+            yield {"instruction": f"q{i}", "response": f"a{i}"}
+
+    (tmp_path / "big").mkdir()
+    link = tmp_path / "corpus.jsonl"
+    link.symlink_to(tmp_path / "big" / "mine.jsonl")
+    with pytest.raises(NgspecError, match=f"interrupted after 1 record; it is in {tmp_path / 'big' / 'mine.partial.jsonl'} "):
+        write_jsonl(records(1), link, force=False)
+    assert partial_path(link) == tmp_path / "big" / "mine.partial.jsonl" and partial_path(link).is_file()
+    assert write_jsonl(records(99), link, force=False) == 3
+    assert link.is_symlink() and len((tmp_path / "big" / "mine.jsonl").read_text().splitlines()) == 3
+    assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["mine.jsonl"]
+
+
 def test_synthesis_on_a_full_disk_keeps_the_records_written_whole(tmp_path, monkeypatch):
     """The disk fills in the middle of the third record: the two before it are kept as the
     interrupted run's (the part of the third cut off), so the same command continues once there

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ngspec.errors import NgspecError, check_text, short
-from ngspec.staging import staged_file
+from ngspec.staging import followed, staged_file
 from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.prompts import apply_template
 from ngspec.cpu_linear import tune_linears
@@ -190,7 +190,9 @@ def synthesize(
 
 
 def partial_path(out: Path) -> Path:
-    """Where an interrupted run keeps the records it finished: ``NAME.partial.jsonl``."""
+    """Where an interrupted run keeps the records it finished: ``NAME.partial.jsonl`` beside the
+    file ``out`` writes (through a link: the file it names)."""
+    out = followed(out)
     return out.with_name(f"{out.stem}.partial{out.suffix or '.jsonl'}")
 
 
@@ -263,7 +265,7 @@ def write_jsonl(records: Iterator[dict], out: Path, force: bool, carried: Sequen
             tmp.replace(partial_path(out))
             why, then = ("interrupted", "Run") if isinstance(exc, KeyboardInterrupt) else (f"stopped ({exc.strerror or exc}, writing {out})", "Mend that and run")
             raise NgspecError(
-                f"{why} after {count} records; they are in {partial_path(out)} (complete records only; "
+                f"{why} after {count} record{'s' if count > 1 else ''}; {'they are' if count > 1 else 'it is'} in {partial_path(out)} (complete records only; "
                 f"{out} was not written). {then} the same command again to continue from there."
             ) from None
     partial_path(out).unlink(missing_ok=True)
