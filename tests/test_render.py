@@ -136,3 +136,33 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(monkeypatch):
 
     monkeypatch.setattr(render, "err_console", Console(stderr=True, force_terminal=True))
     assert not isinstance(render.progress(), render.LoggedProgress)
+
+
+def test_a_stdout_that_cannot_hold_every_character_gets_escapes_not_an_error(monkeypatch):
+    """Where stdout's encoding is not a Unicode one (PYTHONIOENCODING=ascii, a Latin-1 locale, a
+    Windows code page), generated text and tables that hold other characters failed the command
+    ("UnicodeEncodeError: 'ascii' codec can't encode ..."): text is now escaped as Python's stderr
+    is, and JSON lines use JSON's own escapes, so they read back unchanged."""
+    import io
+    import json
+    import sys
+
+    from ngspec.cli.app import escape_what_stdout_cannot_hold
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii"))
+    escape_what_stdout_cannot_hold()
+    print("Répète: こんにちは")
+    render.json_line({"text": "Répète: こんにちは"})
+    render.console.print("tableau: é")
+    sys.stdout.flush()
+    text, line, table = raw.getvalue().decode("ascii").splitlines()[:3]
+    assert text == "R\\xe9p\\xe8te: \\u3053\\u3093\\u306b\\u3061\\u306f"
+    assert json.loads(line) == {"text": "Répète: こんにちは"}
+    assert table == "tableau: \\xe9"
+    utf8 = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(utf8, encoding="utf-8"))
+    escape_what_stdout_cannot_hold()
+    render.json_line({"text": "é"})
+    sys.stdout.flush()
+    assert utf8.getvalue().decode() == '{"text": "é"}\n'  # as written where it can be

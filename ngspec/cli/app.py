@@ -177,9 +177,18 @@ def _interrupt_on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def escape_what_stdout_cannot_hold() -> None:
+    """On a stdout whose encoding is not a Unicode one (PYTHONIOENCODING=ascii, a Latin-1 locale),
+    print what it cannot hold as Python's stderr does (``\\xe9``), not fail the command with a
+    UnicodeEncodeError; JSON lines then use JSON's escapes (`render.json_line`)."""
+    if not render.stdout_holds_unicode() and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def main() -> None:
     # a terminated build unwinds like Ctrl-C, so staged outputs are removed, never left half-written
     signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    escape_what_stdout_cannot_hold()
     app()
 
 

@@ -7,6 +7,7 @@ reporting an error). A cell that should be styled is a `rich.text.Text`."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import sys
@@ -142,8 +143,18 @@ def progress_when_called(description: str, *columns: ProgressColumn | str) -> It
             bar.stop()
 
 
+def stdout_holds_unicode() -> bool:
+    """Whether stdout's encoding can write every character (UTF-8, as almost everywhere)."""
+    try:
+        return codecs.lookup(getattr(sys.stdout, "encoding", None) or "utf-8").name.startswith("utf-")
+    except LookupError:
+        return False
+
+
 def json_line(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    """``obj`` as one JSON line on stdout (characters as written, or JSON's escapes where stdout
+    cannot hold them)."""
+    sys.stdout.write(json.dumps(obj, ensure_ascii=not stdout_holds_unicode()) + "\n")
     sys.stdout.flush()
 
 
