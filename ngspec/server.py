@@ -18,6 +18,7 @@ response carries an ``ngspec`` object (tokens per call, speed, drafting share) a
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import json
 import queue
@@ -399,6 +400,8 @@ class Handler(BaseHTTPRequestHandler):
     service: Service  # set on the class `make_server` builds
     protocol_version = "HTTP/1.1"
     log: Callable[[str], None] | None = None
+    api_key: str | None = None  # asked of every request but /health when set
+    _body_read = False  # whether this request's body was read (`_admitted` starts each request)
 
     def setup(self) -> None:
         super().setup()
@@ -410,20 +413,45 @@ class Handler(BaseHTTPRequestHandler):
         if self.log is not None:
             self.log(f"{self.address_string()} {format % args}")
 
-    def _send(self, status: HTTPStatus, body: dict) -> None:
+    def _send(self, status: HTTPStatus, body: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if self._body_unread():  # a refusal before the body was read: the rest of the stream is that body, not a request
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, status: HTTPStatus, message: str) -> None:
+    def _body_unread(self) -> bool:
+        length = (self.headers.get("Content-Length") or "").strip()
+        return not self._body_read and (length not in ("", "0") or "Transfer-Encoding" in self.headers)
+
+    def _error(self, status: HTTPStatus, message: str, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         kind = "invalid_request_error" if status < 500 else "server_error"
-        self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": None}})
+        self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": code}}, headers)
+
+    def _admitted(self, path: str) -> bool:
+        """Start a request: whether it may go on. With an API key, a request to anything but
+        /health must carry it as ``Authorization: Bearer KEY``; one that does not is answered here,
+        as OpenAI's API answers it."""
+        self._body_read = False
+        if self.api_key is None or path == "/health":
+            return True
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), self.api_key.encode()):
+            return True
+        self._error(HTTPStatus.UNAUTHORIZED, "missing or incorrect API key: send the header 'Authorization: Bearer KEY' with the key "
+                    "the server was started with (serve --api-key or NGSPEC_API_KEY)", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+        return False
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         path = self.path.split("?")[0].rstrip("/")
+        if not self._admitted(path):
+            return
         if path == "/health":
             self._send(HTTPStatus.OK, {"status": "ok"})
         elif path == "/v1/models":
@@ -433,6 +461,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?")[0].rstrip("/")
+        if not self._admitted(path):
+            return
         if path not in ("/v1/completions", "/v1/chat/completions"):
             self._error(HTTPStatus.NOT_FOUND, f"no route POST {self.path}; try /v1/completions or /v1/chat/completions")
             return
@@ -453,14 +483,20 @@ class Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, said)
 
     def _body(self) -> dict:
+        if "Transfer-Encoding" in self.headers:
+            raise BadRequest("a chunked request body is not read here: send the body with a Content-Length", HTTPStatus.LENGTH_REQUIRED)
         try:
             length = int(self.headers.get("Content-Length", "0"))
         except ValueError:
             raise BadRequest("Content-Length is not a number") from None
+        if length < 0:  # read(-1) would wait for the client to close the connection
+            raise BadRequest(f"Content-Length must not be negative (got {length})")
         if length > MAX_BODY:
             raise BadRequest(f"request body over {MAX_BODY // 2**20} MiB", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+        data = self.rfile.read(length)
+        self._body_read = True
         try:
-            body = json.loads(self.rfile.read(length) or b"null")
+            body = json.loads(data or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"the request body is not valid JSON ({exc})") from None
         if not isinstance(body, dict):
@@ -509,19 +545,27 @@ class Server(ThreadingHTTPServer):
     service: Service
 
 
+def check_api_key(api_key: str | None) -> None:
+    """Refuse an empty key: ``--api-key "$KEY"`` with KEY unset would serve with no key asked."""
+    if api_key is not None and not api_key.strip():
+        raise NgspecError("the API key is empty (was the variable it came from unset?): give a key, or none to ask for no key")
+
+
 def make_server(
     spec: Speculator, host: str = "127.0.0.1", port: int = 8000, max_tokens_default: int = 256, batch_size: int = 8,
-    log: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None, api_key: str | None = None,
 ) -> Server:
     """A server bound to (host, port) (port 0: any free port, read ``server.server_address``),
     ready to answer: `serve` runs it; ``batch_size``: rows decoded together (concurrent requests,
     and a completions request's list of prompts). Its `Service` is ``server.service``. ``log``:
-    each request's line; ``say``: start-up messages. The verify costs at ``batch_size`` are
+    each request's line; ``say``: start-up messages; ``api_key``: asked of every request but
+    /health (``Authorization: Bearer KEY``; None: no authentication). The verify costs at ``batch_size`` are
     measured here (once per machine, then cached), after the port is taken and before any request
     comes: on a cold cache the first request would otherwise wait for them (70 s for the default
     model at batch 8 on two cores, past a client's 60 s timeout in one CI run)."""
+    check_api_key(api_key)
     service = Service(spec, max_tokens_default, batch_size)
-    handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None})
+    handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None, "api_key": api_key})
     try:
         server = Server((host, port), handler)
     except OSError as exc:

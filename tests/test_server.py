@@ -50,10 +50,10 @@ def hold(server) -> threading.Event:
     return gate
 
 
-def call(url: str, path: str, body=None, raw: bytes | None = None) -> tuple[int, dict | list[dict]]:
+def call(url: str, path: str, body=None, raw: bytes | None = None, headers: dict | None = None) -> tuple[int, dict | list[dict]]:
     """(status, the JSON body), or for a stream the list of its events' JSON."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             text, status, kind = response.read().decode(), response.status, response.headers["Content-Type"]
@@ -290,7 +290,8 @@ def test_a_port_in_use_is_refused_in_one_line(tiny):
 
 
 def test_serve_refuses_bad_options_before_loading():
-    for args, message in ((["--port", 70000], "--port must be in 0..65535"), (["--max-tokens", 0], "--max-tokens must be at least 1"), (["-b", 0], "--batch-size must be at least 1"), (["-d", "nope"], "unknown drafter")):
+    for args, message in ((["--port", 70000], "--port must be in 0..65535"), (["--max-tokens", 0], "--max-tokens must be at least 1"), (["-b", 0], "--batch-size must be at least 1"), (["-d", "nope"], "unknown drafter"),
+                          (["--api-key", " "], "the API key is empty (was the variable it came from unset?)")):
         result = invoke("serve", *args)
         assert result.exit_code == 1 and message in result.stderr, result.stderr
 
@@ -366,9 +367,10 @@ def test_chat_and_completions_on_the_default_model_streamed_or_not(default_model
 
 @pytest.mark.slow
 def test_the_serve_command_starts_answers_and_stops_on_sigterm():
+    """With the API key from NGSPEC_API_KEY, which the start-up line says is asked for."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "ngspec.cli.app", "serve", "--port", "0", "-d", "prompt-lookup", "--max-tokens", "4"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200", "NGSPEC_API_KEY": "k-123"},
     )
     try:
         lines = []
@@ -376,8 +378,10 @@ def test_the_serve_command_starts_answers_and_stops_on_sigterm():
             line = proc.stderr.readline()
             assert line, "".join(lines)
             lines.append(line)
+        assert "requests must carry the API key" in lines[-1] and "k-123" not in lines[-1]
         url = re.search(r"http://[\d.]+:\d+", lines[-1]).group(0)
-        status, body = call(url, "/v1/completions", {"prompt": "One, two, three, four,"})
+        assert call(url, "/v1/completions", {"prompt": "One, two, three, four,"})[0] == 401
+        status, body = call(url, "/v1/completions", {"prompt": "One, two, three, four,"}, headers={"Authorization": "Bearer k-123"})
         assert status == 200 and body["usage"]["completion_tokens"] <= 4 and body["ngspec"]["drafter"] == "prompt-lookup"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -573,3 +577,72 @@ def test_serve_while_serves_on_this_thread_until_every_client_returns_even_one_t
     assert len(threads) == 2 and threading.get_ident() not in threads
     with pytest.raises(urllib.error.URLError):  # stopped: the socket is closed
         call(url, "/health")
+
+
+def test_a_refused_request_with_an_unread_body_closes_its_connection(tiny_server):
+    """A keep-alive client (http.client, httpx under OpenAI's SDK) whose POST was refused before
+    its body was read (no such route, a body over the limit, a chunked body) sent its next request
+    on the same connection, and the server read the old body as that request: the answer was an
+    HTML "400 Bad request syntax". Such a refusal now closes the connection, and the client's next
+    request goes out on a fresh one and is answered."""
+    import http.client
+    from urllib.parse import urlparse
+
+    from ngspec.server import MAX_BODY
+
+    port = urlparse(tiny_server).port
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 3})
+    refusals = [
+        ("/v1/bogus", {"Content-Length": str(len(body))}, body, 404),
+        ("/v1/completions", {"Content-Length": str(MAX_BODY + 1)}, body, 413),
+        ("/v1/completions", {"Transfer-Encoding": "chunked"}, f"{len(body):x}\r\n{body}\r\n0\r\n\r\n", 411),
+        ("/v1/completions", {"Content-Length": "-5"}, "", 400),  # it waited for the client to close
+    ]
+    for path, headers, payload, status in refusals:
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        client.putrequest("POST", path)
+        for name, value in headers.items():
+            client.putheader(name, value)
+        client.endheaders(payload.encode())
+        response = client.getresponse()
+        assert response.status == status and "error" in json.loads(response.read()), path
+        assert response.getheader("Connection") == "close"
+        client.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = client.getresponse()
+        assert response.status == 200 and json.loads(response.read())["usage"]["completion_tokens"] == 3, path
+        client.close()
+
+
+def test_an_api_key_is_asked_of_every_request_but_the_health_check(tiny):
+    """`serve --api-key` (or NGSPEC_API_KEY): a request without `Authorization: Bearer KEY`, or
+    with another key, gets OpenAI's 401 answer; /health stays open for load balancers."""
+    import http.client
+
+    spec = Speculator.from_model(tiny, drafter="trie")
+    server = make_server(spec, port=0, batch_size=1, api_key="s3cret")
+    thread = threading.Thread(target=serve, args=(server,), daemon=True)
+    thread.start()
+    try:
+        client = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 3})
+        asked = [("GET", "/v1/models", None), ("POST", "/v1/completions", body), ("POST", "/v1/chat/completions", body)]
+        for auth in (None, "Bearer wrong", "s3cret", "Basic s3cret", "Bearer s3cret "):
+            for method, path, payload in asked:
+                client.request(method, path, payload, {} if auth is None else {"Authorization": auth})
+                response = client.getresponse()
+                error = json.loads(response.read())["error"]
+                assert response.status == 401 and error["code"] == "invalid_api_key", (auth, path)
+                assert response.getheader("WWW-Authenticate") == "Bearer"
+                assert "Authorization: Bearer" in error["message"] and "s3cret" not in error["message"]
+        client.request("GET", "/health")
+        response = client.getresponse()
+        assert response.status == 200 and json.loads(response.read()) == {"status": "ok"}
+        for method, path, payload in asked[:2]:
+            client.request(method, path, payload, {"Authorization": "Bearer s3cret"})
+            response = client.getresponse()
+            assert response.status == 200, path
+            response.read()
+        client.close()
+    finally:
+        server.service.worker.stop()
+        thread.join(timeout=30)

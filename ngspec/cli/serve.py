@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -22,10 +22,11 @@ def serve_command(
     dtype: DtypeOpt = "auto",
     profile: ProfileOpt = None,
     target_graphs: TargetGraphsOpt = False,
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface; there is no authentication).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface; with no --api-key, anyone who reaches it may use it).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port, printed at start).")] = 8000,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="New tokens per request when the request gives no max_tokens.")] = 256,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Rows decoded together: requests that arrive while others run join their batch, and a completions request's list of prompts is one batch (each row token-identical to its own plain decoding). 1: one request at a time, through the single-sequence path.")] = 8,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="NGSPEC_API_KEY", show_default=False, help="Ask every request but /health for this key, as OpenAI's API does (the header 'Authorization: Bearer KEY'; OpenAI's clients send their api_key so). The variable keeps it out of the process list and shell history.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="Do not log each request on stderr.")] = False,
     drafting: Drafting = Drafting(),
 ) -> None:
@@ -37,7 +38,7 @@ def serve_command(
     Example: ngspec serve -d trie --port 8000, then point an OpenAI client at http://127.0.0.1:8000/v1
     """
     from ngspec.api import Speculator, check_choice
-    from ngspec.server import make_server, serve
+    from ngspec.server import check_api_key, make_server, serve
 
     check_choice(drafter, drafting)
     if not 0 <= port <= 65535:
@@ -46,10 +47,12 @@ def serve_command(
         raise NgspecError(f"--max-tokens must be at least 1 (got {max_tokens})")
     if batch_size < 1:
         raise NgspecError(f"--batch-size must be at least 1 (got {batch_size})")
+    check_api_key(api_key)
     spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs), drafter, drafting)
-    server = make_server(spec, host, port, max_tokens, batch_size, log=None if quiet else render.info, say=render.info)
+    server = make_server(spec, host, port, max_tokens, batch_size, log=None if quiet else render.info, say=render.info, api_key=api_key)
     bound_host, bound_port = server.server_address[:2]
-    render.info(f"serving {spec.engine.loaded.name} with the {drafter} drafter at http://{bound_host}:{bound_port}/v1 (Ctrl-C stops)")
+    access = "requests must carry the API key" if api_key is not None else "no API key asked"
+    render.info(f"serving {spec.engine.loaded.name} with the {drafter} drafter at http://{bound_host}:{bound_port}/v1; {access} (Ctrl-C stops)")
     try:
         serve(server)  # generates on this thread, the one that loaded the model
     except KeyboardInterrupt:
