@@ -18,11 +18,19 @@ A budget is capped at ``--max-tokens`` (a larger one is valid: it runs to the co
 Runs are fixed by their number, so `--first N` continues a search past runs made before. The
 first search (BENCHMARKS.md 10zzh) found a server that timed its verify costs again for every
 burst where the timing could not be cached.
+
+``--keep-alive``: each client keeps one connection for all its requests, as http.client and
+httpx (under OpenAI's SDK) do, and now and then sends a request the server refuses before
+reading its body (`FRAMINGS`: no such route, a body over the limit, a chunked body, a length
+that is negative or not a number, a body that is not JSON) on it first. Each must get its
+refusal, and the request after it its own answer: a server that read the left-over body as the
+next request answered that one with an HTML 400 (BENCHMARKS.md 10zzzl).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import random
 import threading
@@ -31,6 +39,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlparse
 
 from input_fuzz import PYTHON_WORDS  # the script beside this one
 
@@ -50,6 +59,18 @@ FIELDS = {
     "presence_penalty": [0, 0, 0.5], "frequency_penalty": [0], "stream_options": [{"include_usage": True}, None],
     "echo": [False, False, True], "response_format": [{"type": "text"}],
 }
+
+
+_BODY = b'{"prompt": "Say hi.", "max_tokens": 2}'
+# (route, headers, body sent, the status it must get): each refused, most before the body is read
+FRAMINGS = [
+    ("/v1/bogus", {"Content-Length": str(len(_BODY))}, _BODY, 404),
+    ("/v1/completions", {"Content-Length": str(2**26 + 1)}, _BODY, 413),
+    ("/v1/completions", {"Transfer-Encoding": "chunked"}, b"%x\r\n%s\r\n0\r\n\r\n" % (len(_BODY), _BODY), 411),
+    ("/v1/completions", {"Content-Length": "-5"}, b"", 400),
+    ("/v1/completions", {"Content-Length": "ten"}, _BODY, 400),
+    ("/v1/chat/completions", {"Content-Length": "8"}, b"not json", 400),
+]
 
 
 def draw(rng: random.Random) -> tuple[str, dict]:
@@ -87,6 +108,33 @@ def post(url: str, path: str, body: dict | None, timeout: float) -> tuple[int, s
             return response.status, response.headers.get("Content-Type", ""), response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode()
+
+
+_kept = threading.local()  # --keep-alive: each client thread's connection
+
+
+def post_kept(url: str, path: str, body: dict | None, timeout: float, framing: int | None) -> tuple[int, str, str]:
+    """`post` on this thread's kept connection (http.client opens a fresh one where the server
+    closed it), after the refused request ``FRAMINGS[framing]`` when one is given; a wrong
+    answer to that one raises."""
+    if getattr(_kept, "connection", None) is None:
+        where = urlparse(url)
+        _kept.connection = http.client.HTTPConnection(where.hostname, where.port, timeout=timeout)
+    connection = _kept.connection
+    if framing is not None:
+        route, headers, sent, status = FRAMINGS[framing]
+        connection.putrequest("POST", route)
+        for name, value in headers.items():
+            connection.putheader(name, value)
+        connection.endheaders(sent)
+        response = connection.getresponse()
+        text = response.read().decode()
+        if response.status != status or judge(400, "application/json", text)[0] != "refused":
+            raise ValueError(f"the refused request {route} {headers} got {response.status}: {text[:200]!r}")
+    data = None if body is None else json.dumps(body, allow_nan=True).encode()
+    connection.request("GET" if body is None else "POST", path, data, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, response.getheader("Content-Type", ""), response.read().decode()
 
 
 def answers(kind: str, text: str) -> list[dict]:
@@ -148,6 +196,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32, help="budgets above this are lowered to it")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds an answer may take")
     ap.add_argument("--out", type=Path, help="folder for runs-FIRST.jsonl (one line per request)")
+    ap.add_argument("--keep-alive", action="store_true", help="each client keeps its connection, and sends refused requests on it now and then")
     args = ap.parse_args()
     if args.runs < 1 or args.batch_size < 1 or args.max_tokens < 1:
         ap.error("--runs, --batch-size and --max-tokens must be at least 1")
@@ -176,8 +225,12 @@ def main() -> None:
             burst = [draw(rng) for _ in range(rng.choice([1, 1, 2, 3, 4]))]
             burst = [(path, capped(body, args.max_tokens)) for path, body in burst]
             start = time.perf_counter()
-            posted = [clients.submit(post, url, path, body, args.timeout) for path, body in burst]
-            for (path, body), future in zip(burst, posted):
+            framings = [rng.randrange(len(FRAMINGS)) if args.keep_alive and rng.random() < 0.3 else None for _ in burst]
+            if args.keep_alive:
+                posted = [clients.submit(post_kept, url, path, body, args.timeout, f) for (path, body), f in zip(burst, framings)]
+            else:
+                posted = [clients.submit(post, url, path, body, args.timeout) for path, body in burst]
+            for (path, body), future, framing in zip(burst, posted, framings):
                 try:
                     status, kind, text = future.result()
                     verdict, detail = judge(status, kind, text)
@@ -191,11 +244,14 @@ def main() -> None:
                 counts[verdict] = counts.get(verdict, 0) + 1
                 findings += verdict == "FINDING"
                 line = {"run": run, "verdict": verdict, "detail": detail, "path": path, "body": body, "burst": len(burst)}
+                if framing is not None:
+                    line["after_refused"] = FRAMINGS[framing][0] + " " + json.dumps(FRAMINGS[framing][1])
                 if log is not None:
                     log.write(json.dumps(line, allow_nan=True) + "\n")
                     log.flush()
                 if verdict == "FINDING":
-                    print(f"FINDING run {run}: {path} {json.dumps(body, allow_nan=True)}\n  {detail}", flush=True)
+                    after = f" (after {line['after_refused']})" if framing is not None else ""
+                    print(f"FINDING run {run}: {path} {json.dumps(body, allow_nan=True)}{after}\n  {detail}", flush=True)
             health = post(url, "/health", None, 30.0)[0]
             print(f"{run:5d} {len(burst)} request(s) {time.perf_counter() - start:6.1f}s health {health}", flush=True)
             if health != 200:

@@ -81,3 +81,24 @@ def test_bad_counts_are_usage_errors(monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:
         serve_fuzz.main()
     assert done.value.code == 2 and "--runs, --batch-size and --max-tokens must be at least 1" in capsys.readouterr().err
+
+
+def test_a_keep_alive_search_sends_refused_requests_first_and_finds_a_server_that_misreads_them(tiny_saved, tmp_path, monkeypatch, capsys):
+    """`--keep-alive`: requests after refusals on the same connection are answered as usual; a
+    server that kept a connection open after a refusal that left the body unread (as ngspec's did)
+    is a finding."""
+    from ngspec.server import Handler
+
+    def search(out):
+        monkeypatch.setattr(sys, "argv", ["serve_fuzz.py", "--model", str(tiny_saved), "--runs", "6", "--max-tokens", "4", "--keep-alive", "--timeout", "60", "--out", str(out)])
+        with pytest.raises(SystemExit) as done:
+            serve_fuzz.main()
+        rows = [json.loads(line) for line in (out / "runs-0.jsonl").read_text().splitlines()]
+        return done.value.code, rows, capsys.readouterr().out
+
+    code, rows, said = search(tmp_path / "now")
+    assert code == 0, said
+    assert len({r["after_refused"] for r in rows if "after_refused" in r}) >= 2
+    monkeypatch.setattr(Handler, "_body_unread", lambda self: False)  # the server before it closed such connections
+    code, rows, said = search(tmp_path / "before")
+    assert code == 1 and any(r["verdict"] == "FINDING" and "after_refused" in r for r in rows), said
