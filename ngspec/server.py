@@ -18,6 +18,7 @@ response carries an ``ngspec`` object (tokens per call, speed, drafting share) a
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import itertools
 import json
@@ -544,6 +545,16 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 1024
     service: Service
 
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:  # "::" takes IPv4 clients too, as `python -m http.server` does
+            with contextlib.suppress(OSError, AttributeError):
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+class Server6(Server):
+    address_family = socket.AF_INET6
+
 
 def check_api_key(api_key: str | None) -> None:
     """Refuse an empty key: ``--api-key "$KEY"`` with KEY unset would serve with no key asked."""
@@ -567,7 +578,8 @@ def make_server(
     service = Service(spec, max_tokens_default, batch_size)
     handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None, "api_key": api_key})
     try:
-        server = Server((host, port), handler)
+        ipv6 = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0] == socket.AF_INET6
+        server = (Server6 if ipv6 else Server)((host, port), handler)
     except OSError as exc:
         raise NgspecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     server.service = service

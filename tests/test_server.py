@@ -646,3 +646,36 @@ def test_an_api_key_is_asked_of_every_request_but_the_health_check(tiny):
     finally:
         server.service.worker.stop()
         thread.join(timeout=30)
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_an_ipv6_address_is_served_and_all_of_them_take_ipv4_clients_too(tiny):
+    """`--host ::1` failed: "Address family for hostname not supported". An IPv6 address (or a
+    name that resolves to one) is served now, and `::` (every interface) answers IPv4 clients as
+    well, as `python -m http.server` does."""
+    from ngspec.cli.serve import url_of
+
+    spec = Speculator.from_model(tiny, drafter="trie")
+    for host, clients in (("::1", ["[::1]"]), ("::", ["[::1]", "127.0.0.1"])):
+        server = make_server(spec, host=host, port=0, batch_size=1)
+        thread = threading.Thread(target=serve, args=(server,), daemon=True)
+        thread.start()
+        try:
+            port = server.server_address[1]
+            assert url_of(server) == f"http://[{host}]:{port}/v1"
+            for client in clients:
+                assert call(f"http://{client}:{port}", "/health") == (200, {"status": "ok"}), (host, client)
+        finally:
+            server.service.worker.stop()
+            thread.join(timeout=30)
+    with pytest.raises(NgspecError, match="cannot listen on no-such-host.invalid:0: "):
+        make_server(spec, host="no-such-host.invalid", port=0)

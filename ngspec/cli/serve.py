@@ -13,6 +13,12 @@ from ngspec.cli.options import DRAFTERS, DeviceOpt, DtypeOpt, ModelOpt, ProfileO
 from ngspec.errors import NgspecError
 
 
+def url_of(server) -> str:
+    """The base URL clients use (an IPv6 address in brackets)."""
+    host, port = server.server_address[:2]
+    return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
+
+
 @with_drafting_options
 def serve_command(
     drafter: Annotated[str, typer.Option("--drafter", "-d", help=f"One of: {DRAFTERS}.")] = "trie",
@@ -22,7 +28,7 @@ def serve_command(
     dtype: DtypeOpt = "auto",
     profile: ProfileOpt = None,
     target_graphs: TargetGraphsOpt = False,
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface; with no --api-key, anyone who reaches it may use it).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address to listen on, IPv4 or IPv6 (0.0.0.0, or :: for IPv6 and IPv4 both: every interface; with no --api-key, anyone who reaches it may use it).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port, printed at start).")] = 8000,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="New tokens per request when the request gives no max_tokens.")] = 256,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Rows decoded together: requests that arrive while others run join their batch, and a completions request's list of prompts is one batch (each row token-identical to its own plain decoding). 1: one request at a time, through the single-sequence path.")] = 8,
@@ -50,9 +56,8 @@ def serve_command(
     check_api_key(api_key)
     spec = Speculator(load_engine(model, device, dtype, profile, trust_remote_code, target_graphs=target_graphs), drafter, drafting)
     server = make_server(spec, host, port, max_tokens, batch_size, log=None if quiet else render.info, say=render.info, api_key=api_key)
-    bound_host, bound_port = server.server_address[:2]
     access = "requests must carry the API key" if api_key is not None else "no API key asked"
-    render.info(f"serving {spec.engine.loaded.name} with the {drafter} drafter at http://{bound_host}:{bound_port}/v1; {access} (Ctrl-C stops)")
+    render.info(f"serving {spec.engine.loaded.name} with the {drafter} drafter at {url_of(server)}; {access} (Ctrl-C stops)")
     try:
         serve(server)  # generates on this thread, the one that loaded the model
     except KeyboardInterrupt:
