@@ -258,6 +258,12 @@ def test_force_replaces_only_a_datastore(tmp_path, tokenizer, monkeypatch):
         build_datastore(str(corpus), tokenizer, "smol", tmp_path, BuildOptions(), force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "empty", "project"]
 
+    def removed(cls=None):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(Path, "cwd", classmethod(removed))  # run from a directory since removed
+    build_datastore(str(corpus), tokenizer, "smol", empty, BuildOptions(), force=True)
+
 
 @pytest.mark.parametrize("meta", [
     b"\x97\xff not text", b"[1, 2]", b"{not json", b'{"format_version": 1}', b"null",

@@ -155,10 +155,14 @@ def _check_replaceable(out: Path) -> None:
     """Refuse to let --force remove anything but a datastore (its files alone, whole or damaged)
     or an empty directory, or the directory the command runs in: a mistyped --out (a project,
     the home directory, ".") would be removed whole after the build."""
-    here, where = Path.cwd().resolve(), out.resolve()
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the directory the command runs in was removed: nothing to keep there
+        here = None
+    where = out.resolve()
     if where == here:
         raise NgspecError(f"{out} is the current directory: --force would remove it under the shell; give another --out")
-    if where in here.parents:
+    if here is not None and where in here.parents:
         raise NgspecError(f"{out} holds the current directory: --force would remove it; give another --out")
     others = sorted(p.name for p in out.iterdir() if p.name not in FILES)
     if others:
