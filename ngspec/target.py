@@ -18,7 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ngspec.architecture import block_masks, check_architecture, rope_switch, sliding_layers, sliding_window
 from ngspec.contracts import DraftTree
-from ngspec.errors import NgspecError
+from ngspec.errors import NgspecError, env_switch
 from ngspec.kv import cache_argument, drop_front, dropped, keep_block, make_cache, truncate
 from ngspec.cpu_linear import tune_linears
 from ngspec.rows import RowBlockCache, forward_rows
@@ -59,7 +59,7 @@ def select_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, 
 
 
 def decode_attention(device: torch.device) -> None:
-    """On a GPU, keep PyTorch's SDPA off its cuDNN backend (unless ``NGSPEC_CUDNN_ATTENTION=1``).
+    """On a GPU, keep PyTorch's SDPA off its cuDNN backend (unless ``NGSPEC_CUDNN_ATTENTION`` is on: 1, true, yes, on).
 
     On the first H100 run (BENCHMARKS.md section 10) unmasked bf16 decoding steps took about 80 ms
     against 28 ms in float32 and 49 ms for tree steps, which pass a custom mask. That fits PyTorch
@@ -68,7 +68,7 @@ def decode_attention(device: torch.device) -> None:
     profiled). Measured on the second visit (section 10b, `benchmarks/sdpa_backends.py`): plain
     bf16 steps 3.1x faster with cuDNN off, transformers' `generate` 2.3x. The switch is
     process-wide, so transformers' own `generate` in `bench` runs the same kernels as ngspec."""
-    if device.type == "cuda" and os.environ.get("NGSPEC_CUDNN_ATTENTION") != "1":
+    if device.type == "cuda" and not env_switch("NGSPEC_CUDNN_ATTENTION"):
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 

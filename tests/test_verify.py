@@ -100,9 +100,12 @@ def test_gpu_decoding_keeps_attention_off_cudnn_unless_asked(monkeypatch):
     assert calls == []
     decode_attention(torch.device("cuda"))
     assert calls == [False]
-    monkeypatch.setenv("NGSPEC_CUDNN_ATTENTION", "1")
+    for on in ("1", "true", "yes"):  # like ngspec's other switches (it took "1" alone)
+        monkeypatch.setenv("NGSPEC_CUDNN_ATTENTION", on)
+        decode_attention(torch.device("cuda"))
+    monkeypatch.setenv("NGSPEC_CUDNN_ATTENTION", "0")
     decode_attention(torch.device("cuda"))
-    assert calls == [False]
+    assert calls == [False, False]
 
 
 def full_sort_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
