@@ -176,6 +176,7 @@ def save_head(head: EagleHead, directory: Path) -> None:
 
 
 DRAFT_VOCAB = "draft_vocab.json"
+SAVED = ("config.json", "model.safetensors", DRAFT_VOCAB)  # what `save_head` and `save_draft_vocab` write
 
 
 def ranked_tokens(responses: Iterable[Sequence[int]], prior: Mapping[int, int] | None = None) -> list[tuple[int, int]]:

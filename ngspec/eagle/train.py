@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from ngspec import staging
-from ngspec.eagle.head import DRAFT_VOCAB, EagleHead, draft_vocab_counts, head_config_for, init_from_target, load_head, ranked_tokens, save_draft_vocab, save_head
+from ngspec.eagle.head import SAVED, EagleHead, draft_vocab_counts, head_config_for, init_from_target, load_head, ranked_tokens, save_draft_vocab, save_head
 from ngspec.errors import NgspecError, first_sentence
 from ngspec.target import forward_with_features
 from ngspec.tree import additive_mask
@@ -417,7 +417,7 @@ def train_head(
         save_head(head, out)
         save_draft_vocab(out, (ex.taught.tolist() for ex in train), prior)
     except OSError as exc:  # a disk that fills at the end: say what a rerun keeps of the work
-        for name in ("config.json", "model.safetensors", DRAFT_VOCAB):  # a head saved in part would make the rerun refuse --out
+        for name in SAVED:  # a head saved in part would make the rerun refuse --out
             (out / name).unlink(missing_ok=True)
         kept = [f"reuses the target's features stored in {out / FEATURES}"] if (out / FEATURES).is_dir() else []
         kept.append("resumes from its last checkpoint" if ckpt.is_file() else "trains again (no checkpoint was due)")
