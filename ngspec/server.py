@@ -422,14 +422,25 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         if self._body_unread():  # a refusal before the body was read: the rest of the stream is that body, not a request
-            self.send_header("Connection", "close")
             self.close_connection = True
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a method with no handler, a malformed request line, headers
+        too long) in OpenAI's JSON shape, not its HTML page; the connection closes, as there."""
+        self.log_error("code %d, message %s", code, message)
+        self.close_connection = True
+        self._error(HTTPStatus(code), message or self.responses.get(code, ("error",))[0])
 
     def _body_unread(self) -> bool:
-        length = (self.headers.get("Content-Length") or "").strip()
-        return not self._body_read and (length not in ("", "0") or "Transfer-Encoding" in self.headers)
+        headers = getattr(self, "headers", None)  # none yet where the request line itself was refused
+        if headers is None or self._body_read:
+            return False
+        return (headers.get("Content-Length") or "").strip() not in ("", "0") or "Transfer-Encoding" in headers
 
     def _error(self, status: HTTPStatus, message: str, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         kind = "invalid_request_error" if status < 500 else "server_error"
@@ -459,6 +470,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, self.service.models())
         else:
             self._error(HTTPStatus.NOT_FOUND, f"no route GET {self.path}; try POST /v1/completions or /v1/chat/completions")
+
+    do_HEAD = do_GET  # noqa: N815 (http.server's name): the GET answer's headers, without its body (`_send`)
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?")[0].rstrip("/")

@@ -679,3 +679,36 @@ def test_an_ipv6_address_is_served_and_all_of_them_take_ipv4_clients_too(tiny):
             thread.join(timeout=30)
     with pytest.raises(NgspecError, match="cannot listen on no-such-host.invalid:0: "):
         make_server(spec, host="no-such-host.invalid", port=0)
+
+
+def test_http_servers_own_refusals_are_json_and_head_asks_after_health(tiny_server):
+    """http.server answered a method it has no handler for (PUT, OPTIONS, HEAD) and a malformed
+    request with an HTML page; a monitor that checks `HEAD /health` read 501 as down. Now HEAD
+    is answered as GET without the body, and the rest are refused in OpenAI's JSON shape."""
+    import http.client
+    from urllib.parse import urlparse
+
+    port = urlparse(tiny_server).port
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    client.request("HEAD", "/health")
+    response = client.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type") == "application/json"
+    assert response.read() == b"" and int(response.getheader("Content-Length")) == len(b'{"status": "ok"}')
+    client.request("GET", "/health")  # the connection is still in step
+    response = client.getresponse()
+    assert response.status == 200 and json.loads(response.read()) == {"status": "ok"}
+    for method in ("PUT", "OPTIONS", "DELETE"):
+        client.request(method, "/v1/completions", "{}", {"Content-Type": "application/json"})
+        response = client.getresponse()
+        error = json.loads(response.read())["error"]
+        assert response.status == 501 and response.getheader("Content-Type") == "application/json", method
+        assert error["message"] == f"Unsupported method ('{method}')" and error["type"] == "server_error"
+        client.close()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:  # a header line over http.server's 64 KiB
+        raw.sendall(b"GET /health HTTP/1.1\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n")
+        answer = b""
+        while chunk := raw.recv(4096):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431") and b"Content-Type: application/json" in head and head.count(b"Connection: close") == 1
+    assert json.loads(body)["error"]["message"] == "Line too long"
