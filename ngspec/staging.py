@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 import warnings
 from contextlib import contextmanager
@@ -29,8 +30,7 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
     `_move_into_place`). A link at ``out`` stays: the directory goes where it points (another disk,
     say), and the temporary is made beside it there."""
     out = Path(out)
-    if out.exists() and not force:
-        raise NgspecError(f"{out} already exists (use --force to replace it)")
+    refuse_replacing(out, force)
     if out.exists() and not out.is_dir():
         raise NgspecError(f"{out} is a file; --force replaces a directory only, give another path")
     out = followed(out)
@@ -54,6 +54,25 @@ def staged_directory(out: Path, force: bool) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def refuse_replacing(out: Path, force: bool) -> None:
+    """Refuse an output that is there already, unless ``force`` (a device or pipe, `is_stream`, is
+    written to, not replaced)."""
+    if not force and Path(out).exists() and not is_stream(Path(out)):
+        raise NgspecError(f"{out} already exists (use --force to replace it)")
+
+
+def is_stream(out: Path) -> bool:
+    """Whether ``out`` is (or links to) a device, pipe or socket: ``/dev/stdout``, ``/dev/null``,
+    a FIFO. Such an output is written straight, as a shell's ``>`` writes it: there is nothing to
+    write whole, and a temporary renamed over it would replace the device or link itself with a
+    file (as root, ``/dev/null`` for every process)."""
+    try:
+        mode = os.stat(out).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def followed(out: Path) -> Path:
@@ -166,6 +185,8 @@ def output_directory(out: Path, flag: str = "") -> None:
     message (a command may write several files)."""
     if Path(out).is_dir():
         raise NgspecError(f"{flag + ' ' if flag else ''}{out} is a directory; give the path of a file to write")
+    if is_stream(Path(out)):
+        return  # a device or pipe, written straight (`staged_file`): no file is made beside it
     _no_file_above(Path(out))
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +225,11 @@ def probe_writable(directory: Path, name: str = "ngspec") -> None:
 def staged_file(out: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``out``, unique to this call (two processes writing the same
     cache entry at once each write their own and the last rename wins, whole); on success it
-    replaces ``out`` atomically, otherwise it is removed."""
+    replaces ``out`` atomically, otherwise it is removed. A device or pipe (`is_stream`) is
+    yielded itself, written straight."""
+    if is_stream(Path(out)):
+        yield Path(out)
+        return
     out = followed(Path(out))  # a link stays; the file it names is replaced, as a shell's `>` writes
     _sweep(out.parent)
     tmp = _stand_in(out)  # made by the caller, with its usual permissions

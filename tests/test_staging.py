@@ -506,3 +506,27 @@ def test_a_file_written_through_a_link_lands_where_it_points(tmp_path):
     staging.write_text(link, "new")
     assert link.is_symlink() and real.read_text() == "new"
     assert [p.name for p in real.parent.iterdir()] == ["shape.json"]
+
+
+def test_a_device_or_pipe_is_written_straight_not_replaced(tmp_path):
+    """`--json-out /dev/stdout` (a link to the process's pipe) or a FIFO: written as a shell's `>`
+    writes, not through a temporary renamed over it, which (as root) would have replaced the link
+    or device itself with a file (`/dev/null` too), or now failed naming a path under /proc."""
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "stdout"
+    link.symlink_to(fifo)
+    for out in (fifo, link):
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # open first, so that the write does not wait for a reader
+        try:
+            staging.refuse_replacing(out, force=False)  # written to, not replaced: no --force asked
+            staging.output_directory(out, "--json-out")  # checked before the work, without a probe file beside it
+            staging.write_text(out, '{"a": 1}\n')
+            got = os.read(reader, 100)
+        finally:
+            os.close(reader)
+        assert got == b'{"a": 1}\n', out
+        assert stat.S_ISFIFO(fifo.stat().st_mode) and link.is_symlink()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "stdout"]

@@ -164,8 +164,7 @@ def synth_corpus_command(
         given = [p.text for p in records][:n]  # --n caps the prompts answered
         n = len(given)
     opts = SynthOptions(n=100 if n is None else n, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
-    if out.exists() and not force:
-        raise NgspecError(f"{out} already exists (use --force to replace it)")
+    staging.refuse_replacing(Path(out), force)
     staging.output_directory(out, "--out")  # a path that cannot be written fails now, not after the answers
     loaded = load_model(model, device, trust_remote_code=trust_remote_code)
     carried = [] if force or not partial_path(out).exists() else resumable(partial_path(out), loaded, opts, given)

@@ -83,8 +83,7 @@ def tune_tree_command(
 
     if not eagle_head.is_dir():
         raise NgspecError(f"no EAGLE head directory at {eagle_head}")
-    if out.exists() and not force:
-        raise NgspecError(f"{out} already exists (use --force to replace it)")
+    staging.refuse_replacing(Path(out), force)
     counts = (("--nodes", nodes), ("--min-nodes", min_nodes), ("--width", width), ("--depth", depth), ("--finalists", finalists), ("--max-new-tokens", max_new_tokens))
     bad = [f"{flag} must be at least 1 (got {value})" for flag, value in counts if value < 1]
     if not bad and min_nodes > nodes:

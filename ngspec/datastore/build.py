@@ -23,7 +23,7 @@ from ngspec.datastore.format import (
 from ngspec.datastore.suffix import suffix_array
 from ngspec.errors import NgspecError
 from ngspec.perf.memory import release_free_memory
-from ngspec.staging import staged_directory
+from ngspec.staging import refuse_replacing, staged_directory
 
 
 @dataclass(frozen=True)
@@ -182,8 +182,7 @@ def build_datastore(
 ) -> DatastoreMeta:
     """Build the datastore of ``corpus`` at ``out`` (replacing it only with ``force``)."""
     start = time.perf_counter()
-    if Path(out).exists() and not force:
-        raise NgspecError(f"{out} already exists (use --force to replace it)")
+    refuse_replacing(Path(out), force)
     if Path(out).is_dir():
         _check_replaceable(Path(out))
     with staged_directory(Path(out), force) as tmp:

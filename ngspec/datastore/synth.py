@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ngspec.errors import NgspecError, check_text, short
-from ngspec.staging import followed, staged_file
+from ngspec.staging import followed, is_stream, refuse_replacing, staged_file
 from ngspec.models import LoadedModel, generation_defaults_aside
 from ngspec.prompts import apply_template
 from ngspec.cpu_linear import tune_linears
@@ -246,8 +246,7 @@ def write_jsonl(records: Iterator[dict], out: Path, force: bool, carried: Sequen
     records are not thrown away: they go to `partial_path` (complete records only; ``out`` itself
     is never half-written), and the error says that the same command continues from there. The
     same when the disk fills (a record written in part is cut off)."""
-    if out.exists() and not force:
-        raise NgspecError(f"{out} already exists (use --force to replace it)")
+    refuse_replacing(Path(out), force)
     out.parent.mkdir(parents=True, exist_ok=True)
     count = whole = 0  # records and bytes written whole
     with staged_file(out) as tmp:
@@ -259,7 +258,7 @@ def write_jsonl(records: Iterator[dict], out: Path, force: bool, carried: Sequen
                     f.flush()
                     count, whole = count + 1, whole + len(line)
         except (KeyboardInterrupt, OSError) as exc:
-            if not count:
+            if not count or is_stream(out):  # nothing finished, or it went out as it was written
                 raise
             os.truncate(tmp, whole)
             tmp.replace(partial_path(out))
