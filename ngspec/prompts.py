@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ngspec.errors import NgspecError, check_text, json_error, short
+from ngspec.staging import is_stream
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,9 @@ def read_text(path: Path, what: str = "prompt file", takes: str = "give a .txt, 
     directory, missing or not UTF-8; a byte-order mark is read past)."""
     if path.is_dir():
         raise NgspecError(f"{path} is a directory; {takes}")
-    if not path.is_file():
+    if not path.exists():
         raise NgspecError(f"{what} not found: {path}")
-    return _decoded(path.read_bytes(), str(path))
+    return _decoded(path.read_bytes(), str(path))  # a pipe too (`<(...)`): read once
 
 
 def _decoded(data: bytes, where: str) -> str:
@@ -80,13 +81,19 @@ def read_stdin() -> tuple[str, str]:
     text is a JSON array with such a record in it or one such object (a ``.json`` file piped in),
     else ``txt``: one prompt, as a ``.txt`` file is."""
     text = _decoded(sys.stdin.buffer.read(), "standard input")
+    return text, sniffed(text)
+
+
+def sniffed(text: str) -> str:
+    """The layout of a prompt text that comes with no suffix (standard input, a pipe), as
+    `read_stdin` tells it."""
     first = next((line for line in text.splitlines() if line.strip()), "")
     if _holds_prompt(_json_or_none(first)):
-        return text, "jsonl"
+        return "jsonl"
     whole = _json_or_none(text) if text.lstrip().startswith(("[", "{")) else None
     if _holds_prompt(whole) or (isinstance(whole, list) and any(map(_holds_prompt, whole))):
-        return text, "json"
-    return text, "txt"
+        return "json"
+    return "txt"
 
 
 def json_layout(text: str, suffix: str) -> str:
@@ -172,8 +179,12 @@ def load_prompts(
     if str(path) == STDIN:
         (text, kind), path, source = read_stdin(), Path("stdin"), "standard input"  # ids: stdin, stdin:LINE, stdin[I]
     else:
+        piped = is_stream(path)
         text, source = read_text(path), f"prompt file {path}"
-        kind = json_layout(text, path.suffix) if path.suffix in (".jsonl", ".json") else "txt"
+        if path.suffix in (".jsonl", ".json"):
+            kind = json_layout(text, path.suffix)
+        else:  # a pipe (`-p <(jq ...)`) has no suffix to say: its text does, as standard input's
+            kind = sniffed(text) if piped else "txt"
     if not text.strip():
         raise NgspecError(f"{source} is empty")
     if kind == "json":

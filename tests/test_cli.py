@@ -748,6 +748,40 @@ def test_a_prompt_file_of_dash_reads_standard_input(monkeypatch, stdin, ids, tex
 
 
 @pytest.mark.parametrize(
+    "piped, ids",
+    [(b"Say hi.\n", ["63"]), (b'{"prompt": "Say 8."}\n{"prompt": "Say 9."}\n', ["63:1", "63:2"]), (b'[{"prompt": "Say 8."}]', ["63[0]"])],
+)
+def test_a_prompt_file_that_is_a_pipe_is_read_as_standard_input_is(tmp_path, piped, ids):
+    """`-p <(jq ...)` names a pipe (/dev/fd/63), with no suffix to tell its layout: it was "prompt
+    file not found". It is read once, and its layout told from its text, as `-p -` does."""
+    import os
+    import threading
+
+    from ngspec.prompts import load_prompts
+
+    fifo = tmp_path / "63"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_bytes, args=(piped,), daemon=True)
+    writer.start()
+    prompts = load_prompts(fifo)
+    writer.join(timeout=10)
+    assert [p.id for p in prompts] == ids
+
+
+def test_a_corpus_that_is_a_pipe_is_refused_in_one_line(tmp_path):
+    """A corpus is read more than once (its format is told from its first record), which a pipe
+    allows once: it was "unsupported file type"."""
+    import os
+
+    from ngspec.datastore.corpus import iter_records
+
+    fifo = tmp_path / "63"
+    os.mkfifo(fifo)
+    with pytest.raises(NgspecError, match=f"^{fifo} is a pipe or device, not a file: a corpus is read more than once; save it to a .jsonl, .json or .parquet file$"):
+        next(iter_records(str(fifo)))
+
+
+@pytest.mark.parametrize(
     "stdin, message",
     [(b"", "standard input is empty"), (b" \n\n", "standard input is empty"), (b"caf\xe9\n", "standard input is not valid UTF-8 (byte 3)"),
      (b'{"prompt": "a"}\n{"prompt": }\n', "stdin:2: not valid JSON (Expecting value at column 12)"),

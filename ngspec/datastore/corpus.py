@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ngspec.errors import NgspecError, check_text, json_error, json_kind, lone_surrogate_at, short
+from ngspec.staging import is_stream
 
 FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
 ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
@@ -102,6 +103,8 @@ def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
 
 def local_files(path: Path) -> tuple[str, list[str]]:
     """The `datasets` builder and files for a local file or directory of them."""
+    if not path.is_dir() and is_stream(path):
+        raise NgspecError(f"{path} is a pipe or device, not a file: a corpus is read more than once; save it to a .jsonl, .json or .parquet file")
     files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES) if path.is_dir() else [path]
     if not files:
         raise NgspecError(f"no .jsonl, .json or .parquet files in {path}")
