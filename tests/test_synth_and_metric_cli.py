@@ -423,6 +423,13 @@ def test_questions_also_name_their_prompts_as_generate_named_them_read_from_stan
     array = tmp_path / "a.json"
     array.write_text('[{"prompt": "A0"}, {"id": "x", "prompt": "A1"}]')
     assert _questions(array) == {"a.json[0]": ["A0"], "x": ["A1"], "stdin[0]": ["A0"]}
+    import os
+    import threading
+
+    fifo = tmp_path / "63"  # `--questions <(jq ...)`: a pipe, read as `generate -p <(...)` read it
+    os.mkfifo(fifo)
+    threading.Thread(target=fifo.write_text, args=('{"prompt": "P1"}\n',), daemon=True).start()
+    assert _questions(fifo) == {"63:1": ["P1"], "stdin:1": ["P1"]}
     records = [_generated("stdin:2", 1, "trie", "a b", 1), _generated("stdin", 1, "trie", "c", 1)]
     pairs, _ = generated_pairs(records, {**_questions(jsonl), **_questions(txt)}, "q.jsonl")
     assert [(p.id, p.input) for p in pairs] == [("stdin:2.0", "P2"), ("stdin.0", "Summarise this.")]
