@@ -666,3 +666,25 @@ def test_the_corpus_reading_benchmark_compares_both_readers(tmp_path, monkeypatc
     assert result["layout"] == layout and result["records"] == 22
     assert result["ngspec"]["changed"] == 0 and result["ngspec"]["records"] == 22
     assert result["datasets"]["records"] == 22
+
+
+def test_a_path_option_written_with_a_tilde_means_the_home_directory(tmp_path, monkeypatch):
+    """`--out=~/ds` reaches ngspec with its `~` (a shell expands it only at a word's start), and
+    was made as a directory named `~` under the current one (which a later `rm -rf ~` would
+    take the home directory for); corpus and model paths already read `~` as home."""
+    from typer.testing import CliRunner
+
+    from ngspec.cli.app import app
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    write_jsonl(home / "c.jsonl", [{"text": "one two three"}])
+    built = CliRunner().invoke(app, ["build-datastore", "--corpus", "~/c.jsonl", "--out=~/ds"])
+    assert built.exit_code == 0, built.output
+    assert sorted(p.name for p in (home / "ds").iterdir()) == ["meta.json", "sa.npy", "tokens.npy"]
+    assert list(work.iterdir()) == []
+    shown = CliRunner().invoke(app, ["datastore-info", "~/ds", "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["records"] == 1

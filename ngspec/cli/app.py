@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import warnings
+from pathlib import Path
 from typing import Annotated, Callable
 
 import typer
@@ -99,6 +100,7 @@ def friendly(command: Callable, less: str = "") -> Callable:
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         debug = env_switch("NGSPEC_DEBUG")
+        kwargs = {name: _home_expanded(value) for name, value in kwargs.items()}
         try:
             with warnings.catch_warnings():
                 shown = warnings.showwarning
@@ -140,6 +142,20 @@ def friendly(command: Callable, less: str = "") -> Callable:
         raise typer.Exit(code)
 
     return wrapper
+
+
+def _home_expanded(value: object) -> object:
+    """A path option written ``--out=~/ds`` reaches us with its ``~`` (a shell expands it only at
+    the start of a word): read it as the home directory, as corpus and model paths are, not as a
+    directory named ``~`` (which a later ``rm -rf ~`` would take for home)."""
+    if isinstance(value, list):
+        return [_home_expanded(v) for v in value]
+    if isinstance(value, Path) and str(value).startswith("~"):
+        try:
+            return value.expanduser()
+        except RuntimeError:  # ~name of no such user: left as written
+            return value
+    return value
 
 
 def _register() -> None:
