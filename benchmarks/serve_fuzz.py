@@ -42,6 +42,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from input_fuzz import PYTHON_WORDS  # the script beside this one
+from ngspec.server import MAX_BODY
 
 WEIRD = [None, True, 0, -1, 2.5, 2**63, "", "x", [], [1], {}, {"a": 1}, [None], float("nan"), float("inf")]
 CHAT = [
@@ -65,7 +66,7 @@ _BODY = b'{"prompt": "Say hi.", "max_tokens": 2}'
 # (route, headers, body sent, the status it must get): each refused, most before the body is read
 FRAMINGS = [
     ("/v1/bogus", {"Content-Length": str(len(_BODY))}, _BODY, 404),
-    ("/v1/completions", {"Content-Length": str(2**26 + 1)}, _BODY, 413),
+    ("/v1/completions", {"Content-Length": str(MAX_BODY + 1)}, _BODY, 413),
     ("/v1/completions", {"Transfer-Encoding": "chunked"}, b"%x\r\n%s\r\n0\r\n\r\n" % (len(_BODY), _BODY), 411),
     ("/v1/completions", {"Content-Length": "-5"}, b"", 400),
     ("/v1/completions", {"Content-Length": "ten"}, _BODY, 400),

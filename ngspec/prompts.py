@@ -179,12 +179,11 @@ def load_prompts(
     if str(path) == STDIN:
         (text, kind), path, source = read_stdin(), Path("stdin"), "standard input"  # ids: stdin, stdin:LINE, stdin[I]
     else:
-        piped = is_stream(path)
         text, source = read_text(path), f"prompt file {path}"
         if path.suffix in (".jsonl", ".json"):
             kind = json_layout(text, path.suffix)
         else:  # a pipe (`-p <(jq ...)`) has no suffix to say: its text does, as standard input's
-            kind = sniffed(text) if piped else "txt"
+            kind = sniffed(text) if is_stream(path) else "txt"
     if not text.strip():
         raise NgspecError(f"{source} is empty")
     if kind == "json":

@@ -23,7 +23,7 @@ from ngspec.datastore.format import (
 from ngspec.datastore.suffix import suffix_array
 from ngspec.errors import NgspecError
 from ngspec.perf.memory import release_free_memory
-from ngspec.staging import refuse_replacing, staged_directory
+from ngspec.staging import staged_directory
 
 
 @dataclass(frozen=True)
@@ -182,10 +182,9 @@ def build_datastore(
 ) -> DatastoreMeta:
     """Build the datastore of ``corpus`` at ``out`` (replacing it only with ``force``)."""
     start = time.perf_counter()
-    refuse_replacing(Path(out), force)
-    if Path(out).is_dir():
+    if force and Path(out).is_dir():
         _check_replaceable(Path(out))
-    with staged_directory(Path(out), force) as tmp:
+    with staged_directory(Path(out), force) as tmp:  # refuses an existing ``out`` without ``force``, before any work
         raw = tmp / "tokens.raw"
         done = tokenize_corpus(corpus, tokenizer, opts, raw, on_batch)
         release_free_memory()  # anything the reader left here goes back before the sort
