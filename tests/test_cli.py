@@ -30,6 +30,16 @@ def test_help_does_not_load_torch_or_transformers():
     assert out.stdout.strip() == "[]"
 
 
+def test_python_dash_m_ngspec_is_the_ngspec_command():
+    """`python -m ngspec` (no script on PATH, or a chosen interpreter) runs the same command,
+    its usage naming how it was called."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ngspec", "generate", "--no-such-option"], capture_output=True, text=True)
+    assert out.returncode == 2 and "Usage: python -m ngspec generate" in out.stderr and "No such option" in out.stderr, out.stderr
+
+
 def test_every_option_the_readme_gives_a_command_is_one_of_its_options():
     """The README's command lines (code blocks with their continuation lines, and inline code)
     name only options the command has: a renamed or removed option fails here, not in a user's
