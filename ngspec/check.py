@@ -24,7 +24,7 @@ import torch
 from ngspec.cpu_linear import stock_linears
 from ngspec.decode import DecodeConfig
 from ngspec.drafters import make_drafter
-from ngspec.engine import Engine
+from ngspec.engine import Engine, one_at_a_time
 from ngspec.verify import Draws, target_probs
 
 
@@ -96,6 +96,6 @@ def check_against_greedy(engine: Engine, prompt: list[int], generated: list[int]
     for it when none was given)."""
     if not cfg.sampling.greedy:
         cfg = replace(cfg, sampling=replace(cfg.sampling, seed=seed if seed is not None else cfg.sampling.seed))
-    with stock_linears(engine.loaded.model):
+    with one_at_a_time(engine.loaded.model, decoding=False), stock_linears(engine.loaded.model):  # the stock layers for this run only
         plain = engine.run(prompt, make_drafter("vanilla"), cfg).token_ids
     return divergence(engine, prompt, plain, generated, cfg, Draws.of(cfg.sampling, prompt))

@@ -7,7 +7,9 @@ loop, so that `generate` and `bench` run exactly the same code path.
 from __future__ import annotations
 
 import gc
+import threading
 import time
+import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
@@ -16,6 +18,7 @@ import torch
 
 from ngspec.batch import BatchConfig, generate_batch
 from ngspec.contracts import Drafter
+from ngspec.errors import NgspecError
 from ngspec.drafters.ngram_tables import NgramTables, cached_tables, table_anchor
 from ngspec.decode import DecodeConfig, Generation, Stopper, generate, most_new_tokens, special_stop_ids
 from ngspec.models import LoadedModel, generation_defaults_aside
@@ -57,6 +60,42 @@ def collector_spared() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+class _Turns:
+    """Who holds a model's turn: its lock (reentrant, so a check may decode inside its own turn)
+    and the thread whose decoding loop is running, if one is."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.decoding: int | None = None
+
+
+_TURNS: weakref.WeakKeyDictionary[torch.nn.Module, _Turns] = weakref.WeakKeyDictionary()
+_TURNS_MADE = threading.Lock()
+
+
+@contextmanager
+def one_at_a_time(model: torch.nn.Module, decoding: bool = True) -> Iterator[None]:
+    """Runs on ``model`` take turns: a decoding run holds its cache and may swap its linear
+    layers (`stock_linears`) or width plans (`unpadded`), so a second thread's run (a web
+    framework's thread pool calling one `Speculator`) waits until the first one ends; shared,
+    they failed on tensors of mismatched sizes, or decoded wrong tokens. A run started from a
+    callback of a running ``decoding`` loop on the same thread (an ``on_text`` that generates)
+    would decode into that loop's cache: refused."""
+    with _TURNS_MADE:
+        turns = _TURNS.setdefault(model, _Turns())
+    if turns.decoding == threading.get_ident():
+        raise NgspecError(
+            "a generation on this model was started from inside another's callback (on_text, on_output, on_finish or feed), "
+            "which runs within that generation's decoding loop; keep what the callback needs and generate after the call returns"
+        )
+    with turns.lock:
+        outer, turns.decoding = turns.decoding, threading.get_ident() if decoding else turns.decoding
+        try:
+            yield
+        finally:
+            turns.decoding = outer
 
 
 # Python 3.12's full collections freeze its immortal objects (375 tuples on 3.12.1; 3.11 and 3.13
@@ -127,7 +166,7 @@ class Engine:
         cfg: DecodeConfig,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> Generation:
-        with collector_spared(), self._padding():
+        with one_at_a_time(self.loaded.model), collector_spared(), self._padding():
             return generate(self.target, drafter, prompt_ids, self._config(cfg), self.stopper(cfg), on_tokens)
 
     def _padding(self):
@@ -152,11 +191,12 @@ class Engine:
         Drafters size their trees from verify costs measured at this batch size (the full batch
         size when ``feed`` may bring more prompts)."""
         rows = batch.batch_size if feed is not None else min(batch.batch_size, len(prompts))
-        costs = self.batch_costs(max(rows, 1))
         if self.target_graphs:
             batch = replace(batch, target_graphs=True)
-        with collector_spared(), self._padding():
-            return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, lambda: self.stopper(cfg), costs, on_finish, feed)
+        with one_at_a_time(self.loaded.model):
+            costs = self.batch_costs(max(rows, 1))  # measured on the model the first time
+            with collector_spared(), self._padding():
+                return generate_batch(self.loaded.model, prompts, new_drafter, self._config(cfg), batch, lambda: self.stopper(cfg), costs, on_finish, feed)
 
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: list[int], max_new_tokens: int, lookup: bool = False, sampling: SamplingConfig | None = None) -> tuple[list[int], float]:
@@ -175,7 +215,7 @@ class Engine:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)  # top_k 0 is off in both
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
-        with stock_linears(self.loaded.model) as model, generation_defaults_aside(model):
+        with one_at_a_time(self.loaded.model), stock_linears(self.loaded.model) as model, generation_defaults_aside(model):
             start = time.perf_counter()
             out = model.generate(
                 ids,

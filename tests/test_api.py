@@ -488,6 +488,67 @@ def test_a_cpu_speculator_run_from_another_thread_warns_once(tiny):
         spec.generate([1, 2, 3], max_new_tokens=2)  # once only
 
 
+@pytest.mark.parametrize("drafter", ["trie", "search"])
+def test_threads_sharing_one_speculator_take_turns_and_each_gets_its_plain_greedy_tokens(tiny, prompts_and_expected, drafter):
+    """A web framework's thread pool calls one Speculator from several threads at once: the
+    model's cache is one, so the calls take turns (generate, generate_batch with its check,
+    transformers' own generate in bench), each answer its plain greedy decoding. Before, the
+    threads shared the cache: `RuntimeError: The size of tensor a (52) must match ...`, or
+    wrong tokens."""
+    spec = Speculator.from_model(tiny, drafter=drafter)
+    prompts, expected = prompts_and_expected
+    got, failed = {}, []
+    start = threading.Barrier(len(prompts) + 1)
+
+    def one(i):
+        start.wait()
+        try:
+            got[i] = spec.generate(prompts[i], max_new_tokens=24).token_ids
+        except Exception as error:  # noqa: BLE001 - reported below
+            failed.append(repr(error))
+
+    def batch():
+        start.wait()
+        try:
+            outs = spec.generate_batch(prompts, max_new_tokens=24, batch_size=2, check=True)
+            got["batch"] = [o.token_ids for o in outs] if all(o.greedy_check["exact_match"] for o in outs) else "check failed"
+        except Exception as error:  # noqa: BLE001
+            failed.append(repr(error))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))] + [threading.Thread(target=batch)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "runs on a thread other than ..."
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    assert not failed, failed
+    assert [got[i] for i in range(len(prompts))] == expected and got["batch"] == expected
+
+
+@pytest.mark.parametrize("callback", ["on_tokens", "on_output"])
+def test_a_callback_that_generates_on_the_same_model_is_refused_and_the_speculator_still_works(tiny, prompts_and_expected, callback):
+    """A callback runs inside the decoding loop, which holds the model's cache: a generation
+    started from it decoded into that cache, and the outer generation's tokens were no longer
+    its plain greedy ones (without a word). It is refused by name, from the same Speculator or
+    another on the same model, and the Speculator decodes as before after."""
+    spec = Speculator.from_model(tiny, drafter="trie")
+    other = Speculator.from_model(tiny, drafter="vanilla")  # another Speculator, the same model
+    prompts, expected = prompts_and_expected
+
+    def nested(*_):
+        (spec if callback == "on_tokens" else other).generate(prompts[1], max_new_tokens=4)
+
+    with pytest.raises(NgspecError, match="started from inside another's callback"):
+        if callback == "on_tokens":  # what generate's on_text is called from
+            from ngspec.decode import DecodeConfig
+
+            spec.run(prompts[0], DecodeConfig(max_new_tokens=24), nested)
+        else:
+            spec.generate_batch(prompts[:2], max_new_tokens=24, on_output=nested)
+    assert [spec.generate(p, max_new_tokens=24).token_ids for p in prompts] == expected
+
+
 def _bytes_detokenize(ids: list[int]) -> str:
     """A byte-level tokenizer's decoding: each id is one byte (a multi-byte character spans ids)."""
     return bytes(ids).decode("utf-8", errors="replace")
