@@ -23,6 +23,7 @@ import hmac
 import itertools
 import json
 import queue
+import re
 import socket
 import threading
 import time
@@ -49,6 +50,26 @@ NEUTRAL = {
 }
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 MAX_BODY = 64 * 2**20
+ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+")  # scheme://host[:port], as a browser's Origin header writes it
+
+
+def parse_origins(value: str | None) -> frozenset[str] | None:
+    """`serve --allowed-origins`: the web pages' origins that may call the server from a browser
+    (CORS), comma-separated (``http://localhost:3000``), ``null`` for a page opened from a file, or
+    ``*`` for any; None: none (no CORS answers at all). Compared as browsers write them, in lower
+    case; one with a path or a trailing slash would never match, so it is refused."""
+    if value is None:
+        return None
+    origins = [o.strip().lower() for o in value.split(",") if o.strip()]
+    if not origins:
+        raise NgspecError("--allowed-origins is empty: give the origins of the pages that may call the server (http://localhost:3000), or * for any")
+    for origin in origins:
+        if origin not in ("*", "null") and not ORIGIN.fullmatch(origin):
+            raise NgspecError(
+                f"--allowed-origins: {origin!r} is not an origin: give scheme://host[:port] with no path or trailing slash, "
+                "as a browser sends it (http://localhost:3000), null for a page opened from a file, or * for any"
+            )
+    return frozenset(origins)
 
 
 class BadRequest(NgspecError):
@@ -60,6 +81,7 @@ class BadRequest(NgspecError):
 
 
 STOPPING = BadRequest("the server is stopping", HTTPStatus.SERVICE_UNAVAILABLE)
+_WAKE = object()  # put on a worker's queue so that a `run` waiting on it looks again (`Worker.drain`)
 
 
 def before_stop(text: str, stops) -> str:
@@ -203,6 +225,7 @@ class Worker:
         self._queue: queue.Queue = queue.Queue()
         self._deferred: deque = deque()  # work that came while a batch ran, in order
         self._batch = batch
+        self.draining = False  # `drain` was called: `run` returns once the queue is empty
 
     def submit(self, work: Callable) -> Future:
         future: Future = Future()
@@ -222,11 +245,32 @@ class Worker:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return out
-            (out if isinstance(item, Pending) else self._deferred).append(item)
+            if item is not _WAKE:
+                (out if isinstance(item, Pending) else self._deferred).append(item)
 
     def run(self) -> None:
-        """Until `stop`; a KeyboardInterrupt (Ctrl-C, or SIGTERM in `ngspec serve`) ends it too."""
-        while (item := self._deferred.popleft() if self._deferred else self._queue.get()) is not None:
+        """Until `stop`, or once `drain` was called and nothing is left; a KeyboardInterrupt
+        (Ctrl-C, or SIGTERM in `ngspec serve`) ends it too. Work still queued when it ends is
+        answered "the server is stopping"."""
+        try:
+            self._run()
+        finally:
+            self.refuse_waiting()
+
+    def _next(self):
+        """The next item, in order: None to stop (`stop`, or drained)."""
+        while True:
+            if self._deferred:
+                return self._deferred.popleft()
+            try:
+                item = self._queue.get_nowait() if self.draining else self._queue.get()
+            except queue.Empty:
+                return None
+            if item is not _WAKE:
+                return item
+
+    def _run(self) -> None:
+        while (item := self._next()) is not None:
             if isinstance(item, Pending):
                 self._batch(item, self.arrived)
                 continue
@@ -244,6 +288,24 @@ class Worker:
     def stop(self) -> None:
         self._queue.put(None)
 
+    def drain(self) -> None:
+        """Finish the work queued so far (and what joins the running batch), then let `run`
+        return; `Service` refuses new requests meanwhile."""
+        self.draining = True
+        self._queue.put(_WAKE)  # a `run` waiting on the empty queue looks again
+
+    def refuse_waiting(self) -> None:
+        """Answer the work still queued "the server is stopping" (none waits for ever)."""
+        left = list(self._deferred)
+        self._deferred.clear()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                left.append(self._queue.get_nowait())
+        for item in left:
+            future = item.future if isinstance(item, Pending) else item[1] if isinstance(item, tuple) else None
+            if future is not None and future.set_running_or_notify_cancel():
+                future.set_exception(STOPPING)
+
 
 class Service:
     """What the HTTP handler calls: requests in, response bodies (or event chunks) out. With
@@ -256,6 +318,16 @@ class Service:
         self.max_tokens_default = max_tokens_default
         self.batch_size = batch_size
         self.model_id = spec.engine.loaded.name
+        self.in_flight = 0  # requests taken and not yet answered (`complete` calls running)
+        self._counting = threading.Lock()
+
+    @property
+    def draining(self) -> bool:
+        return self.worker.draining
+
+    def drain(self) -> None:
+        """Stop taking requests (new ones get 503) and end serving once those taken are answered."""
+        self.worker.drain()
 
     def _run_batch(self, first: Pending, arrived: Callable[[], list[Pending]]) -> None:
         """On the generation thread: decode ``first`` and every request that arrives while rows
@@ -306,6 +378,15 @@ class Service:
     def complete(self, body: dict, chat: bool, emit: Callable[[dict], None] | None = None, gone: Callable[[], bool] | None = None) -> dict | None:
         """The response body, or with ``emit`` (streaming) each chunk handed to it and None;
         ``gone``: whether the streaming client has left (its batch row then stops)."""
+        with self._counting:
+            self.in_flight += 1
+        try:
+            return self._complete(body, chat, emit, gone)
+        finally:
+            with self._counting:
+                self.in_flight -= 1
+
+    def _complete(self, body: dict, chat: bool, emit, gone) -> dict | None:
         kwargs = generation_kwargs(body, self.max_tokens_default)
         if chat:
             prompt, raw = chat_messages(body), False
@@ -402,6 +483,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     log: Callable[[str], None] | None = None
     api_key: str | None = None  # asked of every request but /health when set
+    origins: frozenset[str] | None = None  # web pages' origins a browser may let call (`parse_origins`)
     _body_read = False  # whether this request's body was read (`_admitted` starts each request)
 
     def setup(self) -> None:
@@ -419,7 +501,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
+        for name, value in {**self._cors(), **(headers or {})}.items():
             self.send_header(name, value)
         if self._body_unread():  # a refusal before the body was read: the rest of the stream is that body, not a request
             self.close_connection = True
@@ -435,6 +517,39 @@ class Handler(BaseHTTPRequestHandler):
         self.log_error("code %d, message %s", code, message)
         self.close_connection = True
         self._error(HTTPStatus(code), message or self.responses.get(code, ("error",))[0])
+
+    def _cors(self) -> dict[str, str]:
+        """The headers that let a browser hand this answer to the page that asked: only for an
+        origin `parse_origins` lets in."""
+        origin = getattr(self, "headers", None) and self.headers.get("Origin")
+        if self.origins is None or not origin or not ("*" in self.origins or origin.lower() in self.origins):
+            return {}
+        return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+
+    def do_OPTIONS(self) -> None:  # noqa: N802 (http.server's name)
+        """A browser's preflight before a page's cross-origin request: which methods and headers
+        it may send. It carries no API key (the browser sends the key with the request itself)."""
+        self._body_read = False
+        if self.origins is None:
+            self.send_error(HTTPStatus.NOT_IMPLEMENTED, "Unsupported method ('OPTIONS'): a browser's cross-origin preflight is "
+                            "answered when serve runs with --allowed-origins naming the page's origin")
+            return
+        origin = self.headers.get("Origin")
+        if not self._cors():
+            said = f"the origin {origin!r} is not one of serve's --allowed-origins" if origin else "a preflight (OPTIONS) needs an Origin header"
+            self._error(HTTPStatus.FORBIDDEN, said)
+            return
+        self.send_response(HTTPStatus.NO_CONTENT)
+        for name, value in self._cors().items():
+            self.send_header(name, value)
+        self.send_header("Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS")
+        self.send_header("Access-Control-Allow-Headers", self.headers.get("Access-Control-Request-Headers") or "Authorization, Content-Type")
+        self.send_header("Access-Control-Max-Age", "600")
+        self.send_header("Content-Length", "0")
+        if self._body_unread():
+            self.close_connection = True
+            self.send_header("Connection", "close")
+        self.end_headers()
 
     def _body_unread(self) -> bool:
         headers = getattr(self, "headers", None)  # none yet where the request line itself was refused
@@ -464,8 +579,8 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0].rstrip("/")
         if not self._admitted(path):
             return
-        if path == "/health":
-            self._send(HTTPStatus.OK, {"status": "ok"})
+        if path == "/health":  # a load balancer stops sending requests to a server that is stopping
+            self._send(*((HTTPStatus.SERVICE_UNAVAILABLE, {"status": "stopping"}) if self.service.draining else (HTTPStatus.OK, {"status": "ok"})))
         elif path == "/v1/models":
             self._send(HTTPStatus.OK, self.service.models())
         else:
@@ -479,6 +594,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         if path not in ("/v1/completions", "/v1/chat/completions"):
             self._error(HTTPStatus.NOT_FOUND, f"no route POST {self.path}; try /v1/completions or /v1/chat/completions")
+            return
+        if self.service.draining:  # the client may try another server: this one ends once its requests are answered
+            self.close_connection = True
+            self._error(HTTPStatus.SERVICE_UNAVAILABLE, "the server is stopping: it answers the requests it has and takes no new ones")
             return
         try:
             body = self._body()
@@ -532,6 +651,8 @@ class Handler(BaseHTTPRequestHandler):
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Cache-Control", "no-cache")
                     self.send_header("Connection", "close")
+                    for name, value in self._cors().items():
+                        self.send_header(name, value)
                     self.end_headers()
                     started = True
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -544,7 +665,7 @@ class Handler(BaseHTTPRequestHandler):
         except BadRequest as exc:
             if not started:
                 raise
-            emit({"error": {"message": str(exc), "type": "invalid_request_error"}})
+            emit({"error": {"message": str(exc), "type": "invalid_request_error" if exc.status < 500 else "server_error"}})
         self.close_connection = True
         if not gone:
             self.wfile.write(b"data: [DONE]\n\n")
@@ -578,18 +699,21 @@ def check_api_key(api_key: str | None) -> None:
 def make_server(
     spec: Speculator, host: str = "127.0.0.1", port: int = 8000, max_tokens_default: int = 256, batch_size: int = 8,
     log: Callable[[str], None] | None = None, say: Callable[[str], None] | None = None, api_key: str | None = None,
+    allowed_origins: str | None = None,
 ) -> Server:
     """A server bound to (host, port) (port 0: any free port, read ``server.server_address``),
     ready to answer: `serve` runs it; ``batch_size``: rows decoded together (concurrent requests,
     and a completions request's list of prompts). Its `Service` is ``server.service``. ``log``:
     each request's line; ``say``: start-up messages; ``api_key``: asked of every request but
-    /health (``Authorization: Bearer KEY``; None: no authentication). The verify costs at ``batch_size`` are
+    /health (``Authorization: Bearer KEY``; None: no authentication); ``allowed_origins``: the web
+    pages that may call it from a browser (`parse_origins`; None: no CORS). The verify costs at ``batch_size`` are
     measured here (once per machine, then cached), after the port is taken and before any request
     comes: on a cold cache the first request would otherwise wait for them (70 s for the default
     model at batch 8 on two cores, past a client's 60 s timeout in one CI run)."""
     check_api_key(api_key)
+    origins = parse_origins(allowed_origins)
     service = Service(spec, max_tokens_default, batch_size)
-    handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None, "api_key": api_key})
+    handler = type("NgspecHandler", (Handler,), {"service": service, "log": staticmethod(log) if log else None, "api_key": api_key, "origins": origins})
     try:
         ipv6 = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0] == socket.AF_INET6
         server = (Server6 if ipv6 else Server)((host, port), handler)
@@ -608,13 +732,15 @@ def make_server(
 
 def serve(server: Server) -> None:
     """Answer HTTP on a background thread and generate on this one (the thread that loaded the
-    model), until Ctrl-C or `server.service.worker.stop()`."""
+    model), until Ctrl-C, `server.service.worker.stop()`, or `server.service.drain()` and the
+    requests it had are answered."""
     http = threading.Thread(target=server.serve_forever, name="ngspec-http", daemon=True)
     http.start()
     try:
         server.service.worker.run()
     finally:
         server.shutdown()
+        server.service.worker.refuse_waiting()  # one that came in while it shut down
         server.server_close()
 
 

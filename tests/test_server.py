@@ -291,7 +291,9 @@ def test_a_port_in_use_is_refused_in_one_line(tiny):
 
 def test_serve_refuses_bad_options_before_loading():
     for args, message in ((["--port", 70000], "--port must be in 0..65535"), (["--max-tokens", 0], "--max-tokens must be at least 1"), (["-b", 0], "--batch-size must be at least 1"), (["-d", "nope"], "unknown drafter"),
-                          (["--api-key", " "], "the API key is empty (was the variable it came from unset?)")):
+                          (["--api-key", " "], "the API key is empty (was the variable it came from unset?)"),
+                          (["--shutdown-timeout", "-1"], "--shutdown-timeout must be 0 or more seconds (got -1)"),
+                          (["--shutdown-timeout", "nan"], "--shutdown-timeout must be 0 or more seconds (got nan)")):
         result = invoke("serve", *args)
         assert result.exit_code == 1 and message in result.stderr, result.stderr
 
@@ -405,6 +407,97 @@ def test_the_worker_runs_work_on_the_thread_that_runs_it_and_passes_errors_back(
     worker.stop()
     runner.join(timeout=10)
     assert not runner.is_alive()
+
+
+def test_a_draining_worker_finishes_what_it_has_then_returns_and_what_came_after_is_refused():
+    """`Worker.drain`: the work queued before it runs, `run` then returns by itself; work
+    queued after it is answered "the server is stopping" (it waited for ever before)."""
+    from ngspec.server import Worker
+
+    worker = Worker()
+    gate = threading.Event()
+    first, second = worker.submit(gate.wait), worker.submit(lambda: "second")
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    worker.drain()
+    assert worker.draining
+    gate.set()
+    runner.join(timeout=10)
+    assert not runner.is_alive() and first.result(timeout=1) is True and second.result(timeout=1) == "second"
+    late = worker.submit(lambda: "late")
+    worker.refuse_waiting()
+    with pytest.raises(NgspecError, match="the server is stopping"):
+        late.result(timeout=1)
+
+
+def test_a_draining_server_answers_the_requests_it_has_and_refuses_new_ones(tiny):
+    """`serve --shutdown-timeout`: on the first Ctrl-C or SIGTERM the requests in flight and
+    those already queued get their whole answers, new ones (and /health, for a load balancer)
+    get 503, and serving ends by itself once nothing is left."""
+    spec = Speculator.from_model(tiny, drafter="trie")
+    server = make_server(spec, port=0, batch_size=2)
+    thread = threading.Thread(target=serve, args=(server,), daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        gate = hold(server)
+        answers = {}
+        asked = [threading.Thread(target=lambda i=i: answers.setdefault(i, call(url, "/v1/completions", {"prompt": [1, 2, 3 + i], "max_tokens": 8})))
+                 for i in range(3)]
+        for t in asked:
+            t.start()
+        while server.service.in_flight < 3:
+            threading.Event().wait(0.01)
+        server.service.drain()
+        status, body = call(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 8})
+        assert status == 503 and "the server is stopping" in body["error"]["message"]
+        assert call(url, "/health") == (503, {"status": "stopping"})
+        gate.set()
+        for t in asked:
+            t.join(timeout=60)
+        assert all(answers[i][0] == 200 and answers[i][1]["usage"]["completion_tokens"] == 8 for i in range(3)), answers
+        thread.join(timeout=30)
+        assert not thread.is_alive()  # it stopped by itself
+    finally:
+        server.service.worker.stop()
+        thread.join(timeout=30)
+
+
+def test_the_first_signal_drains_for_the_timeout_and_a_second_stops_at_once(monkeypatch):
+    """`ngspec serve`'s signals: with requests in flight the first SIGTERM (or Ctrl-C) drains
+    and says so; a second, or the timeout running out, stops at once (KeyboardInterrupt, as
+    before: what is left gets 503). Nothing in flight, or --shutdown-timeout 0: at once."""
+    import time
+
+    from ngspec.cli.serve import signals_drain
+
+    class Service:
+        in_flight, drained = 2, 0
+
+        def drain(self):
+            self.drained += 1
+
+    said = []
+    service = Service()
+    with signals_drain(service, 30, said.append):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert service.drained == 1 and said == ["stopping: finishing the 2 requests in flight, for up to 30 s, and taking no new ones (Ctrl-C again stops now)"]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGTERM) is not None and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    with signals_drain(service, 0.2, said.append), pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the timeout's alarm ends it
+    with signals_drain(service, float("inf"), said.append):  # no limit: no alarm
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0) and said[-1].startswith("stopping: finishing the 2 requests in flight, however long they take")
+    for timeout, in_flight in ((0, 2), (30, 0)):
+        service.in_flight = in_flight
+        with signals_drain(service, timeout, said.append), pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    assert service.drained == 3
 
 
 @pytest.mark.slow
@@ -702,7 +795,8 @@ def test_http_servers_own_refusals_are_json_and_head_asks_after_health(tiny_serv
         response = client.getresponse()
         error = json.loads(response.read())["error"]
         assert response.status == 501 and response.getheader("Content-Type") == "application/json", method
-        assert error["message"] == f"Unsupported method ('{method}')" and error["type"] == "server_error"
+        assert error["message"].startswith(f"Unsupported method ('{method}')") and error["type"] == "server_error"
+        assert ("--allowed-origins" in error["message"]) == (method == "OPTIONS")  # a browser's preflight: what would answer it
         client.close()
     with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:  # a header line over http.server's 64 KiB
         raw.sendall(b"GET /health HTTP/1.1\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n")
@@ -712,3 +806,82 @@ def test_http_servers_own_refusals_are_json_and_head_asks_after_health(tiny_serv
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 431") and b"Content-Type: application/json" in head and head.count(b"Connection: close") == 1
     assert json.loads(body)["error"]["message"] == "Line too long"
+
+
+def test_allowed_origins_let_a_browser_page_call_the_server_and_no_other(tiny_saved):
+    """`serve --allowed-origins`: a web page served from one of them may call the server from a
+    browser (CORS): its preflight (OPTIONS, which carries no API key) is answered with what the
+    browser asks for, and every answer to it, a stream, a 401 or a 404 too, names its origin.
+    Another origin is refused at the preflight and its answers name none, so the browser keeps
+    them from the page; without the option nothing changes (OPTIONS stays a 501)."""
+    import http.client
+
+    spec = Speculator.load(tiny_saved, drafter="trie")  # with a tokenizer: a stream sends text
+    server = make_server(spec, port=0, batch_size=1, api_key="s3cret", allowed_origins="http://localhost:3000, https://App.example")
+    thread = threading.Thread(target=serve, args=(server,), daemon=True)
+    thread.start()
+    page, key = "http://localhost:3000", {"Authorization": "Bearer s3cret"}
+    try:
+        client = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+
+        def ask(method, path, headers, body=None):
+            client.request(method, path, body, headers)
+            response = client.getresponse()
+            return response, response.read()
+
+        for origin in (page, "https://app.example"):  # the option's case is not the browser's
+            response, body = ask("OPTIONS", "/v1/chat/completions", {"Origin": origin, "Access-Control-Request-Method": "POST",
+                                                                     "Access-Control-Request-Headers": "authorization,content-type"})
+            assert response.status == 204 and body == b"" and response.getheader("Access-Control-Allow-Origin") == origin
+            assert "POST" in response.getheader("Access-Control-Allow-Methods") and response.getheader("Vary") == "Origin"
+            assert response.getheader("Access-Control-Allow-Headers") == "authorization,content-type"
+        request = json.dumps({"prompt": [1, 2, 3], "max_tokens": 3})
+        for headers, status in (({"Origin": page, **key}, 200), ({"Origin": page}, 401)):
+            response, body = ask("POST", "/v1/completions", headers, request)
+            assert response.status == status and response.getheader("Access-Control-Allow-Origin") == page, body
+        response, body = ask("GET", "/v1/nothing", {"Origin": page, **key})
+        assert response.status == 404 and response.getheader("Access-Control-Allow-Origin") == page
+        response, body = ask("POST", "/v1/completions", {"Origin": page, **key}, json.dumps({"prompt": [1, 2, 3], "max_tokens": 3, "stream": True}))
+        assert response.status == 200 and response.getheader("Access-Control-Allow-Origin") == page and body.endswith(b"data: [DONE]\n\n"), body
+        client.close()
+        client = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        response, body = ask("OPTIONS", "/v1/completions", {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        assert response.status == 403 and response.getheader("Access-Control-Allow-Origin") is None
+        assert "'https://evil.example' is not one of serve's --allowed-origins" in json.loads(body)["error"]["message"]
+        response, body = ask("GET", "/v1/models", {"Origin": "https://evil.example", **key})
+        assert response.status == 200 and response.getheader("Access-Control-Allow-Origin") is None
+        client.close()
+    finally:
+        server.service.worker.stop()
+        thread.join(timeout=30)
+    response_to_any = make_server(spec, port=0, batch_size=1, allowed_origins="*")
+    thread = threading.Thread(target=serve, args=(response_to_any,), daemon=True)
+    thread.start()
+    try:
+        client = http.client.HTTPConnection("127.0.0.1", response_to_any.server_address[1], timeout=30)
+        client.request("GET", "/health", headers={"Origin": "null"})  # a page opened from a file
+        response = client.getresponse()
+        assert response.status == 200 and response.getheader("Access-Control-Allow-Origin") == "null"
+        response.read()
+        client.close()
+    finally:
+        response_to_any.service.worker.stop()
+        thread.join(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("http://localhost:3000/", "'http://localhost:3000/' is not an origin: give scheme://host[:port]"),
+     ("localhost:3000", "'localhost:3000' is not an origin"),
+     ("http://a.example/app", "'http://a.example/app' is not an origin"),
+     (" , ", "--allowed-origins is empty")],
+)
+def test_allowed_origins_that_no_browser_would_send_are_refused_before_the_model_loads(value, message):
+    """A trailing slash or a path never matches the Origin a browser sends: refused, not served
+    to no page at all."""
+    from ngspec.server import parse_origins
+
+    with pytest.raises(NgspecError, match=re.escape(message)):
+        parse_origins(value)
+    result = invoke("serve", "--model", "/no/such/model", "--allowed-origins", value)
+    assert result.exit_code == 1 and message in result.stderr and "/no/such/model" not in result.stderr, result.stderr
