@@ -383,6 +383,32 @@ def test_a_directory_of_files_with_different_extra_fields_reads_every_record(tmp
         list(iter_records(str(corpus)))
 
 
+def test_a_dataset_saved_with_save_to_disk_is_read_as_its_records(tmp_path):
+    """`Dataset.save_to_disk` (the `datasets` way to keep a processed corpus) writes arrow files
+    beside JSON metadata: the metadata was read as the corpus ("cannot tell the corpus format
+    from fields ['citation', 'description', ...]"). A saved Dataset is read with
+    `load_from_disk`; a saved DatasetDict gives the split asked for, and names its splits when
+    it has no such one; a directory holding one among other files is refused with where it is."""
+    import datasets
+
+    from ngspec.datastore.corpus import iter_records
+
+    rows = [{"instruction": "q1", "response": "a1"}, {"instruction": "q2", "response": "a2"}]
+    one = datasets.Dataset.from_list(rows)
+    one.save_to_disk(str(tmp_path / "saved"))
+    assert list(iter_records(str(tmp_path / "saved"))) == rows
+    datasets.DatasetDict({"train": one, "test": one.select([1])}).save_to_disk(str(tmp_path / "dict"))
+    assert list(iter_records(str(tmp_path / "dict"))) == rows
+    assert list(iter_records(str(tmp_path / "dict"), "test")) == rows[1:]
+    with pytest.raises(NgspecError, match=r"dict is a DatasetDict saved by datasets' save_to_disk with the splits test, train and no 'validation'"):
+        list(iter_records(str(tmp_path / "dict"), "validation"))
+    (tmp_path / "mixed").mkdir()
+    write_jsonl(tmp_path / "mixed" / "a.jsonl", rows)
+    one.save_to_disk(str(tmp_path / "mixed" / "inner"))
+    with pytest.raises(NgspecError, match=r"mixed holds a dataset saved by datasets' save_to_disk \(.*inner\): give that directory as the corpus"):
+        list(iter_records(str(tmp_path / "mixed")))
+
+
 @pytest.mark.parametrize("where", ["leading", "between", "trailing"])
 def test_blank_lines_in_a_file_whose_field_changes_type_are_skipped(tmp_path, where):
     """datasets 5.2 re-reads a block whose field changes type (``"id"`` text, then a number) line

@@ -106,6 +106,9 @@ def local_files(path: Path) -> tuple[str, list[str]]:
     if not path.is_dir() and is_stream(path):
         raise NgspecError(f"{path} is a pipe or device, not a file: a corpus is read more than once; save it to a .jsonl, .json or .parquet file")
     files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES) if path.is_dir() else [path]
+    inner = next((p.parent for p in files if p.name in ("state.json", "dataset_dict.json") and saved_dataset(p.parent)), None)
+    if inner is not None:  # its metadata would be read as records
+        raise NgspecError(f"{path} holds a dataset saved by datasets' save_to_disk ({inner}): give that directory as the corpus, alone")
     if not files:
         raise NgspecError(f"no .jsonl, .json or .parquet files in {path}")
     kinds = {DATA_SUFFIXES.get(p.suffix) for p in files}
@@ -114,6 +117,32 @@ def local_files(path: Path) -> tuple[str, list[str]]:
     if len(kinds) > 1:
         raise NgspecError(f"{path} mixes json and parquet files; build from one kind at a time")
     return kinds.pop(), [str(p) for p in files]
+
+
+def saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a directory `datasets`' ``save_to_disk`` wrote: a Dataset (arrow files
+    beside ``state.json`` and ``dataset_info.json``) or a DatasetDict (``dataset_dict.json`` and a
+    directory per split)."""
+    return (path / "dataset_dict.json").is_file() or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file())
+
+
+def _saved_records(path: Path, spec: str, split: str) -> Iterator[dict]:
+    """The records of a dataset ``save_to_disk`` wrote (a DatasetDict's ``split``), read with
+    `datasets.load_from_disk` (memory-mapped)."""
+    import datasets
+
+    try:
+        saved = datasets.load_from_disk(str(path))
+    except Exception as exc:  # datasets raises several kinds for a damaged or foreign directory
+        raise _reading_error(spec, exc) from exc
+    if isinstance(saved, datasets.DatasetDict):
+        if split not in saved:
+            raise NgspecError(
+                f"{spec} is a DatasetDict saved by datasets' save_to_disk with the splits {', '.join(sorted(saved))} and no {split!r}: "
+                f"choose one with --split, or give a split's directory ({path / sorted(saved)[0]}) as the corpus"
+            )
+        saved = saved[split]
+    yield from _stream(spec, lambda _: saved)
 
 
 def looks_local(spec: str) -> bool:
@@ -254,7 +283,8 @@ def _reading_error(spec: str, exc: Exception) -> NgspecError:
 
 def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
     """Records of a local path or a dataset name, streamed (JSON files with Python's `json`, JSON
-    lines line by line; parquet files and hub datasets through `datasets`); reading errors
+    lines line by line; parquet files, hub datasets and a dataset `save_to_disk` wrote through
+    `datasets`); reading errors
     (malformed JSON, bad encodings, unknown datasets) become one clear `NgspecError`. The files
     of a directory are read one after another, so files whose records carry different extra
     fields (a Magpie export next to `synth-corpus` output) can sit side by side."""
@@ -263,6 +293,9 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
         raise NgspecError(f"corpus not found: {spec} (no such file or directory)")
     if not path.exists():
         yield from _stream(spec, lambda datasets: datasets.load_dataset(spec, split=split, streaming=True))
+        return
+    if path.is_dir() and saved_dataset(path):
+        yield from _saved_records(path, spec, split)
         return
     builder, files = local_files(path)
     for file in files:
