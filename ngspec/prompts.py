@@ -130,16 +130,18 @@ def json_records(path: Path, text: str) -> list:
         raise NgspecError(f"{path}: its JSON is nested too deeply to read") from None
     except json.JSONDecodeError as exc:
         raise NgspecError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({json_error(exc)})") from None
-    if isinstance(document, dict):
+    if isinstance(document, (dict, str)):
         return [document]
     if not isinstance(document, list):
-        raise NgspecError(f"{path}: expected a JSON array of prompt records or one record, not {short(document)}")
+        raise NgspecError(f"{path}: expected a JSON array of prompts (records or strings) or one, not {short(document)}")
     return document
 
 
 def _record_prompt(record: object, where: str) -> Prompt:
+    if isinstance(record, str):  # ["Summarise ...", "Translate ..."], or a line of `jq -R .`
+        record = {"prompt": record}
     if not isinstance(record, dict):
-        raise NgspecError(f"{where}: expected a JSON object")
+        raise NgspecError(f"{where}: expected a prompt record (a JSON object) or a prompt (a JSON string), not {short(record)}")
     turns: tuple[str, ...] = ()
     messages: tuple[dict, ...] = ()
     if isinstance(record.get("prompt"), str):

@@ -795,7 +795,7 @@ def test_a_corpus_that_is_a_pipe_is_refused_in_one_line(tmp_path):
     "stdin, message",
     [(b"", "standard input is empty"), (b" \n\n", "standard input is empty"), (b"caf\xe9\n", "standard input is not valid UTF-8 (byte 3)"),
      (b'{"prompt": "a"}\n{"prompt": }\n', "stdin:2: not valid JSON (Expecting value at column 12)"),
-     (b'{"prompt": "a"}\n{"prompt": "b\n', "stdin:2: not valid JSON (Unterminated string starting at column 12)"), (b'{"prompt": "a"}\n[1]\n', "stdin:2: expected a JSON object")],
+     (b'{"prompt": "a"}\n{"prompt": "b\n', "stdin:2: not valid JSON (Unterminated string starting at column 12)"), (b'{"prompt": "a"}\n[1]\n', "stdin:2: expected a prompt record (a JSON object) or a prompt (a JSON string), not [1]")],
 )
 def test_bad_standard_input_is_refused_in_one_line_before_the_model_loads(stdin, message):
     result = runner.invoke(app, ["generate", "-p", "-", "-n", "3"], input=stdin)

@@ -134,6 +134,24 @@ def test_a_json_file_holds_an_array_of_prompt_records_or_one_record(tmp_path):
     assert [p.text for p in load_prompts(one)] == ["Hi"]
 
 
+@pytest.mark.parametrize(("name", "text"), [
+    ("q.json", '["Say hi", {"prompt": "Count to three", "id": "c"}, "  Two\\nlines "]'),
+    ("q.jsonl", '"Say hi"\n{"prompt": "Count to three", "id": "c"}\n"  Two\\nlines "\n'),  # `jq -R .` writes such lines
+])
+def test_a_json_string_is_a_prompt_beside_records(tmp_path, name, text):
+    """An array of strings (the simplest list of prompts) was refused: "expected a JSON object"."""
+    path = tmp_path / name
+    path.write_text(text)
+    prompts = load_prompts(path)
+    assert [p.text for p in prompts] == ["Say hi", "Count to three", "  Two\nlines "] and prompts[1].id == "c"
+    one = tmp_path / "one.json"
+    one.write_text('"Summarise: a b c"')
+    assert [(p.id, p.text) for p in load_prompts(one)] == [("one.json[0]", "Summarise: a b c")]
+    (tmp_path / "blank.json").write_text('["a", " "]')
+    with pytest.raises(NgspecError, match=r"blank.json\[1\]: the prompt is empty"):
+        load_prompts(tmp_path / "blank.json")
+
+
 @pytest.mark.parametrize(("name", "text", "ids"), [
     ("q.jsonl", '[\n {"prompt": "a"},\n {"prompt": "b"}\n]\n', ["q.jsonl[0]", "q.jsonl[1]"]),  # a pretty array, named .jsonl
     ("q.jsonl", '[{"prompt": "a"}, {"prompt": "b"}]\n', ["q.jsonl[0]", "q.jsonl[1]"]),
@@ -152,8 +170,8 @@ def test_a_json_or_jsonl_file_is_read_as_it_is_laid_out_whatever_its_suffix(tmp_
     "name, content, message",
     [
         ("bad.json", b'[{"prompt": "a"},\n {"prompt": }]', r"bad.json:2:13: not valid JSON \(Expecting value\)"),
-        ("bad.json", b'"a prompt"', r"bad.json: expected a JSON array of prompt records or one record, not \"a prompt\""),
-        ("bad.json", b'[{"prompt": "a"}, 5]', r"bad.json\[1\]: expected a JSON object"),
+        ("bad.json", b'5', r"bad.json: expected a JSON array of prompts \(records or strings\) or one, not 5"),
+        ("bad.json", b'[{"prompt": "a"}, 5]', r"bad.json\[1\]: expected a prompt record \(a JSON object\) or a prompt \(a JSON string\), not 5"),
         ("bad.json", b"[]", r"prompt file .*bad.json holds no prompts"),
         ("bad.json", b'[{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]", r"bad.json: its JSON is nested too deeply to read"),
         ("deep.jsonl", b'{"prompt": "a"}\n{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", r"deep.jsonl:2: its JSON is nested too deeply to read"),
