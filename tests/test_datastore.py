@@ -383,6 +383,45 @@ def test_a_directory_of_files_with_different_extra_fields_reads_every_record(tmp
         list(iter_records(str(corpus)))
 
 
+def test_a_directory_whose_file_names_name_splits_gives_the_split_asked_for(tmp_path):
+    """A dataset repository as the hub keeps it (`data/train-00000-of-00001.parquet` beside
+    `data/test-...`, `train/`/`test/` folders, `train.jsonl` and `valid.jsonl`) was read whole:
+    the test answers went into the datastore (and self-repetition's measure), and --split was
+    ignored; a repository's `dataset_infos.json` stopped the build ("mixes json and parquet").
+    Now the split is chosen as `datasets` reads the names; one that is not there is refused,
+    naming those that are. A directory whose names name no split is read whole, as before."""
+    import datasets
+
+    from ngspec.datastore.corpus import iter_records
+
+    rows = {split: [{"instruction": f"q {split} {i}", "response": f"a {split} {i}"} for i in range(2)] for split in ("train", "test")}
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    for split, records in rows.items():
+        datasets.Dataset.from_list(records).to_parquet(str(repo / "data" / f"{split}-00000-of-00001.parquet"))
+    (repo / "dataset_infos.json").write_text('{"default": {"description": ""}}')
+    (repo / "README.md").write_text("# a dataset card")
+    folders = tmp_path / "folders"
+    for split, records in rows.items():
+        (folders / split).mkdir(parents=True)
+        write_jsonl(folders / split / "part0.jsonl", records)
+    names = tmp_path / "names"
+    names.mkdir()
+    write_jsonl(names / "train.jsonl", rows["train"])
+    write_jsonl(names / "valid.jsonl", rows["test"])
+    for where, other in ((repo, "test"), (folders, "test"), (names, "validation")):
+        assert list(iter_records(str(where))) == rows["train"], where
+        assert list(iter_records(str(where), other)) == rows["test"], where
+        with pytest.raises(NgspecError, match=rf"{where.name} holds the splits {'test, train' if other == 'test' else 'train, validation'} "
+                                              r"\(by its file names, as datasets reads them\) and no 'dev': choose one with --split"):
+            list(iter_records(str(where), "dev"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write_jsonl(plain / "a.jsonl", rows["train"])
+    write_jsonl(plain / "b.jsonl", rows["test"])
+    assert list(iter_records(str(plain), "test")) == rows["train"] + rows["test"]  # no split in the names: every file
+
+
 def test_a_dataset_saved_with_save_to_disk_is_read_as_its_records(tmp_path):
     """`Dataset.save_to_disk` (the `datasets` way to keep a processed corpus) writes arrow files
     beside JSON metadata: the metadata was read as the corpus ("cannot tell the corpus format

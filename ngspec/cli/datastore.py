@@ -38,7 +38,7 @@ def build_datastore_command(
     tokenizer: TokenizerOpt = None,
     text: Annotated[str, typer.Option(help="responses (assistant side only, as READER does) or all (user turns too).")] = "responses",
     fmt: Annotated[Optional[str], typer.Option("--format", help=f"Record format: {', '.join(FORMATS)}.", show_default="detected")] = None,
-    split: Annotated[str, typer.Option(help="Split, for a datasets name.")] = "train",
+    split: Annotated[str, typer.Option(help="Split: of a datasets name, of a DatasetDict saved with save_to_disk, or of a directory whose file names name splits as datasets reads them (train-00000-of-00001.parquet and test-..., train/ and test/); a directory whose names name none is read whole.")] = "train",
     max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
     num_proc: Annotated[Optional[int], typer.Option("--num-proc", help="Threads for tokenisation (the fast tokenizer's own parallel batch encoding).", show_default="all cores")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing datastore at --out.")] = False,

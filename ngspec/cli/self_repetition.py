@@ -60,7 +60,7 @@ def self_repetition_command(
     model: ModelOpt = "default",
     trust_remote_code: TrustRemoteCodeOpt = False,
     tokenizer: TokenizerOpt = None,
-    split: Annotated[str, typer.Option(help="Split, for a datasets name.")] = "train",
+    split: Annotated[str, typer.Option(help="Split: of a datasets name, of a DatasetDict saved with save_to_disk, or of a directory whose file names name splits as datasets reads them (train-00000-of-00001.parquet and test-..., train/ and test/); a directory whose names name none is read whole.")] = "train",
     limit: Annotated[Optional[int], typer.Option(help="Measure at most this many (input, response) pairs.")] = None,
     json_out: JsonOpt = False,
 ) -> None:

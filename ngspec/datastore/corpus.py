@@ -101,14 +101,36 @@ def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
     raise NgspecError(f"unknown corpus format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-def local_files(path: Path) -> tuple[str, list[str]]:
-    """The `datasets` builder and files for a local file or directory of them."""
+def split_files(path: Path, split: str) -> list[Path] | None:
+    """The files of ``split`` in a directory whose file or folder names name two splits or more,
+    as `datasets` reads them (``data/train-00000-of-00001.parquet`` beside ``data/test-...``,
+    ``train/`` and ``test/``, ``train.jsonl`` and ``valid.jsonl``); None where they name one or
+    none: every file is then read."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    try:
+        found = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
+    except Exception:  # no data files at all (datasets' EmptyDatasetError): local_files says so
+        return None
+    if len(found) < 2:
+        return None
+    if split not in found:
+        raise NgspecError(f"{path} holds the splits {', '.join(sorted(map(str, found)))} (by its file names, as datasets reads them) and no {split!r}: "
+                          "choose one with --split")
+    return sorted(Path(f) for f in found[split])
+
+
+def local_files(path: Path, split: str = "train") -> tuple[str, list[str]]:
+    """The `datasets` builder and files for a local file or directory of them (of ``split``
+    where the directory's names name splits: `split_files`)."""
     if not path.is_dir() and is_stream(path):
         raise NgspecError(f"{path} is a pipe or device, not a file: a corpus is read more than once; save it to a .jsonl, .json or .parquet file")
     files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES) if path.is_dir() else [path]
     inner = next((p.parent for p in files if p.name in ("state.json", "dataset_dict.json") and saved_dataset(p.parent)), None)
     if inner is not None:  # its metadata would be read as records
         raise NgspecError(f"{path} holds a dataset saved by datasets' save_to_disk ({inner}): give that directory as the corpus, alone")
+    if path.is_dir() and (chosen := split_files(path, split)) is not None:
+        files = [p for p in chosen if p.suffix in DATA_SUFFIXES]
     if not files:
         raise NgspecError(f"no .jsonl, .json or .parquet files in {path}")
     kinds = {DATA_SUFFIXES.get(p.suffix) for p in files}
@@ -297,7 +319,7 @@ def iter_records(spec: str, split: str = "train") -> Iterator[dict]:
     if path.is_dir() and saved_dataset(path):
         yield from _saved_records(path, spec, split)
         return
-    builder, files = local_files(path)
+    builder, files = local_files(path, split)
     for file in files:
         where = file if path.is_dir() else spec
         if builder == "parquet" and _parquet_rows(file) == 0:
