@@ -125,14 +125,18 @@ def path(name: str, value: Any, optional: bool = True) -> Path | None:
 
 def batch_prompts(prompts: Any, method: str) -> list:
     """``method``'s (`generate_batch`'s, `run_batch`'s) prompts as a list: any sequence or
-    iterable of prompts. A tensor or array is refused: its rows would be read whole, padding
-    included."""
+    iterable of prompts, a 1-D array or pandas column of them too. A 1-D array of numbers is one
+    prompt (refused, pointing to ``[ids]``); a 2-D tensor or array is refused: its rows would be
+    read whole, padding included."""
     alone = "call generate or " if method == "generate_batch" else ""
     if isinstance(prompts, str):  # its characters would be read as prompts, one each
         raise NgspecError(f"{method} takes a list of prompts; for one text prompt, {alone}pass [prompt]")
-    if getattr(prompts, "ndim", None) == 1:
+    if type(prompts).__name__ == "DataFrame":
+        raise NgspecError(f"{method} takes a list of prompts, not a table (DataFrame): pass the column that holds the prompts (df['prompt'])")
+    objects = getattr(getattr(prompts, "dtype", None), "kind", None) == "O"  # numpy's and pandas' arrays of texts or rows
+    if getattr(prompts, "ndim", None) == 1 and not objects:
         raise NgspecError(f"{method} takes a list of prompts; for one prompt of token ids, {alone}pass [ids]")
-    if getattr(prompts, "ndim", None) is not None:
+    if getattr(prompts, "ndim", None) not in (None, 1):
         raise NgspecError(
             f"{method} takes a list of prompts, not a {prompts.ndim}-D {type(prompts).__name__}: pass one prompt per "
             "row without its padding (list(ids) would read each row whole, pad tokens included)"

@@ -146,6 +146,25 @@ def test_a_tensor_or_array_of_token_ids_is_a_prompt(tiny):
     assert [o.token_ids for o in spec.generate_batch(t for t in [ids, ids[:2]])] == [o.token_ids for o in spec.generate_batch([ids, ids[:2]])]
 
 
+def test_a_pandas_column_or_numpy_array_of_prompts_is_a_list_of_prompts(tiny):
+    """`generate_batch(df["prompt"])` (prompts kept in a table) was refused as "one prompt of
+    token ids": a 1-D array or column of objects (texts, rows of ids) is a list of prompts; a
+    1-D array of numbers is still one prompt, and a whole table is refused pointing to a column."""
+    import numpy as np
+    import pandas as pd
+
+    spec = Speculator.from_model(tiny, drafter="trie")
+    rows = [[5, 9, 2, 7], [3, 1]]
+    want = [o.token_ids for o in spec.generate_batch(rows, max_new_tokens=6)]
+    column = pd.DataFrame({"prompt": rows})["prompt"]
+    for prompts in (column, np.array(rows, dtype=object), pd.Series([np.array(r) for r in rows])):
+        assert [o.token_ids for o in spec.generate_batch(prompts, max_new_tokens=6)] == want
+    with pytest.raises(NgspecError, match=r"for one prompt of token ids, call generate or pass \[ids\]"):
+        spec.generate_batch(pd.Series(rows[0]))
+    with pytest.raises(NgspecError, match=r"not a table \(DataFrame\): pass the column that holds the prompts \(df\['prompt'\]\)"):
+        spec.generate_batch(pd.DataFrame({"prompt": rows}))
+
+
 class Odd:
     """A value of no type an argument takes."""
 
