@@ -273,12 +273,21 @@ def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
     text parts) through the chat template, ready for the assistant's answer."""
     if not getattr(tokenizer, "chat_template", None):
         raise NgspecError("chat messages need a tokenizer with a chat template; give text or token ids instead")
-    messages = joined_parts(messages)
+    messages = developer_as_system(tokenizer, joined_parts(messages))
     check_messages(messages)
     ids = apply_template(tokenizer, messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+def developer_as_system(tokenizer, messages: list) -> list:
+    """OpenAI's "developer" role, its newer name for the system prompt that recent clients send,
+    as "system" where the chat template does not name it (SmolLM2's added its own system prompt
+    and a "developer" turn the model never saw); a template that names it gets it as it is."""
+    if "developer" in str(tokenizer.chat_template):
+        return messages
+    return [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m for m in messages]
 
 
 def apply_template(tokenizer, messages: list[dict], **kwargs):

@@ -269,6 +269,22 @@ def test_a_chat_template_that_refuses_messages_still_says_so():
         encode_messages(tok, [{"role": "user", "content": "hi"}])
 
 
+def test_openais_developer_role_is_the_system_prompt_where_the_template_does_not_know_it():
+    """Recent OpenAI clients send the system prompt as role "developer": SmolLM2's template then
+    added its own default system prompt and a "developer" turn the model never saw. It is the
+    system prompt now, unless the template itself handles "developer" (gpt-oss's does)."""
+    from ngspec.models import load_tokenizer
+    from ngspec.prompts import encode_messages
+
+    tok = load_tokenizer()
+    asked = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert encode_messages(tok, asked) == encode_messages(tok, system)
+    assert "developer" not in tok.decode(encode_messages(tok, asked)) and "SmolLM" not in tok.decode(encode_messages(tok, asked))
+    tok.chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{# knows: developer #}"
+    assert tok.decode(encode_messages(tok, asked)).startswith("[developer] Be brief.")
+
+
 def test_generate_and_self_repetition_read_a_json_prompt_file(tiny_saved, tmp_path):
     from typer.testing import CliRunner
 
