@@ -90,12 +90,13 @@ def one_at_a_time(model: torch.nn.Module, decoding: bool = True) -> Iterator[Non
             "a generation on this model was started from inside another's callback (on_text, on_output, on_finish or feed), "
             "which runs within that generation's decoding loop; keep what the callback needs and generate after the call returns"
         )
-    with turns.lock:
-        outer, turns.decoding = turns.decoding, threading.get_ident() if decoding else turns.decoding
+    with turns.lock:  # no loop decodes now: another thread's would hold the lock, this one's was refused
+        if decoding:
+            turns.decoding = threading.get_ident()
         try:
             yield
         finally:
-            turns.decoding = outer
+            turns.decoding = None
 
 
 # Python 3.12's full collections freeze its immortal objects (375 tuples on 3.12.1; 3.11 and 3.13
