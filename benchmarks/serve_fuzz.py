@@ -25,6 +25,12 @@ reading its body (`FRAMINGS`: no such route, a body over the limit, a chunked bo
 that is negative or not a number, a body that is not JSON) on it first. Each must get its
 refusal, and the request after it its own answer: a server that read the left-over body as the
 next request answered that one with an HTML 400 (BENCHMARKS.md 10zzzl).
+
+``--origins``: the server lets the pages of one origin call it (`serve --allowed-origins`), and
+each request comes from that origin, another one or none (a browser's `Origin` header), now and
+then after the browser's preflight (`OPTIONS`). An answer to the allowed origin must name it in
+`Access-Control-Allow-Origin` and no other answer may name any; the preflight must get 204 for
+the allowed origin and 403 for another (BENCHMARKS.md 10zzzm).
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ FIELDS = {
     "echo": [False, False, True], "response_format": [{"type": "text"}],
 }
 
+
+ALLOWED = "http://allowed.example:3000"  # --origins: the page origin the server lets in
+ORIGINS = [None, None, ALLOWED, "http://other.example"]
 
 _BODY = b'{"prompt": "Say hi.", "max_tokens": 2}'
 # (route, headers, body sent, the status it must get): each refused, most before the body is read
@@ -100,21 +109,41 @@ def capped(body: dict, cap: int) -> dict:
     return out
 
 
-def post(url: str, path: str, body: dict | None, timeout: float) -> tuple[int, str, str]:
-    """(status, content type, text); a GET without a body."""
+def post(url: str, path: str, body: dict | None, timeout: float, origin: str | None = None) -> tuple[int, str, str, str | None]:
+    """(status, content type, text, the Access-Control-Allow-Origin answered); a GET without a
+    body; ``origin``: the browser page's, sent as `Origin`."""
     data = None if body is None else json.dumps(body, allow_nan=True).encode()
-    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Origin": origin} if origin else {})}
+    request = urllib.request.Request(url + path, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.headers.get("Content-Type", ""), response.read().decode()
+            return response.status, response.headers.get("Content-Type", ""), response.read().decode(), response.headers.get("Access-Control-Allow-Origin")
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode()
+        return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode(), exc.headers.get("Access-Control-Allow-Origin")
+
+
+def preflight(url: str, path: str, origin: str, timeout: float) -> None:
+    """A browser's preflight for a POST from ``origin``: raises unless the allowed origin gets 204
+    naming it and another gets 403 naming none."""
+    where = urlparse(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=timeout)
+    try:
+        connection.request("OPTIONS", path, headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                                                     "Access-Control-Request-Headers": "content-type"})
+        response = connection.getresponse()
+        response.read()
+        named = response.getheader("Access-Control-Allow-Origin")
+        want = (204, origin) if origin == ALLOWED else (403, None)
+        if (response.status, named) != want:
+            raise ValueError(f"the preflight from {origin} got {response.status} naming {named!r}, not {want[0]} naming {want[1]!r}")
+    finally:
+        connection.close()
 
 
 _kept = threading.local()  # --keep-alive: each client thread's connection
 
 
-def post_kept(url: str, path: str, body: dict | None, timeout: float, framing: int | None) -> tuple[int, str, str]:
+def post_kept(url: str, path: str, body: dict | None, timeout: float, framing: int | None, origin: str | None = None) -> tuple[int, str, str, str | None]:
     """`post` on this thread's kept connection (http.client opens a fresh one where the server
     closed it), after the refused request ``FRAMINGS[framing]`` when one is given; a wrong
     answer to that one raises."""
@@ -133,9 +162,25 @@ def post_kept(url: str, path: str, body: dict | None, timeout: float, framing: i
         if response.status != status or judge(400, "application/json", text)[0] != "refused":
             raise ValueError(f"the refused request {route} {headers} got {response.status}: {text[:200]!r}")
     data = None if body is None else json.dumps(body, allow_nan=True).encode()
-    connection.request("GET" if body is None else "POST", path, data, {"Content-Type": "application/json"})
+    connection.request("GET" if body is None else "POST", path, data, {"Content-Type": "application/json", **({"Origin": origin} if origin else {})})
     response = connection.getresponse()
-    return response.status, response.getheader("Content-Type", ""), response.read().decode()
+    return response.status, response.getheader("Content-Type", ""), response.read().decode(), response.getheader("Access-Control-Allow-Origin")
+
+
+def ask(url: str, path: str, body: dict, timeout: float, framing: int | None, origin: str | None, first_preflight: bool, keep_alive: bool):
+    """One client's request of a burst: its preflight first where drawn, then `post` or `post_kept`."""
+    if first_preflight:
+        preflight(url, path, origin, timeout)
+    if keep_alive:
+        return post_kept(url, path, body, timeout, framing, origin)
+    return post(url, path, body, timeout, origin)
+
+
+def cors_finding(origin: str | None, named: str | None) -> str | None:
+    """What is wrong with the `Access-Control-Allow-Origin` an answer named (None: nothing): the
+    allowed origin's page must be named, no other may be."""
+    want = origin if origin == ALLOWED else None
+    return None if named == want else f"Access-Control-Allow-Origin {named!r} for a request from {origin!r} (want {want!r})"
 
 
 def answers(kind: str, text: str) -> list[dict]:
@@ -198,6 +243,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds an answer may take")
     ap.add_argument("--out", type=Path, help="folder for runs-FIRST.jsonl (one line per request)")
     ap.add_argument("--keep-alive", action="store_true", help="each client keeps its connection, and sends refused requests on it now and then")
+    ap.add_argument("--origins", action="store_true", help=f"the server lets {ALLOWED} call it (CORS); requests come from it, another origin or none, now and then (one in two) after a preflight")
     args = ap.parse_args()
     if args.runs < 1 or args.batch_size < 1 or args.max_tokens < 1:
         ap.error("--runs, --batch-size and --max-tokens must be at least 1")
@@ -210,7 +256,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="ngspec. this Speculator runs on a thread other")
     spec = Speculator.load(args.model, drafter=args.drafter)
     vanilla = Speculator.from_model(spec.engine.loaded.model, spec.engine.loaded.tokenizer, "vanilla")
-    server = make_server(spec, port=0, batch_size=args.batch_size)
+    server = make_server(spec, port=0, batch_size=args.batch_size, allowed_origins=ALLOWED if args.origins else None)
     thread = threading.Thread(target=serve, args=(server,), daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -227,15 +273,17 @@ def main() -> None:
             burst = [(path, capped(body, args.max_tokens)) for path, body in burst]
             start = time.perf_counter()
             framings = [rng.randrange(len(FRAMINGS)) if args.keep_alive and rng.random() < 0.3 else None for _ in burst]
-            if args.keep_alive:
-                posted = [clients.submit(post_kept, url, path, body, args.timeout, f) for (path, body), f in zip(burst, framings)]
-            else:
-                posted = [clients.submit(post, url, path, body, args.timeout) for path, body in burst]
-            for (path, body), future, framing in zip(burst, posted, framings):
+            origins = [rng.choice(ORIGINS) for _ in burst] if args.origins else [None] * len(burst)  # drawn only with --origins: runs stay as they were
+            preflights = [o is not None and rng.random() < 0.5 for o in origins] if args.origins else [False] * len(burst)
+            posted = [clients.submit(ask, url, path, body, args.timeout, f, o, pre, args.keep_alive)
+                      for (path, body), f, o, pre in zip(burst, framings, origins, preflights)]
+            for (path, body), future, framing, origin, pre in zip(burst, posted, framings, origins, preflights):
                 try:
-                    status, kind, text = future.result()
+                    status, kind, text, named = future.result()
                     verdict, detail = judge(status, kind, text)
-                except Exception as exc:  # a time-out, a dropped connection
+                    if args.origins and (wrong := cors_finding(origin, named)) is not None:
+                        verdict, detail = "FINDING", wrong
+                except Exception as exc:  # a time-out, a dropped connection, a wrong preflight
                     verdict, detail = "FINDING", f"{type(exc).__name__}: {exc}"
                 if verdict == "ok":
                     answer = answers(kind, text)[-1]
@@ -247,6 +295,9 @@ def main() -> None:
                 line = {"run": run, "verdict": verdict, "detail": detail, "path": path, "body": body, "burst": len(burst)}
                 if framing is not None:
                     line["after_refused"] = FRAMINGS[framing][0] + " " + json.dumps(FRAMINGS[framing][1])
+                if origin is not None:
+                    line["origin"] = origin
+                    line["preflight"] = pre
                 if log is not None:
                     log.write(json.dumps(line, allow_nan=True) + "\n")
                     log.flush()

@@ -102,3 +102,31 @@ def test_a_keep_alive_search_sends_refused_requests_first_and_finds_a_server_tha
     monkeypatch.setattr(Handler, "_body_unread", lambda self: False)  # the server before it closed such connections
     code, rows, said = search(tmp_path / "before")
     assert code == 1 and any(r["verdict"] == "FINDING" and "after_refused" in r for r in rows), said
+
+
+def test_cors_findings_name_an_answer_that_names_the_wrong_origin():
+    allowed = serve_fuzz.ALLOWED
+    assert serve_fuzz.cors_finding(allowed, allowed) is None and serve_fuzz.cors_finding(None, None) is None
+    assert serve_fuzz.cors_finding("http://other.example", None) is None
+    assert "want 'http://allowed.example:3000'" in serve_fuzz.cors_finding(allowed, None)  # the page could not read it
+    assert "want None" in serve_fuzz.cors_finding("http://other.example", "*")  # a page let in that should not be
+
+
+def test_an_origins_search_passes_and_finds_a_server_that_lets_every_page_in(tiny_saved, tmp_path, monkeypatch, capsys):
+    """`--origins`: requests from the allowed origin, another and none, some after a preflight;
+    a server that named every origin (`Access-Control-Allow-Origin: *` to all) is a finding."""
+    from ngspec.server import Handler
+
+    def search(out):
+        monkeypatch.setattr(sys, "argv", ["serve_fuzz.py", "--model", str(tiny_saved), "--runs", "8", "--max-tokens", "4", "--origins", "--timeout", "60", "--out", str(out)])
+        with pytest.raises(SystemExit) as done:
+            serve_fuzz.main()
+        rows = [json.loads(line) for line in (out / "runs-0.jsonl").read_text().splitlines()]
+        return done.value.code, rows, capsys.readouterr().out
+
+    code, rows, said = search(tmp_path / "now")
+    assert code == 0, said
+    assert {r.get("origin") for r in rows} >= {serve_fuzz.ALLOWED, "http://other.example", None} and any(r.get("preflight") for r in rows)
+    monkeypatch.setattr(Handler, "_cors", lambda self: {"Access-Control-Allow-Origin": "*"})
+    code, rows, said = search(tmp_path / "before")
+    assert code == 1 and any(r["verdict"] == "FINDING" and "Access-Control-Allow-Origin" in r["detail"] for r in rows), said
