@@ -83,6 +83,15 @@ def test_bad_counts_are_usage_errors(monkeypatch, capsys):
     assert done.value.code == 2 and "--runs, --batch-size and --max-tokens must be at least 1" in capsys.readouterr().err
 
 
+def _search(monkeypatch, capsys, model, out, *flags):
+    """(exit code, the runs' lines, what it printed) of a short search on ``model``."""
+    monkeypatch.setattr(sys, "argv", ["serve_fuzz.py", "--model", str(model), "--max-tokens", "4", "--timeout", "60", "--out", str(out), *flags])
+    with pytest.raises(SystemExit) as done:
+        serve_fuzz.main()
+    rows = [json.loads(line) for line in (out / "runs-0.jsonl").read_text().splitlines()]
+    return done.value.code, rows, capsys.readouterr().out
+
+
 def test_a_keep_alive_search_sends_refused_requests_first_and_finds_a_server_that_misreads_them(tiny_saved, tmp_path, monkeypatch, capsys):
     """`--keep-alive`: requests after refusals on the same connection are answered as usual; a
     server that kept a connection open after a refusal that left the body unread (as ngspec's did)
@@ -90,11 +99,7 @@ def test_a_keep_alive_search_sends_refused_requests_first_and_finds_a_server_tha
     from ngspec.server import Handler
 
     def search(out):
-        monkeypatch.setattr(sys, "argv", ["serve_fuzz.py", "--model", str(tiny_saved), "--runs", "6", "--max-tokens", "4", "--keep-alive", "--timeout", "60", "--out", str(out)])
-        with pytest.raises(SystemExit) as done:
-            serve_fuzz.main()
-        rows = [json.loads(line) for line in (out / "runs-0.jsonl").read_text().splitlines()]
-        return done.value.code, rows, capsys.readouterr().out
+        return _search(monkeypatch, capsys, tiny_saved, out, "--runs", "6", "--keep-alive")
 
     code, rows, said = search(tmp_path / "now")
     assert code == 0, said
@@ -118,11 +123,7 @@ def test_an_origins_search_passes_and_finds_a_server_that_lets_every_page_in(tin
     from ngspec.server import Handler
 
     def search(out):
-        monkeypatch.setattr(sys, "argv", ["serve_fuzz.py", "--model", str(tiny_saved), "--runs", "8", "--max-tokens", "4", "--origins", "--timeout", "60", "--out", str(out)])
-        with pytest.raises(SystemExit) as done:
-            serve_fuzz.main()
-        rows = [json.loads(line) for line in (out / "runs-0.jsonl").read_text().splitlines()]
-        return done.value.code, rows, capsys.readouterr().out
+        return _search(monkeypatch, capsys, tiny_saved, out, "--runs", "8", "--origins")
 
     code, rows, said = search(tmp_path / "now")
     assert code == 0, said
