@@ -534,13 +534,13 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error(HTTPStatus.NOT_IMPLEMENTED, "Unsupported method ('OPTIONS'): a browser's cross-origin preflight is "
                             "answered when serve runs with --allowed-origins naming the page's origin")
             return
-        origin = self.headers.get("Origin")
-        if not self._cors():
+        origin, allowed = self.headers.get("Origin"), self._cors()
+        if not allowed:
             said = f"the origin {origin!r} is not one of serve's --allowed-origins" if origin else "a preflight (OPTIONS) needs an Origin header"
             self._error(HTTPStatus.FORBIDDEN, said)
             return
         self.send_response(HTTPStatus.NO_CONTENT)
-        for name, value in self._cors().items():
+        for name, value in allowed.items():
             self.send_header(name, value)
         self.send_header("Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS")
         self.send_header("Access-Control-Allow-Headers", self.headers.get("Access-Control-Request-Headers") or "Authorization, Content-Type")
