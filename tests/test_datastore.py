@@ -415,6 +415,12 @@ def test_a_directory_whose_file_names_name_splits_gives_the_split_asked_for(tmp_
         with pytest.raises(NgspecError, match=rf"{where.name} holds the splits {'test, train' if other == 'test' else 'train, validation'} "
                                               r"\(by its file names, as datasets reads them\) and no 'dev': choose one with --split"):
             list(iter_records(str(where), "dev"))
+    from test_cli import invoke
+
+    for command in (("build-datastore", "--corpus", folders, "--out", tmp_path / "ds"), ("self-repetition", "--dataset", folders)):
+        result = invoke(*command, "--split", "dev")  # one line, exit 1, nothing built
+        assert result.exit_code == 1 and "holds the splits test, train (by its file names" in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "ds").exists()
     plain = tmp_path / "plain"
     plain.mkdir()
     write_jsonl(plain / "a.jsonl", rows["train"])
