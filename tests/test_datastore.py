@@ -428,6 +428,68 @@ def test_a_directory_whose_file_names_name_splits_gives_the_split_asked_for(tmp_
     assert list(iter_records(str(plain), "test")) == rows["train"] + rows["test"]  # no split in the names: every file
 
 
+@pytest.mark.parametrize("suffix,opener", [(".gz", "gzip"), (".bz2", "bz2"), (".xz", "lzma")])
+def test_a_compressed_json_corpus_is_read_as_its_records(tmp_path, monkeypatch, suffix, opener):
+    """`corpus.jsonl.gz` (a corpus kept compressed; the hub's `data/train-*.jsonl.gz`) was refused
+    ("unsupported file type"), and a directory of them held "no .jsonl, .json or .parquet files",
+    though `datasets` reads them. JSON lines and JSON documents compressed with gzip, bzip2 or xz
+    are read as they are plain, split names and all; a damaged or cut-short file is one message
+    naming it, and the lines of a malformed one are counted in its decompressed text."""
+    import importlib
+
+    from ngspec.datastore.corpus import iter_records
+
+    module = importlib.import_module(opener)
+    rows = [{"instruction": f"q {i}", "response": f"a {i}"} for i in range(3)]
+    lines = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (tmp_path / f"c.jsonl{suffix}").write_bytes(module.compress(lines))
+    (tmp_path / f"c.json{suffix}").write_bytes(module.compress(json.dumps(rows, indent=1).encode()))
+    assert list(iter_records(str(tmp_path / f"c.jsonl{suffix}"))) == rows
+    assert list(iter_records(str(tmp_path / f"c.json{suffix}"))) == rows
+    repo = tmp_path / "repo" / "data"
+    repo.mkdir(parents=True)
+    (repo / f"train-00000-of-00001.jsonl{suffix}").write_bytes(module.compress(lines))
+    (repo / f"test-00000-of-00001.jsonl{suffix}").write_bytes(module.compress(lines[: lines.index(b"\n") + 1]))
+    assert list(iter_records(str(repo.parent))) == rows
+    assert list(iter_records(str(repo.parent), "test")) == rows[:1]
+    whole = module.compress(lines + b'{"text": }\n')
+    (tmp_path / f"bad.jsonl{suffix}").write_bytes(whole)
+    with pytest.raises(NgspecError, match=rf"cannot read corpus .*bad.jsonl{re.escape(suffix)}:4: not valid JSON"):
+        list(iter_records(str(tmp_path / f"bad.jsonl{suffix}")))
+    (tmp_path / f"cut.jsonl{suffix}").write_bytes(module.compress(lines * 50)[:-20])
+    with pytest.raises(NgspecError, match=rf"cannot read corpus .*cut.jsonl{re.escape(suffix)}: not a whole {opener_name(suffix)} file"):
+        list(iter_records(str(tmp_path / f"cut.jsonl{suffix}")))
+    (tmp_path / f"plain.jsonl{suffix}").write_bytes(lines)  # named compressed, written plain
+    with pytest.raises(NgspecError, match=rf"cannot read corpus .*plain.jsonl{re.escape(suffix)}: not a whole {opener_name(suffix)} file"):
+        list(iter_records(str(tmp_path / f"plain.jsonl{suffix}")))
+    from test_cli import invoke
+
+    monkeypatch.chdir(tmp_path)
+    result = invoke("build-datastore", "--corpus", f"c.jsonl{suffix}")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "datastores" / "c" / "meta.json").is_file()  # named as c.jsonl's would be
+    result = invoke("build-datastore", "--corpus", tmp_path / f"cut.jsonl{suffix}", "--out", tmp_path / "ds-cut")
+    assert result.exit_code == 1 and "not a whole" in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "ds-cut").exists()
+
+
+def opener_name(suffix):
+    return {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}[suffix]
+
+
+def test_a_corpus_compressed_in_a_way_not_read_is_named(tmp_path):
+    from ngspec.datastore.corpus import iter_records
+
+    (tmp_path / "c.jsonl.zst").write_bytes(b"(\xb5/\xfd")
+    with pytest.raises(NgspecError, match=r"c.jsonl.zst: unsupported file type \(use .jsonl, .json or .parquet, or .jsonl or .json compressed with gzip, bzip2 or xz: .gz, .bz2, .xz\)"):
+        list(iter_records(str(tmp_path / "c.jsonl.zst")))
+    (tmp_path / "c.parquet.gz").write_bytes(b"")
+    with pytest.raises(NgspecError, match=r"c.parquet.gz: unsupported file type"):
+        list(iter_records(str(tmp_path / "c.parquet.gz")))
+    with pytest.raises(NgspecError, match=r"holds no corpus files \(it reads .jsonl, .json or .parquet, or .jsonl or .json compressed"):
+        list(iter_records(str(tmp_path)))  # neither counts as a corpus file
+
+
 def test_a_dataset_saved_with_save_to_disk_is_read_as_its_records(tmp_path):
     """`Dataset.save_to_disk` (the `datasets` way to keep a processed corpus) writes arrow files
     beside JSON metadata: the metadata was read as the corpus ("cannot tell the corpus format

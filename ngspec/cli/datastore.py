@@ -15,7 +15,7 @@ from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.options import JsonOpt, ModelOpt, TrustRemoteCodeOpt
 from ngspec.datastore.build import BuildOptions, build_datastore
-from ngspec.datastore.corpus import FORMATS
+from ngspec.datastore.corpus import COMPRESSIONS, FORMATS
 from ngspec.datastore.index import Datastore
 from ngspec.errors import NgspecError
 from ngspec.perf.memory import resident_bytes
@@ -25,13 +25,13 @@ TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="Tokeni
 
 def _default_out(corpus: str) -> Path:
     name = Path(corpus.rstrip("/")).name or "datastore"
-    for suffix in (".jsonl", ".json", ".parquet"):
+    for suffix in (*COMPRESSIONS, ".jsonl", ".json", ".parquet"):
         name = name.removesuffix(suffix)
     return Path("datastores") / name.replace("/", "__")
 
 
 def build_datastore_command(
-    corpus: Annotated[str, typer.Option("--corpus", "-c", help="A .jsonl/.json/.parquet file, a directory of them, or a datasets name.")],
+    corpus: Annotated[str, typer.Option("--corpus", "-c", help="A .jsonl/.json/.parquet file (JSON compressed too: .jsonl.gz, .bz2, .xz), a directory of them, or a datasets name.")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory.", show_default="datastores/<corpus name>")] = None,
     model: ModelOpt = "default",
     trust_remote_code: TrustRemoteCodeOpt = False,

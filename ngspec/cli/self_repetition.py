@@ -51,7 +51,7 @@ def _questions(path: Optional[Path]) -> dict[str, list[str]]:
 
 
 def self_repetition_command(
-    dataset: Annotated[str, typer.Option("--dataset", help="A .jsonl/.json/.parquet file, a directory of them, or a datasets name.")],
+    dataset: Annotated[str, typer.Option("--dataset", help="A .jsonl/.json/.parquet file (JSON compressed too: .jsonl.gz, .bz2, .xz), a directory of them, or a datasets name.")],
     input_field: Annotated[Optional[str], typer.Option(help="Field holding the input (overrides detection).")] = None,
     response_field: Annotated[Optional[str], typer.Option(help="Field holding the response (overrides detection).")] = None,
     questions: Annotated[Optional[Path], typer.Option(help="For answer files (question_id + choices) and `generate --json` output: the question or prompt file giving their inputs (joined by id).")] = None,

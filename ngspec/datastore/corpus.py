@@ -1,5 +1,6 @@
-"""Corpus records: reading them (JSON lines and JSON documents with Python's `json`; parquet files
-and hub datasets through `datasets`) and extracting the documents to index.
+"""Corpus records: reading them (JSON lines and JSON documents with Python's `json`, plain or
+compressed with gzip, bzip2 or xz; parquet files and hub datasets through `datasets`) and extracting
+the documents to index.
 
 Formats, detected from the first record or chosen with ``--format``:
 
@@ -15,12 +16,16 @@ By default only the assistant side goes in (READER's choice); ``text="all"`` add
 
 from __future__ import annotations
 
+import bz2
 import glob
+import gzip
 import json
 import logging
+import lzma
 import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from ngspec.errors import NgspecError, check_text, json_error, json_kind, lone_surrogate_at, short
 from ngspec.staging import is_stream
@@ -29,6 +34,9 @@ FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
 ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
 DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# a .jsonl or .json file compressed whole, as `datasets` reads it (`data/train-*.jsonl.gz` on the hub)
+COMPRESSIONS = {".gz": ("gzip", gzip.open), ".bz2": ("bzip2", bz2.open), ".xz": ("xz", lzma.open)}
+READ_KINDS = ".jsonl, .json or .parquet, or .jsonl or .json compressed with gzip, bzip2 or xz: .gz, .bz2, .xz"
 # a JSON escape of half a UTF-16 pair: read alone, it is a lone surrogate (`check_text`)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -101,6 +109,29 @@ def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
     raise NgspecError(f"unknown corpus format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
+def data_kind(path: Path) -> str | None:
+    """The `datasets` builder that reads a data file, by its name: ``json`` for ``.jsonl`` and
+    ``.json`` (plain or compressed, `COMPRESSIONS`), ``parquet`` for ``.parquet``; None for another."""
+    if path.suffix in COMPRESSIONS:
+        return "json" if DATA_SUFFIXES.get(Path(path.stem).suffix) == "json" else None
+    return DATA_SUFFIXES.get(path.suffix)
+
+
+@contextmanager
+def _opened(file: Path) -> Iterator[BinaryIO]:
+    """``file`` opened for reading bytes, decompressed where its name says it is compressed; a
+    compressed file that is damaged, cut short or not compressed after all is one message naming
+    it (gzip, bz2 and lzma each raise their own kinds, some only partway through)."""
+    kind, open_ = COMPRESSIONS.get(file.suffix, (None, open))
+    with open_(file, "rb") as f:
+        try:
+            yield f
+        except (EOFError, lzma.LZMAError, OSError) as exc:
+            if kind is None or (isinstance(exc, OSError) and exc.errno is not None):  # a plain file's, or the disk's
+                raise
+            raise NgspecError(f"cannot read corpus {file}: not a whole {kind} file ({exc})") from None
+
+
 def split_files(path: Path, split: str) -> list[Path] | None:
     """The files of ``split`` in a directory whose file or folder names name two splits or more,
     as `datasets` reads them (``data/train-00000-of-00001.parquet`` beside ``data/test-...``,
@@ -125,17 +156,17 @@ def local_files(path: Path, split: str = "train") -> tuple[str, list[str]]:
     where the directory's names name splits: `split_files`)."""
     if not path.is_dir() and is_stream(path):
         raise NgspecError(f"{path} is a pipe or device, not a file: a corpus is read more than once; save it to a .jsonl, .json or .parquet file")
-    files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES) if path.is_dir() else [path]
+    files = sorted(p for p in path.rglob("*") if data_kind(p)) if path.is_dir() else [path]
     inner = next((p.parent for p in files if p.name in ("state.json", "dataset_dict.json") and saved_dataset(p.parent)), None)
     if inner is not None:  # its metadata would be read as records
         raise NgspecError(f"{path} holds a dataset saved by datasets' save_to_disk ({inner}): give that directory as the corpus, alone")
     if path.is_dir() and (chosen := split_files(path, split)) is not None:
-        files = [p for p in chosen if p.suffix in DATA_SUFFIXES]
+        files = [p for p in chosen if data_kind(p)]
     if not files:
-        raise NgspecError(f"no .jsonl, .json or .parquet files in {path}")
-    kinds = {DATA_SUFFIXES.get(p.suffix) for p in files}
+        raise NgspecError(f"{path} holds no corpus files (it reads {READ_KINDS})")
+    kinds = {data_kind(p) for p in files}
     if None in kinds:
-        raise NgspecError(f"{path}: unsupported file type (use .jsonl, .json or .parquet)")
+        raise NgspecError(f"{path}: unsupported file type (use {READ_KINDS})")
     if len(kinds) > 1:
         raise NgspecError(f"{path} mixes json and parquet files; build from one kind at a time")
     return kinds.pop(), [str(p) for p in files]
@@ -172,7 +203,7 @@ def looks_local(spec: str) -> bool:
     never starting with ``.``, ``/`` or ``~``, never with more than one ``/``, and not ending in
     a data file's suffix. Such a path that does not exist is reported as missing at once,
     without asking the hub (offline, `datasets` retries for most of a minute)."""
-    return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or Path(spec).suffix in DATA_SUFFIXES
+    return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or data_kind(Path(spec)) is not None
 
 
 def _document(file: Path) -> list[dict] | str | None:
@@ -182,7 +213,7 @@ def _document(file: Path) -> list[dict] | str | None:
     first line is the file's one array, or the whole file is one valid object whose first line is
     not JSON alone (a first line cut short, or a stray array before records, is a JSON-lines
     fault, reported at its line)."""
-    with open(file, "rb") as f:
+    with _opened(file) as f:
         for line in f:
             start = line.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()
             if start.startswith(b"["):  # a pretty array, or a one-line array with nothing after it
@@ -202,7 +233,7 @@ def _json_lines(file: Path) -> Iterator[dict]:
     process (after a line such as ``NaN``), stopped on a blank line ("Expected object or value"), or,
     past the first 10 MB, turned every string of that field in that block into its JSON text, quotes
     and escapes included (BENCHMARKS.md 10zzz)."""
-    with open(file, "rb") as f:
+    with _opened(file) as f:
         for lineno, line in enumerate(f, 1):
             if lineno == 1:
                 line = line.removeprefix(b"\xef\xbb\xbf")
@@ -274,7 +305,8 @@ def _is_json(line: bytes) -> bool:
 def _json_document(file: Path) -> list[dict] | str:
     """The records of a JSON document file (each item of an array, or the one object), or where it
     stops being valid, as ``FILE:LINE...: what``."""
-    data = file.read_bytes()
+    with _opened(file) as f:
+        data = f.read()
     try:
         document = json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
