@@ -22,6 +22,17 @@ class Stopped(Exception):
         self.measured = measured
 
 
+# how a compressed file starts (its "magic number"), by what compressed it
+_MAGIC = re.compile(rb"(?P<gzip>\x1f\x8b)|(?P<bzip2>BZh[1-9]1AY&SY)|(?P<xz>\xfd7zXZ\x00)|(?P<zstd>\x28\xb5\x2f\xfd)")
+
+
+def compressed_with(head: bytes) -> str | None:
+    """What compressed a file whose first bytes are ``head`` (10 are enough): gzip, bzip2, xz or
+    zstd; None for none of them."""
+    found = _MAGIC.match(head)
+    return found.lastgroup if found else None
+
+
 def json_error(exc: json.JSONDecodeError) -> str:
     """JSON's message without its dangling "at" ("Unterminated string starting at"), for a message
     that goes on with the place."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ngspec.errors import NgspecError, check_text, json_error, short
+from ngspec.errors import NgspecError, check_text, compressed_with, json_error, short
 from ngspec.staging import is_stream
 
 
@@ -50,6 +50,8 @@ def _decoded(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is not text
     except UnicodeDecodeError as exc:
+        if (kind := compressed_with(data[:10])) is not None:
+            raise NgspecError(f"{where} is not valid UTF-8: the file is compressed with {kind}; decompress it first") from None
         raise NgspecError(f"{where} is not valid UTF-8 (byte {exc.start})") from exc
 
 

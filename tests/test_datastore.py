@@ -490,6 +490,25 @@ def test_a_corpus_compressed_in_a_way_not_read_is_named(tmp_path):
         list(iter_records(str(tmp_path)))  # neither counts as a corpus file
 
 
+@pytest.mark.parametrize("kind,packed", [("gzip", lambda b: __import__("gzip").compress(b)), ("bzip2", lambda b: __import__("bz2").compress(b)),
+                                         ("xz", lambda b: __import__("lzma").compress(b)), ("zstd", lambda b: b"(\xb5/\xfd" + b)])
+def test_a_compressed_file_not_named_so_is_said_to_be_compressed(tmp_path, kind, packed):
+    """A corpus or prompt file saved compressed under a plain name (`curl -o c.jsonl` of a
+    `.jsonl.gz`) was "not valid UTF-8" or "a record must be a JSON object (the line starts
+    'BZh91AY&SY...')": the message now says what the file is and what to do."""
+    from ngspec.datastore.corpus import iter_records
+    from ngspec.prompts import load_prompts
+
+    lines = b'{"instruction": "q", "response": "a"}\n' * 50
+    (tmp_path / "c.jsonl").write_bytes(packed(lines))
+    named = f"name it c.jsonl.{dict(gzip='gz', bzip2='bz2', xz='xz')[kind]} to read it as such" if kind != "zstd" else "decompress it first"
+    with pytest.raises(NgspecError, match=rf"c.jsonl:1: not valid (UTF-8|JSON): the file is compressed with {kind}; {named}$"):
+        list(iter_records(str(tmp_path / "c.jsonl")))
+    (tmp_path / "p.jsonl").write_bytes(packed(b'{"prompt": "Say hi"}\n'))
+    with pytest.raises(NgspecError, match=rf"p.jsonl is not valid UTF-8: the file is compressed with {kind}; decompress it"):
+        load_prompts(tmp_path / "p.jsonl")
+
+
 def test_a_dataset_saved_with_save_to_disk_is_read_as_its_records(tmp_path):
     """`Dataset.save_to_disk` (the `datasets` way to keep a processed corpus) writes arrow files
     beside JSON metadata: the metadata was read as the corpus ("cannot tell the corpus format

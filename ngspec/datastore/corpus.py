@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
-from ngspec.errors import NgspecError, check_text, json_error, json_kind, lone_surrogate_at, short
+from ngspec.errors import NgspecError, check_text, compressed_with, json_error, json_kind, lone_surrogate_at, short
 from ngspec.staging import is_stream
 
 FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
@@ -242,7 +242,7 @@ def _json_lines(file: Path) -> Iterator[dict]:
             try:
                 record = json.loads(line.decode("utf-8").rstrip("\r\n"))  # a line cut short: "Unterminated string", not "Invalid control character"
             except UnicodeDecodeError:
-                raise NgspecError(f"cannot read corpus {file}:{lineno}: not valid UTF-8") from None
+                raise NgspecError(f"cannot read corpus {file}:{lineno}: not valid UTF-8{_compressed_note(file) if lineno == 1 else ''}") from None
             except RecursionError:
                 raise NgspecError(f"cannot read corpus {file}:{lineno}: its JSON is nested too deeply to read") from None
             except json.JSONDecodeError as exc:
@@ -250,11 +250,24 @@ def _json_lines(file: Path) -> Iterator[dict]:
                     raise NgspecError(f"cannot read corpus {file}:{lineno}: not valid JSON ({json_error(exc)} at column {exc.colno})") from None
                 record = None  # refused below, by how the line starts
             if not isinstance(record, dict):
+                if lineno == 1 and (note := _compressed_note(file)):
+                    raise NgspecError(f"cannot read corpus {file}:1: not valid JSON{note}")
                 shown = line.strip()[:20].decode("utf-8", "replace").rstrip()
                 raise NgspecError(f"cannot read corpus {file}:{lineno}: a record must be a JSON object (the line starts {shown!r})")
             if _SURROGATE_ESCAPE.search(line):
                 _check_record_text(record, f"cannot read corpus {file}:{lineno}")
             yield record
+
+
+def _compressed_note(file: Path) -> str:
+    """What to do with a file read as plain that is compressed after all (a ``.jsonl.gz`` saved
+    as ``.jsonl``): name it for its compression, or decompress it; "" for a file that is not."""
+    with open(file, "rb") as f:
+        kind = compressed_with(f.read(10))
+    if kind is None or file.suffix in COMPRESSIONS:
+        return ""
+    known = next((suffix for suffix, (name, _) in COMPRESSIONS.items() if name == kind), None)
+    return f": the file is compressed with {kind}; " + (f"name it {file.name}{known} to read it as such" if known else "decompress it first")
 
 
 def _check_record_text(record: dict, what: str) -> None:
