@@ -301,6 +301,7 @@ def test_the_terminal_lists_a_dozen_mismatches_and_counts_the_rest():
         (["bench", "-q", "{prompt}", "--json-out", "{dir}"], "is a directory; give the path of a file"),
         (["bench", "-q", "{prompt}", "--markdown", "{dir}"], "is a directory; give the path of a file"),
         (["synth-corpus", "--out", "{dir}", "--force"], "is a directory; give the path of a file"),
+        (["synth-corpus", "--out", "{dir}/c.jsonl.gz"], "c.jsonl.gz names a compressed file: write"),
         (["build-datastore", "-c", "{empty}", "--out", "{dir}/ds"], "unsupported file type"),  # fails under its progress bar
     ],
 )

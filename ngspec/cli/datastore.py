@@ -155,6 +155,8 @@ def synth_corpus_command(
     from ngspec.models import load_model
     from ngspec.prompts import load_prompts
 
+    if Path(out).suffix in COMPRESSIONS:  # written line by line, and continued after an interruption: plain text
+        raise NgspecError(f"synth-corpus writes plain JSON lines, and --out {out} names a compressed file: write {Path(out).with_suffix('')} and compress it after")
     given = None
     if prompts is not None:
         records = load_prompts(prompts)
