@@ -138,9 +138,9 @@ def check_weights(directory: Path) -> None:
     pytorch_model.bin, found in directory m.")."""
     if any((directory / name).is_file() for name in MODEL_WEIGHT_FILES):
         return
-    others = sorted(p.name for p in directory.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".msgpack"))
+    others = sorted(p.name for p in directory.iterdir() if p.is_file() and p.suffix.lower() in (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".msgpack"))
     held = f"; it holds {', '.join(others)}" if others else ""
-    if len(others) == 1 and others[0].endswith(".gguf"):
+    if len(others) == 1 and others[0].lower().endswith(".gguf"):
         held += ": give that file itself as --model"
     raise NgspecError(f"{directory} holds no model weights (model.safetensors, pytorch_model.bin, or a sharded model's index of them){held}; "
                       "copy them again from the model's source")

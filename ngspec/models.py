@@ -157,7 +157,7 @@ def _source(spec: str) -> tuple[Path | str, dict]:
     if spec in ("", DEFAULT_MODEL):
         return default_model_dir(), {}
     path = Path(spec).expanduser()
-    if path.suffix == ".gguf":
+    if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise NgspecError(f"model file not found: {path}")
         return path.parent, {"gguf_file": path.name}

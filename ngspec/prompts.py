@@ -178,14 +178,15 @@ def load_prompts(
     """Read a .txt, .jsonl or .json prompt file (``-``: standard input, `read_stdin`), optionally
     keeping one category, the first ``per_category`` of every category, and then the first ``limit``."""
     path = Path(path)
-    if path.suffix == ".parquet" and not path.is_dir():
+    suffix = {".ndjson": ".jsonl"}.get(path.suffix.lower(), path.suffix.lower())  # Q.JSONL; JSON lines' other name
+    if suffix == ".parquet" and not path.is_dir():
         raise NgspecError(f"{path} is a parquet file; prompt files are .txt (one prompt), .jsonl (a record per line) or .json (an array of records)")
     if str(path) == STDIN:
         (text, kind), path, source = read_stdin(), Path("stdin"), "standard input"  # ids: stdin, stdin:LINE, stdin[I]
     else:
         text, source = read_text(path), f"prompt file {path}"
-        if path.suffix in (".jsonl", ".json"):
-            kind = json_layout(text, path.suffix)
+        if suffix in (".jsonl", ".json"):
+            kind = json_layout(text, suffix)
         else:  # a pipe (`-p <(jq ...)`) has no suffix to say: its text does, as standard input's
             kind = sniffed(text) if is_stream(path) else "txt"
     if not text.strip():

@@ -509,6 +509,22 @@ def test_a_compressed_file_not_named_so_is_said_to_be_compressed(tmp_path, kind,
         load_prompts(tmp_path / "p.jsonl")
 
 
+
+def test_a_corpus_named_in_capitals_or_ndjson_is_read(tmp_path):
+    """`C.JSONL`, `C.JSONL.GZ` and `c.ndjson` (JSON lines' other name) were "unsupported file
+    type", and a directory of them held no corpus files, though `datasets` reads them."""
+    import gzip
+
+    from ngspec.datastore.corpus import iter_records
+
+    rows = [{"instruction": "q", "response": "a"}]
+    for name in ("C.JSONL", "c.ndjson", "C.Json"):
+        write_jsonl(tmp_path / name, rows)
+    (tmp_path / "C.JSONL.GZ").write_bytes(gzip.compress(b'{"instruction": "q", "response": "a"}\n'))
+    for name in ("C.JSONL", "c.ndjson", "C.Json", "C.JSONL.GZ"):
+        assert list(iter_records(str(tmp_path / name))) == rows, name
+    assert list(iter_records(str(tmp_path))) == rows * 4
+
 def test_a_dataset_saved_with_save_to_disk_is_read_as_its_records(tmp_path):
     """`Dataset.save_to_disk` (the `datasets` way to keep a processed corpus) writes arrow files
     beside JSON metadata: the metadata was read as the corpus ("cannot tell the corpus format

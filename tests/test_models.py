@@ -218,6 +218,13 @@ def test_a_gguf_file_cut_short_says_so_in_one_line(tmp_path):
         models.load_model(str(tmp_path / "cut.gguf"))
 
 
+def test_a_gguf_file_named_in_capitals_is_read_as_a_gguf(tmp_path):
+    """`MODEL.GGUF` was "is not a model directory (no config.json)"."""
+    (tmp_path / "MODEL.GGUF").symlink_to(models.embedded_gguf())
+    assert models._source(str(tmp_path / "MODEL.GGUF")) == (tmp_path, {"gguf_file": "MODEL.GGUF"})
+    with pytest.raises(NgspecError, match="model file not found"):
+        models._source(str(tmp_path / "OTHER.GGUF"))
+
 def test_a_config_the_tokenizer_cannot_read_is_one_line_naming_the_model(tmp_path):
     """`build-datastore` and `self-repetition` load the tokenizer alone, which reads config.json:
     a field of the wrong type ended in an unexpected StrictDataclassFieldValidationError."""

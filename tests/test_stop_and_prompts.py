@@ -166,6 +166,19 @@ def test_a_json_or_jsonl_file_is_read_as_it_is_laid_out_whatever_its_suffix(tmp_
     assert [p.id for p in load_prompts(path)] == ids
 
 
+@pytest.mark.parametrize(("name", "ids"), [("Q.JSONL", ["Q.JSONL:1", "Q.JSONL:2"]), ("q.ndjson", ["q.ndjson:1", "q.ndjson:2"]),
+                                           ("Q.Json", ["Q.Json:1", "Q.Json:2"])])
+def test_a_json_lines_file_named_in_capitals_or_ndjson_is_read_as_records(tmp_path, name, ids):
+    """`Q.JSONL` (a Windows tool's name) and `q.ndjson` (JSON lines' other name, which `datasets`
+    reads) were read as one text prompt: the model answered the JSON records themselves."""
+    (tmp_path / name).write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    prompts = load_prompts(tmp_path / name)
+    assert [p.id for p in prompts] == ids and [p.text for p in prompts] == ["a", "b"]
+    (tmp_path / "Q.PARQUET").write_bytes(b"PAR1\x00\x00PAR1")
+    with pytest.raises(NgspecError, match="is a parquet file"):
+        load_prompts(tmp_path / "Q.PARQUET")
+
+
 @pytest.mark.parametrize(
     "name, content, message",
     [

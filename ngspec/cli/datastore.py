@@ -15,7 +15,7 @@ from ngspec import staging
 from ngspec.cli import render
 from ngspec.cli.options import JsonOpt, ModelOpt, TrustRemoteCodeOpt
 from ngspec.datastore.build import BuildOptions, build_datastore
-from ngspec.datastore.corpus import COMPRESSIONS, FORMATS
+from ngspec.datastore.corpus import COMPRESSIONS, DATA_SUFFIXES, FORMATS
 from ngspec.datastore.index import Datastore
 from ngspec.errors import NgspecError
 from ngspec.perf.memory import resident_bytes
@@ -25,8 +25,9 @@ TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="Tokeni
 
 def _default_out(corpus: str) -> Path:
     name = Path(corpus.rstrip("/")).name or "datastore"
-    for suffix in (*COMPRESSIONS, ".jsonl", ".json", ".parquet"):
-        name = name.removesuffix(suffix)
+    for suffix in (*COMPRESSIONS, *DATA_SUFFIXES):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
     return Path("datastores") / name.replace("/", "__")
 
 
@@ -155,7 +156,7 @@ def synth_corpus_command(
     from ngspec.models import load_model
     from ngspec.prompts import load_prompts
 
-    if Path(out).suffix in COMPRESSIONS:  # written line by line, and continued after an interruption: plain text
+    if Path(out).suffix.lower() in COMPRESSIONS:  # written line by line, and continued after an interruption: plain text
         raise NgspecError(f"synth-corpus writes plain JSON lines, and --out {out} names a compressed file: write {Path(out).with_suffix('')} and compress it after")
     given = None
     if prompts is not None:

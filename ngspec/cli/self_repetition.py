@@ -37,7 +37,7 @@ def _questions(path: Optional[Path]) -> dict[str, list[str]]:
     if path is None:
         return {}
     path = Path(path)
-    if path.is_dir() or (path.suffix not in (".txt", ".jsonl", ".json") and str(path) != "-" and not is_stream(path)):
+    if path.is_dir() or (path.suffix.lower() not in (".txt", ".jsonl", ".ndjson", ".json") and str(path) != "-" and not is_stream(path)):
         what = "is a directory" if path.is_dir() else "is not a .jsonl, .json or .txt file"
         raise NgspecError(f"{path} {what}; --questions takes a .jsonl or .json question or prompt file (or the .txt prompt given to generate)")
     asked = {p.id: ["\n".join(m["content"] for m in p.messages)] if p.messages else list(p.turns or (p.text,)) for p in load_prompts(path)}

@@ -33,7 +33,8 @@ from ngspec.staging import is_stream
 FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
 ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
-DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# by a file's suffix in lower case (`C.JSONL` from a Windows tool); `.ndjson` is JSON lines' other name
+DATA_SUFFIXES = {".jsonl": "json", ".ndjson": "json", ".json": "json", ".parquet": "parquet"}
 # a .jsonl or .json file compressed whole, as `datasets` reads it (`data/train-*.jsonl.gz` on the hub)
 COMPRESSIONS = {".gz": ("gzip", gzip.open), ".bz2": ("bzip2", bz2.open), ".xz": ("xz", lzma.open)}
 READ_KINDS = ".jsonl, .json or .parquet, or .jsonl or .json compressed with gzip, bzip2 or xz: .gz, .bz2, .xz"
@@ -111,10 +112,10 @@ def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
 
 def data_kind(path: Path) -> str | None:
     """The `datasets` builder that reads a data file, by its name: ``json`` for ``.jsonl`` and
-    ``.json`` (plain or compressed, `COMPRESSIONS`), ``parquet`` for ``.parquet``; None for another."""
-    if path.suffix in COMPRESSIONS:
-        return "json" if DATA_SUFFIXES.get(Path(path.stem).suffix) == "json" else None
-    return DATA_SUFFIXES.get(path.suffix)
+    ``.json`` (``.ndjson`` too; plain or compressed, `COMPRESSIONS`), ``parquet`` for ``.parquet``; None for another."""
+    if path.suffix.lower() in COMPRESSIONS:
+        return "json" if DATA_SUFFIXES.get(Path(path.stem).suffix.lower()) == "json" else None
+    return DATA_SUFFIXES.get(path.suffix.lower())
 
 
 @contextmanager
@@ -122,7 +123,7 @@ def _opened(file: Path) -> Iterator[BinaryIO]:
     """``file`` opened for reading bytes, decompressed where its name says it is compressed; a
     compressed file that is damaged, cut short or not compressed after all is one message naming
     it (gzip, bz2 and lzma each raise their own kinds, some only partway through)."""
-    kind, open_ = COMPRESSIONS.get(file.suffix, (None, open))
+    kind, open_ = COMPRESSIONS.get(file.suffix.lower(), (None, open))
     with open_(file, "rb") as f:
         try:
             yield f
@@ -264,7 +265,7 @@ def _compressed_note(file: Path) -> str:
     as ``.jsonl``): name it for its compression, or decompress it; "" for a file that is not."""
     with open(file, "rb") as f:
         kind = compressed_with(f.read(10))
-    if kind is None or file.suffix in COMPRESSIONS:
+    if kind is None or file.suffix.lower() in COMPRESSIONS:
         return ""
     known = next((suffix for suffix, (name, _) in COMPRESSIONS.items() if name == kind), None)
     return f": the file is compressed with {kind}; " + (f"name it {file.name}{known} to read it as such" if known else "decompress it first")

@@ -43,7 +43,7 @@ def shape_config(shape: str) -> tuple[str, PretrainedConfig]:
     path = Path(shape)
     if path.is_dir():
         path = path / "config.json"
-    if path.suffix != ".json" or not path.is_file():
+    if path.suffix.lower() != ".json" or not path.is_file():
         raise NgspecError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)} or a config.json path")
     try:
         values = json.loads(path.read_text())
