@@ -90,6 +90,13 @@ def test_large_vocabularies_use_32_bit_tokens():
         ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "messages", ["a"], ["q", "a"]),
         ({"data": ["q", "a", "q2", "a2"]}, "ultrachat", ["a", "a2"], ["q", "a", "q2", "a2"]),
         ({"text": "t"}, "text", ["t"], ["t"]),
+        # Alpaca (LLaMA-Factory's alpaca layout: an optional input, earlier turns in history) was
+        # read as Magpie and gave no response: "none of its records holds an (input, response) pair"
+        ({"instruction": "q", "input": "", "output": "a"}, "alpaca", ["a"], ["q", "a"]),
+        ({"instruction": "q", "input": "x", "output": "a", "history": [["q0", "a0"]]}, "alpaca", ["a0", "a"], ["q0", "a0", "q\nx", "a"]),
+        # TRL's prompt-completion records, text or conversational
+        ({"prompt": "q", "completion": "a"}, "completion", ["a"], ["q", "a"]),
+        ({"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}, "completion", ["a"], ["q", "a"]),
     ],
 )
 def test_record_formats(record, fmt, responses, everything):

@@ -96,6 +96,10 @@ def test_synth_corpus_prompts_option_answers_every_prompt_by_default(tmp_path, m
         ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}, {"from": "human", "value": "q2"}, {"from": "gpt", "value": "a2"}]}, [("q", "a"), ("q\na\nq2", "a2")]),
         ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, [("q", "a")]),
         ({"question_id": 7, "choices": [{"turns": ["a1", "a2"]}]}, [("Q1", "a1"), ("Q1\na1\nQ2", "a2")]),
+        ({"instruction": "q", "input": "", "output": "a"}, [("q", "a")]),  # Alpaca: "cannot find (input, response) fields"
+        ({"instruction": "q", "input": "x", "output": "a", "history": [["q0", "a0"]]}, [("q0", "a0"), ("q0\na0\nq\nx", "a")]),
+        ({"prompt": "q", "completion": "a"}, [("q", "a")]),  # TRL's prompt-completion records
+        ({"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}, [("s\nq", "a")]),
     ],
 )
 def test_pairs_detection(record, expected):
@@ -117,6 +121,9 @@ def test_pairs_need_fields():
         ({"question_id": 7, "choices": []}, "an answer record needs"),
         ({"instruction": ["q"], "response": "a"}, "'instruction' must be a string, not a list"),
         ({"instruction": None, "response": "a"}, "'instruction' must be a string, not null"),  # was "not NoneType" (input_fuzz run 9345)
+        ({"instruction": "q", "output": 5}, "'output' must be a string, not a number"),
+        ({"instruction": "q", "output": "a", "history": "q0"}, "'history' must be a list of [instruction, response] pairs, not a string"),
+        ({"prompt": "q", "completion": 5}, "'completion' must be a string or a list of messages, not a number"),
     ],
 )
 def test_malformed_records_are_named(record, says):

@@ -228,6 +228,8 @@ def test_records_without_a_response_are_documents_with_loss_on_all(default_model
     tokenizer = default_model.tokenizer
     records = [
         {"instruction": "Name a colour.", "response": "Blue is a colour that many people like."},
+        {"instruction": "Name a fruit.", "input": "", "output": "An apple is a fruit that grows on trees."},  # Alpaca
+        {"prompt": "Name a tree.", "completion": "An oak is a tree that lives for centuries."},  # TRL's prompt-completion
         {"text": "A passage about rivers, which flow from the hills down to the sea, carrying silt."},
         {"question_id": 1, "turns": ["Summarize: the council met on Tuesday and voted to repair the old bridge."]},
         {"instruction": "Read this and answer later: the museum opens at nine and closes at five."},
@@ -236,9 +238,10 @@ def test_records_without_a_response_are_documents_with_loss_on_all(default_model
     ]
     answered = train_module.examples_from_records(records, tokenizer, 256)
     both = train_module.examples_from_records(records, tokenizer, 256, documents=True)
-    assert len(answered) == 1 and answered[0].prompt_len < len(answered[0].ids)
-    documents = both[1:]
-    assert len(both) == 4 and both[0].ids.tolist() == answered[0].ids.tolist()  # answered records are not documents too
+    assert len(answered) == 3 and all(ex.prompt_len < len(ex.ids) for ex in answered)
+    assert ["apple" in tokenizer.decode(answered[1].ids[answered[1].prompt_len:]), "oak" in tokenizer.decode(answered[2].ids[answered[2].prompt_len:])] == [True, True]
+    documents = both[3:]
+    assert len(both) == 6 and [ex.ids.tolist() for ex in both[:3]] == [ex.ids.tolist() for ex in answered]  # answered records are not documents too
     assert all(ex.prompt_len == len(ex.ids) and ex.prompt == ex.ids.tolist() for ex in documents)
     assert ["rivers" in tokenizer.decode(documents[0].ids), "bridge" in tokenizer.decode(documents[1].ids),
             "museum" in tokenizer.decode(documents[2].ids)] == [True, True, True]

@@ -94,7 +94,8 @@ def self_repetition_command(
     if not pairs:
         raise NgspecError(
             f"{dataset}: none of its {records} records holds an (input, response) pair; expected Magpie "
-            "'instruction' + 'response', ShareGPT 'conversations', OpenAI 'messages', an answer file "
+            "'instruction' + 'response', Alpaca 'instruction' + 'output', 'prompt' + 'completion', ShareGPT 'conversations', "
+            "OpenAI 'messages', an answer file "
             "('question_id' + 'choices', with --questions) or `generate --json` output (with --questions), or name the fields "
             "with --input-field/--response-field"
         )

@@ -6,6 +6,9 @@ Formats, detected from the first record or chosen with ``--format``:
 
 - ``magpie``: ``instruction`` + ``response``, or a ``responses`` list, or multi-turn
   ``instruction_i`` / ``response_i`` (i = 1, 2, ...)
+- ``alpaca``: ``instruction`` (+ ``input``) + ``output``, earlier turns in ``history`` as
+  ``[instruction, response]`` pairs (LLaMA-Factory's layout)
+- ``completion``: ``prompt`` + ``completion``, strings or lists of messages (TRL's layout)
 - ``sharegpt``: ``conversations: [{from, value}]`` (also Magpie's conversation exports)
 - ``messages``: OpenAI-style ``messages: [{role, content}]``
 - ``ultrachat``: ``data: [user, assistant, user, ...]``
@@ -27,10 +30,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
-from ngspec.errors import NgspecError, check_text, compressed_with, json_error, json_kind, lone_surrogate_at, short
+from ngspec.errors import NULL, NgspecError, check_text, compressed_with, json_error, json_kind, lone_surrogate_at, short
 from ngspec.staging import is_stream
 
-FORMATS = ("magpie", "sharegpt", "messages", "ultrachat", "text")
+FORMATS = ("magpie", "alpaca", "completion", "sharegpt", "messages", "ultrachat", "text")
 ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot", "chatgpt"}
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
 # by a file's suffix in lower case (`C.JSONL` from a Windows tool); `.ndjson` is JSON lines' other name
@@ -51,6 +54,8 @@ def detect_format(record: dict) -> str:
         return "messages"
     if "data" in record and isinstance(record["data"], list):
         return "ultrachat"
+    if (layout := turns_layout(record)) is not None:
+        return layout
     if {"response", "responses", "instruction"} & record.keys() or any(_TURN.match(k) for k in record):
         return "magpie"
     if "text" in record:
@@ -83,6 +88,54 @@ def _chat(turns: list, role_key: str, text_key: str, include_user: bool) -> list
     return _strings(out)
 
 
+def alpaca_turns(record: dict) -> list[dict]:
+    """An Alpaca record as chat turns (``role``, ``content``): each ``[instruction, response]``
+    pair of ``history``, then ``instruction`` (with ``input`` on the line below, where there is
+    one) and ``output``, as LLaMA-Factory joins them."""
+    history = record.get("history") or []
+    if not isinstance(history, list):
+        raise NgspecError(f"'history' must be a list of [instruction, response] pairs, not {json_kind(history)}")
+    turns = []
+    for i, pair in enumerate(history):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(text, str) for text in pair)):
+            raise NgspecError(f"'history' item {i} must be an [instruction, response] pair of strings, not {json_kind(pair)}")
+        turns += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    for key in ("instruction", "input", "output"):
+        if not isinstance(record.get(key, ""), (str, NULL)):
+            raise NgspecError(f"'{key}' must be a string, not {json_kind(record[key])}")
+    asked = "\n".join(text for text in (record.get("instruction"), record.get("input")) if text and text.strip())
+    return turns + [{"role": "user", "content": asked}, {"role": "assistant", "content": record.get("output") or ""}]
+
+
+def completion_turns(record: dict) -> list[dict]:
+    """A prompt-completion record as chat turns: ``prompt`` and ``completion``, each a string (the
+    user's and the assistant's) or a list of messages with their roles (TRL's conversational
+    layout)."""
+    turns = []
+    for key, role in (("prompt", "user"), ("completion", "assistant")):
+        value = record.get(key)
+        if isinstance(value, str):
+            turns.append({"role": role, "content": value})
+        elif isinstance(value, list):
+            turns += value
+        else:
+            raise NgspecError(f"'{key}' must be a string or a list of messages, not {json_kind(value)}")
+    return turns
+
+
+def turns_layout(record: dict) -> str | None:
+    """``alpaca`` or ``completion`` for a record laid out so (`alpaca_turns`, `completion_turns`;
+    a Magpie ``response`` beside an ``output`` makes it Magpie's), else None."""
+    if {"instruction", "output"} <= record.keys() and not {"response", "responses"} & record.keys():
+        return "alpaca"
+    if {"prompt", "completion"} <= record.keys():
+        return "completion"
+    return None
+
+
+TURNS_OF = {"alpaca": alpaca_turns, "completion": completion_turns}
+
+
 def listed(record: dict, key: str) -> list:
     """``record[key]`` where it must be a list of turns (missing or null: none); anything else is
     a malformed record."""
@@ -98,6 +151,8 @@ def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
         raise NgspecError(f"a record must be a JSON object, not {json_kind(record)}")
     if fmt == "magpie":
         return _magpie(record, include_user)
+    if fmt in TURNS_OF:
+        return _chat(TURNS_OF[fmt](record), "role", "content", include_user)
     if fmt == "sharegpt":
         return _chat(listed(record, "conversations"), "from", "value", include_user)
     if fmt == "messages":

@@ -1,7 +1,8 @@
 """(input, response) pairs from datasets of conversations, for the self-repetition metric.
 
 Detected formats: Magpie (``instruction`` + ``response``/``responses``, multi-turn
-``instruction_i``/``response_i``), ShareGPT ``conversations``, OpenAI ``messages``, and Spec-Bench /
+``instruction_i``/``response_i``), Alpaca (``instruction`` + ``input`` + ``output``, ``history``),
+TRL's ``prompt`` + ``completion``, ShareGPT ``conversations``, OpenAI ``messages``, and Spec-Bench /
 FastChat answer files (``question_id`` + ``choices[0].turns``; the questions come from
 ``questions``, joined by id), and ``ngspec generate --json`` output (`generated_pairs`: the
 prompts come from the prompt file it ran on, joined by id and turn). For multi-turn records every
@@ -14,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ngspec.datastore.corpus import ASSISTANT_ROLES, listed
+from ngspec.datastore.corpus import ASSISTANT_ROLES, TURNS_OF, listed, turns_layout
 from ngspec.errors import NgspecError, json_kind
 
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
@@ -70,6 +71,11 @@ def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_
                 return _chat_pairs(rid, listed(record, key), role_key, text_key)
             except NgspecError as exc:
                 raise NgspecError(f"record {rid}: {exc}") from None
+    if (layout := turns_layout(record)) is not None:  # Alpaca, prompt-completion
+        try:
+            return _chat_pairs(rid, TURNS_OF[layout](record), "role", "content")
+        except NgspecError as exc:
+            raise NgspecError(f"record {rid}: {exc}") from None
     turns = sorted((int(m.group(2)), m.group(1), k) for k in record if (m := _TURN.match(k)))
     if turns:
         chat = [{"role": "assistant" if kind == "response" else "user", "content": record[k]} for _, kind, k in turns]
