@@ -77,6 +77,17 @@ def _magpie(record: dict, include_user: bool) -> list[str]:
     return docs + _strings([record.get("response")])
 
 
+def turn_text(turn: object, text_key: str) -> str | None:
+    """A chat turn's text: its ``text_key`` string, or the text parts of a content given as a list
+    of parts (``[{"type": "text", "text": ...}]``, as OpenAI's clients and multimodal datasets
+    write it) joined, other parts (an image) passed by; None where it holds no text."""
+    content = turn.get(text_key) if isinstance(turn, dict) else None
+    if isinstance(content, list):
+        texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)]
+        return "".join(texts) if texts else None
+    return content if isinstance(content, str) else None
+
+
 def _chat(turns: list, role_key: str, text_key: str, include_user: bool) -> list[str]:
     out = []
     for turn in turns:
@@ -84,7 +95,7 @@ def _chat(turns: list, role_key: str, text_key: str, include_user: bool) -> list
             continue
         role = str(turn.get(role_key, "")).lower()
         if role in ASSISTANT_ROLES or (include_user and role in {"user", "human"}):
-            out.append(turn.get(text_key))
+            out.append(turn_text(turn, text_key))
     return _strings(out)
 
 

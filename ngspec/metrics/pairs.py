@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ngspec.datastore.corpus import ASSISTANT_ROLES, TURNS_OF, listed, turns_layout
+from ngspec.datastore.corpus import ASSISTANT_ROLES, TURNS_OF, listed, turn_text, turns_layout
 from ngspec.errors import NgspecError, json_kind
 
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
@@ -31,11 +31,11 @@ class Pair:
 def _chat_pairs(rid: str, turns: list, role_key: str, text_key: str) -> list[Pair]:
     history, out = [], []
     for turn in turns:
-        if not isinstance(turn, dict) or not isinstance(turn.get(text_key), str):
+        if (text := turn_text(turn, text_key)) is None:
             continue
         if str(turn.get(role_key, "")).lower() in ASSISTANT_ROLES:
-            out.append(Pair(f"{rid}.{len(out)}", "\n".join(history), turn[text_key]))
-        history.append(turn[text_key])
+            out.append(Pair(f"{rid}.{len(out)}", "\n".join(history), text))
+        history.append(text)
     return out
 
 
