@@ -85,6 +85,9 @@ def test_large_vocabularies_use_32_bit_tokens():
     [
         ({"instruction": "q", "response": "a"}, "magpie", ["a"], ["q", "a"]),
         ({"instruction": "q", "responses": ["a", "b"]}, "magpie", ["a", "b"], ["q", "a", "b"]),
+        # Dolly's passage (context) and an Alpaca-like input beside a response are the user's text too
+        ({"instruction": "q", "context": "c", "response": "a"}, "magpie", ["a"], ["q", "c", "a"]),
+        ({"instruction": "q", "input": "x", "response": "a"}, "magpie", ["a"], ["q", "x", "a"]),
         ({"instruction_1": "q1", "response_1": "a1", "instruction_2": "q2", "response_2": "a2"}, "magpie", ["a1", "a2"], ["q1", "a1", "q2", "a2"]),
         ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, "sharegpt", ["a"], ["q", "a"]),
         ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "messages", ["a"], ["q", "a"]),

@@ -93,6 +93,9 @@ def test_synth_corpus_prompts_option_answers_every_prompt_by_default(tmp_path, m
     [
         ({"instruction": "q", "response": "a"}, [("q", "a")]),
         ({"instruction": "q", "responses": ["a", "b"]}, [("q", "a"), ("q", "b")]),
+        # Dolly's closed QA and summaries: the passage the answer copies from was left out of the input
+        ({"instruction": "q", "context": "c", "response": "a"}, [("q\nc", "a")]),
+        ({"instruction": "q", "input": "x", "context": "", "response": "a"}, [("q\nx", "a")]),
         ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}, {"from": "human", "value": "q2"}, {"from": "gpt", "value": "a2"}]}, [("q", "a"), ("q\na\nq2", "a2")]),
         ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, [("q", "a")]),
         ({"question_id": 7, "choices": [{"turns": ["a1", "a2"]}]}, [("Q1", "a1"), ("Q1\na1\nQ2", "a2")]),

@@ -67,11 +67,16 @@ def _strings(values: Iterable) -> list[str]:
     return [v for v in values if isinstance(v, str) and v.strip()]
 
 
+# a Magpie-like record's user side: the instruction, and the passage it asks about (Dolly's
+# `context`, an Alpaca-like `input` beside a `response`)
+MAGPIE_ASKED = ("instruction", "input", "context")
+
+
 def _magpie(record: dict, include_user: bool) -> list[str]:
     turns = sorted((int(m.group(2)), m.group(1), k) for k in record if (m := _TURN.match(k)))
     if turns:
         return _strings(record[k] for _, kind, k in turns if kind == "response" or include_user)
-    docs = _strings([record.get("instruction")]) if include_user else []
+    docs = _strings([record.get(key) for key in MAGPIE_ASKED]) if include_user else []
     if isinstance(record.get("responses"), list):
         return docs + _strings(record["responses"])
     return docs + _strings([record.get("response")])

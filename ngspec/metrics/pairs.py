@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ngspec.datastore.corpus import ASSISTANT_ROLES, TURNS_OF, listed, turn_text, turns_layout
+from ngspec.datastore.corpus import ASSISTANT_ROLES, MAGPIE_ASKED, TURNS_OF, listed, turn_text, turns_layout
 from ngspec.errors import NgspecError, json_kind
 
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
@@ -84,7 +84,8 @@ def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_
         responses = record.get("responses") if isinstance(record.get("responses"), list) else [record.get("response")]
         if not isinstance(record["instruction"], str):
             raise NgspecError(f"record {rid}: 'instruction' must be a string, not {json_kind(record['instruction'])}")
-        return [Pair(f"{rid}.{i}", record["instruction"], r) for i, r in enumerate(responses) if isinstance(r, str)]
+        asked = "\n".join(text for key in MAGPIE_ASKED if isinstance(text := record.get(key), str) and text.strip())
+        return [Pair(f"{rid}.{i}", asked, r) for i, r in enumerate(responses) if isinstance(r, str)]
     raise NgspecError(f"record {rid}: cannot find (input, response) fields in {sorted(record)}; use --input-field/--response-field")
 
 
