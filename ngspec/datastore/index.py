@@ -114,11 +114,6 @@ class Datastore:
         search = bisect.bisect_right if upper else bisect.bisect_left
         return search(self._sa_items, q, lo, hi, key=lambda s: key[s * w : s * w + n])
 
-    def find(self, query: Sequence[int]) -> tuple[int, int]:
-        """Suffix-array range [lo, hi) of the suffixes starting with ``query``."""
-        q = self._encode(query)
-        return self._bounds(q, int(query[0]), upper=False), self._bounds(q, int(query[0]), upper=True)
-
     def _lower_if_occurs(self, q: bytes, first: int) -> int | None:
         lo = self._bounds(q, first, upper=False)
         if lo >= len(self.sa):
