@@ -81,6 +81,11 @@ def record(rng: random.Random) -> object:
         {"instruction_1": text, "response_1": text, "instruction_2": text, "response_2": text},
         {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": text}]},
         {"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": text}]},
+        # since 2026-12-08 (runs from 19150 on; earlier runs drew from the kinds without these four)
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}, {"role": "assistant", "content": [{"type": "image_url"}, {"type": "text", "text": text}]}]},
+        {"instruction": text, "input": text, "output": text, "history": [[text, text]]},
+        {"instruction": text, "context": text, "response": text},
+        {"prompt": rng.choice([text, [{"role": "user", "content": text}]]), "completion": rng.choice([text, [{"role": "assistant", "content": text}]])},
         {"data": [text, text]},
         {"text": text},
         {"prompt": text},
@@ -92,7 +97,7 @@ def record(rng: random.Random) -> object:
         return odd(rng)
     out = dict(rng.choice(kinds))
     for _ in range(rng.choice([0, 0, 1, 2])):
-        key = rng.choice(list(out) + ["[/x]", "response", "prompt", "turns", "messages", "conversations", "data"])
+        key = rng.choice(list(out) + ["[/x]", "response", "prompt", "turns", "messages", "conversations", "data", "output", "history", "completion"])
         if rng.random() < 0.3:
             out.pop(key, None)
         else:
@@ -269,7 +274,7 @@ def draw(rng: random.Random, fx: Fixtures, run_dir: Path) -> tuple[list[str], Pa
             command = rng.choice(["build", "build", "self-repetition", "train"])
             if command == "build":
                 args = ["build-datastore", "-c", str(path), "-o", str(out), *model]
-                args += rng.choice([[], [], ["--format", rng.choice(["magpie", "sharegpt", "messages", "ultrachat", "text", "nope"])], ["--text", "all"], ["--max-records", str(rng.choice([0, 1, 3, -1]))]])
+                args += rng.choice([[], [], ["--format", rng.choice(["magpie", "alpaca", "completion", "sharegpt", "messages", "ultrachat", "text", "nope"])], ["--text", "all"], ["--max-records", str(rng.choice([0, 1, 3, -1]))]])
                 return args, out, note
             if command == "train":
                 return ["train-eagle", "-c", str(path), "-o", str(out), *model, "--epochs", "1", "--holdout", str(rng.choice([0, 1])), "--eval-tokens", "4", "--batch-tokens", "256", "--max-len", "64"], out, note
