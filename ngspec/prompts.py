@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ngspec.datastore.corpus import MAGPIE_ASKED
 from ngspec.errors import NgspecError, check_text, compressed_with, json_error, short
 from ngspec.staging import is_stream
 
@@ -155,16 +156,19 @@ def _record_prompt(record: object, where: str) -> Prompt:
         if any(not isinstance(t, str) or not t.strip() for t in later):
             raise NgspecError(f"{where}: every one of 'turns' must be a non-empty string")
         turns = (text, *later)
-    elif isinstance(record.get("messages"), list) and record["messages"]:
-        messages = tuple(record["messages"])
+    elif (chat := next((record[key] for key in ("messages", "prompt") if isinstance(record.get(key), list) and record[key]), None)) is not None:
+        # OpenAI's messages, or TRL's conversational prompt; content parts joined, as `serve` does
         try:
+            messages = tuple(joined_parts(chat))
             check_messages(list(messages))
         except NgspecError as exc:
             raise NgspecError(f"{where}: {exc}") from None
         said = [m["content"] for m in messages if m["role"] == "user"] or [messages[-1]["content"]]
         text = said[-1]
+    elif isinstance(record.get("instruction"), str):  # Alpaca, AlpacaEval, Dolly (the corpus layouts)
+        text = "\n".join(part for key in MAGPIE_ASKED if isinstance(part := record.get(key), str) and part.strip())
     else:
-        raise NgspecError(f"{where}: needs a 'prompt' or 'text' string, a non-empty 'turns' list or a non-empty 'messages' list")
+        raise NgspecError(f"{where}: needs a 'prompt', 'text' or 'instruction' string, a non-empty 'turns' list or a non-empty 'messages' list")
     if not text.strip():
         raise NgspecError(f"{where}: the prompt is empty")
     rid = record.get("question_id", record.get("id"))

@@ -222,7 +222,7 @@ def test_a_messages_record_is_its_chat_through_the_template(default_model, tmp_p
 
 @pytest.mark.parametrize(
     "messages, message",
-    [([{"role": "user"}], "needs a 'role' and a 'content'"), ([], "needs a 'prompt' or 'text' string"), ("hi", "needs a 'prompt' or 'text' string")],
+    [([{"role": "user"}], "needs a 'role' and a 'content'"), ([], "needs a 'prompt', 'text' or 'instruction' string"), ("hi", "needs a 'prompt', 'text' or 'instruction' string")],
 )
 def test_a_bad_messages_record_is_one_clear_error(tmp_path, messages, message):
     with pytest.raises(NgspecError, match=message):

@@ -122,6 +122,29 @@ def test_load_txt_and_jsonl(tmp_path):
     assert len(load_prompts(jl, limit=2)) == 2
 
 
+
+def test_prompt_records_in_the_layouts_corpora_are_read_in(tmp_path):
+    """Records a user has as prompts in the layouts ngspec reads corpora in were refused ("needs a
+    'prompt' or 'text' string"): an Alpaca or AlpacaEval set (`instruction`, with `input` or
+    Dolly's `context` below it), TRL's conversational `prompt` (a list of messages), and chat
+    messages whose content is a list of text parts, as OpenAI's clients write them (`serve` took
+    those)."""
+    path = tmp_path / "q.jsonl"
+    rows = [
+        {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+        {"instruction": "Answer from the passage.", "context": "The sky is blue.", "response": "Blue."},
+        {"instruction": "Name a colour.", "input": ""},
+        {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = load_prompts(path)
+    assert [p.text for p in prompts] == ["Translate to French.\nGood morning", "Answer from the passage.\nThe sky is blue.", "Name a colour.", "Hi", "Say hi"]
+    assert [p.messages for p in prompts[3:]] == [tuple(rows[3]["prompt"]), ({"role": "user", "content": "Say hi"},)]
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}))
+    with pytest.raises(NgspecError, match=r"q.jsonl:1: only text content parts"):
+        load_prompts(path)
+
 def test_a_json_file_holds_an_array_of_prompt_records_or_one_record(tmp_path):
     """A .json file was read as one text prompt: the model answered the JSON text itself."""
     array = tmp_path / "q.json"
