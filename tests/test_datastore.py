@@ -99,6 +99,11 @@ def test_large_vocabularies_use_32_bit_tokens():
         ({"instruction": "q", "input": "x", "output": "a", "history": [["q0", "a0"]]}, "alpaca", ["a0", "a"], ["q0", "a0", "q\nx", "a"]),
         # TRL's prompt-completion records, text or conversational
         ({"prompt": "q", "completion": "a"}, "completion", ["a"], ["q", "a"]),
+        # LMSYS-Chat-1M's and WildChat's `conversation` (refused: "cannot tell the corpus format"), and
+        # ShareGPT-style `conversations` of role/content turns (skipped, silently)
+        ({"conversation": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "sharegpt", ["a"], ["q", "a"]),
+        ({"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "sharegpt", ["a"], ["q", "a"]),
+        ({"messages": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, "messages", ["a"], ["q", "a"]),
         # content as a list of parts (OpenAI's clients, multimodal datasets): such turns were skipped, silently
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}, {"type": "text", "text": "q"}]},
                        {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, "messages", ["ab"], ["q", "ab"]),

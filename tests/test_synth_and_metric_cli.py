@@ -102,6 +102,9 @@ def test_synth_corpus_prompts_option_answers_every_prompt_by_default(tmp_path, m
         ({"instruction": "q", "input": "", "output": "a"}, [("q", "a")]),  # Alpaca: "cannot find (input, response) fields"
         ({"instruction": "q", "input": "x", "output": "a", "history": [["q0", "a0"]]}, [("q0", "a0"), ("q0\na0\nq\nx", "a")]),
         ({"prompt": "q", "completion": "a"}, [("q", "a")]),  # TRL's prompt-completion records
+        # LMSYS-Chat-1M's and WildChat's `conversation`; `conversations` of role/content turns
+        ({"conversation": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, [("q", "a")]),
+        ({"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, [("q", "a")]),
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}, {"role": "assistant", "content": [{"type": "text", "text": "a"}]}]},
          [("q", "a")]),  # content parts: the turns were skipped, silently
         ({"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}, [("s\nq", "a")]),

@@ -94,7 +94,7 @@ def self_repetition_command(
     if not pairs:
         raise NgspecError(
             f"{dataset}: none of its {records} records holds an (input, response) pair; expected Magpie "
-            "'instruction' + 'response', Alpaca 'instruction' + 'output', 'prompt' + 'completion', ShareGPT 'conversations', "
+            "'instruction' + 'response', Alpaca 'instruction' + 'output', 'prompt' + 'completion', ShareGPT 'conversations' (LMSYS's 'conversation'), "
             "OpenAI 'messages', an answer file "
             "('question_id' + 'choices', with --questions) or `generate --json` output (with --questions), or name the fields "
             "with --input-field/--response-field"

@@ -9,7 +9,9 @@ Formats, detected from the first record or chosen with ``--format``:
 - ``alpaca``: ``instruction`` (+ ``input``) + ``output``, earlier turns in ``history`` as
   ``[instruction, response]`` pairs (LLaMA-Factory's layout)
 - ``completion``: ``prompt`` + ``completion``, strings or lists of messages (TRL's layout)
-- ``sharegpt``: ``conversations: [{from, value}]`` (also Magpie's conversation exports)
+- ``sharegpt``: ``conversations: [{from, value}]`` (also Magpie's conversation exports), or
+  ``conversation`` (LMSYS-Chat-1M, WildChat); turns of either list may be ``{from, value}`` or
+  ``{role, content}``
 - ``messages``: OpenAI-style ``messages: [{role, content}]``
 - ``ultrachat``: ``data: [user, assistant, user, ...]``
 - ``text``: plain ``text``
@@ -48,7 +50,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 def detect_format(record: dict) -> str:
     if not isinstance(record, dict):
         raise NgspecError(f"the corpus's records must be JSON objects, not {json_kind(record)}")
-    if "conversations" in record:
+    if "conversations" in record or "conversation" in record:
         return "sharegpt"
     if "messages" in record:
         return "messages"
@@ -82,25 +84,31 @@ def _magpie(record: dict, include_user: bool) -> list[str]:
     return docs + _strings([record.get("response")])
 
 
-def turn_text(turn: object, text_key: str) -> str | None:
-    """A chat turn's text: its ``text_key`` string, or the text parts of a content given as a list
-    of parts (``[{"type": "text", "text": ...}]``, as OpenAI's clients and multimodal datasets
-    write it) joined, other parts (an image) passed by; None where it holds no text."""
-    content = turn.get(text_key) if isinstance(turn, dict) else None
+def turn_role(turn: dict) -> str:
+    """A chat turn's role, in lower case: its ``role`` (OpenAI's) or ``from`` (ShareGPT's)."""
+    return str(turn.get("role", turn.get("from", ""))).lower()
+
+
+def turn_text(turn: object) -> str | None:
+    """A chat turn's text: its ``content`` (OpenAI's) or ``value`` (ShareGPT's) string, whichever
+    list the turn is in, or the text parts of a content given as a list of parts (``[{"type":
+    "text", "text": ...}]``, as OpenAI's clients and multimodal datasets write it) joined, other
+    parts (an image) passed by; None where it holds no text."""
+    content = turn.get("content", turn.get("value")) if isinstance(turn, dict) else None
     if isinstance(content, list):
         texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)]
         return "".join(texts) if texts else None
     return content if isinstance(content, str) else None
 
 
-def _chat(turns: list, role_key: str, text_key: str, include_user: bool) -> list[str]:
+def _chat(turns: list, include_user: bool) -> list[str]:
     out = []
     for turn in turns:
         if not isinstance(turn, dict):
             continue
-        role = str(turn.get(role_key, "")).lower()
+        role = turn_role(turn)
         if role in ASSISTANT_ROLES or (include_user and role in {"user", "human"}):
-            out.append(turn_text(turn, text_key))
+            out.append(turn_text(turn))
     return _strings(out)
 
 
@@ -168,11 +176,11 @@ def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
     if fmt == "magpie":
         return _magpie(record, include_user)
     if fmt in TURNS_OF:
-        return _chat(TURNS_OF[fmt](record), "role", "content", include_user)
-    if fmt == "sharegpt":
-        return _chat(listed(record, "conversations"), "from", "value", include_user)
+        return _chat(TURNS_OF[fmt](record), include_user)
+    if fmt == "sharegpt":  # LMSYS-Chat-1M and WildChat name the list `conversation`
+        return _chat(listed(record, "conversations" if "conversations" in record else "conversation"), include_user)
     if fmt == "messages":
-        return _chat(listed(record, "messages"), "role", "content", include_user)
+        return _chat(listed(record, "messages"), include_user)
     if fmt == "ultrachat":
         turns = listed(record, "data")
         return _strings(t for i, t in enumerate(turns) if i % 2 == 1 or include_user)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ngspec.datastore.corpus import ASSISTANT_ROLES, MAGPIE_ASKED, TURNS_OF, listed, turn_text, turns_layout
+from ngspec.datastore.corpus import ASSISTANT_ROLES, MAGPIE_ASKED, TURNS_OF, listed, turn_role, turn_text, turns_layout
 from ngspec.errors import NgspecError, json_kind
 
 _TURN = re.compile(r"^(instruction|response)_(\d+)$")
@@ -28,12 +28,12 @@ class Pair:
     response: str
 
 
-def _chat_pairs(rid: str, turns: list, role_key: str, text_key: str) -> list[Pair]:
+def _chat_pairs(rid: str, turns: list) -> list[Pair]:
     history, out = [], []
     for turn in turns:
-        if (text := turn_text(turn, text_key)) is None:
+        if (text := turn_text(turn)) is None:
             continue
-        if str(turn.get(role_key, "")).lower() in ASSISTANT_ROLES:
+        if turn_role(turn) in ASSISTANT_ROLES:
             out.append(Pair(f"{rid}.{len(out)}", "\n".join(history), text))
         history.append(text)
     return out
@@ -65,21 +65,21 @@ def record_pairs(record: dict, rid: str, questions: dict[str, list[str]], input_
             out.append(Pair(f"{rid}.{i}", "\n".join(history), answer))
             history.append(answer)
         return out
-    for key, role_key, text_key in (("conversations", "from", "value"), ("messages", "role", "content")):
+    for key in ("conversations", "conversation", "messages"):  # `conversation`: LMSYS-Chat-1M's, WildChat's
         if key in record:
             try:
-                return _chat_pairs(rid, listed(record, key), role_key, text_key)
+                return _chat_pairs(rid, listed(record, key))
             except NgspecError as exc:
                 raise NgspecError(f"record {rid}: {exc}") from None
     if (layout := turns_layout(record)) is not None:  # Alpaca, prompt-completion
         try:
-            return _chat_pairs(rid, TURNS_OF[layout](record), "role", "content")
+            return _chat_pairs(rid, TURNS_OF[layout](record))
         except NgspecError as exc:
             raise NgspecError(f"record {rid}: {exc}") from None
     turns = sorted((int(m.group(2)), m.group(1), k) for k in record if (m := _TURN.match(k)))
     if turns:
         chat = [{"role": "assistant" if kind == "response" else "user", "content": record[k]} for _, kind, k in turns]
-        return _chat_pairs(rid, chat, "role", "content")
+        return _chat_pairs(rid, chat)
     if "instruction" in record:
         responses = record.get("responses") if isinstance(record.get("responses"), list) else [record.get("response")]
         if not isinstance(record["instruction"], str):
