@@ -302,6 +302,8 @@ def test_the_terminal_lists_a_dozen_mismatches_and_counts_the_rest():
         (["bench", "-q", "{prompt}", "--markdown", "{dir}"], "is a directory; give the path of a file"),
         (["synth-corpus", "--out", "{dir}", "--force"], "is a directory; give the path of a file"),
         (["synth-corpus", "--out", "{dir}/c.jsonl.gz"], "c.jsonl.gz names a compressed file: write"),
+        (["train-eagle", "-c", "{prompt}", "--out", "{dir}/h", "--response-field", "answer"], "--input-field and --response-field go together"),
+        (["build-datastore", "-c", "{prompt}", "--out", "{dir}/ds", "--input-field", "q"], "--input-field needs --response-field"),
         (["build-datastore", "-c", "{empty}", "--out", "{dir}/ds"], "unsupported file type"),  # fails under its progress bar
     ],
 )

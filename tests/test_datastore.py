@@ -140,6 +140,33 @@ def small_store(tmp_path, tokenizer):
     return out
 
 
+def test_a_corpus_of_any_layout_is_built_from_the_fields_named(tmp_path, tokenizer):
+    """GSM8K's `question`/`answer` (and any layout no format knows) was refused ("cannot tell the
+    corpus format"), with no way round but rewriting the file; `self-repetition` took
+    --input-field/--response-field, `build-datastore` did not. Now it does: the named response
+    (and, with --text all, the input) of every record."""
+    from test_cli import invoke
+
+    rows = [{"question": f"What is {i} times 7?", "answer": f"{i} times 7 is {i * 7}.\n#### {i * 7}"} for i in range(5)]
+    corpus = write_jsonl(tmp_path / "gsm.jsonl", rows)
+    meta = build_datastore(str(corpus), tokenizer, "smol", tmp_path / "ds", BuildOptions(response_field="answer"))
+    answers = sum(len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) for r in rows)
+    assert (meta.records, meta.documents, meta.tokens) == (5, 5, answers) and meta.build_options["format"] == "fields"
+    both = build_datastore(str(corpus), tokenizer, "smol", tmp_path / "ds-all", BuildOptions(response_field="answer", input_field="question", text="all"))
+    assert both.documents == 10 and both.build_options["input_field"] == "question"
+    with pytest.raises(NgspecError, match="--format detects a layout; --response-field names the field itself: give one"):
+        BuildOptions(format="magpie", response_field="answer")
+    with pytest.raises(NgspecError, match="--input-field needs --response-field"):
+        BuildOptions(input_field="question")
+    write_jsonl(tmp_path / "bad.jsonl", rows[:1] + [{"question": "q", "answer": 5}])
+    with pytest.raises(NgspecError, match="record 2: 'answer' must be a string, not a number"):
+        build_datastore(str(tmp_path / "bad.jsonl"), tokenizer, "smol", tmp_path / "ds-bad", BuildOptions(response_field="answer"))
+    with pytest.raises(NgspecError, match="the corpus has no usable responses .*no record holds a string 'response'"):
+        build_datastore(str(corpus), tokenizer, "smol", tmp_path / "ds-none", BuildOptions(response_field="response"))
+    result = invoke("build-datastore", "-c", corpus, "--out", tmp_path / "ds-cli", "--response-field", "answer", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["documents"] == 5
+
 def test_build_open_and_info(tmp_path, tokenizer):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"instruction": f"q{i}", "response": f"The answer number {i} is {i * 7}."} for i in range(30)])
     out = tmp_path / "ds"

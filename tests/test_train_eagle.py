@@ -246,6 +246,11 @@ def test_records_without_a_response_are_documents_with_loss_on_all(default_model
     assert ["rivers" in tokenizer.decode(documents[0].ids), "bridge" in tokenizer.decode(documents[1].ids),
             "museum" in tokenizer.decode(documents[2].ids)] == [True, True, True]
     assert torch.equal(documents[0].taught, documents[0].ids) and torch.equal(both[0].taught, both[0].ids[both[0].prompt_len :])
+    # a layout no format knows (GSM8K's question/answer), by its fields: none were usable before
+    gsm = [{"question": "What is 6 times 7?", "answer": "6 times 7 is 42, since 6 sevens make 42.\n#### 42"}]
+    assert train_module.examples_from_records(gsm, tokenizer, 256) == []
+    (named,) = train_module.examples_from_records(gsm, tokenizer, 256, fields=("question", "answer"))
+    assert "6 sevens" in tokenizer.decode(named.ids[named.prompt_len:]) and "6 times 7?" in tokenizer.decode(named.ids[: named.prompt_len])
 
 
 def test_a_head_trained_on_documents_alone_drafts_over_their_tokens(tmp_path, model):

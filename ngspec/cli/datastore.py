@@ -40,6 +40,8 @@ def build_datastore_command(
     text: Annotated[str, typer.Option(help="responses (assistant side only, as READER does) or all (user turns too).")] = "responses",
     fmt: Annotated[Optional[str], typer.Option("--format", help=f"Record format: {', '.join(FORMATS)}.", show_default="detected")] = None,
     split: Annotated[str, typer.Option(help="Split: of a datasets name, of a DatasetDict saved with save_to_disk, or of a directory whose file names name splits as datasets reads them (train-00000-of-00001.parquet and test-..., train/ and test/); a directory whose names name none is read whole.")] = "train",
+    response_field: Annotated[Optional[str], typer.Option("--response-field", help="Index this field of every record instead of a detected format's responses (a layout no --format knows: GSM8K's answer).")] = None,
+    input_field: Annotated[Optional[str], typer.Option("--input-field", help="With --response-field and --text all: this field, the input, goes in too.")] = None,
     max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
     num_proc: Annotated[Optional[int], typer.Option("--num-proc", help="Threads for tokenisation (the fast tokenizer's own parallel batch encoding).", show_default="all cores")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing datastore at --out.")] = False,
@@ -52,7 +54,7 @@ def build_datastore_command(
     """
     from ngspec.models import display_name, load_tokenizer  # torch and transformers: not for --help
 
-    opts = BuildOptions(text=text, format=fmt, max_records=max_records, split=split)
+    opts = BuildOptions(text=text, format=fmt, max_records=max_records, split=split, response_field=response_field, input_field=input_field)
     if num_proc is not None:
         if num_proc < 1:
             raise NgspecError("--num-proc must be at least 1")

@@ -33,6 +33,8 @@ def train_eagle_command(
     checkpoint_every: Annotated[int, typer.Option(help="Optimiser steps between checkpoints (a rerun resumes from the last).")] = 50,
     init_head: Annotated[Optional[Path], typer.Option("--init-head", help="Fine-tune this trained EAGLE-1 head (e.g. a general head, on your own traffic) instead of starting from the target's weights; its draft vocabulary is kept and extended.")] = None,
     loss_on: Annotated[str, typer.Option(help="Positions the loss covers: 'response' (the answers only) or 'all' (the instructions too, e.g. the passages of RAG prompts or the articles to summarise; the label is the model's own next-token distribution either way). With 'all', records without a response (a 'text', 'instruction' or 'prompt' field, or 'turns' as in a question file) are trained on as documents: no answers need generating.")] = "response",
+    input_field: Annotated[Optional[str], typer.Option("--input-field", help="With --response-field: the field holding each record's input (a layout no format knows: GSM8K's question).")] = None,
+    response_field: Annotated[Optional[str], typer.Option("--response-field", help="With --input-field: the field holding each record's response (GSM8K's answer).")] = None,
     max_records: Annotated[Optional[int], typer.Option(help="Use at most this many records.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for initialisation, data order and the holdout split.")] = 0,
     device: DeviceOpt = "auto",
@@ -63,6 +65,8 @@ def train_eagle_command(
                         loss_on=loss_on)
     if max_records is not None and max_records < 1:
         raise NgspecError("--max-records must be at least 1")
+    if (input_field is None) != (response_field is None):
+        raise NgspecError("--input-field and --response-field go together: an example is an input and its response")
     if out.exists() and not out.is_dir():
         raise NgspecError(f"--out {out} exists and is not a directory")
     if init_head is not None and out.resolve() == init_head.resolve():
@@ -76,7 +80,7 @@ def train_eagle_command(
     loaded = load_model(model, device, dtype, trust_remote_code)
     if init_head is not None:
         initial_head(loaded.model, opts.init_head)  # a wrong head fails now, not after the feature pass
-    examples = examples_from_records(records, loaded.tokenizer, max_len, documents=loss_on == "all")
+    examples = examples_from_records(records, loaded.tokenizer, max_len, documents=loss_on == "all", fields=(input_field, response_field))
     if len(examples) <= holdout:
         kind = "examples (answered records and documents)" if loss_on == "all" else \
             "(instruction, response) examples (with --loss-on all, records without a response are read as documents)"

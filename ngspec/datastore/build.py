@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ngspec.datastore.corpus import FORMATS, detect_format, documents, iter_records
+from ngspec.datastore.corpus import FORMATS, detect_format, documents, field_documents, iter_records
 from ngspec.datastore.format import (
     FILES, DatastoreMeta, pack_documents, token_dtype, tokenizer_fingerprint, write_datastore,
 )
@@ -33,12 +33,18 @@ class BuildOptions:
     max_records: int | None = None
     split: str = "train"
     batch_size: int = 512
+    response_field: str | None = None  # instead of a format: the field holding each record's response
+    input_field: str | None = None  # and its input (with text="all")
 
     def __post_init__(self) -> None:
         if self.text not in ("responses", "all"):
             raise NgspecError("--text must be 'responses' or 'all'")
         if self.format is not None and self.format not in FORMATS:
             raise NgspecError(f"unknown --format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.format is not None and self.response_field is not None:
+            raise NgspecError("--format detects a layout; --response-field names the field itself: give one")
+        if self.input_field is not None and self.response_field is None:
+            raise NgspecError("--input-field needs --response-field")
         if self.max_records is not None and self.max_records < 1:
             raise NgspecError("--max-records must be at least 1")
 
@@ -60,7 +66,7 @@ class Tokenised:
 def tokenize_to_file(records: Iterable[dict], tokenizer, opts: BuildOptions, path: Path, on_batch: Callable[[int], None] | None = None) -> Tokenised:
     """Append the token ids of every document, each followed by the separator, to ``path``."""
     dtype = token_dtype(len(tokenizer))
-    done = Tokenised(format=opts.format or "")
+    done = Tokenised(format=opts.format or ("fields" if opts.response_field else ""))
     if opts.max_records is not None:
         records = islice(records, opts.max_records)
     with open(path, "ab") as f:
@@ -70,7 +76,10 @@ def tokenize_to_file(records: Iterable[dict], tokenizer, opts: BuildOptions, pat
             docs = []
             for i, record in enumerate(batch, done.records + 1):
                 try:
-                    docs += documents(record, done.format, opts.text == "all")
+                    if opts.response_field is not None:
+                        docs += field_documents(record, opts.response_field, opts.input_field if opts.text == "all" else None)
+                    else:
+                        docs += documents(record, done.format, opts.text == "all")
                 except NgspecError as exc:
                     raise NgspecError(f"record {i}: {exc}") from None
             done.records += len(batch)
@@ -82,7 +91,8 @@ def tokenize_to_file(records: Iterable[dict], tokenizer, opts: BuildOptions, pat
             if on_batch:
                 on_batch(len(batch))
     if done.documents == 0:
-        raise NgspecError(f"the corpus has no usable {'texts' if opts.text == 'all' else 'responses'} (format {done.format or 'unknown'}, {done.records} records)")
+        named = f"; no record holds a string {opts.response_field!r}" if opts.response_field else ""
+        raise NgspecError(f"the corpus has no usable {'texts' if opts.text == 'all' else 'responses'} (format {done.format or 'unknown'}, {done.records} records{named})")
     return done
 
 

@@ -169,6 +169,19 @@ def listed(record: dict, key: str) -> list:
     return turns
 
 
+def field_documents(record: dict, response_field: str, input_field: str | None = None) -> list[str]:
+    """The texts of one record in a layout no format knows (GSM8K's ``question``/``answer``):
+    the fields named (``build-datastore --response-field``, and ``--input-field`` with ``--text
+    all``), each its own document; a missing or null field gives none."""
+    if not isinstance(record, dict):
+        raise NgspecError(f"a record must be a JSON object, not {json_kind(record)}")
+    named = [name for name in (input_field, response_field) if name is not None]
+    for name in named:
+        if not isinstance(record.get(name), (str, NULL)):
+            raise NgspecError(f"'{name}' must be a string, not {json_kind(record[name])}")
+    return _strings(record.get(name) for name in named)
+
+
 def documents(record: dict, fmt: str, include_user: bool = False) -> list[str]:
     """The texts of one record to index, each its own document."""
     if not isinstance(record, dict):

@@ -121,10 +121,12 @@ def document_text(record: dict) -> str | None:
     return None
 
 
-def examples_from_records(records: Iterable[dict], tokenizer, max_len: int, documents: bool = False) -> list[Example]:
+def examples_from_records(records: Iterable[dict], tokenizer, max_len: int, documents: bool = False,
+                          fields: tuple[str | None, str | None] = (None, None)) -> list[Example]:
     """Chat-formatted (input, response) examples; with ``documents`` a record that holds no
     response becomes an example of its chat-formatted text alone (for the loss on every position,
-    ``loss_on="all"``); other records without a usable pair are skipped."""
+    ``loss_on="all"``); other records without a usable pair are skipped. ``fields``: the input and
+    response fields to read instead of a detected layout (``--input-field``, ``--response-field``)."""
     from ngspec.metrics.pairs import record_pairs
     from ngspec.prompts import encode
 
@@ -132,7 +134,7 @@ def examples_from_records(records: Iterable[dict], tokenizer, max_len: int, docu
     eos = tokenizer.eos_token_id
     for n, record in enumerate(records):
         try:
-            pairs = [p for p in record_pairs(record, str(n), {}, None, None) if p.response.strip() and p.input.strip()]
+            pairs = [p for p in record_pairs(record, str(n), {}, *fields) if p.response.strip() and p.input.strip()]
         except NgspecError:
             pairs = []
         for pair in pairs:
